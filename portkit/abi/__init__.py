@@ -1,0 +1,22 @@
+"""The frozen backend ABI: the only thing a device implements. See docs/abi.md.
+
+Nothing in this package imports anything above it: a backend sees ABI kernels, buffers and
+capabilities, never a Tensor or a scheduler object.
+"""
+from portkit.abi import dtypes
+from portkit.abi.backend import (Allocator, Backend, Capabilities, Compiler, Device, Program,
+                                 Renderer)
+from portkit.abi.dtypes import DType
+from portkit.abi.errors import (BackendUnavailable, CapabilityError, CompileError,
+                                InvalidKernel, PortkitError, UnsupportedDType)
+from portkit.abi.kernel import Kernel, KernelBuilder, Node, validate
+from portkit.abi.ops import Op
+
+# 0.x until all five reference backends pass conformance; then 1.0 and frozen.
+ABI_VERSION = "0.1"
+
+__all__ = [
+    "ABI_VERSION", "Allocator", "Backend", "BackendUnavailable", "Capabilities", "CapabilityError",
+    "CompileError", "Compiler", "DType", "Device", "InvalidKernel", "Kernel", "KernelBuilder",
+    "Node", "Op", "PortkitError", "Program", "Renderer", "UnsupportedDType", "dtypes", "validate",
+]

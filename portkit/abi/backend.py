@@ -1,0 +1,158 @@
+"""What a device implements: four small parts and a table of capabilities.
+
+    Renderer   kernel -> source text         Compiler  source -> binary bytes
+    Program    binary -> launchable kernel   Allocator device memory and copies
+
+A backend package exposes one `Backend` through the `portkit.backends` entry point group. Its
+`load()` raises BackendUnavailable (with the fix) when the driver or device is missing here.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from portkit.abi import dtypes
+from portkit.abi.dtypes import DType
+from portkit.abi.errors import CapabilityError
+from portkit.abi.kernel import Dim3, Kernel
+from portkit.abi.ops import COMPUTE, REQUIRED, Op
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a device can do. Codegen and conformance read it; nothing else is assumed."""
+
+    dtypes: frozenset[DType]
+    ops: frozenset[Op]                      # compute ops the device runs natively
+    max_block_threads: int                  # threads per workgroup, all axes together
+    max_block: Dim3                         # threads per workgroup, per axis
+    max_grid: Dim3                          # workgroups per axis
+    local_memory_bytes: int                 # workgroup memory (LOCAL) per workgroup; 0: none
+    max_buffers: int                        # PARAMs one kernel may take
+    denormals: Literal["preserve", "flush"] = "preserve"   # for float16/float32 results
+    fixed_block: bool = False               # True: block is compiled into the kernel (WGSL)
+    peak_gflops: float | None = None        # float32, for the performance tier
+    peak_bandwidth_gbs: float | None = None
+    device_name: str = ""
+
+    def validate(self, backend: str) -> Capabilities:
+        """Raises CapabilityError naming what is missing or malformed."""
+        def fail(message: str) -> CapabilityError:
+            return CapabilityError(f"backend {backend!r}: {message}")
+
+        missing = sorted(op.name for op in REQUIRED - self.ops)
+        if missing:
+            raise fail(f"declares no support for required ops {missing}; implement them in "
+                       "the renderer (only ops in portkit.abi.ops.OPTIONAL may be left out)")
+        unknown = [op for op in self.ops if op not in COMPUTE]
+        if unknown:
+            raise fail(f"`ops` lists non-compute ops {unknown}; list compute ops only")
+        for required in (dtypes.bool_, dtypes.int32, dtypes.float32):
+            if required not in self.dtypes:
+                raise fail(f"must support {required}: indices, masks and default floats use it")
+        if self.denormals not in ("preserve", "flush"):
+            raise fail(f"denormals must be 'preserve' or 'flush', got {self.denormals!r}")
+        for name in ("max_block", "max_grid"):
+            dims = getattr(self, name)
+            if len(dims) != 3 or min(dims) < 1:
+                raise fail(f"{name} must be 3 positive ints, got {dims}")
+        if self.max_block_threads < 1 or self.max_buffers < 2 or self.local_memory_bytes < 0:
+            raise fail("max_block_threads must be >= 1, max_buffers >= 2, "
+                       "local_memory_bytes >= 0")
+        return self
+
+    def check_launch(self, kernel: Kernel) -> None:
+        """Raises CapabilityError if this device cannot launch `kernel` as written."""
+        threads = kernel.block[0] * kernel.block[1] * kernel.block[2]
+        problems = []
+        if threads > self.max_block_threads or any(
+                b > m for b, m in zip(kernel.block, self.max_block)):
+            problems.append(f"block {kernel.block} exceeds {self.max_block} / "
+                            f"{self.max_block_threads} threads")
+        if any(g > m for g, m in zip(kernel.grid, self.max_grid)):
+            problems.append(f"grid {kernel.grid} exceeds {self.max_grid}")
+        if len(kernel.params) > self.max_buffers:
+            problems.append(f"{len(kernel.params)} buffers exceed the limit of "
+                            f"{self.max_buffers}")
+        local = sum(n.arg * n.dtype.itemsize for n in kernel.nodes if n.op is Op.LOCAL)
+        if local > self.local_memory_bytes:
+            problems.append(f"{local} bytes of LOCAL memory exceed {self.local_memory_bytes}")
+        lacking = sorted({n.dtype.name for n in kernel.nodes if n.dtype} -
+                         {d.name for d in self.dtypes})
+        if lacking:
+            problems.append(f"dtypes {lacking} are not supported")
+        ops = sorted({n.op.name for n in kernel.nodes if n.op in COMPUTE} -
+                     {op.name for op in self.ops})
+        if ops:
+            problems.append(f"ops {ops} are not native; decompose them first "
+                            "(portkit.codegen.decompose)")
+        if problems:
+            raise CapabilityError(f"kernel {kernel.name!r} cannot run on this device: "
+                                  + "; ".join(problems))
+
+
+class Renderer(ABC):
+    """Turns an ABI kernel into the device's source language."""
+
+    @abstractmethod
+    def render(self, kernel: Kernel) -> str: ...
+
+
+class Compiler(ABC):
+    """Turns source into a binary. `cache_key` changes whenever the same source could compile
+    differently (compiler version, flags, target), so binaries can be cached on disk."""
+
+    cache_key: str = ""
+
+    @abstractmethod
+    def compile(self, source: str) -> bytes: ...
+
+
+class Program(ABC):
+    """A compiled kernel, ready to launch."""
+
+    @abstractmethod
+    def __call__(self, buffers: list[Any], scalars: list[int], grid: Dim3, block: Dim3,
+                 wait: bool = False) -> float | None:
+        """Launches; with `wait`, blocks until done and returns the kernel's seconds."""
+
+
+class Allocator(ABC):
+    """Device memory. Buffers are opaque handles; sizes are in bytes."""
+
+    @abstractmethod
+    def alloc(self, nbytes: int) -> Any: ...
+
+    @abstractmethod
+    def free(self, buffer: Any, nbytes: int) -> None: ...
+
+    @abstractmethod
+    def copyin(self, buffer: Any, source: memoryview) -> None:
+        """Host -> device: copies all of `source` to the start of `buffer`."""
+
+    @abstractmethod
+    def copyout(self, destination: memoryview, buffer: Any) -> None:
+        """Device -> host: fills all of `destination` from the start of `buffer`; waits."""
+
+
+@dataclass
+class Device:
+    """A loaded backend: its parts, bound to one device."""
+
+    name: str
+    capabilities: Capabilities
+    allocator: Allocator
+    renderer: Renderer
+    compiler: Compiler
+    program: Any                        # (kernel name, binary) -> Program
+    synchronize: Any = field(default=lambda: None)   # () -> None: waits for all launched work
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What the `portkit.backends` entry point names: a name and how to load the device."""
+
+    name: str
+    load: Any                           # () -> Device; raises BackendUnavailable with the fix
+    description: str = ""

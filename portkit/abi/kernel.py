@@ -1,0 +1,311 @@
+"""The kernel IR handed to a backend: a linear SSA list of nodes, launch dimensions, a JSON form.
+
+A node refers to earlier nodes by their position in the list. Loops (RANGE..END) and branches
+(IF..ENDIF) are brackets in the list, so a backend renders a kernel top to bottom in one pass.
+Launch dimensions follow CUDA: `grid` counts workgroups per axis, `block` threads per workgroup.
+Arguments are the buffers (PARAM, by position) and then the int32 scalars (VAR, in list order).
+"""
+from __future__ import annotations
+
+import json
+import keyword
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from portkit.abi import dtypes
+from portkit.abi.dtypes import DType
+from portkit.abi.errors import InvalidKernel
+from portkit.abi.ops import BINARY, COMPARISON, DOMAIN, TERNARY, UNARY, Op
+
+Dim3 = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Node:
+    """One instruction. `src` holds positions of earlier nodes; `arg` is op-specific (see Op)."""
+
+    op: Op
+    dtype: DType | None = None
+    src: tuple[int, ...] = ()
+    arg: Any = None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A complete, launchable unit of work: what every backend renders, compiles and runs."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    grid: Dim3 = (1, 1, 1)
+    block: Dim3 = (1, 1, 1)
+
+    @property
+    def params(self) -> tuple[Node, ...]:
+        """The buffer arguments, in argument order."""
+        return tuple(sorted((n for n in self.nodes if n.op is Op.PARAM), key=lambda n: n.arg))
+
+    @property
+    def vars(self) -> tuple[str, ...]:
+        """The names of the int32 scalar arguments, in argument order."""
+        return tuple(n.arg for n in self.nodes if n.op is Op.VAR)
+
+    @property
+    def written(self) -> frozenset[int]:
+        """Positions (PARAM.arg) of the buffers this kernel stores to."""
+        nodes = self.nodes
+        return frozenset(nodes[n.src[0]].arg for n in nodes
+                         if n.op is Op.STORE and nodes[n.src[0]].op is Op.PARAM)
+
+    def to_json(self) -> str:
+        """The kernel as JSON text: exact (floats as hex), so a replay runs the same kernel."""
+        from portkit.abi import ABI_VERSION
+
+        return json.dumps({
+            "abi_version": ABI_VERSION, "name": self.name,
+            "grid": list(self.grid), "block": list(self.block),
+            "nodes": [{"op": n.op.value, "dtype": n.dtype.name if n.dtype else None,
+                       "src": list(n.src), "arg": _arg_to_json(n)} for n in self.nodes],
+        })
+
+    @staticmethod
+    def from_json(text: str) -> Kernel:
+        """Parses `to_json` output back into an equal Kernel, and validates it."""
+        data = json.loads(text)
+        nodes = []
+        for i, d in enumerate(data["nodes"]):
+            try:
+                op = Op(d["op"])
+            except ValueError:
+                raise InvalidKernel(f"node {i}: unknown op {d['op']!r}") from None
+            dtype = dtypes.by_name(d["dtype"]) if d["dtype"] else None
+            nodes.append(Node(op, dtype, tuple(d["src"]), _arg_from_json(op, dtype, d["arg"])))
+        kernel = Kernel(data["name"], tuple(nodes), tuple(data["grid"]), tuple(data["block"]))
+        validate(kernel)
+        return kernel
+
+
+def _arg_to_json(node: Node) -> Any:
+    if node.op is Op.CONST and node.dtype.is_float:
+        return float(node.arg).hex()
+    return list(node.arg) if isinstance(node.arg, tuple) else node.arg
+
+
+def _arg_from_json(op: Op, dtype: DType | None, arg: Any) -> Any:
+    if op is Op.CONST and dtype.is_float:
+        return float.fromhex(arg)
+    return tuple(arg) if isinstance(arg, list) else arg
+
+
+_NO_VALUE = (Op.STORE, Op.END, Op.ENDIF, Op.ASSIGN, Op.BARRIER, Op.IF)
+_MEMORY = (Op.PARAM, Op.LOCAL)
+
+
+def validate(kernel: Kernel) -> Kernel:
+    """Checks every rule of the IR; raises InvalidKernel naming the first broken one."""
+    nodes = kernel.nodes
+    for dims, what in ((kernel.grid, "grid"), (kernel.block, "block")):
+        if len(dims) != 3 or not all(isinstance(d, int) and d >= 1 for d in dims):
+            raise InvalidKernel(f"kernel {kernel.name!r}: {what} must be 3 positive ints, "
+                                f"got {dims}")
+    scopes: list[int] = []          # positions of the open RANGE / IF nodes
+    scope_of: list[tuple[int, ...]] = []
+    for i, node in enumerate(nodes):
+        def fail(message: str) -> InvalidKernel:
+            return InvalidKernel(f"kernel {kernel.name!r}, node {i} ({node.op.name}): {message}")
+
+        for s in node.src:
+            if not (isinstance(s, int) and 0 <= s < i):
+                raise fail(f"source {s} is not an earlier node")
+            if nodes[s].op in _NO_VALUE:
+                raise fail(f"source {s} is a {nodes[s].op.name}, which has no value")
+            if scope_of[s] != tuple(scopes[:len(scope_of[s])]):
+                raise fail(f"source {s} was defined inside a loop or branch closed before here")
+        if node.op in (Op.END, Op.ENDIF):
+            opener = Op.RANGE if node.op is Op.END else Op.IF
+            if not scopes or node.src != (scopes[-1],) or nodes[scopes[-1]].op is not opener:
+                raise fail(f"must close the innermost open {opener.name}")
+            scopes.pop()
+        _check_node(node, [nodes[s] for s in node.src], fail)
+        if node.op is Op.BARRIER and any(nodes[s].op is Op.IF for s in scopes):
+            raise fail("a BARRIER inside an IF can deadlock; place it outside every branch")
+        if node.op in (Op.RANGE, Op.IF):
+            scopes.append(i)
+        scope_of.append(tuple(scopes))
+    if scopes:
+        raise InvalidKernel(f"kernel {kernel.name!r}: node {scopes[-1]} "
+                            f"({nodes[scopes[-1]].op.name}) is never closed")
+    positions = sorted(n.arg for n in nodes if n.op is Op.PARAM)
+    if positions != list(range(len(positions))):
+        raise InvalidKernel(f"kernel {kernel.name!r}: PARAM positions must be 0..n-1 once each, "
+                            f"got {positions}")
+    names = kernel.vars
+    if len(set(names)) != len(names):
+        raise InvalidKernel(f"kernel {kernel.name!r}: VAR names repeat: {names}")
+    return kernel
+
+
+def _check_node(node: Node, src: list[Node], fail) -> None:
+    op, dtype, arg = node.op, node.dtype, node.arg
+    arity = {**dict.fromkeys(UNARY, 1), **dict.fromkeys(BINARY, 2), **dict.fromkeys(TERNARY, 3),
+             Op.CAST: 1, Op.BITCAST: 1, Op.RANGE: 2, Op.END: 1, Op.IF: 1, Op.ENDIF: 1,
+             Op.ACC: 1, Op.ASSIGN: 2}.get(op, 0)
+    if op is Op.LOAD:
+        arity = len(src) if len(src) in (2, 3) else 2
+    if op is Op.STORE:
+        arity = len(src) if len(src) in (3, 4) else 3
+    if len(src) != arity:
+        raise fail(f"takes {arity} sources, got {len(src)}")
+    if op in (Op.STORE, Op.END, Op.ENDIF, Op.ASSIGN, Op.BARRIER, Op.IF):
+        if dtype is not None:
+            raise fail("has no value, so its dtype must be None")
+    elif not isinstance(dtype, DType):
+        raise fail("needs a dtype")
+    int32, bool_ = dtypes.int32, dtypes.bool_
+
+    if op in UNARY or op in BINARY or op in TERNARY:
+        operands = src[1:] if op is Op.WHERE else src
+        if op is Op.WHERE and src[0].dtype != bool_:
+            raise fail(f"condition must be bool, got {src[0].dtype}")
+        if len({s.dtype for s in operands}) != 1:
+            raise fail(f"operand dtypes differ: {[s.dtype for s in operands]}")
+        if operands[0].dtype not in DOMAIN[op]:
+            raise fail(f"is not defined on {operands[0].dtype}")
+        want = bool_ if op in COMPARISON else operands[0].dtype
+        if dtype != want:
+            raise fail(f"result dtype must be {want}, got {dtype}")
+    elif op is Op.BITCAST and dtype.itemsize != src[0].dtype.itemsize:
+        raise fail(f"cannot bitcast {src[0].dtype} to {dtype}: sizes differ")
+    elif op is Op.PARAM and not (isinstance(arg, int) and arg >= 0):
+        raise fail(f"arg must be the buffer's position (int >= 0), got {arg!r}")
+    elif op is Op.VAR and (dtype != int32 or not isinstance(arg, str) or not arg.isidentifier()
+                           or keyword.iskeyword(arg)):
+        raise fail(f"must be int32 and named by an identifier, got {dtype} {arg!r}")
+    elif op is Op.CONST:
+        _check_const(dtype, arg, fail)
+    elif op is Op.SPECIAL and (dtype != int32 or arg not in _SPECIALS):
+        raise fail(f"must be int32 with arg in {_SPECIALS}, got {dtype} {arg!r}")
+    elif op is Op.RANGE and (dtype != int32 or any(s.dtype != int32 for s in src)):
+        raise fail("counter and bounds must be int32")
+    elif op is Op.IF and src[0].dtype != bool_:
+        raise fail(f"condition must be bool, got {src[0].dtype}")
+    elif op in (Op.LOAD, Op.STORE):
+        buffer, index = src[0], src[1]
+        if buffer.op not in _MEMORY:
+            raise fail(f"first source must be a PARAM or LOCAL, got {buffer.op.name}")
+        if index.dtype != int32:
+            raise fail(f"index must be int32, got {index.dtype}")
+        value_dtype = dtype if op is Op.LOAD else src[2].dtype
+        if value_dtype != buffer.dtype:
+            raise fail(f"buffer holds {buffer.dtype}, value is {value_dtype}")
+        gate = src[2 if op is Op.LOAD else 3:]
+        if gate and gate[0].dtype != bool_:
+            raise fail(f"gate must be bool, got {gate[0].dtype}")
+    elif op is Op.LOCAL and not (isinstance(arg, int) and arg > 0):
+        raise fail(f"arg must be a positive element count, got {arg!r}")
+    elif op is Op.ACC and src[0].dtype != dtype:
+        raise fail(f"initial value is {src[0].dtype}, register is {dtype}")
+    elif op is Op.ASSIGN and (src[0].op is not Op.ACC or src[1].dtype != src[0].dtype):
+        raise fail("must assign a value of the register's dtype to an ACC")
+
+
+_SPECIALS = tuple((kind, axis) for kind in ("group", "local") for axis in range(3))
+
+
+def _check_const(dtype: DType, value: Any, fail) -> None:
+    if dtype == dtypes.bool_:
+        ok = isinstance(value, bool)
+    elif dtype.is_int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = ok and dtype.min <= value <= dtype.max
+    else:
+        ok = isinstance(value, float)
+    if not ok:
+        raise fail(f"value {value!r} is not a {dtype}")
+
+
+@dataclass
+class KernelBuilder:
+    """Appends nodes and returns their positions; the plain way to write a kernel by hand.
+
+    >>> b = KernelBuilder("double")
+    >>> x, out = b.param(dtypes.float32), b.param(dtypes.float32)
+    >>> i = b.special("group", 0)
+    >>> b.store(out, i, b.alu(Op.ADD, b.load(x, i), b.load(x, i)))
+    >>> kernel = b.build(grid=(16, 1, 1))
+    """
+
+    name: str
+    nodes: list[Node] = field(default_factory=list)
+
+    def add(self, op: Op, dtype: DType | None = None, src: tuple[int, ...] = (),
+            arg: Any = None) -> int:
+        self.nodes.append(Node(op, dtype, tuple(src), arg))
+        return len(self.nodes) - 1
+
+    def dtype(self, ref: int) -> DType:
+        return self.nodes[ref].dtype
+
+    def param(self, dtype: DType) -> int:
+        return self.add(Op.PARAM, dtype, arg=sum(n.op is Op.PARAM for n in self.nodes))
+
+    def var(self, name: str) -> int:
+        return self.add(Op.VAR, dtypes.int32, arg=name)
+
+    def const(self, value: Any, dtype: DType = dtypes.int32) -> int:
+        value = bool(value) if dtype == dtypes.bool_ else (
+            float(value) if dtype.is_float else int(value))
+        return self.add(Op.CONST, dtype, arg=value)
+
+    def special(self, kind: str, axis: int = 0) -> int:
+        return self.add(Op.SPECIAL, dtypes.int32, arg=(kind, axis))
+
+    def alu(self, op: Op, *src: int) -> int:
+        """A compute op; its dtype follows from the operands (bool for comparisons)."""
+        if op in COMPARISON:
+            dtype = dtypes.bool_
+        else:
+            dtype = self.dtype(src[1] if op is Op.WHERE else src[0])
+        return self.add(op, dtype, src)
+
+    def cast(self, src: int, dtype: DType, bitcast: bool = False) -> int:
+        return self.add(Op.BITCAST if bitcast else Op.CAST, dtype, (src,))
+
+    def load(self, buffer: int, index: int, gate: int | None = None) -> int:
+        return self.add(Op.LOAD, self.dtype(buffer), (buffer, index) + (
+            () if gate is None else (gate,)))
+
+    def store(self, buffer: int, index: int, value: int, gate: int | None = None) -> int:
+        return self.add(Op.STORE, None, (buffer, index, value) + (
+            () if gate is None else (gate,)))
+
+    def local(self, dtype: DType, size: int) -> int:
+        return self.add(Op.LOCAL, dtype, arg=size)
+
+    def acc(self, init: int) -> int:
+        return self.add(Op.ACC, self.dtype(init), (init,))
+
+    def assign(self, acc: int, value: int) -> int:
+        return self.add(Op.ASSIGN, None, (acc, value))
+
+    def barrier(self) -> int:
+        return self.add(Op.BARRIER)
+
+    @contextmanager
+    def loop(self, start: int, end: int) -> Iterator[int]:
+        """`with b.loop(start, end) as i:` emits RANGE, the body, then END."""
+        counter = self.add(Op.RANGE, dtypes.int32, (start, end))
+        yield counter
+        self.add(Op.END, None, (counter,))
+
+    @contextmanager
+    def branch(self, cond: int) -> Iterator[None]:
+        """`with b.branch(cond):` emits IF, the body, then ENDIF."""
+        opener = self.add(Op.IF, None, (cond,))
+        yield
+        self.add(Op.ENDIF, None, (opener,))
+
+    def build(self, grid: Dim3 = (1, 1, 1), block: Dim3 = (1, 1, 1)) -> Kernel:
+        """The finished, validated kernel."""
+        return validate(Kernel(self.name, tuple(self.nodes), tuple(grid), tuple(block)))

@@ -118,7 +118,7 @@ def validate(kernel: Kernel) -> Kernel:
         for s in node.src:
             if not (isinstance(s, int) and 0 <= s < i):
                 raise fail(f"source {s} is not an earlier node")
-            if nodes[s].op in _NO_VALUE:
+            if nodes[s].op in _NO_VALUE and node.op is not Op.ENDIF:
                 raise fail(f"source {s} is a {nodes[s].op.name}, which has no value")
             if scope_of[s] != tuple(scopes[:len(scope_of[s])]):
                 raise fail(f"source {s} was defined inside a loop or branch closed before here")

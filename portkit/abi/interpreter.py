@@ -1,0 +1,190 @@
+"""Runs any ABI kernel with numpy: the executable definition of the IR.
+
+Every thread of the launch is a lane of one numpy vector, and all lanes step through the node
+list together. Branches and loops mask lanes off instead of skipping them, so a BARRIER needs no
+work: no lane can run ahead of another. Each compute op is `spec.evaluate`, so the interpreter
+and the spec cannot disagree. It is slow and obviously right; it is also a backend ("interpreter")
+so the whole stack can run without a compiler.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import prod
+
+import numpy as np
+
+from portkit.abi import dtypes, spec
+from portkit.abi.backend import (Allocator, Backend, Capabilities, Compiler, Device, Program,
+                                 Renderer)
+from portkit.abi.kernel import Dim3, Kernel, validate
+from portkit.abi.ops import COMPUTE, Op
+
+
+class OutOfBounds(IndexError):
+    """A LOAD or STORE touched memory outside its buffer: undefined on a device, an error here."""
+
+
+def run(kernel: Kernel, buffers: Sequence[np.ndarray], scalars: Sequence[int] = (),
+        grid: Dim3 | None = None, block: Dim3 | None = None) -> None:
+    """Runs `kernel` on 1-D numpy `buffers` (one per PARAM, in order), writing them in place."""
+    grid, block = grid or kernel.grid, block or kernel.block
+    nodes = kernel.nodes
+    lanes = np.arange(prod(grid) * prod(block), dtype=np.int64)
+    group, local = lanes // prod(block), lanes % prod(block)
+    ids = {"group": _split(group, grid), "local": _split(local, block)}
+    closer = _matching_closers(nodes)
+    scalar_of = dict(zip(kernel.vars, scalars))
+    locals_: dict[int, np.ndarray] = {}
+    values: list = [None] * len(nodes)
+    mask = np.ones(len(lanes), bool)
+    saved: list[np.ndarray] = []          # masks to restore at END / ENDIF
+    loops: dict[int, tuple[int, int]] = {}  # RANGE position -> (counter, last value + 1)
+
+    def memory(ref: int, index: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, tuple]:
+        node = nodes[ref]
+        target = buffers[node.arg] if node.op is Op.PARAM else locals_[ref]
+        size = target.shape[-1]
+        bad = active & ((index < 0) | (index >= size))
+        if bad.any():
+            lane = int(np.argmax(bad))
+            raise OutOfBounds(f"kernel {kernel.name!r}: lane {lane} accesses element "
+                              f"{int(index[lane])} of a {size}-element {node.op.name} "
+                              f"(node {ref})")
+        where = index[active]
+        return target, (group[active], where) if node.op is Op.LOCAL else (where,)
+
+    pc = 0
+    while pc < len(nodes):
+        node, src = nodes[pc], nodes[pc].src
+        args = [values[s] for s in src]
+        op = node.op
+        if op is Op.PARAM:
+            buffer = buffers[node.arg]
+            if buffer.dtype != node.dtype.np:
+                raise TypeError(f"kernel {kernel.name!r}: buffer {node.arg} holds "
+                                f"{buffer.dtype}, the kernel reads it as {node.dtype}")
+        elif op is Op.VAR:
+            values[pc] = np.int32(scalar_of[node.arg])
+        elif op is Op.CONST:
+            values[pc] = np.array(node.arg, node.dtype.np)
+        elif op is Op.SPECIAL:
+            kind, axis = node.arg
+            values[pc] = ids[kind][axis]
+        elif op is Op.LOCAL:
+            locals_[pc] = np.zeros((prod(grid), node.arg), node.dtype.np)
+        elif op in COMPUTE:
+            args = [np.broadcast_to(a, lanes.shape) for a in args]
+            values[pc] = spec.evaluate(op, *args, dtype=node.dtype)[0]
+        elif op is Op.LOAD:
+            active = mask & (args[2] if len(args) == 3 else True)
+            index = np.broadcast_to(args[1], lanes.shape)
+            target, where = memory(src[0], index, active)
+            out = np.zeros(lanes.shape, node.dtype.np)
+            out[active] = target[where]
+            values[pc] = out
+        elif op is Op.STORE:
+            active = mask & (args[3] if len(args) == 4 else True)
+            index = np.broadcast_to(args[1], lanes.shape)
+            target, where = memory(src[0], index, active)
+            target[where] = np.broadcast_to(args[2], lanes.shape)[active]
+        elif op is Op.ACC:
+            values[pc] = np.broadcast_to(args[0], lanes.shape).copy()
+        elif op is Op.ASSIGN:
+            values[src[0]] = np.where(mask, args[1], values[src[0]])
+        elif op is Op.IF:
+            saved.append(mask)
+            mask = mask & args[0]
+        elif op is Op.ENDIF:
+            mask = saved.pop()
+        elif op is Op.RANGE:
+            start, end = (np.broadcast_to(a, lanes.shape) for a in args)
+            if not mask.any():
+                pc = closer[pc] + 1
+                continue
+            first, stop = int(start[mask].min()), int(end[mask].max())
+            if first >= stop:
+                pc = closer[pc] + 1
+                continue
+            saved.append(mask)
+            loops[pc] = (first, stop)
+            values[pc] = np.int32(first)
+            mask = saved[-1] & (start <= first) & (first < end)
+        elif op is Op.END:
+            opener = src[0]
+            counter, stop = loops[opener]
+            counter += 1
+            if counter < stop:
+                loops[opener] = (counter, stop)
+                start, end = (np.broadcast_to(values[s], lanes.shape) for s in nodes[opener].src)
+                values[opener] = np.int32(counter)
+                mask = saved[-1] & (start <= counter) & (counter < end)
+                pc = opener + 1
+                continue
+            mask = saved.pop()
+        # BARRIER: lanes run in lockstep, so every lane has already arrived.
+        pc += 1
+
+
+def _split(linear: np.ndarray, dims: Dim3) -> tuple[np.ndarray, ...]:
+    x, y = linear % dims[0], (linear // dims[0]) % dims[1]
+    return (x.astype(np.int32), y.astype(np.int32),
+            (linear // (dims[0] * dims[1])).astype(np.int32))
+
+
+def _matching_closers(nodes) -> dict[int, int]:
+    return {n.src[0]: i for i, n in enumerate(nodes) if n.op in (Op.END, Op.ENDIF)}
+
+
+# The interpreter as a backend: the smallest complete Device, and a readable one.
+
+class _Allocator(Allocator):
+    def alloc(self, nbytes: int) -> np.ndarray:
+        return np.zeros(nbytes, np.uint8)
+
+    def free(self, buffer: np.ndarray, nbytes: int) -> None:
+        pass
+
+    def copyin(self, buffer: np.ndarray, source: memoryview) -> None:
+        data = np.frombuffer(source, np.uint8)
+        buffer[:data.size] = data
+
+    def copyout(self, destination: memoryview, buffer: np.ndarray) -> None:
+        out = np.frombuffer(destination, np.uint8)
+        out[:] = buffer[:out.size]
+
+
+class _Renderer(Renderer):
+    def render(self, kernel: Kernel) -> str:
+        return kernel.to_json()
+
+
+class _Compiler(Compiler):
+    cache_key = "interpreter"
+
+    def compile(self, source: str) -> bytes:
+        return source.encode()
+
+
+class _Program(Program):
+    def __init__(self, name: str, binary: bytes):
+        self.kernel = validate(Kernel.from_json(binary.decode()))
+
+    def __call__(self, buffers, scalars, grid, block, wait=False):
+        params = self.kernel.params
+        typed = [b[:b.size - b.size % p.dtype.itemsize].view(p.dtype.np)
+                 for b, p in zip(buffers, params)]
+        run(self.kernel, typed, scalars, grid, block)
+        return 0.0 if wait else None
+
+
+CAPABILITIES = Capabilities(
+    dtypes=frozenset(dtypes.ALL), ops=frozenset(COMPUTE), max_block_threads=1024,
+    max_block=(1024, 1024, 64), max_grid=(2**31 - 1, 65535, 65535),
+    local_memory_bytes=64 * 1024, max_buffers=64, device_name="numpy")
+
+
+def _load() -> Device:
+    return Device("interpreter", CAPABILITIES, _Allocator(), _Renderer(), _Compiler(), _Program)
+
+
+backend = Backend("interpreter", _load, "numpy interpreter of ABI kernels (slow, exact)")

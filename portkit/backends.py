@@ -1,0 +1,88 @@
+"""Finds backends through the `portkit.backends` entry point group and loads them.
+
+Any installed package adds a backend by naming a `portkit.abi.Backend` in that group; portkit's
+reference backends register the same way, in its own pyproject.toml. Loading never crashes the
+caller: a backend that cannot run here, or a package that is broken, becomes a typed error whose
+message names the fix.
+"""
+from __future__ import annotations
+
+import functools
+from importlib import metadata
+
+from portkit.abi import Backend, BackendUnavailable, CapabilityError, Device
+
+GROUP = "portkit.backends"
+
+# portkit's own registrations, as in pyproject.toml, for a checkout that pip has not installed
+# (tests/test_backends.py keeps the two equal).
+_REFERENCE = {name: f"portkit.reference_backends.{name}:backend"
+              for name in ("cpu", "opencl", "cuda", "metal", "webgpu")}
+_REFERENCE["interpreter"] = "portkit.abi.interpreter:backend"
+
+
+class BrokenBackend(BackendUnavailable):
+    """A backend package that failed to import or load: a bug in it, not a missing driver."""
+
+
+def entry_points() -> list[metadata.EntryPoint]:
+    """Every registration in the group, installed packages first. Tests replace this function."""
+    found = list(metadata.entry_points(group=GROUP))
+    try:
+        metadata.distribution("portkit")
+    except metadata.PackageNotFoundError:
+        found += [metadata.EntryPoint(name, value, GROUP) for name, value in _REFERENCE.items()]
+    return found
+
+
+def names() -> list[str]:
+    """The names of all registered backends, sorted."""
+    return sorted({point.name for point in entry_points()})
+
+
+def load(name: str) -> Device:
+    """The device of backend `name`, loaded once. Raises BackendUnavailable or CapabilityError."""
+    result = _load(name)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def available() -> dict[str, str | None]:
+    """Each backend's name -> None if it loads here, else the reason it does not and the fix."""
+    reasons = {}
+    for name in names():
+        result = _load(name)
+        reasons[name] = None if isinstance(result, Device) else str(result)
+    return reasons
+
+
+@functools.cache
+def _load(name: str) -> Device | BackendUnavailable | CapabilityError:
+    # Failures are cached as well: probing a missing driver again only costs time.
+    points = {}
+    for point in entry_points():
+        points.setdefault(point.name, point)
+    if name not in points:
+        return BackendUnavailable(f"no backend named {name!r}",
+                                  f"use one of {', '.join(sorted(points)) or '(none)'}, "
+                                  "or install the package that provides it")
+    point = points[name]
+    try:
+        backend = point.load()
+        if not isinstance(backend, Backend):
+            raise TypeError(f"entry point {point.value} is a {type(backend).__name__}, "
+                            "not a portkit.abi.Backend")
+        device = backend.load()
+        if not isinstance(device, Device):
+            raise TypeError(f"load() returned a {type(device).__name__}, "
+                            "not a portkit.abi.Device")
+        device.capabilities.validate(name)
+        return device
+    except (BackendUnavailable, CapabilityError) as error:
+        return error
+    except Exception as error:  # noqa: BLE001 - a third-party bug must not crash the caller
+        package = point.dist.name if point.dist else point.module.split(".")[0]
+        return BrokenBackend(f"broken backend package {package}: "
+                             f"{type(error).__name__}: {error}",
+                             f"reinstall {package}, or report this error to its author")

@@ -1,0 +1,65 @@
+"""The `portkit` command. Each subcommand's module adds its own parser through `register`."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from portkit import __version__, backends
+from portkit.abi import BackendUnavailable, PortkitError
+
+# Modules with `register(subparsers)`: each adds its subcommands and sets `run(args) -> int`
+# as the parser default.
+SUBCOMMAND_MODULES = ("portkit.conformance.cli",)
+
+
+def show_backends(args: argparse.Namespace) -> int:
+    """Prints each backend with its device, or the reason it cannot run here and the fix."""
+    table = Table("backend", "status", "device, or why not and how to fix it")
+    for name in backends.names():
+        try:
+            device = backends.load(name)
+        except BackendUnavailable as error:
+            status = "broken" if isinstance(error, backends.BrokenBackend) else "unavailable"
+            detail = f"{error.reason}\nfix: {error.fix}" if error.fix else error.reason
+            table.add_row(name, Text(status, style="red"), Text(detail))
+        except PortkitError as error:
+            table.add_row(name, Text("invalid", style="red"), Text(str(error)))
+        else:
+            table.add_row(name, Text("available", style="green"),
+                          Text(device.capabilities.device_name or "-"))
+    Console().print(table)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand whose module is installed."""
+    root = argparse.ArgumentParser(prog="portkit", description="Port a deep-learning stack to "
+                                   "a new accelerator through a small, frozen ABI.")
+    root.add_argument("--version", action="version", version=f"portkit {__version__}")
+    subparsers = root.add_subparsers(dest="command", required=True)
+    subparsers.add_parser("backends", help="list backends and whether they run here"
+                          ).set_defaults(run=show_backends)
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if not (name + ".").startswith(f"{error.name}."):
+                raise
+            continue    # a subcommand that is not part of this install
+        module.register(subparsers)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command line `argv` (default: sys.argv) and returns the exit code."""
+    args = parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

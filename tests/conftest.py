@@ -1,0 +1,37 @@
+"""Fixtures shared across the test suite."""
+import importlib
+import itertools
+import re
+from importlib.metadata import EntryPoint
+
+import pytest
+
+from portkit import backends
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """Call with {name: "module:attribute"}: those become the only registered backends."""
+    def install(points: dict[str, str]) -> None:
+        registered = [EntryPoint(name, value, backends.GROUP) for name, value in points.items()]
+        monkeypatch.setattr(backends, "entry_points", lambda: registered)
+        backends._load.cache_clear()
+
+    yield install
+    backends._load.cache_clear()
+
+
+@pytest.fixture
+def backend_module(monkeypatch, tmp_path):
+    """Call with a module's source (defining `backend`); returns its entry point value."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    counter = itertools.count()
+    prefix = "fake_backend_" + re.sub(r"\W", "_", tmp_path.name)   # unique per test
+
+    def write(source: str) -> str:
+        name = f"{prefix}_{next(counter)}"
+        (tmp_path / f"{name}.py").write_text(source)
+        importlib.invalidate_caches()
+        return f"{name}:backend"
+
+    return write

@@ -10,7 +10,7 @@ from portkit import backends
 
 
 @pytest.fixture
-def registry(monkeypatch):
+def fake_backends(monkeypatch):
     """Call with {name: "module:attribute"}: those become the only registered backends."""
     def install(points: dict[str, str]) -> None:
         registered = [EntryPoint(name, value, backends.GROUP) for name, value in points.items()]
@@ -22,7 +22,7 @@ def registry(monkeypatch):
 
 
 @pytest.fixture
-def backend_module(monkeypatch, tmp_path):
+def fake_backend_module(monkeypatch, tmp_path):
     """Call with a module's source (defining `backend`); returns its entry point value."""
     monkeypatch.syspath_prepend(str(tmp_path))
     counter = itertools.count()

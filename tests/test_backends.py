@@ -70,28 +70,28 @@ def test_interpreter_loads_through_real_discovery_and_is_cached():
     assert backends.available()["interpreter"] is None
 
 
-def test_names_are_sorted(registry):
-    registry({"zeta": INTERPRETER, "alpha": INTERPRETER})
+def test_names_are_sorted(fake_backends):
+    fake_backends({"zeta": INTERPRETER, "alpha": INTERPRETER})
     assert backends.names() == ["alpha", "zeta"]
 
 
-def test_first_registration_of_a_name_wins(monkeypatch, registry, backend_module):
-    registry({})
+def test_first_registration_of_a_name_wins(monkeypatch, fake_backends, fake_backend_module):
+    fake_backends({})
     points = [EntryPoint("twice", INTERPRETER, backends.GROUP),
-              EntryPoint("twice", backend_module(LOAD_RAISES), backends.GROUP)]
+              EntryPoint("twice", fake_backend_module(LOAD_RAISES), backends.GROUP)]
     monkeypatch.setattr(backends, "entry_points", lambda: points)
     assert backends.names() == ["twice"]
     assert isinstance(backends.load("twice"), Device)
 
 
-def test_unknown_name_lists_the_known_ones(registry):
-    registry({"interpreter": INTERPRETER, "other": INTERPRETER})
+def test_unknown_name_lists_the_known_ones(fake_backends):
+    fake_backends({"interpreter": INTERPRETER, "other": INTERPRETER})
     with pytest.raises(BackendUnavailable, match=r"no backend named 'nope'.*interpreter, other"):
         backends.load("nope")
 
 
-def test_unavailable_backend_passes_its_reason_and_fix_through(registry, backend_module):
-    registry({"frob": backend_module(UNAVAILABLE)})
+def test_unavailable_backend_passes_its_reason_and_fix_through(fake_backends, fake_backend_module):
+    fake_backends({"frob": fake_backend_module(UNAVAILABLE)})
     with pytest.raises(BackendUnavailable) as caught:
         backends.load("frob")
     assert not isinstance(caught.value, backends.BrokenBackend)
@@ -110,9 +110,9 @@ def test_unavailable_backend_passes_its_reason_and_fix_through(registry, backend
      "load() returned a str, not a portkit.abi.Device"),
 ])
 def test_broken_package_is_reported_with_the_fix_never_raised_raw(
-        registry, backend_module, source, error):
-    point = backend_module(source)
-    registry({"bad": point})
+        fake_backends, fake_backend_module, source, error):
+    point = fake_backend_module(source)
+    fake_backends({"bad": point})
     package = point.split(":")[0]
     with pytest.raises(backends.BrokenBackend) as caught:
         backends.load("bad")
@@ -122,23 +122,24 @@ def test_broken_package_is_reported_with_the_fix_never_raised_raw(
     assert message.endswith(f"fix: reinstall {package}, or report this error to its author")
 
 
-def test_missing_module_of_a_registered_backend_is_broken(registry):
-    registry({"ghost": "portkit.reference_backends.ghost:backend"})
+def test_missing_module_of_a_registered_backend_is_broken(fake_backends):
+    fake_backends({"ghost": "portkit.reference_backends.ghost:backend"})
     reason = backends.available()["ghost"]
     assert reason.startswith("broken backend package portkit: ModuleNotFoundError")
 
 
 def test_invalid_capabilities_raise_capability_error_naming_backend_and_ops(
-        registry, backend_module):
-    registry({"weak": backend_module(NO_REQUIRED_OPS)})
+        fake_backends, fake_backend_module):
+    fake_backends({"weak": fake_backend_module(NO_REQUIRED_OPS)})
     with pytest.raises(CapabilityError, match=r"backend 'weak': declares no support for "
                                               r"required ops \[.*'ADD'"):
         backends.load("weak")
 
 
-def test_available_reports_every_backend_without_raising(registry, backend_module):
-    registry({"interpreter": INTERPRETER, "frob": backend_module(UNAVAILABLE),
-              "bad": backend_module(LOAD_RAISES), "weak": backend_module(NO_REQUIRED_OPS)})
+def test_available_reports_every_backend_without_raising(fake_backends, fake_backend_module):
+    fake_backends({"interpreter": INTERPRETER, "frob": fake_backend_module(UNAVAILABLE),
+                   "bad": fake_backend_module(LOAD_RAISES),
+                   "weak": fake_backend_module(NO_REQUIRED_OPS)})
     reasons = backends.available()
     assert list(reasons) == ["bad", "frob", "interpreter", "weak"]
     assert reasons["interpreter"] is None
@@ -147,9 +148,9 @@ def test_available_reports_every_backend_without_raising(registry, backend_modul
     assert "required ops" in reasons["weak"]
 
 
-def test_failures_are_cached_so_a_missing_driver_is_probed_once(registry, backend_module):
-    point = backend_module(COUNTED)
-    registry({"counted": point})
+def test_failures_are_cached_so_a_missing_driver_is_probed_once(fake_backends, fake_backend_module):
+    point = fake_backend_module(COUNTED)
+    fake_backends({"counted": point})
     for _ in range(2):
         with pytest.raises(BackendUnavailable, match="no device"):
             backends.load("counted")

@@ -30,11 +30,11 @@ def rows(output: str) -> dict[str, str]:
     return cells
 
 
-def test_backends_lists_available_unavailable_and_broken(registry, backend_module, wide,
+def test_backends_lists_available_unavailable_and_broken(fake_backends, fake_backend_module, wide,
                                                          capsys):
-    registry({"interpreter": "portkit.abi.interpreter:backend",
-              "frob": backend_module(UNAVAILABLE),
-              "ghost": "portkit.reference_backends.ghost:backend"})
+    fake_backends({"interpreter": "portkit.abi.interpreter:backend",
+                   "frob": fake_backend_module(UNAVAILABLE),
+                   "ghost": "portkit.reference_backends.ghost:backend"})
     assert main(["backends"]) == 0
     output = capsys.readouterr().out
     table = rows(output)
@@ -47,8 +47,8 @@ def test_backends_lists_available_unavailable_and_broken(registry, backend_modul
     assert "Traceback" not in output
 
 
-def test_backends_shows_invalid_capabilities(registry, backend_module, wide, capsys):
-    weak = backend_module("""
+def test_backends_shows_invalid_capabilities(fake_backends, fake_backend_module, wide, capsys):
+    weak = fake_backend_module("""
 from dataclasses import replace
 from portkit.abi import Backend
 from portkit.abi.interpreter import backend as interpreter
@@ -56,7 +56,7 @@ from portkit.abi.interpreter import backend as interpreter
 backend = Backend("weak", lambda: replace(interpreter.load(), capabilities=replace(
     interpreter.load().capabilities, ops=frozenset())))
 """)
-    registry({"weak": weak})
+    fake_backends({"weak": weak})
     assert main(["backends"]) == 0
     assert rows(capsys.readouterr().out)["weak"].startswith(
         "weak|invalid|backend 'weak': declares no support for required ops")

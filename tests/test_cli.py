@@ -30,8 +30,8 @@ def rows(output: str) -> dict[str, str]:
     return cells
 
 
-def test_backends_lists_available_unavailable_and_broken(fake_backends, fake_backend_module, wide,
-                                                         capsys):
+def test_backends_lists_available_unavailable_and_broken(fake_backends, fake_backend_module,
+                                                         wide, capsys):
     fake_backends({"interpreter": "portkit.abi.interpreter:backend",
                    "frob": fake_backend_module(UNAVAILABLE),
                    "ghost": "portkit.reference_backends.ghost:backend"})

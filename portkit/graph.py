@@ -1,0 +1,128 @@
+"""The lazy graph: what a Tensor is before it runs.
+
+A `Lazy` node is one high-level op on whole tensors: an ALU op of the ABI (elementwise), a
+REDUCE (sum or max over axes), a VIEW (a movement op, as a ShapeTracker over its source: it
+costs nothing), or a leaf: LOAD (a realized device buffer), CONST (one value in every element)
+and ITER (the index along one axis, for arange and random numbers). COPY moves data between
+devices. Realizing a node (portkit/schedule.py) turns it into a LOAD of its buffer.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from math import prod
+from typing import Any
+
+from portkit.abi import dtypes
+from portkit.abi.dtypes import DType
+from portkit.abi.ops import COMPARISON, Op
+from portkit.view import Shape, ShapeTracker
+
+
+class G(Enum):
+    """Graph ops that are not ABI compute ops."""
+
+    LOAD = "LOAD"
+    CONST = "CONST"
+    ITER = "ITER"
+    REDUCE = "REDUCE"
+    VIEW = "VIEW"
+    COPY = "COPY"
+
+
+ELEMENTWISE_LEAVES = (G.CONST, G.ITER)
+
+
+class Lazy:
+    """One node of the lazy graph; `buffer` is set once it is realized (op becomes LOAD)."""
+
+    __slots__ = ("__weakref__", "arg", "buffer", "device", "dtype", "op", "shape", "src")
+
+    def __init__(self, op: Op | G, dtype: DType, shape: Shape, src: tuple[Lazy, ...] = (),
+                 arg: Any = None, device: str = "cpu", buffer: Any = None):
+        self.op, self.dtype, self.shape, self.src, self.arg = op, dtype, tuple(shape), src, arg
+        self.device, self.buffer = device, buffer
+
+    def __repr__(self) -> str:
+        name = self.op.name
+        return f"<Lazy {name} {self.dtype.name}{list(self.shape)} on {self.device}>"
+
+    def __del__(self) -> None:
+        if self.buffer is not None and _release is not None:
+            _release(self.device, self.buffer)
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def realized(self) -> bool:
+        return self.op is G.LOAD
+
+    def realize_as(self, buffer: Any) -> None:
+        """Turns this node into a LOAD of `buffer`, dropping its sources (frees the graph)."""
+        self.op, self.src, self.arg, self.buffer = G.LOAD, (), None, buffer
+
+    @property
+    def base(self) -> Lazy:
+        return self.src[0] if self.op is G.VIEW else self
+
+    @property
+    def tracker(self) -> ShapeTracker:
+        return self.arg if self.op is G.VIEW else ShapeTracker.contiguous(self.shape)
+
+    # -- elementwise and reduce ---------------------------------------------------------------
+
+    def alu(self, op: Op, *others: Lazy) -> Lazy:
+        """An ABI compute op over same-shaped operands (Tensor broadcasts first)."""
+        srcs = (self,) + others
+        dtype = dtypes.bool_ if op in COMPARISON else srcs[1 if op is Op.WHERE else 0].dtype
+        return Lazy(op, dtype, self.shape, srcs, None, self.device)
+
+    def cast(self, dtype: DType, bitcast: bool = False) -> Lazy:
+        if dtype == self.dtype and not bitcast:
+            return self
+        return Lazy(Op.BITCAST if bitcast else Op.CAST, dtype, self.shape, (self,), None,
+                    self.device)
+
+    def reduce(self, op: Op, axes: tuple[int, ...]) -> Lazy:
+        """op in (ADD, MAX) over `axes`; the reduced axes keep size 1."""
+        shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+        if not axes:
+            return self
+        return Lazy(G.REDUCE, self.dtype, shape, (self,), (op, tuple(sorted(axes))), self.device)
+
+    # -- movement -----------------------------------------------------------------------------
+
+    def view(self, method: str, arg: Any) -> Lazy:
+        """A movement op (reshape permute expand pad shrink flip) as a view of the base."""
+        tracker = getattr(self.tracker, method)(arg)
+        base = self.base
+        if tracker.shape == base.shape and tracker.is_contiguous:
+            return base
+        if base.op is G.CONST and tracker.views[-1].mask is None and len(tracker.views) == 1:
+            return Lazy(G.CONST, self.dtype, tracker.shape, (), base.arg, self.device)
+        return Lazy(G.VIEW, self.dtype, tracker.shape, (base,), tracker, self.device)
+
+    def copy_to(self, device: str) -> Lazy:
+        return Lazy(G.COPY, self.dtype, self.shape, (self,), device, device)
+
+
+def const(value: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
+    """`value` in every element: folded into kernels, never stored."""
+    value = bool(value) if dtype == dtypes.bool_ else (
+        float(value) if dtype.is_float else int(value))
+    return Lazy(G.CONST, dtype, shape, (), value, device)
+
+
+def iota(shape: Shape, axis: int, device: str) -> Lazy:
+    """The int32 index along `axis` in every element."""
+    return Lazy(G.ITER, dtypes.int32, shape, (), axis, device)
+
+
+def load(buffer: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
+    """A realized buffer holding `shape` contiguously."""
+    return Lazy(G.LOAD, dtype, shape, (), None, device, buffer)
+
+
+# Set by portkit.schedule: returns a freed buffer to its device's pool.
+_release = None

@@ -1,0 +1,209 @@
+"""Views: how a tensor's elements sit in a flat buffer, so movement ops copy nothing.
+
+A `View` is shape, strides, an offset and an optional mask (the region that holds real data;
+outside it reads as zero, which is how `pad` costs nothing). Movement ops compose into the last
+view; a reshape that strides cannot express pushes a new view, and a `ShapeTracker` chains them.
+`ShapeTracker.index` turns a multi-index into a flat index plus validity conditions, as symbolic
+expressions (portkit/symbolic.py) that codegen lowers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from portkit.symbolic import Bound, Lin, const, recombine, unravel
+
+Shape = tuple[int, ...]
+
+
+def strides_for(shape: Shape) -> tuple[int, ...]:
+    """Row-major strides, 0 for size-1 dimensions."""
+    out, stride = [], 1
+    for size in reversed(shape):
+        out.append(stride if size != 1 else 0)
+        stride *= size
+    return tuple(reversed(out))
+
+
+@dataclass(frozen=True)
+class View:
+    """shape, strides and offset into a flat buffer; mask = per-dim [lo, hi) of real data."""
+
+    shape: Shape
+    strides: tuple[int, ...]
+    offset: int = 0
+    mask: tuple[tuple[int, int], ...] | None = None
+
+    @staticmethod
+    def contiguous(shape: Shape) -> View:
+        return View(tuple(shape), strides_for(shape))
+
+    @property
+    def is_contiguous(self) -> bool:
+        return self.offset == 0 and self.mask is None and self.strides == strides_for(self.shape)
+
+    def _with(self, shape, strides, offset, mask) -> View:
+        shape, strides = tuple(shape), tuple(strides)
+        if mask is not None:
+            mask = tuple(mask)
+            if any(lo >= hi for lo, hi in mask):
+                # nothing is real data: any element reads zero
+                mask = tuple((0, 0) for _ in shape)
+            elif all(lo == 0 and hi == s for (lo, hi), s in zip(mask, shape)):
+                mask = None
+        strides = tuple(0 if s == 1 else st for s, st in zip(shape, strides))
+        return View(shape, strides, offset, mask)
+
+    def permute(self, order: tuple[int, ...]) -> View:
+        mask = None if self.mask is None else [self.mask[i] for i in order]
+        return self._with([self.shape[i] for i in order], [self.strides[i] for i in order],
+                          self.offset, mask)
+
+    def expand(self, shape: Shape) -> View:
+        mask = None if self.mask is None else [
+            m if old == new else ((0, new) if m != (0, 0) else (0, 0))
+            for m, old, new in zip(self.mask, self.shape, shape)]
+        strides = [st if old == new else 0 for st, old, new in zip(self.strides, self.shape, shape)]
+        return self._with(shape, strides, self.offset, mask)
+
+    def shrink(self, arg: tuple[tuple[int, int], ...]) -> View:
+        """Keeps [begin, end) per dim; begin may be negative and end past the size (see pad)."""
+        offset = self.offset + sum(b * st for (b, _), st in zip(arg, self.strides))
+        mask = self.mask or tuple((0, s) for s in self.shape)
+        mask = [(max(lo, b) - b, min(hi, e) - b) for (lo, hi), (b, e) in zip(mask, arg)]
+        shape = [e - b for b, e in arg]
+        return self._with(shape, self.strides, offset, mask)
+
+    def pad(self, arg: tuple[tuple[int, int], ...]) -> View:
+        return self.shrink(tuple((-lo, s + hi) for (lo, hi), s in zip(arg, self.shape)))
+
+    def flip(self, axes: tuple[int, ...]) -> View:
+        offset = self.offset + sum((self.shape[a] - 1) * self.strides[a] for a in axes)
+        strides = [-st if i in axes else st for i, st in enumerate(self.strides)]
+        mask = None if self.mask is None else [
+            (s - hi, s - lo) if i in axes else (lo, hi)
+            for i, ((lo, hi), s) in enumerate(zip(self.mask, self.shape))]
+        return self._with(self.shape, strides, offset, mask)
+
+    def reshape(self, shape: Shape) -> View | None:
+        """The same elements in a new shape, or None when one strided view cannot say it."""
+        if self.shape == shape:
+            return self
+        if 0 in shape or self.is_contiguous:
+            return View.contiguous(shape) if self.offset == 0 or 0 in shape else View(
+                shape, strides_for(shape), self.offset)
+        if self.mask is not None:
+            # only inserting or removing size-1 dimensions keeps a mask expressible
+            if [s for s in self.shape if s != 1] != [s for s in shape if s != 1]:
+                return None
+            real = iter([(m, st) for m, st, s in zip(self.mask, self.strides, self.shape)
+                         if s != 1])
+            dropped_ok = all(m == (0, 1) for m, s in zip(self.mask, self.shape) if s == 1)
+            if not dropped_ok:
+                return None
+            mask, strides = [], []
+            for s in shape:
+                m, st = next(real) if s != 1 else ((0, 1), 0)
+                mask.append(m)
+                strides.append(st)
+            return self._with(shape, strides, self.offset, mask)
+        strides = _nocopy_strides(self.shape, self.strides, shape)
+        return None if strides is None else self._with(shape, strides, self.offset, None)
+
+    def index(self, idx: list[Lin]) -> tuple[Lin, list[Bound]]:
+        """Flat position of the element at multi-index `idx`, and when it is real data."""
+        flat = const(self.offset)
+        for i, st in zip(idx, self.strides):
+            if st:
+                flat = flat + i * st
+        conds = [] if self.mask is None else [
+            Bound(i, lo, hi) for i, (lo, hi), s in zip(idx, self.mask, self.shape)
+            if (lo, hi) != (0, s)]
+        return recombine(flat), conds
+
+
+def _nocopy_strides(old: Shape, old_strides: tuple[int, ...], new: Shape) -> list[int] | None:
+    """Strides that give `new` the same elements as (old, old_strides), or None.
+
+    Walks the new dims left to right: a new dim either splits the outer part of the next old
+    dim or merges whole old dims whose strides chain (stride[k] == size[k+1] * stride[k+1]).
+    """
+    queue = [(s, st) for s, st in zip(old, old_strides) if s != 1]
+    out: list[int] = []
+    for size in (s for s in new if s != 1):
+        if not queue:
+            return None
+        s, st = queue[0]
+        if s % size == 0:
+            out.append(st * (s // size))
+            queue[0] = (s // size, st)
+            if queue[0][0] == 1:
+                queue.pop(0)
+            continue
+        product, stride = 1, None
+        while product < size and queue:
+            s, st = queue.pop(0)
+            if stride is not None and stride != s * st:
+                return None
+            stride, product = st, product * s
+        if product != size:
+            return None
+        out.append(stride)
+    if queue:
+        return None
+    real = iter(out)
+    return [next(real) if s != 1 else 0 for s in new]
+
+
+@dataclass(frozen=True)
+class ShapeTracker:
+    """A chain of views; the last one is what the user sees, the first one reads the buffer."""
+
+    views: tuple[View, ...]
+
+    @staticmethod
+    def contiguous(shape: Shape) -> ShapeTracker:
+        return ShapeTracker((View.contiguous(tuple(shape)),))
+
+    @property
+    def shape(self) -> Shape:
+        return self.views[-1].shape
+
+    @property
+    def is_contiguous(self) -> bool:
+        return len(self.views) == 1 and self.views[0].is_contiguous
+
+    def _last(self, view: View) -> ShapeTracker:
+        return ShapeTracker(self.views[:-1] + (view,))
+
+    def permute(self, order: tuple[int, ...]) -> ShapeTracker:
+        return self._last(self.views[-1].permute(order))
+
+    def expand(self, shape: Shape) -> ShapeTracker:
+        return self._last(self.views[-1].expand(shape))
+
+    def shrink(self, arg: tuple[tuple[int, int], ...]) -> ShapeTracker:
+        return self._last(self.views[-1].shrink(arg))
+
+    def pad(self, arg: tuple[tuple[int, int], ...]) -> ShapeTracker:
+        return self._last(self.views[-1].pad(arg))
+
+    def flip(self, axes: tuple[int, ...]) -> ShapeTracker:
+        return self._last(self.views[-1].flip(axes))
+
+    def reshape(self, shape: Shape) -> ShapeTracker:
+        view = self.views[-1].reshape(tuple(shape))
+        if view is not None:
+            return self._last(view)
+        return ShapeTracker(self.views + (View.contiguous(tuple(shape)),))
+
+    def index(self, idx: list[Lin]) -> tuple[Lin, list[Bound]]:
+        """Flat index into the base buffer for multi-index `idx`, and its validity conditions."""
+        flat, conds = self.views[-1].index(idx)
+        for view in reversed(self.views[:-1]):
+            flat, more = view.index(unravel(flat, view.shape))
+            conds += more
+        return flat, conds
+
+    def size_of_base(self) -> int:
+        return prod(self.views[0].shape)

@@ -1,0 +1,284 @@
+"""Rewrites the optional ops a device lacks into ops it has: one rule per op, in RULES.
+
+A backend lists the compute ops it runs natively (Capabilities.ops); every op in
+portkit.abi.ops.REQUIRED is always among them. `decompose` replaces each other op by a small
+expression in native ops, and rewrites what that expression uses in turn, so SUB becomes
+ADD(a, NEG(b)) and then, on a device without NEG either, ADD(a, MUL(b, -1)).
+
+Accuracy of the rewrites (checked by tests/codegen/test_decompose.py against portkit.abi.spec):
+- NEG, SUB, MAX, MULACC, RECIP and TRUNC give exactly what the spec allows (RECIP within FDIV's
+  budget, which equals RECIP's). TRUNC keeps ±0, ±inf and NaN.
+- EXP2 and LOG2 are polynomials after range reduction, within their ULP budgets on every input.
+- SIN reduces its argument by Cody-Waite (pi/2 split into parts whose products with the quadrant
+  number are exact) and meets its budget for |a| <= SIN_ACCURATE_TO[dtype]: float32 and bfloat16
+  1e5, float64 1e9, float16 all finite values. Beyond that the error grows with |a| (float32,
+  bfloat16), and for |a| * 2/pi >= 2^30 the result is NaN, never an arbitrary number.
+- float16 and bfloat16 compute TRUNC, EXP2, LOG2 and SIN in float32 and round the result once.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from portkit.abi import dtypes
+from portkit.abi.dtypes import DType
+from portkit.abi.kernel import Kernel, Node, validate
+from portkit.abi.ops import COMPARISON, OPTIONAL, REQUIRED, Op
+
+SIN_ACCURATE_TO = {"float16": 65504.0, "bfloat16": 1e5, "float32": 1e5, "float64": 1e9}
+
+
+def decompose(kernel: Kernel, native: frozenset[Op]) -> Kernel:
+    """`kernel` with every optional op outside `native` rewritten into native ops."""
+    emitter = _Emitter(frozenset(native) | REQUIRED)
+    if not any(node.op in emitter.rewrite for node in kernel.nodes):
+        return kernel
+    new_position: list[int] = []
+    for node in kernel.nodes:
+        src = [new_position[s] for s in node.src]
+        new_position.append(emitter.emit(node.op, node.dtype, *src, arg=node.arg))
+    return validate(replace(kernel, nodes=tuple(emitter.nodes)))
+
+
+class _Emitter:
+    """Appends nodes to a new list, rewriting each non-native op as it is emitted."""
+
+    def __init__(self, native: frozenset[Op]):
+        self.rewrite = OPTIONAL - native
+        self.nodes: list[Node] = []
+
+    def emit(self, op: Op, dtype: DType | None, *src: int, arg=None) -> int:
+        if op in self.rewrite:
+            return RULES[op](self, dtype, *src)
+        self.nodes.append(Node(op, dtype, src, arg))
+        return len(self.nodes) - 1
+
+    def dtype(self, ref: int) -> DType:
+        return self.nodes[ref].dtype
+
+    def alu(self, op: Op, *src: int) -> int:
+        dtype = dtypes.bool_ if op in COMPARISON else self.dtype(src[-1])
+        return self.emit(op, dtype, *src)
+
+    def const(self, value: float | bool, dtype: DType) -> int:
+        # Round float constants to the dtype here, so the kernel's JSON holds the exact value.
+        value = float(dtype.np.type(value)) if dtype.is_float else value
+        return self.emit(Op.CONST, dtype, arg=value)
+
+    def cast(self, ref: int, dtype: DType, bitcast: bool = False) -> int:
+        return self.emit(Op.BITCAST if bitcast else Op.CAST, dtype, ref)
+
+    # Shorthands that keep the rules below readable as formulas.
+    def add(self, a: int, b: int) -> int:
+        return self.alu(Op.ADD, a, b)
+
+    def sub(self, a: int, b: int) -> int:
+        return self.alu(Op.SUB, a, b)
+
+    def mul(self, a: int, b: int) -> int:
+        return self.alu(Op.MUL, a, b)
+
+    def lt(self, a: int, b: int) -> int:
+        return self.alu(Op.CMPLT, a, b)
+
+    def where(self, cond: int, a: int, b: int) -> int:
+        return self.alu(Op.WHERE, cond, a, b)
+
+    def plus(self, a: int, value: float) -> int:
+        return self.add(a, self.const(value, self.dtype(a)))
+
+    def times(self, a: int, value: float) -> int:
+        return self.mul(a, self.const(value, self.dtype(a)))
+
+    def is_nan(self, a: int) -> int:
+        return self.alu(Op.CMPNE, a, a)
+
+    def inside(self, a: int, limit: float) -> int:
+        """-limit < a < limit; false for NaN."""
+        return self.alu(Op.AND, self.lt(a, self.const(limit, self.dtype(a))),
+                        self.lt(self.const(-limit, self.dtype(a)), a))
+
+    def poly(self, x: int, coefficients: Sequence[float]) -> int:
+        """c0 + c1*x + c2*x^2 + ..., by Horner's rule."""
+        acc = self.const(coefficients[-1], self.dtype(x))
+        for c in reversed(coefficients[:-1]):
+            acc = self.plus(self.mul(acc, x), c)
+        return acc
+
+
+Rule = Callable[..., int]   # (emitter, node dtype, *sources) -> position of the result
+
+
+def _neg(e: _Emitter, dtype: DType, a: int) -> int:
+    # Multiplying by -1 wraps like NEG on signed ints; 2^n - 1 is -1 for unsigned ones.
+    return e.times(a, dtype.max if dtype.kind == "uint" else -1)
+
+
+def _sub(e: _Emitter, dtype: DType, a: int, b: int) -> int:
+    return e.add(a, e.alu(Op.NEG, b))
+
+
+def _max(e: _Emitter, dtype: DType, a: int, b: int) -> int:
+    larger = e.where(e.lt(a, b), b, a)      # already a when a is NaN
+    return e.where(e.is_nan(b), b, larger) if dtype.is_float else larger
+
+
+def _mulacc(e: _Emitter, dtype: DType, a: int, b: int, c: int) -> int:
+    return e.add(e.mul(a, b), c)
+
+
+def _recip(e: _Emitter, dtype: DType, a: int) -> int:
+    return e.alu(Op.FDIV, e.const(1.0, dtype), a)
+
+
+@dataclass(frozen=True)
+class _Format:
+    """The bit layout of float32 or float64, and polynomial lengths that reach its precision."""
+
+    bits: DType          # the signed int of the same size
+    mantissa: int        # stored fraction bits
+    bias: int
+    exp2_terms: int      # Taylor terms of 2^f on [-1/2, 1/2]
+    log2_terms: int      # terms of the atanh series on |s| <= 3 - 2*sqrt(2)
+    sin_terms: int       # Taylor terms of sin and cos on [-pi/4, pi/4], after the first
+    pi_part_bits: int    # significant bits of each pi/2 part but the last (see _sin)
+
+
+_FORMATS = {
+    dtypes.float32: _Format(dtypes.int32, 23, 127, 8, 5, 5, 8),
+    dtypes.float64: _Format(dtypes.int64, 52, 1023, 14, 11, 8, 21),
+}
+
+
+def _via_float32(rule: Rule) -> Rule:
+    """float16 and bfloat16 run `rule` in float32 and round once at the end."""
+    def narrow_or_wide(e: _Emitter, dtype: DType, *src: int) -> int:
+        if dtype in _FORMATS:
+            return rule(e, dtype, *src)
+        wide = rule(e, dtypes.float32, *(e.cast(s, dtypes.float32) for s in src))
+        return e.cast(wide, dtype)
+    return narrow_or_wide
+
+
+@_via_float32
+def _trunc(e: _Emitter, dtype: DType, a: int) -> int:
+    # Floats of magnitude >= 2^mantissa are integers already; smaller ones fit the int type.
+    fmt = _FORMATS[dtype]
+    small = e.inside(a, 2.0 ** fmt.mantissa)
+    whole = e.cast(e.cast(e.where(small, a, e.const(0.0, dtype)), fmt.bits), dtype)
+    # The cast loses the sign of -0.5 -> -0; put the sign bit of a back.
+    sign = e.alu(Op.AND, e.cast(a, fmt.bits, bitcast=True), e.const(fmt.bits.min, fmt.bits))
+    signed = e.alu(Op.OR, e.cast(whole, fmt.bits, bitcast=True), sign)
+    return e.where(small, e.cast(signed, dtype, bitcast=True), a)
+
+
+def _power_of_two(e: _Emitter, dtype: DType, k: int) -> int:
+    """2^k for an int32 k in the normal exponent range, built from its exponent bits."""
+    fmt = _FORMATS[dtype]
+    biased = e.plus(e.cast(k, fmt.bits), fmt.bias)
+    return e.cast(e.alu(Op.SHL, biased, e.const(fmt.mantissa, fmt.bits)), dtype, bitcast=True)
+
+
+@_via_float32
+def _exp2(e: _Emitter, dtype: DType, a: int) -> int:
+    fmt = _FORMATS[dtype]
+    # Past these bounds 2^a is inf or rounds to 0; clamping keeps the int cast defined.
+    low, high = -(fmt.bias + fmt.mantissa + 2), fmt.bias + 2
+    x = e.where(e.is_nan(a), e.const(0.0, dtype), a)
+    x = e.where(e.lt(x, e.const(low, dtype)), e.const(low, dtype), x)
+    x = e.where(e.lt(e.const(high, dtype), x), e.const(high, dtype), x)
+    # a = k + f with k integral, |f| <= 1/2; each step below is exact.
+    k = e.cast(x, dtypes.int32)
+    f = e.sub(x, e.cast(k, dtype))
+    up, down = e.lt(e.const(0.5, dtype), f), e.lt(f, e.const(-0.5, dtype))
+    k = e.where(up, e.plus(k, 1), e.where(down, e.plus(k, -1), k))
+    f = e.where(up, e.plus(f, -1.0), e.where(down, e.plus(f, 1.0), f))
+    ln2 = math.log(2.0)
+    p = e.poly(f, [ln2 ** n / math.factorial(n) for n in range(fmt.exp2_terms)])
+    # Scale in two halves so that neither power overflows and a subnormal result rounds once.
+    half = e.alu(Op.SHR, k, e.const(1, dtypes.int32))
+    scaled = e.mul(e.mul(p, _power_of_two(e, dtype, half)),
+                   _power_of_two(e, dtype, e.sub(k, half)))
+    return e.where(e.is_nan(a), a, scaled)
+
+
+@_via_float32
+def _log2(e: _Emitter, dtype: DType, a: int) -> int:
+    fmt, bits = _FORMATS[dtype], _FORMATS[dtype].bits
+    # Subnormals: scale into the normal range first, subtract the scale from the exponent.
+    subnormal = e.lt(a, e.const(2.0 ** (1 - fmt.bias), dtype))
+    x = e.where(subnormal, e.times(a, 2.0 ** fmt.mantissa), a)
+    shift = e.where(subnormal, e.const(fmt.mantissa, bits), e.const(0, bits))
+    # a = m * 2^k with m in [1, 2), from the bits; then m in [sqrt(1/2), sqrt(2)).
+    raw = e.cast(x, bits, bitcast=True)
+    k = e.sub(e.alu(Op.SHR, raw, e.const(fmt.mantissa, bits)), e.plus(shift, fmt.bias))
+    fraction = e.alu(Op.AND, raw, e.const((1 << fmt.mantissa) - 1, bits))
+    one = e.const(fmt.bias << fmt.mantissa, bits)
+    m = e.cast(e.alu(Op.OR, fraction, one), dtype, bitcast=True)
+    big = e.lt(e.const(math.sqrt(2.0), dtype), m)
+    m, k = e.where(big, e.times(m, 0.5), m), e.where(big, e.plus(k, 1), k)
+    # log2(m) = 2/ln2 * atanh(s) = 2/ln2 * (s + s^3/3 + s^5/5 + ...), s = (m-1)/(m+1).
+    s = e.alu(Op.FDIV, e.plus(m, -1.0), e.plus(m, 1.0))
+    series = e.poly(e.mul(s, s), [2 / math.log(2.0) / (2 * n + 1) for n in range(fmt.log2_terms)])
+    y = e.add(e.cast(k, dtype), e.mul(s, series))
+    zero, inf = e.const(0.0, dtype), e.const(math.inf, dtype)
+    y = e.where(e.lt(a, inf), y, a)                              # inf and NaN give themselves
+    y = e.where(e.alu(Op.CMPNE, a, zero), y, e.const(-math.inf, dtype))
+    return e.where(e.lt(a, zero), e.const(math.nan, dtype), y)
+
+
+_PI = Fraction("3.14159265358979323846264338327950288419716939937510582097494459230781640628")
+
+
+def _split(value: Fraction, part_bits: int, parts: int, dtype: DType) -> list[float]:
+    """`value` as a sum of floats: all but the last have `part_bits` significant bits."""
+    out = []
+    for _ in range(parts - 1):
+        exponent = math.frexp(float(value))[1]
+        scale = Fraction(2) ** (exponent - part_bits)
+        part = round(value / scale) * scale
+        out.append(float(part))
+        value -= part
+    return out + [float(dtype.np.type(float(value)))]
+
+
+def _sin(e: _Emitter, dtype: DType, a: int) -> int:
+    fmt = _FORMATS[dtype]
+    # Quadrant k = round(a * 2/pi), kept in int32; beyond that, NaN (see module docstring).
+    t = e.times(a, 2 / math.pi)
+    finite = e.inside(t, 2.0 ** 30)
+    t = e.where(finite, t, e.const(0.0, dtype))
+    half = e.where(e.lt(t, e.const(0.0, dtype)), e.const(-0.5, dtype), e.const(0.5, dtype))
+    k = e.cast(e.add(t, half), dtypes.int32)
+    # Cody-Waite: r = a - k*pi/2 with pi/2 in parts; k * part is exact while k has at most
+    # (precision - pi_part_bits) bits, so the first subtractions cancel without error.
+    k_float, r = e.cast(k, dtype), e.where(finite, a, e.const(0.0, dtype))
+    for part in _split(_PI / 2, fmt.pi_part_bits, 4, dtype):
+        r = e.sub(r, e.times(k_float, part))
+    r2 = e.mul(r, r)
+    sin_series = [(-1) ** n / math.factorial(2 * n + 1) for n in range(1, fmt.sin_terms + 1)]
+    cos_series = [(-1) ** n / math.factorial(2 * n) for n in range(1, fmt.sin_terms + 1)]
+    sin_r = e.add(r, e.mul(e.mul(r, r2), e.poly(r2, sin_series)))
+    cos_r = e.plus(e.mul(r2, e.poly(r2, cos_series)), 1.0)
+    # sin(r + k*pi/2) is sin r, cos r, -sin r, -cos r for k mod 4 = 0, 1, 2, 3.
+    def bit(mask: int) -> int:
+        return e.alu(Op.CMPNE, e.alu(Op.AND, k, e.const(mask, dtypes.int32)),
+                     e.const(0, dtypes.int32))
+    value = e.where(bit(1), cos_r, sin_r)
+    value = e.where(bit(2), e.alu(Op.NEG, value), value)
+    return e.where(finite, value, e.const(math.nan, dtype))
+
+
+RULES: dict[Op, Rule] = {
+    Op.NEG: _neg,
+    Op.SUB: _sub,
+    Op.MAX: _max,
+    Op.MULACC: _mulacc,
+    Op.RECIP: _recip,
+    Op.TRUNC: _trunc,
+    Op.EXP2: _exp2,
+    Op.LOG2: _log2,
+    Op.SIN: _via_float32(_sin),
+}

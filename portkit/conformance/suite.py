@@ -1,0 +1,249 @@
+"""The tier registry and the runner: collects cases, applies blocking and xfail, runs them.
+
+A tier is a module with TIER, NAME and `cases(ctx) -> list[Case]`; one that cannot run here
+(the Tensor stack is missing, say) raises TierNotRun and is reported as not run, with the reason.
+"""
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from portkit.abi import CapabilityError
+from portkit.conformance.case import (
+    Case,
+    CaseFailed,
+    Context,
+    KernelCase,
+    Outcome,
+    Result,
+    Status,
+    Unsupported,
+    judge,
+)
+from portkit.conformance.target import Target
+
+TIERS = {
+    1: "portkit.conformance.tier1_runtime",
+    2: "portkit.conformance.tier2_ops",
+    3: "portkit.conformance.tier3_kernels",
+    4: "portkit.conformance.tier4_tensor",
+    5: "portkit.conformance.tier5_models",
+    6: "portkit.conformance.tier6_perf",
+}
+# A prerequisite with one of these statuses blocks the cases that require it.
+_BLOCKING = (Status.FAILED, Status.BLOCKED, Status.XFAIL)
+
+
+class TierNotRun(Exception):
+    """Raised by a tier's `cases` when it cannot run here; the message is the reason."""
+
+
+@dataclass
+class Options:
+    """What to run: the command line's options."""
+
+    tiers: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+    pattern: str | None = None
+    dtypes: tuple[str, ...] = ()
+    quick: bool = False
+    seed: int = 0
+    jobs: int = 1
+    xfail: dict[str, str] = field(default_factory=dict)    # case-id pattern -> reason
+    xfail_file: str | None = None
+    perf_min_ratio: float | None = None
+    repro_dir: str = "portkit-conform"
+    reference: str | None = "cpu"       # the backend that tier 6 compares timings with
+
+
+@dataclass
+class Report:
+    """Everything one run found: results in order and the tiers that did not run."""
+
+    backend: str
+    capabilities: object
+    options: Options
+    results: list[Result] = field(default_factory=list)
+    tiers: dict[str, dict] = field(default_factory=dict)    # tier name -> status and reason
+    seconds: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        """How many results have each status (every status listed, zeros too)."""
+        counts = {status.value: 0 for status in Status}
+        for result in self.results:
+            counts[result.status.value] += 1
+        return counts
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed and no xfail entry is stale (the exit code's rule)."""
+        return not any(r.status in (Status.FAILED, Status.XPASS) for r in self.results)
+
+
+def parse_xfail(text: str, source: str = "xfail file") -> dict[str, str]:
+    """Reads an xfail list: one `CASE-ID-PATTERN  reason` per line; `#` starts a comment."""
+    entries = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split(None, 1)
+        if len(parts) < 2:
+            raise ValueError(f"{source}:{number}: {parts[0]!r} has no reason; write "
+                             "`PATTERN  why it fails` so the list stays honest")
+        entries[parts[0]] = parts[1]
+    return entries
+
+
+def matches(case_id: str, pattern: str) -> bool:
+    """-k semantics: a glob if the pattern has *, ? or [, else a substring."""
+    if re.search(r"[*?\[]", pattern):
+        return fnmatch.fnmatchcase(case_id, pattern)
+    return pattern in case_id
+
+
+def collect(ctx: Context, options: Options) -> tuple[list[Case], dict[str, dict]]:
+    """The selected cases, and per tier whether it runs (and why not)."""
+    selected, tiers = [], {}
+    for number in sorted(options.tiers):
+        module = importlib.import_module(TIERS[number])
+        try:
+            found = module.cases(ctx)
+        except TierNotRun as reason:
+            tiers[module.NAME] = {"tier": number, "status": "not run", "reason": str(reason)}
+            continue
+        found = [c for c in found if _selected(c, options)]
+        tiers[module.NAME] = {"tier": number, "status": "run", "reason": "", "cases": len(found)}
+        selected += found
+    return selected, tiers
+
+
+def _selected(case: Case, options: Options) -> bool:
+    if options.pattern and not matches(case.id, options.pattern):
+        return False
+    if options.dtypes and case.dtype:
+        return bool(set(case.dtype.split("->")) & set(options.dtypes))
+    return True
+
+
+def run(target: Target, options: Options,
+        progress: Callable[[Result, int, int], None] | None = None) -> Report:
+    """Runs the selected tiers on `target`; `progress(result, done, total)` after each case."""
+    start = time.perf_counter()
+    ctx = Context(target.capabilities, options.quick, options.seed,
+                  _reference(target, options), options.perf_min_ratio)
+    cases, tiers = collect(ctx, options)
+    report = Report(target.name, target.capabilities, options, tiers=tiers)
+    by_id: dict[str, Result] = {}
+    done = 0
+    for tier in sorted({c.tier for c in cases}):
+        batch = [c for c in cases if c.tier == tier]
+        # Tier 6 times things: run its cases one at a time.
+        jobs = 1 if tier == 6 else max(1, options.jobs)
+        with ThreadPoolExecutor(jobs) as pool:
+            futures = [pool.submit(_run_one, target, case, by_id, options) for case in batch]
+            for future in futures:
+                result = future.result()
+                report.results.append(result)
+                done += 1
+                if progress:
+                    progress(result, done, len(cases))
+        for result in report.results[-len(batch):]:
+            by_id[result.case.id] = result
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _reference(target: Target, options: Options) -> Target | None:
+    if 6 not in options.tiers or not options.reference:
+        return None
+    if options.reference == target.name:
+        return target
+    try:
+        return Target.load(options.reference)
+    except Exception:  # noqa: BLE001 - any reason to lack it just drops the ratios
+        return None
+
+
+def _run_one(target: Target, case: Case, done: dict[str, Result], options: Options) -> Result:
+    blockers = [r for pattern in case.requires for r in done.values()
+                if fnmatch.fnmatchcase(r.case.id, pattern) and r.status in _BLOCKING]
+    if blockers:
+        names = ", ".join(f"{r.case.id} ({r.status.value})" for r in blockers[:3])
+        more = f" and {len(blockers) - 3} more" if len(blockers) > 3 else ""
+        return Result(case, Status.BLOCKED, f"blocked by {names}{more}")
+    start = time.perf_counter()
+    outcome = execute(target, case)
+    result = Result(case, outcome.status, outcome.message, outcome.max_ulp, outcome.max_error,
+                    time.perf_counter() - start, outcome.worst, outcome.source,
+                    perf=outcome.perf)
+    if outcome.repro is not None:
+        result.kernel_json = outcome.repro.kernel.to_json()
+        if outcome.status is Status.FAILED:
+            from portkit.conformance import replay
+
+            path = Path(options.repro_dir) / (re.sub(r"[^\w.-]+", "_", case.id) + ".json")
+            replay.save(path, outcome.repro, case.id, target.name)
+            result.repro_path = str(path)
+            result.replay = f"portkit replay {path} --backend {target.name}"
+    return _apply_xfail(result, options)
+
+
+def _apply_xfail(result: Result, options: Options) -> Result:
+    reasons = [r for p, r in options.xfail.items() if fnmatch.fnmatchcase(result.case.id, p)]
+    if not reasons:
+        return result
+    where = options.xfail_file or "the xfail list"
+    if result.status is Status.FAILED:
+        result.status = Status.XFAIL
+        result.message = f"expected failure ({reasons[0]}): {result.message}"
+    elif result.status is Status.PASSED:
+        result.status = Status.XPASS
+        result.message = (f"listed as xfail ({reasons[0]}) but PASSED: remove it from "
+                          f"{where}")
+    return result
+
+
+def execute(target: Target, case: Case) -> Outcome:
+    """Runs one case, turning every exception into a status with a message."""
+    try:
+        if case.fn is not None:
+            return case.fn(target)
+        return run_kernel_case(target, case.make())
+    except (Unsupported, CapabilityError) as why:
+        return Outcome(Status.UNSUPPORTED, str(why))
+    except CaseFailed as why:
+        return Outcome(Status.FAILED, str(why))
+    except Exception as error:  # noqa: BLE001 - a crash in the backend fails this case
+        return Outcome(Status.FAILED, f"{type(error).__name__}: {error}")
+
+
+def run_kernel_case(target: Target, kc: KernelCase) -> Outcome:
+    """Runs a kernel case on `target` and judges every checked output."""
+    kernel = target.prepare(kc.kernel)
+    try:
+        outputs = target.run(kernel, kc.inputs, kc.scalars)
+    except Exception as error:  # noqa: BLE001 - keep the kernel to replay the crash
+        source = _source(target, kernel)
+        return Outcome(Status.FAILED, f"{type(error).__name__}: {error}", repro=kc,
+                       source=source)
+    verdicts = [judge(check, outputs[check.output], kc.inputs) for check in kc.checks]
+    ulps = [v.error for v in verdicts if v.unit == "ulp"]
+    errors = [v.error for v in verdicts if v.unit != "ulp"]
+    failed = [v for v in verdicts if not v.ok]
+    return Outcome(Status.FAILED if failed else Status.PASSED,
+                   "; ".join(v.message for v in failed),
+                   max(ulps) if ulps else None, max(errors) if errors else None,
+                   failed[0].worst if failed else None, kc, _source(target, kernel))
+
+
+def _source(target: Target, kernel) -> str | None:
+    try:
+        return target.device.renderer.render(kernel)
+    except Exception:  # noqa: BLE001 - the failure's own message already says why
+        return None

@@ -1,0 +1,159 @@
+"""Autograd: every primitive op, its forward and its gradient rule, in one table.
+
+A primitive's forward works on lazy graph nodes; its backward gets the output gradient (a
+Tensor) and returns one gradient per input (None where no gradient flows), written with Tensor
+ops. So the backward pass is itself a lazy graph: it fuses and schedules like the forward.
+Every other Tensor op is a composition of these primitives and needs no rule of its own.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from portkit.abi.ops import Op
+from portkit.graph import Lazy
+
+
+@dataclass(frozen=True)
+class Rule:
+    """forward(*lazy inputs, arg) -> lazy output; backward(ctx, grad) -> grads of the inputs."""
+
+    forward: Callable[..., Lazy]
+    backward: Callable[..., tuple] | None     # None: not differentiable (comparisons, ints)
+
+
+@dataclass
+class Context:
+    """What a backward rule may read: the inputs, the output and the op's argument."""
+
+    inputs: tuple          # Tensors
+    out: Any               # the output Tensor's lazy node wrapped as a Tensor (detached)
+    arg: Any
+
+
+def _alu(op: Op) -> Callable[..., Lazy]:
+    return lambda *srcs, arg=None: srcs[0].alu(op, *srcs[1:])
+
+
+_LN2 = math.log(2)
+
+RULES: dict[str, Rule] = {
+    # unary
+    "neg": Rule(_alu(Op.NEG), lambda c, g: (-g,)),
+    "recip": Rule(_alu(Op.RECIP), lambda c, g: (-g * c.out * c.out,)),
+    "sqrt": Rule(_alu(Op.SQRT), lambda c, g: (g / (c.out * 2),)),
+    "exp2": Rule(_alu(Op.EXP2), lambda c, g: (g * c.out * _LN2,)),
+    "log2": Rule(_alu(Op.LOG2), lambda c, g: (g / (c.inputs[0] * _LN2),)),
+    "sin": Rule(_alu(Op.SIN), lambda c, g: (g * c.inputs[0].detach().cos(),)),
+    "trunc": Rule(_alu(Op.TRUNC), lambda c, g: (g.zeros_like(),)),
+    # binary (inputs already broadcast to one shape and promoted to one dtype)
+    "add": Rule(_alu(Op.ADD), lambda c, g: (g, g)),
+    "sub": Rule(_alu(Op.SUB), lambda c, g: (g, -g)),
+    "mul": Rule(_alu(Op.MUL), lambda c, g: (g * c.inputs[1].detach(),
+                                            g * c.inputs[0].detach())),
+    "div": Rule(_alu(Op.FDIV), lambda c, g: (
+        g / c.inputs[1].detach(),
+        -g * c.inputs[0].detach() / (c.inputs[1].detach() * c.inputs[1].detach()))),
+    "max": Rule(_alu(Op.MAX), lambda c, g: _max_grads(c, g)),
+    "lt": Rule(_alu(Op.CMPLT), None),
+    "ne": Rule(_alu(Op.CMPNE), None),
+    "idiv": Rule(_alu(Op.IDIV), None),
+    "mod": Rule(_alu(Op.MOD), None),
+    "and": Rule(_alu(Op.AND), None),
+    "or": Rule(_alu(Op.OR), None),
+    "xor": Rule(_alu(Op.XOR), None),
+    "shl": Rule(_alu(Op.SHL), None),
+    "shr": Rule(_alu(Op.SHR), None),
+    "where": Rule(_alu(Op.WHERE), lambda c, g: (
+        None, c.inputs[0].where(g, 0.0), c.inputs[0].where(0.0, g))),
+    "cast": Rule(lambda x, arg: x.cast(arg),
+                 lambda c, g: (g.cast(c.inputs[0].dtype),)),
+    "bitcast": Rule(lambda x, arg: x.cast(arg, bitcast=True), None),
+    # reductions (reduced axes keep size 1)
+    "sum": Rule(lambda x, arg: x.reduce(Op.ADD, arg),
+                lambda c, g: (g.expand(c.inputs[0].shape),)),
+    "max_reduce": Rule(lambda x, arg: x.reduce(Op.MAX, arg), lambda c, g: _max_reduce_grad(c, g)),
+    "prod_reduce": Rule(lambda x, arg: x.reduce(Op.MUL, arg), lambda c, g: (
+        (g * c.out).expand(c.inputs[0].shape) / c.inputs[0].detach(),)),
+    # movement
+    "reshape": Rule(lambda x, arg: x.view("reshape", arg),
+                    lambda c, g: (g.reshape(c.inputs[0].shape),)),
+    "permute": Rule(lambda x, arg: x.view("permute", arg), lambda c, g: (
+        g.permute(tuple(sorted(range(len(c.arg)), key=c.arg.__getitem__))),)),
+    "expand": Rule(lambda x, arg: x.view("expand", arg), lambda c, g: (
+        g._reduce_prim("sum", tuple(i for i, (a, b) in enumerate(zip(c.inputs[0].shape, c.arg))
+                                    if a != b)),)),
+    "pad": Rule(lambda x, arg: x.view("pad", arg), lambda c, g: (
+        g.shrink(tuple((lo, lo + s) for (lo, _), s in zip(c.arg, c.inputs[0].shape))),)),
+    "shrink": Rule(lambda x, arg: x.view("shrink", arg), lambda c, g: (
+        g.pad(tuple((b, s - e) for (b, e), s in zip(c.arg, c.inputs[0].shape))),)),
+    "flip": Rule(lambda x, arg: x.view("flip", arg), lambda c, g: (g.flip(c.arg),)),
+    "copy": Rule(lambda x, arg: x.copy_to(arg), lambda c, g: (g.to(c.inputs[0].device),)),
+}
+
+
+def _max_grads(c: Context, g) -> tuple:
+    x, y = (t.detach() for t in c.inputs)
+    # ties split the gradient evenly, as torch.maximum does
+    share = (x > y).where(1.0, (x == y).where(0.5, 0.0)).cast(g.dtype)
+    return g * share, g * (1.0 - share)
+
+
+def _max_reduce_grad(c: Context, g) -> tuple:
+    x = c.inputs[0].detach()
+    hit = (x == c.out.expand(x.shape)).cast(g.dtype)
+    count = hit._reduce_prim("sum", c.arg).expand(x.shape)
+    return (g.expand(x.shape) * hit / count,)
+
+
+# -- recording and the backward pass --------------------------------------------------------
+
+_grad_enabled = True
+
+
+def grad_enabled() -> bool:
+    return _grad_enabled
+
+
+@contextmanager
+def no_grad():
+    """Inside this block no op records its inputs for backward."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def backward(root, grad) -> None:
+    """Accumulates d(root)/d(leaf) * grad into `.grad` of every leaf that requires it."""
+    order, seen = [], set()
+    stack = [(root, False)]
+    while stack:
+        t, done = stack.pop()
+        if done:
+            order.append(t)
+            continue
+        if id(t) in seen or t._ctx is None:
+            continue
+        seen.add(id(t))
+        stack.append((t, True))
+        stack.extend((p, False) for p in t._ctx[1].inputs if p.requires_grad)
+    grads = {id(root): grad}
+    for t in reversed(order):
+        g = grads.pop(id(t), None)
+        if g is None:
+            continue
+        name, ctx = t._ctx
+        for parent, pg in zip(ctx.inputs, RULES[name].backward(ctx, g)):
+            if pg is None or not parent.requires_grad:
+                continue
+            if parent._ctx is None:
+                parent.grad = pg if parent.grad is None else parent.grad + pg
+            else:
+                grads[id(parent)] = pg if id(parent) not in grads else grads[id(parent)] + pg
+        t._ctx = None

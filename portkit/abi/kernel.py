@@ -4,6 +4,16 @@ A node refers to earlier nodes by their position in the list. Loops (RANGE..END)
 (IF..ENDIF) are brackets in the list, so a backend renders a kernel top to bottom in one pass.
 Launch dimensions follow CUDA: `grid` counts workgroups per axis, `block` threads per workgroup.
 Arguments are the buffers (PARAM, by position) and then the int32 scalars (VAR, in list order).
+
+Rules `validate` cannot check, which a kernel must keep and a backend may rely on:
+- LOCAL memory holds unspecified values until a thread stores to it.
+- Threads of one launch do not communicate through PARAM buffers: no thread loads an element
+  another thread of the same launch stores (workgroup threads use LOCAL and BARRIER instead).
+- Every thread of a workgroup reaches each BARRIER the same number of times: the bounds of a
+  RANGE around a BARRIER are the same for the whole workgroup.
+- Indices stay inside their buffer, except under a false gate.
+- ADD, MUL and the other ops are each rounded on their own: a backend must not contract
+  MUL then ADD into a fused multiply-add (only MULACC may be fused).
 """
 from __future__ import annotations
 

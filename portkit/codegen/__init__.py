@@ -1,0 +1,1 @@
+"""From scheduled work to source: index math, rewrites of missing ops, C-like renderers."""

@@ -1,0 +1,1 @@
+"""portkit's own backends, one package each, registered like any third-party backend."""

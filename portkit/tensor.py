@@ -729,6 +729,7 @@ class Tensor:
             at = [i is Ellipsis if not isinstance(i, Tensor) else False
                   for i in index].index(True)
             index = index[:at] + (slice(None),) * (self.ndim - used) + index[at + 1:]
+            used = self.ndim
         index = index + (slice(None),) * (self.ndim - used)
         x, dim = self, 0
         crop, flips, steps = [], [], []

@@ -30,9 +30,9 @@ _MAX_GROUPS = 64
 
 
 def reduce_identity(op: Op, dtype: DType) -> float | int | bool:
-    """The value a reduction starts from: 0 for sums, the dtype's minimum for max."""
-    if op is Op.ADD:
-        return 0
+    """The value a reduction starts from: 0 for sums, 1 for products, the minimum for max."""
+    if op in (Op.ADD, Op.MUL):
+        return int(op is Op.MUL)
     return float("-inf") if dtype.is_float else dtype.min
 
 

@@ -1,0 +1,101 @@
+"""Optimizers. A step builds every update as one lazy graph and realizes it in one schedule, so
+each parameter's update (and its state) is a fused elementwise kernel reading the gradient."""
+from __future__ import annotations
+
+from portkit.tensor import Tensor, realize
+
+
+class Optimizer:
+    """Holds parameters and their state; `step()` applies the gradients."""
+
+    def __init__(self, params: list[Tensor], lr: float):
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("optimizer got no tensors with requires_grad=True")
+        self.lr = lr
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        updates: list[tuple[Tensor, Tensor]] = []
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            updates += self._update(i, p, p.grad.detach().cast(p.dtype))
+        targets = [t for t, _ in updates]
+        for target, value in updates:
+            target.lazy = value.lazy
+        realize(*targets)
+
+    def _update(self, i: int, p: Tensor, g: Tensor) -> list[tuple[Tensor, Tensor]]:
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with momentum, Nesterov momentum and weight decay (torch)."""
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False):
+        super().__init__(params, lr)
+        self.momentum, self.weight_decay, self.nesterov = momentum, weight_decay, nesterov
+        self.buffers: list[Tensor | None] = [None] * len(self.params)
+
+    def _update(self, i, p, g):
+        if self.weight_decay:
+            g = g + p.detach() * self.weight_decay
+        out = []
+        if self.momentum:
+            b = self.buffers[i]
+            b_new = g if b is None else b * self.momentum + g
+            if b is None:
+                b = self.buffers[i] = Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device)
+            out.append((b, b_new))
+            g = g + b_new * self.momentum if self.nesterov else b_new
+        return out + [(p, p.detach() - g * self.lr)]
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba), as torch.optim.Adam; weight_decay adds to the gradient."""
+
+    decoupled = False
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0):
+        super().__init__(params, lr)
+        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        self.m = [Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device) for p in self.params]
+        self.v = [Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device) for p in self.params]
+        self.t = 0
+
+    def step(self) -> None:
+        self.t += 1
+        super().step()
+
+    def _update(self, i, p, g):
+        b1, b2 = self.betas
+        w = p.detach()
+        if self.weight_decay and not self.decoupled:
+            g = g + w * self.weight_decay
+        if self.weight_decay and self.decoupled:
+            w = w * (1 - self.lr * self.weight_decay)
+        m = self.m[i] * b1 + g * (1 - b1)
+        v = self.v[i] * b2 + g * g * (1 - b2)
+        m_hat = m * (1 / (1 - b1 ** self.t))
+        v_hat = v * (1 / (1 - b2 ** self.t))
+        return [(self.m[i], m), (self.v[i], v),
+                (p, w - m_hat * self.lr / (v_hat.sqrt() + self.eps))]
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (torch.optim.AdamW; default weight_decay 0.01)."""
+
+    decoupled = True
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01):
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer"]

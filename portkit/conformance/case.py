@@ -35,6 +35,10 @@ class Unsupported(Exception):
     """Raised by a case the backend's declared capabilities rule out; the message says which."""
 
 
+class TierNotRun(Exception):
+    """Raised by a tier's `cases` when the tier cannot run here; the message is the reason."""
+
+
 class CaseFailed(Exception):
     """Raised by a hand-written case (tiers 1 and 6) with the message of its failure."""
 

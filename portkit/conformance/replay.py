@@ -68,9 +68,8 @@ def load(path: str | Path) -> tuple[KernelCase, dict]:
     return kc, {"case": data["case"], "backend": data["backend"]}
 
 
-def replay(path: str | Path, target: Target) -> list[Verdict]:
-    """Reruns the case in `path` on `target`; one verdict per checked output."""
-    kc, _ = load(path)
+def replay(kc: KernelCase, target: Target) -> list[Verdict]:
+    """Reruns a loaded case on `target`; one verdict per checked output."""
     kernel = target.prepare(kc.kernel)
     outputs = target.run(kernel, kc.inputs, kc.scalars)
     return [judge(check, outputs[check.output], kc.inputs) for check in kc.checks]

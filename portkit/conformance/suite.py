@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import os
 import re
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from portkit.conformance.case import (
     Outcome,
     Result,
     Status,
+    TierNotRun,
     Unsupported,
     judge,
 )
@@ -40,10 +41,6 @@ TIERS = {
 _BLOCKING = (Status.FAILED, Status.BLOCKED, Status.XFAIL)
 
 
-class TierNotRun(Exception):
-    """Raised by a tier's `cases` when it cannot run here; the message is the reason."""
-
-
 @dataclass
 class Options:
     """What to run: the command line's options."""
@@ -53,11 +50,11 @@ class Options:
     dtypes: tuple[str, ...] = ()
     quick: bool = False
     seed: int = 0
-    jobs: int = 1
+    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)    # compile threads
     xfail: dict[str, str] = field(default_factory=dict)    # case-id pattern -> reason
     xfail_file: str | None = None
     perf_min_ratio: float | None = None
-    repro_dir: str = "portkit-conform"
+    repro_dir: str = "reports/repro"
     reference: str | None = "cpu"       # the backend that tier 6 compares timings with
 
 
@@ -143,16 +140,15 @@ def run(target: Target, options: Options,
     done = 0
     for tier in sorted({c.tier for c in cases}):
         batch = [c for c in cases if c.tier == tier]
-        # Tier 6 times things: run its cases one at a time.
-        jobs = 1 if tier == 6 else max(1, options.jobs)
-        with ThreadPoolExecutor(jobs) as pool:
-            futures = [pool.submit(_run_one, target, case, by_id, options) for case in batch]
-            for future in futures:
-                result = future.result()
-                report.results.append(result)
-                done += 1
-                if progress:
-                    progress(result, done, len(cases))
+        kernel_cases = {c.id: _made(c) for c in batch if c.make is not None}
+        target.precompile([kc.kernel for kc in kernel_cases.values() if kc is not None],
+                          options.jobs)
+        for case in batch:
+            result = _run_one(target, case, kernel_cases.get(case.id), by_id, options)
+            report.results.append(result)
+            done += 1
+            if progress:
+                progress(result, done, len(cases))
         for result in report.results[-len(batch):]:
             by_id[result.case.id] = result
     report.seconds = time.perf_counter() - start
@@ -170,7 +166,15 @@ def _reference(target: Target, options: Options) -> Target | None:
         return None
 
 
-def _run_one(target: Target, case: Case, done: dict[str, Result], options: Options) -> Result:
+def _made(case: Case) -> KernelCase | Exception:
+    try:
+        return case.make()
+    except Exception as error:  # noqa: BLE001 - reported as the case's failure when it runs
+        return error
+
+
+def _run_one(target: Target, case: Case, kc: KernelCase | Exception | None,
+             done: dict[str, Result], options: Options) -> Result:
     blockers = [r for pattern in case.requires for r in done.values()
                 if fnmatch.fnmatchcase(r.case.id, pattern) and r.status in _BLOCKING]
     if blockers:
@@ -178,7 +182,7 @@ def _run_one(target: Target, case: Case, done: dict[str, Result], options: Optio
         more = f" and {len(blockers) - 3} more" if len(blockers) > 3 else ""
         return Result(case, Status.BLOCKED, f"blocked by {names}{more}")
     start = time.perf_counter()
-    outcome = execute(target, case)
+    outcome = execute(target, case, kc)
     result = Result(case, outcome.status, outcome.message, outcome.max_ulp, outcome.max_error,
                     time.perf_counter() - start, outcome.worst, outcome.source,
                     perf=outcome.perf)
@@ -209,12 +213,15 @@ def _apply_xfail(result: Result, options: Options) -> Result:
     return result
 
 
-def execute(target: Target, case: Case) -> Outcome:
-    """Runs one case, turning every exception into a status with a message."""
+def execute(target: Target, case: Case, kc: KernelCase | Exception | None = None) -> Outcome:
+    """Runs one case (with its kernel case, if already made), turning every exception into a
+    status with a message."""
     try:
         if case.fn is not None:
             return case.fn(target)
-        return run_kernel_case(target, case.make())
+        if isinstance(kc, Exception):
+            raise kc
+        return run_kernel_case(target, kc or case.make())
     except (Unsupported, CapabilityError) as why:
         return Outcome(Status.UNSUPPORTED, str(why))
     except CaseFailed as why:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from portkit import cache
 from portkit.abi import Device, Kernel
 from portkit.abi.ops import COMPUTE
 from portkit.conformance.case import Unsupported
@@ -53,20 +55,36 @@ class Target:
         caps.check_launch(kernel)
         return kernel
 
-    def compile(self, kernel: Kernel) -> tuple[Any, str, float]:
-        """(program, rendered source, compile seconds), cached per kernel."""
+    def compile(self, kernel: Kernel, cached: bool = True) -> tuple[Any, str, float]:
+        """(program, rendered source, compile seconds), cached per kernel in memory and, for
+        binaries, on disk (portkit.cache); `cached=False` builds from scratch."""
         key = kernel.to_json()
         with self._lock:
-            if key in self._compiled:
+            if cached and key in self._compiled:
                 return self._compiled[key]
         start = time.perf_counter()
         source = self.device.renderer.render(kernel)
-        binary = self.device.compiler.compile(source)
+        if cached:
+            binary = cache.compile_cached(self.name, self.device.compiler, source)
+        else:
+            binary = self.device.compiler.compile(source)
         program = self.device.program(kernel.name, binary)
         entry = (program, source, time.perf_counter() - start)
         with self._lock:
             self._compiled[key] = entry
         return entry
+
+    def precompile(self, kernels: Sequence[Kernel], jobs: int) -> None:
+        """Compiles `kernels` on `jobs` threads, so that running them later only launches.
+        Errors are left for the run itself to report, with its case."""
+        def build(kernel: Kernel) -> None:
+            try:
+                self.compile(self.prepare(kernel))
+            except Exception:  # noqa: BLE001, S110 - the case's own run reports it
+                pass
+
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            list(pool.map(build, kernels))
 
     def run(self, kernel: Kernel, arrays: Sequence[np.ndarray],
             scalars: Sequence[int] = ()) -> list[np.ndarray]:
@@ -88,8 +106,9 @@ class Target:
         return host.view(dtype)
 
     def time(self, kernel: Kernel, arrays: Sequence[np.ndarray], scalars: Sequence[int] = (),
-             repeats: int = 5) -> list[float]:
-        """Seconds per launch, `repeats` times after one warm-up launch."""
+             repeats: int = 5, wall: bool = False) -> list[float]:
+        """Seconds per launch, `repeats` times after one warm-up launch: the seconds the
+        program reports, or (with `wall`, or when it reports none) the host's clock."""
         program, _, _ = self.compile(kernel)
         times = []
         with self.buffers(arrays) as handles:
@@ -97,9 +116,9 @@ class Target:
                 start = time.perf_counter()
                 reported = program(handles, list(scalars), kernel.grid, kernel.block, wait=True)
                 self.device.synchronize()
-                wall = time.perf_counter() - start
+                elapsed = time.perf_counter() - start
                 if i:
-                    times.append(reported if reported else wall)
+                    times.append(reported if reported and not wall else elapsed)
         return times
 
 

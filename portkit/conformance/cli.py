@@ -1,0 +1,134 @@
+"""`portkit conform` and `portkit replay`: the conformance suite from the command line."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from portkit.abi import PortkitError
+from portkit.conformance import replay, report, suite
+from portkit.conformance.target import Target
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the `conform` and `replay` subcommands; each sets `run(args) -> exit code`."""
+    conform = subparsers.add_parser(
+        "conform", help="check a backend against the ABI spec and the CPU reference",
+        description="Runs the conformance tiers (1 runtime, 2 ABI ops, 3 kernels, 4 Tensor ops, "
+                    "5 models, 6 performance). Exit code 0 only when nothing failed.")
+    which = conform.add_mutually_exclusive_group(required=True)
+    which.add_argument("--backend", help="the backend to check (see `portkit backends`)")
+    which.add_argument("--available", action="store_true",
+                       help="check every backend available here, one summary line each")
+    conform.add_argument("--tier", action="append", type=int, choices=sorted(suite.TIERS),
+                         help="run only this tier (repeatable; default all)")
+    conform.add_argument("-k", dest="pattern", help="only cases whose id contains PATTERN "
+                         "(or matches it, if it has * ? [)")
+    conform.add_argument("--dtype", action="append", default=[],
+                         help="only cases on this dtype (repeatable)")
+    conform.add_argument("--quick", action="store_true", help="a stratified sample: every op, "
+                         "dtype and edge class at least once (well under a minute on CPU)")
+    conform.add_argument("--seed", type=int, default=0, help="random inputs' seed (default 0)")
+    conform.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                         help="threads compiling kernels ahead of the run (cases themselves "
+                              "run one at a time; default: one per CPU)")
+    conform.add_argument("--json", help="write the JSON report here")
+    conform.add_argument("--junit", help="write JUnit XML here")
+    conform.add_argument("--html", help="write a one-file HTML report here")
+    conform.add_argument("--xfail", help="expected failures: `CASE-PATTERN  reason` per line")
+    conform.add_argument("--perf-min-ratio", type=float, help="fail a perf case whose speed "
+                         "relative to the CPU reference is below this (default: only warn)")
+    conform.add_argument("--repro-dir", default="reports/repro",
+                         help="where failing cases are saved for `portkit replay`")
+    conform.set_defaults(run=run_conform)
+
+    again = subparsers.add_parser("replay", help="rerun one saved failing conformance case")
+    again.add_argument("file", help="a reproduction file named in a failure's replay line")
+    again.add_argument("--backend", required=True, help="the backend to run it on")
+    again.set_defaults(run=run_replay)
+
+
+def options_from(args: argparse.Namespace) -> suite.Options:
+    """The suite's options from parsed arguments."""
+    xfail = {}
+    if args.xfail:
+        xfail = suite.parse_xfail(Path(args.xfail).read_text(), args.xfail)
+    return suite.Options(
+        tiers=tuple(args.tier or sorted(suite.TIERS)), pattern=args.pattern,
+        dtypes=tuple(args.dtype), quick=args.quick, seed=args.seed, jobs=args.jobs,
+        xfail=xfail, xfail_file=args.xfail, perf_min_ratio=args.perf_min_ratio,
+        repro_dir=args.repro_dir)
+
+
+def run_conform(args: argparse.Namespace) -> int:
+    """`portkit conform`: 0 when nothing failed, 1 when something did, 2 on a usage error."""
+    console = Console()
+    try:
+        options = options_from(args)
+    except (OSError, ValueError) as error:
+        console.print(f"[red]{error}[/]")
+        return 2
+    if args.available:
+        return _run_available(options, console)
+    try:
+        target = Target.load(args.backend)
+    except PortkitError as error:
+        console.print(f"[red]cannot load backend {args.backend!r}: {error}[/]")
+        return 2
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task(f"conform {target.name}", total=None)
+
+        def advance(result, done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total,
+                            description=f"{target.name}: {result.case.id}")
+
+        result = suite.run(target, options, advance)
+    report.print_terminal(result, console)
+    _write(result, args)
+    return 0 if result.ok else 1
+
+
+def _run_available(options: suite.Options, console: Console) -> int:
+    from portkit import backends
+
+    worst = 0
+    for name, reason in backends.available().items():
+        if reason is not None:
+            console.print(f"{name:12} [dim]not available: {reason}[/]")
+            continue
+        result = suite.run(Target.load(name), options)
+        counts = ", ".join(f"{v} {k}" for k, v in result.counts().items() if v)
+        verdict = "[green]OK[/]" if result.ok else "[bold red]FAILED[/]"
+        console.print(f"{name:12} {verdict} {counts} ({result.seconds:.1f} s)")
+        worst = max(worst, 0 if result.ok else 1)
+    return worst
+
+
+def _write(result: suite.Report, args: argparse.Namespace) -> None:
+    if args.json:
+        report.write_json(result, args.json)
+    if args.junit:
+        report.write_junit(result, args.junit)
+    if args.html:
+        report.write_html(result, args.html)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """`portkit replay FILE --backend NAME`: 0 if the case now passes, 1 if it still fails."""
+    console = Console()
+    try:
+        target = Target.load(args.backend)
+        kc, meta = replay.load(args.file)
+        verdicts = replay.replay(kc, target)
+    except (PortkitError, OSError, ValueError) as error:
+        console.print(f"[red]{error}[/]")
+        return 2
+    console.print(f"case {meta['case']} (saved from backend {meta['backend']}), kernel "
+                  f"{kc.kernel.name}, on {target.name}:")
+    for verdict in verdicts:
+        console.print("[green]passes[/]" if verdict.ok else f"[red]fails[/]: {verdict.message}")
+    return 0 if all(v.ok for v in verdicts) else 1

@@ -1,0 +1,296 @@
+"""Tier 6, performance: bandwidth, reduction, matmul, conv, launch latency and compile time.
+
+Each figure is a median over repeats, shown next to the CPU reference's (ratio = reference
+seconds / these seconds, so above 1 is faster) and, where the backend declares peaks, as a
+fraction of them. Slow is a warning; it fails only below `--perf-min-ratio`. The kernels are
+written by hand with KernelBuilder, and their results are checked before they are timed.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from portkit.abi import Kernel, KernelBuilder, dtypes
+from portkit.abi.ops import Op
+from portkit.conformance.case import Case, CaseFailed, Context, Outcome, Status
+from portkit.conformance.target import Target
+from portkit.conformance.tier1_runtime import ESSENTIAL
+from portkit.conformance.tier3_kernels import ops_used
+
+TIER = 6
+NAME = "perf"
+F32 = dtypes.float32
+TILE = 16
+
+
+@dataclass
+class Workload:
+    """A perf kernel, its inputs, what one run moves or computes, and how to check the output."""
+
+    kernel: Kernel
+    inputs: list[np.ndarray]
+    work: float                      # bytes (unit "GB/s") or flops (unit "GFLOP/s")
+    unit: str
+    expected: np.ndarray             # the last buffer's correct contents (float64)
+    tolerance: np.ndarray | float    # absolute, per element
+
+
+def _lane(b: KernelBuilder, block: int) -> int:
+    return b.alu(Op.ADD, b.alu(Op.MUL, b.special("group"), b.const(block)), b.special("local"))
+
+
+def _mad(b: KernelBuilder, x: int, k: int, y: int) -> int:
+    """x * k + y on int32 (k a constant): one step of a row-major index."""
+    return b.alu(Op.ADD, b.alu(Op.MUL, x, b.const(k)), y)
+
+
+def copy(n: int) -> Workload:
+    """out[i] = x[i]: memory bandwidth, read plus write."""
+    x = np.arange(n, dtype=np.float32)
+    b = KernelBuilder("perf_copy")
+    px, out = b.param(F32), b.param(F32)
+    i = _lane(b, 256)
+    b.store(out, i, b.load(px, i))
+    kernel = b.build(grid=(n // 256, 1, 1), block=(256, 1, 1))
+    return Workload(kernel, [x, np.zeros(n, np.float32)], 2 * 4 * n, "GB/s", x, 0.0)
+
+
+def fused(n: int, rng: np.random.Generator) -> Workload:
+    """out = (a * b + c) * a + b: four ops over three inputs, bandwidth-bound when fused."""
+    a, b_, c = (rng.uniform(-1, 1, n).astype(np.float32) for _ in range(3))
+    b = KernelBuilder("perf_fused")
+    pa, pb, pc, out = (b.param(F32) for _ in range(4))
+    i = _lane(b, 256)
+    x, y, z = b.load(pa, i), b.load(pb, i), b.load(pc, i)
+    b.store(out, i, b.alu(Op.ADD, b.alu(Op.MUL, b.alu(Op.ADD, b.alu(Op.MUL, x, y), z), x), y))
+    kernel = b.build(grid=(n // 256, 1, 1), block=(256, 1, 1))
+    wa, wb, wc = (v.astype(np.float64) for v in (a, b_, c))
+    expected = (wa * wb + wc) * wa + wb
+    return Workload(kernel, [a, b_, c, np.zeros(n, np.float32)], 4 * 4 * n, "GB/s",
+                    expected, 1e-5)
+
+
+def reduce_rows(rows: int, length: int, rng: np.random.Generator) -> Workload:
+    """One thread per row sums it: the reduction a scheduler emits for sum(axis=-1)."""
+    x = rng.uniform(0, 1, rows * length).astype(np.float32)
+    b = KernelBuilder("perf_reduce")
+    px, out = b.param(F32), b.param(F32)
+    row = _lane(b, 64)
+    acc = b.acc(b.const(0.0, F32))
+    base = b.alu(Op.MUL, row, b.const(length))
+    with b.loop(b.const(0), b.const(length)) as k:
+        b.assign(acc, b.alu(Op.ADD, acc, b.load(px, b.alu(Op.ADD, base, k))))
+    b.store(out, row, acc)
+    kernel = b.build(grid=(rows // 64, 1, 1), block=(64, 1, 1))
+    expected = x.astype(np.float64).reshape(rows, length).sum(axis=1)
+    return Workload(kernel, [x, np.zeros(rows, np.float32)], 4 * rows * length, "GB/s",
+                    expected, length * _u() * expected * 1.01)
+
+
+def _u() -> float:
+    return float(ml_dtypes.finfo(np.float32).eps) / 2
+
+
+def matmul(size: int, rng: np.random.Generator, tiled: bool) -> Workload:
+    """C = A @ B, square; tiled through LOCAL memory (16 x 16) when the device has it."""
+    a, bm = (rng.uniform(-1, 1, size * size).astype(np.float32) for _ in range(2))
+    b = KernelBuilder("perf_matmul_tiled" if tiled else "perf_matmul")
+    pa, pb, pc = b.param(F32), b.param(F32), b.param(F32)
+    tx, ty = b.special("local", 0), b.special("local", 1)
+    row = b.alu(Op.ADD, b.alu(Op.MUL, b.special("group", 1), b.const(TILE)), ty)
+    col = b.alu(Op.ADD, b.alu(Op.MUL, b.special("group", 0), b.const(TILE)), tx)
+    acc = b.acc(b.const(0.0, F32))
+    n = b.const(size)
+    if tiled:
+        tile_a, tile_b = b.local(F32, TILE * TILE), b.local(F32, TILE * TILE)
+        mine = b.alu(Op.ADD, b.alu(Op.MUL, ty, b.const(TILE)), tx)
+        with b.loop(b.const(0), b.const(size // TILE)) as kt:
+            k0 = b.alu(Op.MUL, kt, b.const(TILE))
+            b.store(tile_a, mine, b.load(pa, b.alu(Op.ADD, b.alu(Op.MUL, row, n),
+                                                    b.alu(Op.ADD, k0, tx))))
+            b.store(tile_b, mine, b.load(pb, b.alu(Op.ADD, b.alu(
+                Op.MUL, b.alu(Op.ADD, k0, ty), n), col)))
+            b.barrier()
+            with b.loop(b.const(0), b.const(TILE)) as k:
+                left = b.load(tile_a, b.alu(Op.ADD, b.alu(Op.MUL, ty, b.const(TILE)), k))
+                right = b.load(tile_b, b.alu(Op.ADD, b.alu(Op.MUL, k, b.const(TILE)), tx))
+                b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, left, right)))
+            b.barrier()
+    else:
+        with b.loop(b.const(0), n) as k:
+            left = b.load(pa, b.alu(Op.ADD, b.alu(Op.MUL, row, n), k))
+            right = b.load(pb, b.alu(Op.ADD, b.alu(Op.MUL, k, n), col))
+            b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, left, right)))
+    b.store(pc, b.alu(Op.ADD, b.alu(Op.MUL, row, n), col), acc)
+    kernel = b.build(grid=(size // TILE, size // TILE, 1), block=(TILE, TILE, 1))
+    wa, wb = (m.astype(np.float64).reshape(size, size) for m in (a, bm))
+    bound = 1.01 * size * _u() * (np.abs(wa) @ np.abs(wb))   # gamma_K * |A| |B|
+    return Workload(kernel, [a, bm, np.zeros(size * size, np.float32)], 2 * size ** 3,
+                    "GFLOP/s", (wa @ wb).reshape(-1), bound.reshape(-1))
+
+
+def conv(channels: int, size: int, rng: np.random.Generator) -> Workload:
+    """Direct 3x3 convolution, no padding, one thread per output element."""
+    c, h, out_h = channels, size, size - 2
+    x = rng.uniform(-1, 1, c * h * h).astype(np.float32)
+    w = rng.uniform(-1, 1, c * c * 9).astype(np.float32)
+    outputs = c * out_h * out_h
+    b = KernelBuilder("perf_conv3x3")
+    px, pw, out = b.param(F32), b.param(F32), b.param(F32)
+    i = _lane(b, 64)
+    inside = b.alu(Op.CMPLT, i, b.const(outputs))
+    co = b.alu(Op.IDIV, i, b.const(out_h * out_h))
+    rest = b.alu(Op.MOD, i, b.const(out_h * out_h))
+    y, xx = b.alu(Op.IDIV, rest, b.const(out_h)), b.alu(Op.MOD, rest, b.const(out_h))
+    acc = b.acc(b.const(0.0, F32))
+    loops = (b.loop(b.const(0), b.const(c)), b.loop(b.const(0), b.const(3)),
+             b.loop(b.const(0), b.const(3)))
+    with loops[0] as ci, loops[1] as ky, loops[2] as kx:
+        # x[ci, y + ky, xx + kx] and w[co, ci, ky, kx], row-major
+        at = _mad(b, _mad(b, ci, h, b.alu(Op.ADD, y, ky)), h, b.alu(Op.ADD, xx, kx))
+        tap = _mad(b, _mad(b, _mad(b, co, c, ci), 3, ky), 3, kx)
+        product = b.alu(Op.MUL, b.load(px, at, inside), b.load(pw, tap, inside))
+        b.assign(acc, b.alu(Op.ADD, acc, product))
+    b.store(out, i, acc, inside)
+    kernel = b.build(grid=(-(-outputs // 64), 1, 1), block=(64, 1, 1))
+    wx, ww = x.astype(np.float64).reshape(c, h, h), w.astype(np.float64).reshape(c, c, 3, 3)
+    windows = np.lib.stride_tricks.sliding_window_view(wx, (3, 3), axis=(1, 2))
+    expected = np.einsum("iyxab,oiab->oyx", windows, ww).reshape(-1)
+    magnitude = np.einsum("iyxab,oiab->oyx", np.abs(windows), np.abs(ww)).reshape(-1)
+    return Workload(kernel, [x, w, np.zeros(outputs, np.float32)], 2 * outputs * c * 9,
+                    "GFLOP/s", expected, 1.01 * c * 9 * _u() * magnitude)
+
+
+def _median_seconds(target: Target, workload: Workload, repeats: int) -> float:
+    kernel = target.prepare(workload.kernel)
+    return statistics.median(target.time(kernel, workload.inputs, repeats=repeats))
+
+
+def _verify(target: Target, workload: Workload) -> None:
+    kernel = target.prepare(workload.kernel)
+    actual = target.run(kernel, workload.inputs)[-1].astype(np.float64)
+    error = np.abs(actual - workload.expected)
+    bad = ~(error <= workload.tolerance)
+    if bad.any():
+        at = int(np.argmax(np.where(bad, error, -1)))
+        raise CaseFailed(f"{kernel.name} computed wrong results ({int(bad.sum())} elements), "
+                         f"worst at [{at}]: expected {workload.expected[at]!r}, actual "
+                         f"{actual[at]!r}; tiers 2-3 say which op or pattern is wrong")
+
+
+def _report(ctx: Context, target: Target, name: str, seconds: float,
+            reference: float | None, value: float, unit: str) -> Outcome:
+    caps = target.capabilities
+    peak = caps.peak_bandwidth_gbs if unit == "GB/s" else (
+        caps.peak_gflops if unit == "GFLOP/s" else None)
+    ratio = reference / seconds if reference and seconds else None
+    warning = None
+    if ratio is None:
+        warning = "no ratio: the CPU reference backend is not available here"
+    elif ratio < 1 and ctx.reference is not target:
+        warning = f"{ratio:.2f}x the CPU reference: slower"
+    perf = {"name": name, "seconds": seconds, "reference_seconds": reference, "ratio": ratio,
+            "value": value, "unit": unit,
+            "peak_fraction": value / peak if peak and unit != "us" else None,
+            "warning": warning}
+    message = f"{value:.4g} {unit}" + (f", {ratio:.2f}x CPU reference" if ratio else "")
+    if perf["peak_fraction"] is not None:
+        message += f", {perf['peak_fraction']:.0%} of declared peak"
+    if ctx.perf_min_ratio is not None and ratio is not None and ratio < ctx.perf_min_ratio:
+        return Outcome(Status.FAILED, f"{message}: below --perf-min-ratio "
+                       f"{ctx.perf_min_ratio}", perf=perf)
+    if warning:
+        message += f" (warning: {warning})"
+    return Outcome(Status.PASSED, message, perf=perf)
+
+
+def _throughput(ctx: Context, name: str, build: Callable[[], Workload],
+                repeats: int) -> Callable[[Target], Outcome]:
+    def run(target: Target) -> Outcome:
+        workload = build()
+        _verify(target, workload)
+        seconds = _median_seconds(target, workload, repeats)
+        reference = None
+        if ctx.reference is not None:
+            reference = (seconds if ctx.reference is target
+                         else _median_seconds(ctx.reference, workload, repeats))
+        value = workload.work / seconds / 1e9
+        return _report(ctx, target, name, seconds, reference, value, workload.unit)
+    return run
+
+
+def _tiny() -> Kernel:
+    b = KernelBuilder("perf_launch")
+    b.store(b.param(F32), b.const(0), b.const(1.0, F32))
+    return b.build()
+
+
+def _latency(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
+    def seconds_on(target: Target) -> float:
+        kernel = target.prepare(_tiny())
+        return statistics.median(target.time(kernel, [np.zeros(1, np.float32)],
+                                             repeats=repeats, wall=True))
+
+    def run(target: Target) -> Outcome:
+        seconds = seconds_on(target)
+        reference = None if ctx.reference is None else (
+            seconds if ctx.reference is target else seconds_on(ctx.reference))
+        return _report(ctx, target, "launch-latency", seconds, reference, seconds * 1e6, "us")
+    return run
+
+
+def _compile_time(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
+    def seconds_on(target: Target) -> float:
+        times = []
+        for _ in range(repeats):
+            # A value no cache has seen, so every repeat renders and compiles from scratch.
+            b = KernelBuilder(f"perf_compile_{time.monotonic_ns()}")
+            b.store(b.param(F32), b.const(0), b.const(float(time.monotonic_ns()), F32))
+            start = time.perf_counter()
+            target.compile(target.prepare(b.build()), cached=False)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    def run(target: Target) -> Outcome:
+        seconds = seconds_on(target)
+        reference = None if ctx.reference is None else (
+            seconds if ctx.reference is target else seconds_on(ctx.reference))
+        return _report(ctx, target, "compile-time", seconds, reference, seconds * 1e3, "ms")
+    return run
+
+
+def _workloads(quick: bool, rng: np.random.Generator,
+               tiled: bool) -> dict[str, Callable[[], Workload]]:
+    n = 1 << (20 if quick else 24)
+    rows, length = (256, 1024) if quick else (4096, 4096)
+    return {
+        "copy": lambda: copy(n),
+        "fused-elementwise": lambda: fused(n, rng),
+        "reduce": lambda: reduce_rows(rows, length, rng),
+        "matmul": lambda: matmul(64 if quick else 512, rng, tiled),
+        "conv": lambda: conv(8, 18, rng) if quick else conv(64, 58, rng),
+    }
+
+
+def cases(ctx: Context) -> list[Case]:
+    """The perf cases, small with --quick and closer to real sizes without."""
+    rng = ctx.rng("perf")
+    repeats = 3 if ctx.quick else 10
+    tiled = ctx.capabilities.local_memory_bytes >= 2 * TILE * TILE * 4
+    # The quick workloads have the same kernels: cheap to build just to see which ops they use.
+    small = _workloads(True, rng, tiled)
+    found = [Case(f"perf/{name}", TIER, None, "float32", ESSENTIAL + ops_used(small[name]().kernel),
+                  fn=_throughput(ctx, name, build, repeats))
+             for name, build in _workloads(ctx.quick, rng, tiled).items()]
+    found += [
+        Case("perf/launch-latency", TIER, None, "float32", ESSENTIAL,
+             fn=_latency(ctx, 20 if ctx.quick else 100)),
+        Case("perf/compile-time", TIER, None, "float32", ESSENTIAL,
+             fn=_compile_time(ctx, 3)),
+    ]
+    return found

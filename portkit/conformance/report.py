@@ -155,11 +155,16 @@ def print_terminal(report: Report, console: Console | None = None) -> None:
     if shown:
         table = Table("case", "status", "message", title="not passed", show_lines=True)
         for r in shown[:200]:
-            message = r.message + (f"\nreplay: {r.replay}" if r.replay else "")
-            table.add_row(r.case.id, f"[{_STYLE[r.status.value]}]{r.status.value}[/]", message)
+            table.add_row(r.case.id, f"[{_STYLE[r.status.value]}]{r.status.value}[/]",
+                          r.message)
         console.print(table)
         if len(shown) > 200:
             console.print(f"... and {len(shown) - 200} more (see --json or --html)")
+        replays = [r.replay for r in shown if r.replay]
+        if replays:
+            console.print("reproduce each failure with:")
+            for line in replays:     # one unwrapped line each, to copy and paste
+                console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
     perf = [r.perf for r in report.results if r.perf]
     if perf:
         table = Table("benchmark", "figure", "seconds", "CPU ref. s", "ratio", "of peak",

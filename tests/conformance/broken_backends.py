@@ -1,0 +1,103 @@
+"""Backends broken on purpose, built by wrapping the interpreter's Device parts.
+
+Each has one realistic bug; tests check that conformance pins it on the right case, with the
+right message, blocks what depends on it, and that the replay file reproduces it.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from portkit.abi import Backend, Device, Kernel, Node, Op, Renderer, dtypes, interpreter
+
+
+def _rewrite(kernel: Kernel, op: Op, emit) -> Kernel:
+    """Replaces every `op` node by what `emit(nodes, node)` appends (returning its position)."""
+    nodes: list[Node] = []
+    moved: list[int] = []
+    for node in kernel.nodes:
+        node = dataclasses.replace(node, src=tuple(moved[s] for s in node.src))
+        if node.op is op and node.dtype.is_float:
+            moved.append(emit(nodes, node))
+        else:
+            nodes.append(node)
+            moved.append(len(nodes) - 1)
+    return dataclasses.replace(kernel, nodes=tuple(nodes))
+
+
+def _sin_off(nodes: list[Node], node: Node) -> int:
+    # sin(x) + 1e-3: a polynomial with a wrong coefficient, say.
+    nodes.append(node)
+    nodes.append(Node(Op.CONST, node.dtype, (), 1e-3))
+    nodes.append(Node(Op.ADD, node.dtype, (len(nodes) - 2, len(nodes) - 1)))
+    return len(nodes) - 1
+
+
+def _max_ignores_nan(nodes: list[Node], node: Node) -> int:
+    # a < b ? b : a, the classic MAX that returns a when b is NaN.
+    a, b = node.src
+    nodes.append(Node(Op.CMPLT, dtypes.bool_, (a, b)))
+    nodes.append(Node(Op.WHERE, node.dtype, (len(nodes) - 1, b, a)))
+    return len(nodes) - 1
+
+
+@dataclasses.dataclass
+class RewritingRenderer(Renderer):
+    """The interpreter's renderer, after a buggy rewrite of one op."""
+
+    op: Op
+    emit: object
+
+    def render(self, kernel: Kernel) -> str:
+        return _rewrite(kernel, self.op, self.emit).to_json()
+
+
+class DropsLastByte:
+    """An allocator whose copyout forgets the final byte (an off-by-one in a DMA length)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def copyout(self, destination: memoryview, buffer) -> None:
+        out = np.frombuffer(destination, np.uint8)
+        if out.size:
+            scratch = np.empty(out.size, np.uint8)
+            self.inner.copyout(memoryview(scratch), buffer)
+            out[:-1] = scratch[:-1]
+
+
+def _device(name: str, **parts) -> Device:
+    return dataclasses.replace(interpreter.backend.load(), name=name, **parts)
+
+
+def sin_off() -> Device:
+    """SIN is off by 1e-3."""
+    return _device("broken-sin", renderer=RewritingRenderer(Op.SIN, _sin_off))
+
+
+def max_nan() -> Device:
+    """MAX on floats returns a when b is NaN."""
+    return _device("broken-max", renderer=RewritingRenderer(Op.MAX, _max_ignores_nan))
+
+
+def copyout_short() -> Device:
+    """copyout leaves the last byte of every read untouched."""
+    device = interpreter.backend.load()
+    return _device("broken-copyout", allocator=DropsLastByte(device.allocator))
+
+
+def no_float16() -> Device:
+    """A correct device that declares it lacks float16 (and float64)."""
+    caps = interpreter.CAPABILITIES
+    lacking = {dtypes.float16, dtypes.float64}
+    return _device("no-fp16", capabilities=dataclasses.replace(
+        caps, dtypes=frozenset(caps.dtypes - lacking)))
+
+
+sin_backend = Backend("broken-sin", sin_off)
+max_backend = Backend("broken-max", max_nan)
+copyout_backend = Backend("broken-copyout", copyout_short)

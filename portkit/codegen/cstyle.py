@@ -314,7 +314,8 @@ class CStyleRenderer(Renderer):
         if dtype == dtypes.bool_:
             return "true" if value else "false"
         if dtype.is_float:
-            value = float(np.array(value, dtype.np))     # round to the dtype, as the spec does
+            with np.errstate(over="ignore"):             # too large: inf, as the spec says
+                value = float(np.array(value, dtype.np))  # rounded to the dtype, as in the spec
             if math.isnan(value):
                 return self.nan
             if math.isinf(value):

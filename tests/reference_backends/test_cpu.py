@@ -15,12 +15,26 @@ from portkit.reference_backends import cpu
 N, BLOCK = 1024, 128
 
 
+def load_with(compiler: str | None, cache_dir) -> object:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PORTKIT_CACHE", str(cache_dir))
+        if compiler:
+            patch.setenv("PORTKIT_CC", compiler)
+        else:
+            patch.delenv("PORTKIT_CC", raising=False)
+        return cpu.backend.load()
+
+
 @pytest.fixture(scope="module")
 def device(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PORTKIT_CACHE", str(tmp_path_factory.mktemp("cache")))
-        patch.delenv("PORTKIT_CC", raising=False)
-        yield cpu.backend.load()
+    """The default device: clang here."""
+    return load_with(None, tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def gcc_device(tmp_path_factory):
+    """gcc takes other liberties than clang (it would fuse a*b + c unless told not to)."""
+    return load_with("gcc", tmp_path_factory.mktemp("cache"))
 
 
 def launch(device, kernel, arrays, scalars=()):
@@ -84,8 +98,10 @@ def all_ops_kernel(dtype: DType):
     return k.build(grid=(N // BLOCK, 1, 1), block=(BLOCK, 1, 1)), outputs
 
 
+@pytest.mark.parametrize("compiler", ["device", "gcc_device"])
 @pytest.mark.parametrize("dtype", dtypes.ALL, ids=lambda d: d.name)
-def test_every_op_matches_the_spec(device, dtype):
+def test_every_op_matches_the_spec(request, compiler, dtype):
+    device = request.getfixturevalue(compiler)
     kernel, outputs = all_ops_kernel(dtype)
     inputs = operands(dtype, np.random.default_rng(0))
     arrays = [inputs[n] for n in ("a", "b", "c", "s", "cond")]
@@ -243,11 +259,8 @@ def test_no_compiler_on_path(monkeypatch, tmp_path):
         cpu.backend.load()
 
 
-def test_gcc_builds_what_clang_builds(monkeypatch, tmp_path):
-    # The barrier and 16-bit float paths are the least portable C; build them with gcc too.
-    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path))
-    monkeypatch.setenv("PORTKIT_CC", "gcc")
-    device = cpu.backend.load()
+def test_gcc_builds_barriers_and_16_bit_floats(gcc_device):
+    device = gcc_device
     assert device.compiler.command == ["gcc"] and "gcc" in device.compiler.version.lower()
     k = KernelBuilder("half_tree")
     x, out = k.param(dtypes.float16), k.param(dtypes.float32)
@@ -259,3 +272,25 @@ def test_gcc_builds_what_clang_builds(monkeypatch, tmp_path):
     kernel = k.build(block=(8, 1, 1))
     xs = np.array([1, 2, 3, 65504, -0.0, 6e-8, np.inf, np.nan], np.float16)
     check_against_interpreter(device, kernel, [xs, np.zeros(8, np.float32)])
+
+
+@pytest.mark.parametrize("source, value, target, expected", [
+    # Rounding through float32 first would land on a tie and round down; the exact value is
+    # above the midpoint and must round up.
+    (dtypes.int32, 2**24 + 2**16 + 1, dtypes.bfloat16, 2**24 + 2**17),
+    (dtypes.int64, 2**40 + 2**32 + 1, dtypes.bfloat16, 2**40 + 2**33),
+    (dtypes.float64, 1 + 2**-11 + 2**-40, dtypes.float16, 1 + 2**-10),
+    (dtypes.float64, 1 + 2**-8 + 2**-40, dtypes.bfloat16, 1 + 2**-7),
+    (dtypes.float64, 65519.99, dtypes.float16, 65504.0),
+    (dtypes.float64, 65520.0, dtypes.float16, float("inf")),
+    (dtypes.float64, 2.0**-25 + 2.0**-60, dtypes.float16, 2.0**-24),   # subnormal, rounds up
+    (dtypes.float64, -(2.0**-25), dtypes.float16, -0.0),                 # tie to even: zero
+])
+def test_casts_to_16_bit_floats_round_once(device, source, value, target, expected):
+    k = KernelBuilder("narrow")
+    x, out = k.param(source), k.param(target)
+    k.store(out, k.const(0), k.cast(k.load(x, k.const(0)), target))
+    kernel = k.build()
+    _, result = launch(device, kernel, [np.array([value], source.np), np.zeros(1, target.np)])
+    assert float(result[0]) == expected
+    assert np.signbit(result[0]) == np.signbit(expected)

@@ -68,6 +68,8 @@ class CProgram(Program):
         if not path.exists() and not cache.write_atomic(path, binary):
             path = Path(tempfile.mkdtemp(prefix="portkit-")) / path.name
             path.write_bytes(binary)
+        # Never closed: the OpenMP runtime it pulls in keeps worker threads that would crash
+        # if the last library holding it went away.
         self.library = _ffi.dlopen(str(path))
         self.launch = self.library.pk_launch
 

@@ -145,9 +145,11 @@ static void pk_run_group(pk_group *g, int32_t threads) {
 void pk_launch(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_dims) {
   const int32_t grid0 = pk_dims[0], grid1 = pk_dims[1], grid2 = pk_dims[2];
   const int32_t block0 = pk_dims[3], block1 = pk_dims[4], block2 = pk_dims[5];
-{% if barrier %}
   const int32_t threads = block0 * block1 * block2;
-  #pragma omp parallel
+  /* Waking the other cores costs microseconds: small launches stay on this one. */
+  const bool pk_parallel = (int64_t)grid0 * grid1 * grid2 * threads >= {{ parallel_from }};
+{% if barrier %}
+  #pragma omp parallel if(pk_parallel)
   {
     pk_group g = {.buffers = pk_buffers, .scalars = pk_scalars,
                   .block = {block0, block1, block2}};
@@ -171,15 +173,27 @@ void pk_launch(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_d
 {% for v in kernel.vars %}
   const int32_t var_{{ v }} = pk_scalars[{{ loop.index0 }}];
 {% endfor %}
-  #pragma omp parallel for collapse(3) schedule(static)
+  /* Workgroups go to cores in chunks of 64 along axis 0, so that the parallel loop's index
+     is decoded once per chunk, and a loop over one axis stays innermost for the vectorizer:
+     thread axis 0, or workgroup axis 0 when a workgroup has one thread. */
+  const int64_t chunks = ((int64_t)grid0 + 63) / 64;
+  #pragma omp parallel for collapse(3) schedule(static) if(pk_parallel)
   for (int32_t gid2 = 0; gid2 < grid2; gid2++)
     for (int32_t gid1 = 0; gid1 < grid1; gid1++)
-      for (int32_t gid0 = 0; gid0 < grid0; gid0++) {
+      for (int64_t chunk = 0; chunk < chunks; chunk++) {
+        const int32_t first = (int32_t)(chunk * 64);
+        const int32_t last = (int32_t)(chunk * 64 + 64 < grid0 ? chunk * 64 + 64 : grid0);
         _Alignas(64) char pk_local[{{ local_bytes or 16 }}];
-        for (int32_t lid2 = 0; lid2 < block2; lid2++)
-          for (int32_t lid1 = 0; lid1 < block1; lid1++)
-            for (int32_t lid0 = 0; lid0 < block0; lid0++)
-              {{ name }}({{ (loop_args + ids) | join(", ") }});
+        if (threads == 1) {
+          for (int32_t gid0 = first; gid0 < last; gid0++)
+            {{ name }}({{ (loop_args + single) | join(", ") }});
+          continue;
+        }
+        for (int32_t gid0 = first; gid0 < last; gid0++)
+          for (int32_t lid2 = 0; lid2 < block2; lid2++)
+            for (int32_t lid1 = 0; lid1 < block1; lid1++)
+              for (int32_t lid0 = 0; lid0 < block0; lid0++)
+                {{ name }}({{ (loop_args + ids) | join(", ") }});
       }
 {% endif %}
 }
@@ -215,7 +229,9 @@ class CRenderer(CStyleRenderer):
                 "float16": bool(used & set(self.emulated)),
                 "float16_helpers": _FLOAT16_HELPERS, "barrier_helpers": _BARRIER,
                 "types": types,
-                "ids": _IDS,
+                "ids": _IDS, "single": ["gid0", "gid1", "gid2", "0", "0", "0", "pk_local"],
+                # threads of a kernel with a loop may each do much work; others do little
+                "parallel_from": 2 if any(n.op is Op.RANGE for n in kernel.nodes) else 16384,
                 "id_args": [f"const int32_t {i}" for i in _IDS[:6]] + ["char *pk_local"],
                 "loop_args": [f"data{i}" for i in range(len(types))] + [f"var_{v}" for v in names],
                 "thread_args": [f"({t} *)g->buffers[{i}]" for i, t in enumerate(types)]

@@ -7,7 +7,6 @@ message names the fix.
 """
 from __future__ import annotations
 
-import functools
 from importlib import metadata
 
 from portkit.abi import Backend, BackendUnavailable, CapabilityError, Device
@@ -57,9 +56,18 @@ def available() -> dict[str, str | None]:
     return reasons
 
 
-@functools.cache
+# name -> its device or why it does not load. Failures are kept as well: probing a missing
+# driver again only costs time.
+_loaded: dict[str, Device | BackendUnavailable | CapabilityError] = {}
+
+
 def _load(name: str) -> Device | BackendUnavailable | CapabilityError:
-    # Failures are cached as well: probing a missing driver again only costs time.
+    if name not in _loaded:
+        _loaded[name] = _attempt(name)
+    return _loaded[name]
+
+
+def _attempt(name: str) -> Device | BackendUnavailable | CapabilityError:
     points = {}
     for point in entry_points():
         points.setdefault(point.name, point)

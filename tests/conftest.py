@@ -15,10 +15,10 @@ def fake_backends(monkeypatch):
     def install(points: dict[str, str]) -> None:
         registered = [EntryPoint(name, value, backends.GROUP) for name, value in points.items()]
         monkeypatch.setattr(backends, "entry_points", lambda: registered)
-        backends._load.cache_clear()
+        # A private cache, so that devices loaded by other tests stay the same objects.
+        monkeypatch.setattr(backends, "_loaded", {})
 
-    yield install
-    backends._load.cache_clear()
+    return install
 
 
 @pytest.fixture

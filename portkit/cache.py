@@ -6,6 +6,7 @@ cache never read half a file.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -37,11 +38,16 @@ def compile_cached(backend: str, compiler: Compiler, source: str) -> bytes:
 
 def write_atomic(path: Path, data: bytes) -> bool:
     """Writes `data` to `path` through a rename; False (and no file) if the disk refuses."""
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as tmp:
-            tmp.write(data)
-        os.replace(tmp.name, path)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as file:
+            tmp = file.name
+            file.write(data)
+        os.replace(tmp, path)
         return True
     except OSError:   # a read-only or full disk only costs a recompile
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         return False

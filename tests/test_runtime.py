@@ -162,3 +162,12 @@ def test_debug_output_by_level(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.count("debug_four  ") == 2       # one line per launch
     assert err.count('"abi_version"') == 1 and err.count("pk_launch") == 1   # first launch only
+
+
+def test_an_unwritable_cache_only_costs_a_recompile(monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("PORTKIT_CACHE", str(blocked))
+    _, y = Runtime("cpu", backends.load("cpu")).run(
+        axpy(7.0, "uncached"), np.ones(16, np.float32), np.zeros(16, np.float32), scalars=(16,))
+    assert (y == 7).all()

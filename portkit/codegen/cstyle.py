@@ -52,6 +52,10 @@ class Emulated:
 # unsigned type so that the C operation wraps instead of being undefined.
 _WRAPPING = {Op.ADD: 2, Op.SUB: 2, Op.MUL: 2, Op.NEG: 1, Op.SHL: 1}
 
+# Ops whose result needs no rounding on an emulated dtype: one of the operands, its negation,
+# an integral value of it, or a bool.
+_EXACT = (Op.WHERE, Op.MAX, Op.NEG, Op.TRUNC, *COMPARISON)
+
 _C_TYPES = {
     dtypes.bool_: "bool", dtypes.int8: "int8_t", dtypes.int16: "int16_t",
     dtypes.int32: "int32_t", dtypes.int64: "int64_t", dtypes.uint8: "uint8_t",
@@ -173,7 +177,7 @@ class CStyleRenderer(Renderer):
         return env.from_string(self.template)
 
     def render_body(self, kernel: Kernel) -> list[str]:
-        """The kernel's statements, indented, one or two lines per node."""
+        """The kernel's statements, indented: one line per node (none for PARAM, VAR, CONST)."""
         nodes = kernel.nodes
         names: dict[int, str] = {}
         lines: list[str] = []
@@ -261,7 +265,7 @@ class CStyleRenderer(Renderer):
             return self.render_alu(Op.FDIV, [self.render_const(1.0, dtype), operands[0]], dtype)
         if dtype in self.emulated:
             expr = self.code_for_op[op](*operands, dtypes.float32)
-            return expr if op in COMPARISON else self.emulated[dtype].round.format(expr)
+            return expr if op in _EXACT else self.emulated[dtype].round.format(expr)
         if op in (Op.IDIV, Op.MOD):
             operands = [operands[0], self.safe_divisor(*operands, dtype)]
         if dtype.is_int and op in _WRAPPING and not (dtype.kind == "uint" and dtype.bits >= 32):

@@ -294,3 +294,18 @@ def test_casts_to_16_bit_floats_round_once(device, source, value, target, expect
     _, result = launch(device, kernel, [np.array([value], source.np), np.zeros(1, target.np)])
     assert float(result[0]) == expected
     assert np.signbit(result[0]) == np.signbit(expected)
+
+
+def test_without_openmp_kernels_run_on_one_core(monkeypatch, tmp_path):
+    # A compiler that rejects -fopenmp, as clang does without libomp installed.
+    wrapper = tmp_path / "cc-without-openmp"
+    wrapper.write_text('#!/bin/sh\ncase "$*" in *-fopenmp*) echo "no libomp" >&2; exit 1;; '
+                       'esac\nexec clang "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PORTKIT_CC", str(wrapper))
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path / "cache"))
+    device = cpu.backend.load()
+    assert "no OpenMP" in device.capabilities.device_name
+    assert "-fopenmp" not in device.compiler.flags
+    check_against_interpreter(device, tree_sum_kernel(16, 3),
+                              [np.arange(48, dtype=np.float32), np.zeros(3, np.float32)])

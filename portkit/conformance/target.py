@@ -6,6 +6,7 @@ Device whose parts are wrapped or broken on purpose.
 """
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from collections.abc import Sequence
@@ -35,12 +36,10 @@ class Target:
         """The backend registered as `name`; raises BackendUnavailable with the fix."""
         try:
             from portkit import backends
-        except ImportError:
-            if name != "interpreter":
-                raise
-            from portkit.abi import interpreter
-
-            return cls(interpreter.backend.load(), name)
+        except ImportError:     # discovery not installed: the interpreter and reference backends
+            module = ("portkit.abi.interpreter" if name == "interpreter"
+                      else f"portkit.reference_backends.{name}")
+            return cls(importlib.import_module(module).backend.load(), name)
         return cls(backends.load(name), name)
 
     def prepare(self, kernel: Kernel) -> Kernel:
@@ -149,3 +148,20 @@ def _decompose(kernel: Kernel, caps: Any) -> Kernel:
         raise Unsupported(f"ops {missing} are not native and portkit.codegen.decompose is not "
                           "installed to rewrite them") from None
     return decompose.decompose(kernel, caps.ops)
+
+
+def available() -> list[str]:
+    """The names of the backends that load here; without portkit.backends, the interpreter and
+    the CPU reference backend if it loads."""
+    try:
+        from portkit import backends
+    except ImportError:
+        names = []
+        for name in ("interpreter", "cpu"):
+            try:
+                Target.load(name)
+                names.append(name)
+            except Exception:  # noqa: BLE001 - a backend that cannot load is not available
+                continue
+        return names
+    return [name for name, reason in backends.available().items() if reason is None]

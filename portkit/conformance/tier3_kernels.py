@@ -308,8 +308,8 @@ def cases(ctx: Context) -> list[Case]:
         _case("local/reverse", lambda: local_reverse(ctx, block), dtypes.float32),
         _case("local/tree-sum", lambda: local_tree_sum(ctx, block), dtypes.int32),
         _case("scalar-args", lambda: scalar_args(ctx), dtypes.int32),
-        _case(f"many-buffers/{min(caps.max_buffers, 128)}",
-              lambda: many_buffers(ctx, min(caps.max_buffers, 128)), dtypes.int32),
+        _case("many-buffers", lambda: many_buffers(ctx, min(caps.max_buffers, 128)),
+              dtypes.int32),
         _case("grid-3d", lambda: grid_3d(ctx), dtypes.int32),
     ]
     return found

@@ -156,12 +156,13 @@ def available() -> list[str]:
     try:
         from portkit import backends
     except ImportError:
-        names = []
-        for name in ("interpreter", "cpu"):
-            try:
-                Target.load(name)
-                names.append(name)
-            except Exception:  # noqa: BLE001 - a backend that cannot load is not available
-                continue
-        return names
+        return [name for name in ("interpreter", "cpu") if _loads(name)]
     return [name for name, reason in backends.available().items() if reason is None]
+
+
+def _loads(name: str) -> bool:
+    try:
+        Target.load(name)
+    except Exception:  # noqa: BLE001 - a backend that cannot load is not available
+        return False
+    return True

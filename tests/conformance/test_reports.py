@@ -1,0 +1,140 @@
+"""Reports and options: the JSON schema, JUnit XML, the HTML page, filters, xfail files, perf."""
+import importlib
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from portkit import cli
+from portkit.abi import dtypes
+from portkit.abi.ops import Op
+from portkit.conformance import Options, Status, Target, generate, report, run, suite
+
+
+@pytest.fixture(scope="module")
+def broken_report(tmp_path_factory):
+    """A quick run of tiers 1-2 and 4-6 on a SIN-broken interpreter, with tier 6 on its own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(Path(__file__).parent))
+        broken = importlib.import_module("broken_backends")
+    options = Options(tiers=(1, 2, 4, 5, 6), quick=True, reference="interpreter",
+                      repro_dir=str(tmp_path_factory.mktemp("repro")))
+    return run(Target(broken.sin_off()), options)
+
+
+def test_json_report_has_the_versioned_schema(broken_report, tmp_path):
+    path = tmp_path / "r.json"
+    report.write_json(broken_report, path)
+    data = json.loads(path.read_text())
+    for key in ("schema_version", "backend", "abi_version", "portkit_version", "device",
+                "capabilities", "summary", "cases", "perf", "tiers"):
+        assert key in data
+    assert data["schema_version"] == 1 and data["backend"] == "broken-sin"
+    assert data["summary"]["failed"] >= 1 and data["summary"]["total"] == len(data["cases"])
+    assert set(data["summary"]["not_run"]) == {"tensor", "models"}
+    assert data["tiers"]["tensor"]["status"] == "not run"
+    [sin] = [c for c in data["cases"] if c["id"] == "ops/SIN/float32"]
+    assert sin["status"] == "failed" and sin["max_ulp"] > 4 and sin["kernel"]["nodes"]
+    assert sin["replay"].startswith("portkit replay ") and sin["source"]
+    for case in data["cases"]:
+        assert {"id", "tier", "op", "dtype", "status", "max_ulp", "max_error",
+                "message"} <= set(case)
+    names = {p["name"] for p in data["perf"]}
+    assert names == {"copy", "fused-elementwise", "reduce", "matmul", "conv",
+                     "launch-latency", "compile-time"}
+    for p in data["perf"]:
+        assert p["seconds"] > 0 and p["reference_seconds"] > 0 and p["ratio"] > 0
+
+
+def test_junit_counts_failures_and_skips_what_did_not_run(broken_report, tmp_path):
+    path = tmp_path / "r.xml"
+    report.write_junit(broken_report, path)
+    root = ET.parse(path).getroot()
+    suites = {s.get("name"): s for s in root}
+    assert int(suites["broken-sin.ops"].get("failures")) == broken_report.counts()["failed"]
+    assert suites["broken-sin.tensor"].find("testcase/skipped") is not None
+    failure = root.find(".//testcase[@name='ops/SIN/float32']/failure")
+    assert "ULP" in failure.get("message") and "portkit replay" in failure.text
+
+
+def test_html_report_is_one_file_with_grid_failures_and_a_perf_plot(broken_report, tmp_path):
+    path = tmp_path / "r.html"
+    report.write_html(broken_report, path)
+    html = path.read_text()
+    assert "<svg" in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")
+    assert "ops/SIN/float32" in html and "portkit replay" in html
+    assert 'class="failed">failed</td>' in html and "not run" in html
+
+
+def test_terminal_summary_names_failures_and_replays(broken_report):
+    console = Console(record=True, width=200)
+    report.print_terminal(broken_report, console)
+    text = console.export_text()
+    assert "ops/SIN/float32" in text and "FAILED" in text
+    assert "tier 4 (tensor) not run" in text and "performance (median)" in text
+    assert "  portkit replay " in text
+
+
+def test_perf_min_ratio_turns_slowness_into_a_failure(tmp_path):
+    interp = Target.load("interpreter")
+    # The interpreter against the CPU reference is far slower; without the option, a warning.
+    options = Options(tiers=(6,), quick=True, pattern="perf/copy", reference="cpu")
+    [warned] = run(interp, options).results
+    assert warned.status is Status.PASSED and "warning" in warned.message
+    options.perf_min_ratio = 0.9
+    [failed] = run(interp, options).results
+    assert failed.status is Status.FAILED and "--perf-min-ratio 0.9" in failed.message
+
+
+def test_filters_select_by_pattern_glob_dtype_and_tier():
+    interp = Target.load("interpreter")
+    ids = [r.case.id for r in run(interp, Options(tiers=(2,), quick=True, pattern="MAX")).results]
+    assert ids and all("MAX" in i for i in ids)
+    ids = [r.case.id for r in run(interp, Options(tiers=(2,), quick=True,
+                                                  pattern="ops/*/int8")).results]
+    assert ids and all(i.endswith("/int8") for i in ids)
+    results = run(interp, Options(tiers=(1, 2), quick=True, dtypes=("bfloat16",))).results
+    assert any(r.case.tier == 1 for r in results)   # prerequisites have no dtype: kept
+    assert all(r.case.dtype is None or "bfloat16" in r.case.dtype.split("->") for r in results)
+    assert "ops/CAST/bfloat16->bool" in [r.case.id for r in results]
+
+
+def test_xfail_file_needs_a_reason_per_line():
+    entries = suite.parse_xfail("# comment\nops/SIN/*  polynomial too coarse\n\n")
+    assert entries == {"ops/SIN/*": "polynomial too coarse"}
+    with pytest.raises(ValueError, match="has no reason"):
+        suite.parse_xfail("ops/SIN/float32\n")
+
+
+def test_cli_exit_codes_and_reports(tmp_path, capsys):
+    args = ["conform", "--backend", "interpreter", "--quick", "--tier", "1", "--tier", "3",
+            "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"),
+            "--html", str(tmp_path / "r.html")]
+    assert cli.main(args) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["ok"] is True
+    assert (tmp_path / "r.xml").exists() and (tmp_path / "r.html").exists()
+    assert cli.main(["conform", "--backend", "no-such-backend"]) == 2
+    (tmp_path / "bad.txt").write_text("ops/ADD/int8\n")
+    assert cli.main(["conform", "--backend", "interpreter", "--xfail",
+                     str(tmp_path / "bad.txt")]) == 2
+    assert "has no reason" in capsys.readouterr().out
+
+
+def test_available_prints_one_line_per_backend(capsys):
+    assert cli.main(["conform", "--available", "--quick", "--tier", "1"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert any(line.startswith("interpreter") and "OK" in line for line in lines)
+    assert any("not available" in line for line in lines) or len(lines) >= 2
+
+
+def test_edge_values_cover_every_class_in_every_operand():
+    inputs, labels = generate.op_inputs(Op.ADD, dtypes.float32, np.random.default_rng(0), 8)
+    for name, values in generate.edge_values(dtypes.float32).items():
+        for column in inputs:
+            assert np.isin(column.view(np.int32), values.view(np.int32)).any(), name
+    assert "nan,inf" in labels and labels[-1] == "random"
+    assert set(generate.edge_values(dtypes.int8)) == {"zero", "one", "min", "max"}
+    assert generate.edge_values(dtypes.uint8)["min"][0] == 0

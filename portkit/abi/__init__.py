@@ -4,11 +4,24 @@ Nothing in this package imports anything above it: a backend sees ABI kernels, b
 capabilities, never a Tensor or a scheduler object.
 """
 from portkit.abi import dtypes
-from portkit.abi.backend import (Allocator, Backend, Capabilities, Compiler, Device, Program,
-                                 Renderer)
+from portkit.abi.backend import (
+                                 Allocator,
+                                 Backend,
+                                 Capabilities,
+                                 Compiler,
+                                 Device,
+                                 Program,
+                                 Renderer,
+)
 from portkit.abi.dtypes import DType
-from portkit.abi.errors import (BackendUnavailable, CapabilityError, CompileError,
-                                InvalidKernel, PortkitError, UnsupportedDType)
+from portkit.abi.errors import (
+                                 BackendUnavailable,
+                                 CapabilityError,
+                                 CompileError,
+                                 InvalidKernel,
+                                 PortkitError,
+                                 UnsupportedDType,
+)
 from portkit.abi.kernel import Kernel, KernelBuilder, Node, validate
 from portkit.abi.ops import Op
 

@@ -14,8 +14,15 @@ from math import prod
 import numpy as np
 
 from portkit.abi import dtypes, spec
-from portkit.abi.backend import (Allocator, Backend, Capabilities, Compiler, Device, Program,
-                                 Renderer)
+from portkit.abi.backend import (
+    Allocator,
+    Backend,
+    Capabilities,
+    Compiler,
+    Device,
+    Program,
+    Renderer,
+)
 from portkit.abi.kernel import Dim3, Kernel, validate
 from portkit.abi.ops import COMPUTE, Op
 

@@ -17,6 +17,7 @@ Rules `validate` cannot check, which a kernel must keep and a backend may rely o
 """
 from __future__ import annotations
 
+import functools
 import json
 import keyword
 from collections.abc import Iterator
@@ -122,8 +123,7 @@ def validate(kernel: Kernel) -> Kernel:
     scopes: list[int] = []          # positions of the open RANGE / IF nodes
     scope_of: list[tuple[int, ...]] = []
     for i, node in enumerate(nodes):
-        def fail(message: str) -> InvalidKernel:
-            return InvalidKernel(f"kernel {kernel.name!r}, node {i} ({node.op.name}): {message}")
+        fail = functools.partial(_failure, f"kernel {kernel.name!r}, node {i} ({node.op.name})")
 
         for s in node.src:
             if not (isinstance(s, int) and 0 <= s < i):
@@ -154,6 +154,10 @@ def validate(kernel: Kernel) -> Kernel:
     if len(set(names)) != len(names):
         raise InvalidKernel(f"kernel {kernel.name!r}: VAR names repeat: {names}")
     return kernel
+
+
+def _failure(where: str, message: str) -> InvalidKernel:
+    return InvalidKernel(f"{where}: {message}")
 
 
 def _check_node(node: Node, src: list[Node], fail) -> None:

@@ -1,0 +1,83 @@
+"""ABI kernels as OpenCL C: the C-style base with OpenCL's qualifiers, types and builtins.
+
+Buffers of bool hold one byte each (OpenCL forbids bool in kernel arguments). float16 is native
+where the device has cl_khr_fp16; elsewhere, like bfloat16, buffers hold its 16 bits and values
+are computed in float, rounded back after every op through a round-to-odd float, which makes
+the two roundings equal to one.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from portkit.abi import dtypes
+from portkit.abi.dtypes import DType
+from portkit.abi.kernel import Kernel
+from portkit.codegen.cstyle import CStyleRenderer, Emulated
+
+_CL_TYPES = {
+    dtypes.bool_: "bool", dtypes.int8: "char", dtypes.int16: "short", dtypes.int32: "int",
+    dtypes.int64: "long", dtypes.uint8: "uchar", dtypes.uint16: "ushort",
+    dtypes.uint32: "uint", dtypes.uint64: "ulong", dtypes.float16: "half",
+    dtypes.bfloat16: "ushort", dtypes.float32: "float", dtypes.float64: "double",
+}
+
+# {wide} is double when the device has it, else float (then casts from wide ints to the 16-bit
+# floats may round twice). vstore_half_rte rounds a float to half bits correctly.
+_HELPERS = """\
+float pk_round_odd({wide} x) {{
+  const float f = (float)x;
+  if ((({wide})f == x) || x != x) return f;
+  return as_float((as_uint(f) - (fabs(({wide})f) > fabs(x))) | 1u);
+}}
+float pk_f16_load(ushort h) {{ return vload_half(0, (half *)&h); }}
+ushort pk_f16_store(float f) {{   /* keeps a NaN's sign and payload, as a bitcast must */
+  ushort h;
+  vstore_half_rte(f, 0, (half *)&h);
+  const uint u = as_uint(f);
+  return f != f ? (ushort)(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x3ffu)) : h;
+}}
+float pk_f16(const {wide} x) {{ return pk_f16_load(pk_f16_store(pk_round_odd(x))); }}
+float pk_bf16_load(ushort h) {{ return as_float((uint)h << 16); }}
+ushort pk_bf16_store(float f) {{ return (ushort)(as_uint(f) >> 16); }}
+float pk_bf16(const {wide} x) {{
+  const uint u = as_uint(pk_round_odd(x));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return as_float((u | 0x00400000u) & 0xffff0000u);
+  return as_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}}
+"""
+
+_F16 = Emulated("float", "ushort", "pk_f16_load({})", "pk_f16_store({})", "pk_f16({})")
+_BF16 = Emulated("float", "ushort", "pk_bf16_load({})", "pk_bf16_store({})", "pk_bf16({})")
+
+
+class OpenCLRenderer(CStyleRenderer):
+    """OpenCL C 1.2; `fp16`/`fp64`: whether the device has cl_khr_fp16 / cl_khr_fp64."""
+
+    kernel_prefix = "__kernel "
+    buffer_prefix = "__global "
+    local_prefix = "__local "
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
+    workitem: ClassVar[dict[str, str]] = {"group": "(int)get_group_id({})", "local": "(int)get_local_id({})"}
+    int_suffix: ClassVar[dict[DType, str]] = {dtypes.int64: "L", dtypes.uint32: "u", dtypes.uint64: "UL"}
+
+    def __init__(self, fp16: bool, fp64: bool):
+        self.fp16, self.fp64 = fp16, fp64
+        self.emulated = {dtypes.bfloat16: _BF16} if fp16 else {dtypes.float16: _F16,
+                                                               dtypes.bfloat16: _BF16}
+        # Emulated casts round from the widest float; without fp64 that is float.
+        self.type_map = {**_CL_TYPES, dtypes.float64: "double" if fp64 else "float"}
+
+    def storage_type(self, dtype: DType) -> str:
+        return "uchar" if dtype == dtypes.bool_ else super().storage_type(dtype)
+
+    def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
+        return f"as_{self.value_type(dst)}(({self.value_type(src)}){expr})"
+
+    def prelude(self, kernel: Kernel) -> str:
+        # OpenCL contracts a * b + c into an fma by default; the ABI rounds each op.
+        lines = ["#pragma OPENCL FP_CONTRACT OFF"]
+        lines += [f"#pragma OPENCL EXTENSION cl_khr_fp{bits} : enable"
+                  for bits, present in ((16, self.fp16), (64, self.fp64)) if present]
+        if {n.dtype for n in kernel.nodes} & set(self.emulated):
+            lines.append(_HELPERS.format(wide="double" if self.fp64 else "float"))
+        return "\n".join(lines)

@@ -56,6 +56,16 @@ def _mod(a: Array, b: Array) -> Array:
     return (a - _idiv(a, b) * b).astype(a.dtype)
 
 
+# Like most GPU sines, the ABI's SIN promises its budget on a bounded range, which every
+# target's sine (and the polynomial in codegen/decompose.py) meets.
+SIN_RANGE = 65536.0
+
+
+def _sin_valid(a: Array) -> Array:
+    with np.errstate(invalid="ignore"):
+        return ~np.isfinite(a) | (np.abs(a.astype(np.float64)) <= SIN_RANGE)
+
+
 _SHIFT_TEXT = "the shift amount b must be in [0, bits); "
 
 SPECS: dict[Op, OpSpec] = {
@@ -70,7 +80,8 @@ SPECS: dict[Op, OpSpec] = {
     Op.LOG2: OpSpec("Base-2 logarithm. LOG2(±0) = -inf; negative a gives NaN.", np.log2,
                     ulp={"float16": 2, "bfloat16": 1, "float32": 3, "float64": 3},
                     atol_near_zero=True),
-    Op.SIN: OpSpec("Sine of a in radians, for every finite a. SIN(±inf) = NaN.", np.sin,
+    Op.SIN: OpSpec("Sine of a in radians, for -65536 <= a <= 65536 (2^16); beyond that "
+                   "undefined. SIN(±inf) = NaN.", np.sin, _sin_valid,
                    ulp={"float16": 2, "bfloat16": 1, "float32": 4, "float64": 4},
                    atol_near_zero=True),
     Op.TRUNC: OpSpec("Rounds toward zero to an integral value; keeps ±0, ±inf, NaN.", np.trunc),
@@ -126,10 +137,10 @@ def valid(op: Op, *args: Array, dtype: DType | None = None) -> Array:
     spec = SPECS[op]
     shape = np.broadcast_shapes(*(np.shape(a) for a in args))
     if op is Op.CAST:
-        return np.broadcast_to(_cast_valid(args[0], dtype), shape)
+        return np.array(np.broadcast_to(_cast_valid(args[0], dtype), shape))
     if spec.valid is None:
         return np.ones(shape, bool)
-    return np.broadcast_to(spec.valid(*args), shape)
+    return np.array(np.broadcast_to(spec.valid(*args), shape))
 
 
 def _cast_valid(a: Array, to: DType) -> Array:

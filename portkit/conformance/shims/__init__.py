@@ -1,0 +1,197 @@
+"""Host shims: rendered MSL and CUDA C compiled as host C++ and run, for tests without a GPU.
+
+A test tool, never a user backend: `shim_device("metal")` is a Device whose renderer is the real
+MetalRenderer, whose compiler is clang++ with a small header that stands in for the language
+(`metal_stdlib`, `cuda_shim.h`), and whose programs run the grid on the host (pk_shim_runtime.h).
+It checks what the renderer writes (expressions, casts, rounding, wrapping, indexing, barriers),
+not what a GPU compiler or a GPU does with it: see docs/backends/metal.md and cuda.md.
+
+Compiling one kernel per clang++ run costs ~0.3 s, so `prebuild` puts many kernels into one
+translation unit (each in a namespace of its own) and builds those in parallel.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from portkit.abi import dtypes
+from portkit.abi.backend import Capabilities, Compiler, Device, Program, Renderer
+from portkit.abi.errors import BackendUnavailable, CompileError
+from portkit.abi.ops import COMPUTE
+from portkit.reference_backends.cpu import CAllocator
+
+HEADERS = Path(__file__).parent
+FLAGS = ("-std=c++20", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
+         "-Wno-unknown-attributes", "-Wno-user-defined-literals", "-w")
+
+
+@dataclass(frozen=True)
+class Language:
+    """How one language's source becomes host C++: its header and its kernel signature."""
+
+    name: str
+    include: tuple[str, ...]      # extra compiler arguments
+    barrier: str                  # text present in the source when the kernel has a BARRIER
+    kernel_prefix: str            # removed in a batch: extern "C" names would collide
+    thread_ids: str               # extra launch-stub arguments after buffers and scalars
+
+
+LANGUAGES = {
+    "metal": Language("metal", ("-I", str(HEADERS)), "threadgroup_barrier(", "",
+                      ", metal::uint3{i.group.x, i.group.y, i.group.z}, "
+                      "metal::uint3{i.thread.x, i.thread.y, i.thread.z}"),
+    "cuda": Language("cuda", ("-I", str(HEADERS), "-include", "cuda_shim.h"),
+                     "__syncthreads()", 'extern "C" ', ""),
+}
+_SIGNATURE = re.compile(r"void (?:__launch_bounds__\(\d+\) )?(k_\w+)\(([^{]*)\)\s*\{")
+
+
+def _stub(language: Language, source: str, entry: str) -> str:
+    """An extern "C" entry point that runs the source's kernel over a grid."""
+    match = _SIGNATURE.search(source)
+    if match is None:
+        raise CompileError("no kernel function found in the source", source)
+    name, args = match.groups()
+    buffers = len(re.findall(r"\*\s*data\d+", args))
+    scalars = len(re.findall(r"\bvar_\w+", args))
+    call = [f"pk_shim::Ptr{{b[{i}]}}" for i in range(buffers)] + [f"s[{i}]"
+                                                                for i in range(scalars)]
+    barriers = "true" if language.barrier in source else "false"
+    return (f'extern "C" void {entry}(void **b, const int32_t *s, const int32_t *dims) {{\n'
+            f"  pk_shim::launch(dims, {barriers}, [&](const pk_shim::Ids &i) {{\n"
+            f"    (void)i;\n    {name}({', '.join(call)}{language.thread_ids});\n  }});\n}}\n")
+
+
+def entry_name(source: str) -> str:
+    """The launch stub's symbol for a source: unique per source text."""
+    return "pk_entry_" + hashlib.sha256(source.encode()).hexdigest()[:20]
+
+
+class ShimCompiler(Compiler):
+    """clang++ on the source plus a launch stub; `prebuild` batches many sources."""
+
+    cache_key = ""   # libraries live in this object, not in portkit's disk cache
+
+    def __init__(self, language: Language, workdir: Path):
+        self.language, self.workdir = language, workdir
+        self.command = shutil.which("clang++")
+        if self.command is None:
+            raise BackendUnavailable("the host shims need clang++", "apt-get install clang")
+        self.libraries: dict[str, ctypes.CDLL] = {}   # entry name -> library holding it
+        self._lock = threading.Lock()
+
+    def compile(self, source: str) -> bytes:
+        entry = entry_name(source)
+        if entry not in self.libraries:
+            self.prebuild([source])
+        return entry.encode()
+
+    def prebuild(self, sources: Sequence[str], jobs: int = 2) -> None:
+        """Builds every source not built yet, in `jobs` translation units compiled at once."""
+        todo = list({entry_name(s): s for s in sources if entry_name(s) not in self.libraries}
+                    .items())
+        chunks = [todo[i::jobs] for i in range(jobs) if todo[i::jobs]]
+        with ThreadPoolExecutor(max(1, len(chunks))) as pool:
+            for entries, library in pool.map(self._build, chunks):
+                with self._lock:
+                    self.libraries.update(dict.fromkeys(entries, library))
+
+    def _build(self, chunk: list[tuple[str, str]]) -> tuple[list[str], ctypes.CDLL]:
+        text = self._batch(chunk) if len(chunk) > 1 else (
+            chunk[0][1] + _stub(self.language, chunk[0][1], chunk[0][0]))
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        output = self.workdir / f"{self.language.name}-{digest}.so"
+        result = subprocess.run([self.command, *FLAGS, *self.language.include, "-x", "c++", "-",
+                                 "-o", str(output)], input=text, capture_output=True, text=True,
+                                check=False)
+        if result.returncode != 0:
+            if len(chunk) > 1:   # find the kernel at fault, with its own error log
+                for entry, source in chunk:
+                    self._build([(entry, source)])
+            raise CompileError(f"clang++ rejected the {self.language.name} shim build",
+                               text, result.stderr)
+        return [entry for entry, _ in chunk], ctypes.CDLL(str(output))
+
+    def _batch(self, chunk: list[tuple[str, str]]) -> str:
+        parts = ["#include <metal_stdlib>" if self.language.name == "metal" else ""]
+        for number, (entry, source) in enumerate(chunk):
+            if self.language.kernel_prefix:
+                source = source.replace(self.language.kernel_prefix, "")
+            parts.append(f"namespace pk_kernel_{number} {{\n{source}\n"
+                         f"{_stub(self.language, source, entry)}}}\n")
+        return "\n".join(parts)
+
+
+class ShimProgram(Program):
+    """One kernel's launch stub in a host library; runs synchronously."""
+
+    def __init__(self, compiler: ShimCompiler, binary: bytes):
+        function = getattr(compiler.libraries[binary.decode()], binary.decode())
+        function.argtypes = [ctypes.c_void_p] * 3
+        self.function = function
+
+    def __call__(self, buffers: list[np.ndarray], scalars: list[int], grid, block,
+                 wait: bool = False) -> float | None:
+        pointers = (ctypes.c_void_p * max(len(buffers), 1))(*[b.ctypes.data for b in buffers])
+        values = np.array(list(scalars) or [0], np.int32)
+        dims = np.array([*grid, *block], np.int32)
+        self.function(pointers, values.ctypes.data, dims.ctypes.data)
+        return None
+
+
+def conformance_kernels(capabilities: Capabilities, quick: bool = False) -> list:
+    """The kernels of the ABI-op and kernel tiers (2 and 3) as a device with `capabilities`
+    runs them (decomposed, checked); cases it declares unsupported are left out."""
+    from portkit.conformance import tier2_ops, tier3_kernels
+    from portkit.conformance.case import Context, Unsupported
+    from portkit.conformance.target import Target
+
+    context = Context(capabilities, quick=quick)
+    target = Target(Device("probe", capabilities, None, None, None, None))
+    kernels = []
+    for case in tier2_ops.cases(context) + tier3_kernels.cases(context):
+        try:
+            kernels.append(target.prepare(case.make().kernel))
+        except Unsupported:
+            pass
+    return kernels
+
+
+def run_conformance(device: Device, quick: bool = False, jobs: int = 2):
+    """Tiers 1-3 on a shim device, its kernels built first in `jobs` batched compiles."""
+    from portkit.conformance import Options, Target, run
+
+    kernels = conformance_kernels(device.capabilities, quick)
+    device.compiler.prebuild([device.renderer.render(k) for k in kernels], jobs)
+    return run(Target(device, device.name), Options(tiers=(1, 2, 3), quick=quick, jobs=jobs))
+
+
+def shim_device(language: str, workdir: Path | None = None) -> Device:
+    """A Device that renders with the real `language` renderer and runs on the host."""
+    from portkit.reference_backends.cuda.renderer import CUDARenderer
+    from portkit.reference_backends.metal import METAL_CAPABILITIES
+    from portkit.reference_backends.metal.renderer import MetalRenderer
+
+    renderer: Renderer = {"metal": MetalRenderer, "cuda": CUDARenderer}[language]()
+    workdir = workdir or Path(tempfile.mkdtemp(prefix=f"portkit-{language}-shim-"))
+    compiler = ShimCompiler(LANGUAGES[language], workdir)
+    if language == "metal":
+        caps = replace(METAL_CAPABILITIES, device_name="MSL host shim (clang++)")
+    else:
+        caps = Capabilities(dtypes=frozenset(dtypes.ALL), ops=frozenset(COMPUTE),
+                            max_block_threads=1024, max_block=(1024, 1024, 64),
+                            max_grid=(2**31 - 1, 65535, 65535), local_memory_bytes=48 * 1024,
+                            max_buffers=256, device_name="CUDA C host shim (clang++)")
+    return Device(f"{language}-shim", caps, CAllocator(), renderer, compiler,
+                  lambda name, binary: ShimProgram(compiler, binary))

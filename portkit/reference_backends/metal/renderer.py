@@ -1,0 +1,119 @@
+"""ABI kernels as Metal Shading Language: the C-style base with Metal's knobs.
+
+MSL has no double, so float64 is not offered. half is native. bfloat16 is held in float and
+rounded after every op (MSL's own `bfloat` needs MSL 3.1, macOS 14); buffers hold its 16 bits.
+Rounding an op's float result to bfloat16 rounds once in effect (float has more than twice the
+bits), but integers wider than 24 bits would round twice: they are first rounded to odd.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from portkit.abi import dtypes
+from portkit.abi.dtypes import DType
+from portkit.abi.kernel import Kernel, Node
+from portkit.abi.ops import Op
+from portkit.codegen.cstyle import CStyleRenderer, Emulated
+
+_BFLOAT16_HELPERS = """\
+static inline float pk_bf16(float x) {
+  const uint u = as_type<uint>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return as_type<float>((u | 0x00400000u) & 0xffff0000u);
+  return as_type<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+static inline float pk_bf16_load(ushort h) { return as_type<float>((uint)h << 16); }
+static inline ushort pk_bf16_store(float f) { return (ushort)(as_type<uint>(f) >> 16); }
+
+/* |x| as a float rounded to odd: the bits past the 24 kept set the last kept bit, so rounding
+   the result to bfloat16 (or half) rounds x itself, once. */
+static inline float pk_odd(ulong a) {
+  const int drop = max(0, 40 - (int)clz(a));
+  const ulong lost = a & ((1ul << drop) - 1ul);
+  return (float)(((a >> drop) | (lost != 0ul ? 1ul : 0ul)) << drop);
+}
+static inline float pk_odd(long x) { return x < 0l ? -pk_odd(0ul - (ulong)x) : pk_odd((ulong)x); }
+"""
+
+_TEMPLATE = """\
+#include <metal_stdlib>
+using namespace metal;
+{{ prelude }}
+kernel void {{ name }}({{ args | join(", ") }},
+    uint3 pk_group [[threadgroup_position_in_grid]],
+    uint3 pk_thread [[thread_position_in_threadgroup]]) {
+{% for line in body %}
+{{ line }}
+{% endfor %}
+}
+"""
+
+_TYPES = {
+    dtypes.bool_: "bool", dtypes.int8: "char", dtypes.int16: "short", dtypes.int32: "int",
+    dtypes.int64: "long", dtypes.uint8: "uchar", dtypes.uint16: "ushort", dtypes.uint32: "uint",
+    dtypes.uint64: "ulong", dtypes.float16: "half", dtypes.float32: "float",
+}
+_WIDE_INTS = (dtypes.int32, dtypes.int64, dtypes.uint32, dtypes.uint64)
+
+
+class MetalRenderer(CStyleRenderer):
+    """MSL: one `kernel` function; buffers and scalars bound at [[buffer(i)]] in ABI order."""
+
+    local_prefix = "threadgroup "
+    barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+    workitem: ClassVar[dict[str, str]] = {"group": "((int)pk_group.{})",
+                                          "local": "((int)pk_thread.{})"}
+    type_map: ClassVar[dict[DType, str]] = _TYPES
+    emulated: ClassVar[dict[DType, Emulated]] = {
+        dtypes.bfloat16: Emulated("float", "ushort", "pk_bf16_load({})", "pk_bf16_store({})",
+                                  "pk_bf16({})"),
+    }
+    int_suffix: ClassVar[dict[DType, str]] = {dtypes.int64: "l", dtypes.uint32: "u",
+                                              dtypes.uint64: "ul"}
+    float_suffix: ClassVar[dict[str, str]] = {"float": "f", "half": "h"}
+    template = _TEMPLATE
+
+    def render_args(self, kernel: Kernel) -> list[str]:
+        params = kernel.params
+        buffers = [f"device {self.storage_type(p.dtype)} *data{p.arg} [[buffer({p.arg})]]"
+                   for p in params]
+        scalars = [f"constant int &var_{name} [[buffer({len(params) + i})]]"
+                   for i, name in enumerate(kernel.vars)]
+        return buffers + scalars
+
+    def render_value(self, node: Node, src_nodes: list[Node], src: list[str]) -> str:
+        if node.op is Op.SPECIAL:   # MSL names the axes x, y, z
+            kind, axis = node.arg
+            return self.workitem[kind].format("xyz"[axis])
+        return super().render_value(node, src_nodes, src)
+
+    def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
+        if op is Op.MULACC and dtype in (dtypes.float16, dtypes.float32):
+            return f"fma({', '.join(operands)})"
+        return super().render_alu(op, operands, dtype)
+
+    def render_cast(self, expr: str, src: DType, dst: DType) -> str:
+        if dst in self.emulated:   # no double to round through: see pk_odd
+            if src in _WIDE_INTS:
+                wide = "long" if src.kind == "int" else "ulong"
+                return self.emulated[dst].round.format(f"pk_odd(({wide}){expr})")
+            return self.emulated[dst].round.format(self.cast(expr, "float"))
+        if dst == dtypes.float16 and src in _WIDE_INTS:
+            # (half) of a wide integer may round twice, through float: round to odd first.
+            wide = "long" if src.kind == "int" else "ulong"
+            return self.cast(f"pk_odd(({wide}){expr})", "half")
+        return super().render_cast(expr, src, dst)
+
+    def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
+        return f"as_type<{self.value_type(dst)}>({expr})"
+
+    def render_const(self, value: float, dtype: DType) -> str:
+        text = super().render_const(value, dtype)
+        # INFINITY and NAN are float in MSL; a half constant must stay half in `c ? k : h`.
+        return self.cast(text, "half") if dtype == dtypes.float16 and "h" not in text else text
+
+    def prelude(self, kernel: Kernel) -> str:
+        wide_to_half = any(n.op is Op.CAST and n.dtype == dtypes.float16
+                           and kernel.nodes[n.src[0]].dtype in _WIDE_INTS
+                           for n in kernel.nodes)
+        uses_bfloat16 = any(n.dtype == dtypes.bfloat16 for n in kernel.nodes)
+        return _BFLOAT16_HELPERS if uses_bfloat16 or wide_to_half else ""

@@ -128,9 +128,9 @@ def find_device():
 
 
 def _load() -> Device:
+    device = find_device()   # first: it turns a missing pyopencl into BackendUnavailable
     import pyopencl as cl
 
-    device = find_device()
     context = cl.Context([device])
     queue = cl.CommandQueue(context, device,
                             properties=cl.command_queue_properties.PROFILING_ENABLE)

@@ -1,0 +1,151 @@
+"""What is specific to the OpenCL backend: its OpenCL C, what it reads from the device, the
+binary cache and its failure messages. Every op x dtype, the kernel tier and the Tensor ops run
+on it through the shared, backend-parametrized suites (tests/abi, tests/stack).
+
+On this machine the device is PoCL on the CPU (no cl_khr_fp16, so float16 is emulated); a
+machine with no OpenCL driver skips the tests that need a device, and still runs the rest.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from portkit import cache
+from portkit.abi import BackendUnavailable, CompileError, KernelBuilder, Op, dtypes
+from portkit.abi.interpreter import run as interpret
+from portkit.reference_backends import opencl
+from portkit.reference_backends.opencl.renderer import OpenCLRenderer
+
+
+@pytest.fixture(scope="module")
+def device():
+    try:
+        return opencl.backend.load()
+    except BackendUnavailable as error:
+        pytest.skip(f"no OpenCL device here: {error}")
+
+
+def ids_kernel(grid, block):
+    """Each thread writes group * 100 + local, per axis, to its own element."""
+    k = KernelBuilder("ids")
+    out = k.param(dtypes.int32)
+    threads = block[0] * block[1] * block[2]
+    flat = k.const(0)
+    for axis, size in ((2, grid[2]), (1, grid[1]), (0, grid[0])):
+        flat = k.alu(Op.ADD, k.alu(Op.MUL, flat, k.const(size)), k.special("group", axis))
+    lid = k.alu(Op.ADD, k.alu(Op.MUL, k.special("local", 1), k.const(block[0])),
+                k.special("local", 0))
+    index = k.alu(Op.ADD, k.alu(Op.MUL, flat, k.const(threads)), lid)
+    k.store(out, index, k.alu(Op.ADD, k.alu(Op.MUL, flat, k.const(100)), lid))
+    return k.build(grid, block)
+
+
+def test_source_turns_off_contraction_and_stores_bool_as_bytes():
+    k = KernelBuilder("flags")
+    a, out = k.param(dtypes.float32), k.param(dtypes.bool_)
+    i = k.special("local")
+    k.store(out, i, k.alu(Op.CMPLT, k.load(a, i), k.const(0.5, dtypes.float32)))
+    source = OpenCLRenderer(fp16=False, fp64=True).render(k.build())
+    assert source.startswith("#pragma OPENCL FP_CONTRACT OFF")
+    assert "__global uchar *data1" in source and "cl_khr_fp64" in source
+    assert "(int)get_local_id(0)" in source
+
+
+def test_float16_is_native_only_with_cl_khr_fp16():
+    k = KernelBuilder("half")
+    a = k.param(dtypes.float16)
+    k.store(a, k.const(0), k.alu(Op.ADD, k.load(a, k.const(0)), k.load(a, k.const(1))))
+    emulated = OpenCLRenderer(fp16=False, fp64=False).render(k.build())
+    native = OpenCLRenderer(fp16=True, fp64=False).render(k.build())
+    assert "__global ushort *data0" in emulated and "pk_f16(" in emulated
+    assert "float pk_round_odd(float x)" in emulated        # no double without cl_khr_fp64
+    assert "__global half *data0" in native and "pk_f16(" not in native
+    assert "cl_khr_fp16 : enable" in native
+
+
+def test_capabilities_come_from_the_device(device):
+    import pyopencl as cl
+
+    caps = device.capabilities
+    cl_device = device.compiler.device
+    assert caps.max_block_threads == cl_device.max_work_group_size
+    assert caps.local_memory_bytes == cl_device.local_mem_size
+    assert (dtypes.float64 in caps.dtypes) == ("cl_khr_fp64" in cl_device.extensions)
+    assert dtypes.float16 in caps.dtypes and dtypes.bfloat16 in caps.dtypes
+    assert 2 <= caps.max_buffers <= cl_device.max_parameter_size // 8
+    assert cl_device.name in caps.device_name
+    assert isinstance(device.compiler.device, cl.Device)
+
+
+@pytest.mark.parametrize("grid, block", [((3, 2, 1), (4, 2, 1)), ((5, 1, 1), (1, 1, 1))])
+def test_grid_and_block_become_global_and_local_sizes(device, grid, block):
+    kernel = ids_kernel(grid, block)
+    total = int(np.prod(grid) * np.prod(block))
+    buffer = device.allocator.alloc(4 * total)
+    program = device.program(kernel.name, device.compiler.compile(
+        device.renderer.render(kernel)))
+    program([buffer], [], grid, block, wait=True)
+    ours = np.zeros(total, np.int32)
+    device.allocator.copyout(memoryview(ours.view(np.uint8)), buffer)
+    expected = [np.zeros(total, np.int32)]
+    interpret(kernel, expected)
+    np.testing.assert_array_equal(ours, expected[0])
+
+
+def test_binaries_are_cached_on_disk_and_load_without_the_source(device, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path))
+    kernel = ids_kernel((2, 1, 1), (8, 1, 1))
+    source = device.renderer.render(kernel)
+    binary = cache.compile_cached("opencl", device.compiler, source)
+    assert [p.read_bytes() for p in (tmp_path / "opencl").glob("*.bin")] == [binary]
+
+    def no_compiler(source):
+        raise AssertionError("the cache was not used")
+
+    monkeypatch.setattr(device.compiler, "compile", no_compiler)
+    assert cache.compile_cached("opencl", device.compiler, source) == binary
+    program = device.program(kernel.name, binary)
+    buffer = device.allocator.alloc(64)
+    program([buffer], [], kernel.grid, kernel.block, wait=True)
+    out = np.zeros(16, np.int32)
+    device.allocator.copyout(memoryview(out.view(np.uint8)), buffer)
+    np.testing.assert_array_equal(out, np.arange(16) % 8 + np.arange(16) // 8 * 100)
+
+
+def test_zero_byte_buffers_and_timing(device):
+    empty = device.allocator.alloc(0)
+    device.allocator.copyin(empty, memoryview(b""))
+    kernel = ids_kernel((1, 1, 1), (4, 1, 1))
+    program = device.program(kernel.name, device.compiler.compile(
+        device.renderer.render(kernel)))
+    seconds = program([device.allocator.alloc(16)], [], kernel.grid, kernel.block, wait=True)
+    assert 0 <= seconds < 10
+    assert program([device.allocator.alloc(16)], [], kernel.grid, kernel.block) is None
+
+
+def test_compile_errors_carry_the_log(device):
+    with pytest.raises(CompileError) as error:
+        device.compiler.compile("__kernel void k_broken(__global int *a) { a[0] = b; }")
+    assert "b" in error.value.log and "k_broken" in error.value.source
+
+
+def test_missing_pyopencl_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyopencl", None)
+    with pytest.raises(BackendUnavailable) as error:
+        opencl.backend.load()
+    assert error.value.fix == "pip install portkit[opencl]"
+
+
+def test_missing_icd_names_the_driver_package(monkeypatch):
+    cl = pytest.importorskip("pyopencl")
+
+    def no_platforms():
+        raise cl.LogicError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR")
+
+    monkeypatch.setattr(cl, "get_platforms", no_platforms)
+    with pytest.raises(BackendUnavailable) as error:
+        opencl.backend.load()
+    assert "pocl-opencl-icd" in error.value.fix and "PLATFORM_NOT_FOUND" in error.value.reason

@@ -101,7 +101,7 @@ _TEMPLATE = """\
 #include <ucontext.h>
 {% endif %}
 
-{% if float16 %}{{ float16_helpers }}
+{% if small_floats %}{{ float16_helpers }}
 {% endif %}
 {% if barrier %}{{ barrier_helpers }}
 {% endif %}
@@ -226,7 +226,7 @@ class CRenderer(CStyleRenderer):
         types, names = [self.storage_type(p.dtype) for p in kernel.params], kernel.vars
         return {**super().template_context(kernel, body),
                 "barrier": any(n.op is Op.BARRIER for n in kernel.nodes),
-                "float16": bool(used & set(self.emulated)),
+                "small_floats": bool(used & set(self.emulated)),
                 "float16_helpers": _FLOAT16_HELPERS, "barrier_helpers": _BARRIER,
                 "types": types,
                 "ids": _IDS, "single": ["gid0", "gid1", "gid2", "0", "0", "0", "pk_local"],

@@ -106,11 +106,19 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None) -> list[Sc
                 f"device allows {max_buffers} per kernel; use a device with more buffers")
 
 
+def _reads_once(node: Lazy) -> bool:
+    """Elementwise ops and views that read each source element at most once (no expand)."""
+    if _elementwise(node):
+        return True
+    return node.op is G.VIEW and all(st != 0 or size == 1 for view in node.arg.views
+                                     for size, st in zip(view.shape, view.strides))
+
+
 def _fuses_down(node: Lazy, consumers, by_id, realize) -> bool:
     chain = node
     while len(consumers[id(chain)]) == 1:
         nxt = by_id[next(iter(consumers[id(chain)]))]
-        if not _elementwise(nxt):
+        if not _reads_once(nxt):
             return False
         chain = nxt
         if id(chain) in realize:

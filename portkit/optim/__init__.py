@@ -2,6 +2,8 @@
 each parameter's update (and its state) is a fused elementwise kernel reading the gradient."""
 from __future__ import annotations
 
+import numpy as np
+
 from portkit.tensor import Tensor, realize
 
 
@@ -82,8 +84,12 @@ class Adam(Optimizer):
             w = w * (1 - self.lr * self.weight_decay)
         m = self.m[i] * b1 + g * (1 - b1)
         v = self.v[i] * b2 + g * g * (1 - b2)
-        m_hat = m * (1 / (1 - b1 ** self.t))
-        v_hat = v * (1 / (1 - b2 ** self.t))
+        # the bias corrections change every step: pass them as data, not as kernel constants,
+        # so the update kernel compiles once
+        corrections = Tensor(np.array([1 / (1 - b1 ** self.t), 1 / (1 - b2 ** self.t)],
+                                      np.float32).astype(p.dtype.np), device=p.device)
+        m_hat = m * corrections[0]
+        v_hat = v * corrections[1]
         return [(self.m[i], m), (self.v[i], v),
                 (p, w - m_hat * self.lr / (v_hat.sqrt() + self.eps))]
 

@@ -8,8 +8,6 @@ that need a device, and still runs the rendering and error-path tests.
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
@@ -108,7 +106,7 @@ def test_invalid_wgsl_is_a_compile_error_with_the_log(rt):
 
 
 def test_missing_wgpu_names_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "wgpu", None)
+    monkeypatch.setattr(webgpu, "wgpu", None)
     with pytest.raises(BackendUnavailable) as error:
         webgpu.backend.load()
     assert error.value.fix == "pip install portkit[webgpu]"

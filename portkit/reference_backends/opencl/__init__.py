@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
+try:
+    import pyopencl as cl
+except ImportError:   # the backend then reports itself unavailable, with the fix
+    cl = None
+
 from portkit.abi import dtypes
 from portkit.abi.backend import Allocator, Backend, Capabilities, Compiler, Device, Program
 from portkit.abi.errors import BackendUnavailable, CompileError
 from portkit.abi.ops import COMPUTE
+from portkit.codegen.cstyle import function_name
 from portkit.reference_backends.opencl.renderer import OpenCLRenderer
 
 # No -cl-fast-relaxed-math or -cl-mad-enable: they change float results.
@@ -28,8 +34,6 @@ class CLCompiler(Compiler):
                                    device.driver_version, *OPTIONS))
 
     def compile(self, source: str) -> bytes:
-        import pyopencl as cl
-
         try:
             program = cl.Program(self.context, source).build(OPTIONS, [self.device])
         except cl.RuntimeError as error:
@@ -42,17 +46,11 @@ class CLProgram(Program):
     """A kernel loaded from a program binary, launched on the device's in-order queue."""
 
     def __init__(self, compiler: CLCompiler, queue, name: str, binary: bytes):
-        import pyopencl as cl
-
-        from portkit.codegen.cstyle import function_name
-
         self.queue = queue
         program = cl.Program(compiler.context, [compiler.device], [binary]).build(OPTIONS)
         self.kernel = cl.Kernel(program, function_name(name))
 
     def __call__(self, buffers, scalars, grid, block, wait: bool = False) -> float | None:
-        import pyopencl as cl
-
         self.kernel.set_args(*buffers, *(np.int32(s) for s in scalars))
         event = cl.enqueue_nd_range_kernel(
             self.queue, self.kernel, [g * b for g, b in zip(grid, block)], list(block))
@@ -69,22 +67,16 @@ class CLAllocator(Allocator):
         self.context, self.queue = context, queue
 
     def alloc(self, nbytes: int):
-        import pyopencl as cl
-
         return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))  # 0 is invalid
 
     def free(self, buffer, nbytes: int) -> None:
         buffer.release()
 
     def copyin(self, buffer, source: memoryview) -> None:
-        import pyopencl as cl
-
         if source.nbytes:
             cl.enqueue_copy(self.queue, buffer, source, is_blocking=True)
 
     def copyout(self, destination: memoryview, buffer) -> None:
-        import pyopencl as cl
-
         if destination.nbytes:
             cl.enqueue_copy(self.queue, np.frombuffer(destination, np.uint8), buffer,
                             is_blocking=True)
@@ -92,8 +84,6 @@ class CLAllocator(Allocator):
 
 def capabilities(device) -> Capabilities:
     """What `device` (a pyopencl Device) can do, read from its properties and extensions."""
-    import pyopencl as cl
-
     extensions = device.extensions.split()
     fp64 = "cl_khr_fp64" in extensions or bool(device.double_fp_config)
     threads = device.max_work_group_size
@@ -107,16 +97,14 @@ def capabilities(device) -> Capabilities:
         # half the argument space for buffer pointers, the rest for scalars
         max_buffers=device.max_parameter_size // (device.address_bits // 8) // 2,
         denormals="preserve" if denormal else "flush",
-        device_name=f"{device.name} ({device.platform.name}, {device.version})")
+        device_name=f"{device.name} ({device.platform.name})")
 
 
 def find_device():
     """The first GPU of any platform, else the first device; BackendUnavailable if none."""
-    try:
-        import pyopencl as cl
-    except ImportError as error:
-        raise BackendUnavailable(f"pyopencl is not installed ({error})",
-                                 "pip install portkit[opencl]") from None
+    if cl is None:
+        raise BackendUnavailable("pyopencl is not installed",
+                                 "pip install portkit[opencl]")
     fix = "apt-get install pocl-opencl-icd (or your vendor's OpenCL driver)"
     try:
         found = [d for p in cl.get_platforms() for d in p.get_devices()]
@@ -128,9 +116,7 @@ def find_device():
 
 
 def _load() -> Device:
-    device = find_device()   # first: it turns a missing pyopencl into BackendUnavailable
-    import pyopencl as cl
-
+    device = find_device()
     context = cl.Context([device])
     queue = cl.CommandQueue(context, device,
                             properties=cl.command_queue_properties.PROFILING_ENABLE)

@@ -12,6 +12,13 @@ import time
 
 import numpy as np
 
+# Mesa warns on every start without it; set before wgpu loads the driver.
+os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="portkit-xdg-"))
+try:
+    import wgpu
+except ImportError:   # the backend then reports itself unavailable, with the fix
+    wgpu = None
+
 from portkit.abi import dtypes
 from portkit.abi.backend import Allocator, Backend, Capabilities, Compiler, Device, Program
 from portkit.abi.errors import BackendUnavailable, CompileError
@@ -30,8 +37,6 @@ class WGSLCompiler(Compiler):
         self.device = device
 
     def compile(self, source: str) -> bytes:
-        import wgpu
-
         try:
             self.device.create_shader_module(code=source)
         except wgpu.GPUError as error:
@@ -44,8 +49,6 @@ class WGSLProgram(Program):
     """One compute pipeline; each launch binds the buffers and a uniform of the scalars."""
 
     def __init__(self, device, name: str, binary: bytes):
-        import wgpu
-
         self.device = device
         source = binary.decode()
         buffers = source.count("var<storage")
@@ -62,8 +65,6 @@ class WGSLProgram(Program):
                      "entry_point": function_name(name)})
 
     def __call__(self, buffers, scalars, grid, block, wait: bool = False) -> float | None:
-        import wgpu
-
         resources = list(buffers)
         if scalars:
             data = np.zeros(-(-len(scalars) // 4) * 4, np.int32)   # uniforms: 16-byte blocks
@@ -93,8 +94,6 @@ class WGPUAllocator(Allocator):
         self.device = device
 
     def alloc(self, nbytes: int):
-        import wgpu
-
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         return self.device.create_buffer(size=max(4, -(-nbytes // 4) * 4), usage=usage)
 
@@ -117,8 +116,6 @@ class WGPUAllocator(Allocator):
 def synchronize(device) -> None:
     """Waits for all submitted work: reading a buffer back waits for the queue before it."""
     # queue.on_submitted_work_done_sync fails inside wgpu-py 0.32 (a cffi signature mismatch).
-    import wgpu
-
     if not hasattr(device, "_pk_fence"):
         device._pk_fence = device.create_buffer(size=4, usage=wgpu.BufferUsage.COPY_SRC)
     device.queue.read_buffer(device._pk_fence)
@@ -145,13 +142,9 @@ INACCURATE = frozenset({Op.EXP2, Op.LOG2, Op.SIN})
 
 def find_adapter():
     """The system's WebGPU adapter; BackendUnavailable naming the fix when there is none."""
-    # Mesa warns on every start without it.
-    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="portkit-xdg-"))
-    try:
-        import wgpu
-    except ImportError as error:
-        raise BackendUnavailable(f"wgpu is not installed ({error})",
-                                 "pip install portkit[webgpu]") from None
+    if wgpu is None:
+        raise BackendUnavailable("wgpu is not installed",
+                                 "pip install portkit[webgpu]")
     try:
         adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     except Exception as error:  # noqa: BLE001 - wgpu-native raises a plain RuntimeError

@@ -22,4 +22,4 @@ def test_mlp_reaches_95_percent():
 
 @pytest.mark.slow
 def test_cnn_learns():
-    assert _example().train(cnn=True, epochs=5) >= 0.9
+    assert _example().train(cnn=True, epochs=10) >= 0.9

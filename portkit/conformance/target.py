@@ -105,13 +105,16 @@ class Target:
         return host.view(dtype)
 
     def time(self, kernel: Kernel, arrays: Sequence[np.ndarray], scalars: Sequence[int] = (),
-             repeats: int = 5, wall: bool = False) -> list[float]:
-        """Seconds per launch, `repeats` times after one warm-up launch: the seconds the
-        program reports, or (with `wall`, or when it reports none) the host's clock."""
+             repeats: int = 5, wall: bool = False, max_seconds: float = 5.0) -> list[float]:
+        """Seconds per launch, `repeats` times after one warm-up launch (fewer, but at least 3,
+        once `max_seconds` have passed): the seconds the program reports, or (with `wall`, or
+        when it reports none) the host's clock."""
         program, _, _ = self.compile(kernel)
-        times = []
+        times: list[float] = []
         with self.buffers(arrays) as handles:
             for i in range(repeats + 1):
+                if len(times) >= min(3, repeats) and sum(times) > max_seconds:
+                    break
                 start = time.perf_counter()
                 reported = program(handles, list(scalars), kernel.grid, kernel.block, wait=True)
                 self.device.synchronize()

@@ -272,7 +272,7 @@ def _workloads(quick: bool, rng: np.random.Generator,
         "copy": lambda: copy(n),
         "fused-elementwise": lambda: fused(n, rng),
         "reduce": lambda: reduce_rows(rows, length, rng),
-        "matmul": lambda: matmul(64 if quick else 512, rng, tiled),
+        "matmul": lambda: matmul(64 if quick else 256, rng, tiled),
         "conv": lambda: conv(8, 18, rng) if quick else conv(64, 58, rng),
     }
 

@@ -113,7 +113,7 @@ SPECS: dict[Op, OpSpec] = {
                       "either passes. Integers wrap.", lambda a, b, c: a * b + c),
     Op.CAST: OpSpec("Converts to the node's dtype. To bool: a != 0 (NaN is true). Float to int: "
                     "toward zero, undefined if out of range or NaN. Int to int: wraps. To a "
-                    "float: rounded to nearest-even, overflow gives ±inf.", None),
+                    "float: the exact value rounded once to nearest-even; overflow gives ±inf.", None),
     Op.BITCAST: OpSpec("Reinterprets the bits as the node's dtype (same size).", None),
 }
 
@@ -147,10 +147,9 @@ def _cast_valid(a: Array, to: DType) -> Array:
     src = dtypes.from_numpy(a.dtype)
     if src.is_float and to.is_int:
         t = np.trunc(a.astype(np.float64))
+        low, high = float(to.min), 2.0 ** (to.bits - (to.kind == "int"))   # exact powers of 2
         with np.errstate(invalid="ignore"):
-            return np.isfinite(t) & (t >= float(to.min)) & (t <= float(to.max))
-    if src.is_int and to.is_float:   # exact in float64, so rounding to `to` happens once
-        return np.abs(a.astype(np.float64)) <= 2.0 ** 53
+            return np.isfinite(t) & (t >= low) & (t < high)
     return np.ones(a.shape, bool)
 
 
@@ -177,9 +176,10 @@ def evaluate(op: Op, *args: Array, dtype: DType | None = None) -> tuple[Array, .
                 fused = _fraction_fma(*wide)
             else:
                 fused = wide[0] * wide[1] + wide[2]      # exact product, one rounding
-            product = (wide[0] * wide[1]).astype(src.np).astype(np.float64)
-            return (fused.astype(src.np), (product + wide[2]).astype(src.np))
-        return (np.asarray(SPECS[op].fn(*wide)).astype(out.np),)
+            product = _round(wide[0] * wide[1], src).astype(np.float64)
+            return (_round(fused, src), _round(product + wide[2], src))
+        result = np.asarray(SPECS[op].fn(*wide))
+        return (result.astype(out.np) if out == dtypes.bool_ else _round(result, out),)
 
 
 def _cast(a: Array, to: DType) -> Array:
@@ -191,10 +191,43 @@ def _cast(a: Array, to: DType) -> Array:
             t = np.trunc(a.astype(np.float64))
             return np.where(_cast_valid(a, to), t, 0).astype(to.np)
         if src.is_int and to.is_float:
-            return a.astype(np.float64).astype(to.np)
+            return _round(_int_to_float64(a, odd=to != dtypes.float64), to)
         if src.is_float and to.is_float:
-            return a.astype(np.float64).astype(to.np)
+            return _round(a.astype(np.float64), to)
         return a.astype(to.np)
+
+
+def _int_to_float64(a: Array, odd: bool) -> Array:
+    """Integers to float64: exact up to 2^53; above, nearest-even, or with `odd`, rounded to odd
+    (truncated, lowest bit set if inexact) so that a second rounding to a narrower float is
+    the same as one rounding from the exact integer."""
+    out = a.astype(np.float64)
+    if odd:
+        for i in np.flatnonzero(np.abs(out) > 2.0 ** 53):
+            n = int(a.flat[i])
+            shift = abs(n).bit_length() - 53
+            kept = abs(n) >> shift
+            kept |= int(kept << shift != abs(n))
+            out.flat[i] = float(kept << shift) * (1 if n > 0 else -1)
+    return out
+
+
+def _round(x: Array, to: DType) -> Array:
+    """float64 values rounded once, to nearest-even, to the float dtype `to`.
+
+    numpy rounds float64 to float32 and float16 directly; ml_dtypes goes through float32 for
+    bfloat16, so round to odd on the way: float32 keeps 16 more bits than bfloat16, which makes
+    the second rounding exact."""
+    if to != dtypes.bfloat16:
+        return x.astype(to.np)
+    with np.errstate(all="ignore"):
+        single = x.astype(np.float32)
+        wide = single.astype(np.float64)
+        inexact = np.isfinite(x) & (wide != x)
+        single = np.where(inexact & (np.abs(wide) > np.abs(x)),
+                          np.nextafter(single, np.float32(0)), single)
+        bits = single.view(np.uint32) | inexact.astype(np.uint32)
+        return bits.view(np.float32).astype(to.np)
 
 
 def budget(op: Op, dtype: DType) -> float:

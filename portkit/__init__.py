@@ -1,10 +1,24 @@
 """portkit: bring a new accelerator to a full deep-learning stack by implementing a small ABI.
 
 A backend implements portkit.abi; portkit.backends finds the installed ones; `portkit backends`
-and `portkit conform` tell you which work here and how well.
+and `portkit conform` tell you which work here and how well. The Tensor front end is
+`portkit.Tensor`, with `portkit.nn` and `portkit.optim`.
 """
+import importlib
+
 __version__ = "0.1.0"
 
-# Public names of the stack (Tensor and friends) are exported here once they exist; keep this
-# module import-light, since every backend imports portkit.abi through it.
-__all__ = ["__version__"]
+# The stack is imported on first use, so a backend that imports portkit.abi does not pay for it.
+_STACK = ("Tensor", "seed", "realize", "cat", "stack", "no_grad", "promote", "bool_", "int8",
+          "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+          "bfloat16", "float32", "float64")
+
+__all__ = ["__version__", "nn", "optim", *_STACK]
+
+
+def __getattr__(name: str):
+    if name in ("nn", "optim"):
+        return importlib.import_module(f"portkit.{name}")
+    if name in _STACK:
+        return getattr(importlib.import_module("portkit.tensor"), name)
+    raise AttributeError(f"module 'portkit' has no attribute {name!r}")

@@ -7,7 +7,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 APT_PACKAGES=(clang pocl-opencl-icd ocl-icd-opencl-dev clinfo mesa-vulkan-drivers libvulkan1
               libegl1 libgl1-mesa-dri libomp-dev)
-EXTRAS="opencl,cuda,webgpu,test"
+EXTRAS="opencl,cuda,webgpu,test,examples"
 
 missing_apt_packages() {
     local package
@@ -56,6 +56,11 @@ install_python_packages() {
     "$ROOT/.venv/bin/python" -m pip install --disable-pip-version-check \
         --editable "$ROOT[$EXTRAS]" > "$ROOT/.venv/pip.log" 2>&1 \
         || { cat "$ROOT/.venv/pip.log" >&2; return 1; }
+    # PyTorch CPU is only a yardstick (tests compare with it where installed): take it from a
+    # local wheel when the machine has one, never a multi-GB download.
+    "$ROOT/.venv/bin/python" -m pip install --disable-pip-version-check --no-index \
+        "torch==2.13.0" >> "$ROOT/.venv/pip.log" 2>&1 \
+        || echo "portkit setup: no local torch 2.13.0 wheel; tests compare with numpy only"
     echo "$want" > "$stamp"
 }
 

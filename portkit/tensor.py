@@ -16,6 +16,7 @@ import numpy as np
 from portkit import autograd, graph, schedule
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
+from portkit.abi.errors import UnsupportedDType
 from portkit.abi.kernel import Kernel
 from portkit.autograd import RULES, Context, no_grad
 from portkit.codegen.lower import lower
@@ -67,7 +68,13 @@ def _axes(axis, ndim: int) -> tuple[int, ...]:
 
 
 class Tensor:
-    """A lazy n-dimensional array on a device, with autograd."""
+    """A lazy n-dimensional array on a device, with autograd.
+
+    Integers default to int32 (Python ints, int64 numpy data, arange, argmax, randint), not
+    PyTorch's int64: WebGPU and many accelerators have no 64-bit integers. Pass dtype=int64
+    where a device has it. A dtype the device lacks raises UnsupportedDType when the tensor is
+    made or cast, not later when it runs.
+    """
 
     __slots__ = ("_ctx", "grad", "lazy", "requires_grad")
     __hash__ = object.__hash__
@@ -83,7 +90,7 @@ class Tensor:
         else:
             device = device or schedule.default_device()
             array = _to_numpy(data, dtype)
-            target = dtype or dtypes.from_numpy(array.dtype)
+            target = _check_dtype(dtype or dtypes.from_numpy(array.dtype), device)
             lazy = graph.load(schedule.upload(array, device, target), target, array.shape,
                               device)
         self.lazy, self.grad, self._ctx = lazy, None, None
@@ -185,8 +192,9 @@ class Tensor:
     @staticmethod
     def full(shape, value: Scalar, dtype=None, device: str | None = None) -> Tensor:
         shape = _shape(shape)
-        dtype = _dtype(dtype) or _scalar_dtype(value)
-        return Tensor(graph.const(value, dtype, shape, device or schedule.default_device()))
+        device = device or schedule.default_device()
+        dtype = _check_dtype(_dtype(dtype) or _scalar_dtype(value), device)
+        return Tensor(graph.const(value, dtype, shape, device))
 
     @staticmethod
     def zeros(*shape, dtype=None, device: str | None = None) -> Tensor:
@@ -298,13 +306,15 @@ class Tensor:
 
     def cast(self, dtype: DType | str) -> Tensor:
         dtype = _dtype(dtype)
-        return self if dtype == self.dtype else self._prim("cast", arg=dtype)
+        if dtype == self.dtype:
+            return self
+        return self._prim("cast", arg=_check_dtype(dtype, self.device))
 
     def bitcast(self, dtype: DType | str) -> Tensor:
         dtype = _dtype(dtype)
         if dtype.itemsize != self.dtype.itemsize:
             raise TypeError(f"bitcast from {self.dtype.name} to {dtype.name}: sizes differ")
-        return self._prim("bitcast", arg=dtype)
+        return self._prim("bitcast", arg=_check_dtype(dtype, self.device))
 
     def float(self) -> Tensor:
         return self.cast(float32)
@@ -1013,6 +1023,16 @@ def _to_numpy(data: Any, dtype: DType | None) -> np.ndarray:
     elif array.dtype.kind not in "biuf" and array.dtype.name != "bfloat16":
         raise TypeError(f"cannot make a Tensor from numpy dtype {array.dtype}")
     return array
+
+
+def _check_dtype(dtype: DType, device: str) -> DType:
+    """dtype, if the device has it; else UnsupportedDType naming a dtype it has."""
+    if dtype in schedule.device(device).capabilities.dtypes:
+        return dtype
+    instead = "float32" if dtype.is_float else "int32"
+    raise UnsupportedDType(f"device {device!r} has no {dtype.name}; use "
+                           f"dtype=portkit.{instead} (or .cast(portkit.{instead})), or a device "
+                           f"with {dtype.name}")
 
 
 def _shape(shape) -> tuple[int, ...]:

@@ -56,10 +56,11 @@ install_python_packages() {
     "$ROOT/.venv/bin/python" -m pip install --disable-pip-version-check \
         --editable "$ROOT[$EXTRAS]" > "$ROOT/.venv/pip.log" 2>&1 \
         || { cat "$ROOT/.venv/pip.log" >&2; return 1; }
-    # PyTorch CPU is only a yardstick (tests compare with it where installed): take it from a
-    # local wheel when the machine has one, never a multi-GB download.
-    "$ROOT/.venv/bin/python" -m pip install --disable-pip-version-check --no-index \
-        "torch==2.13.0" >> "$ROOT/.venv/pip.log" 2>&1 \
+    # PyTorch CPU is only a yardstick (tests compare with it where installed): take the CPU
+    # build from a local wheel when the machine has one (PyPI has no '+cpu' build, so this never
+    # starts a multi-GB download of the CUDA build).
+    "$ROOT/.venv/bin/python" -m pip install --disable-pip-version-check \
+        "torch==2.13.0+cpu" >> "$ROOT/.venv/pip.log" 2>&1 \
         || echo "portkit setup: no local torch 2.13.0 wheel; tests compare with numpy only"
     echo "$want" > "$stamp"
 }

@@ -240,15 +240,19 @@ class Tensor:
 
     @staticmethod
     def rand(*shape, dtype=None, device: str | None = None) -> Tensor:
-        """Uniform in [0, 1), from a counter-based hash computed on the device."""
+        """Uniform in [0, 1): the same numbers on every device for the same seed()."""
+        dtype = _dtype(dtype) or default_float
+        if not dtype.is_float:
+            raise TypeError(f"rand makes floats, not {dtype.name}; use randint for integers")
         bits = _random_bits(_shape(shape), device or schedule.default_device())
-        # the top 24 bits make an exactly representable float32 in [0, 1)
-        return ((bits >> 8).cast(float32) * (1.0 / (1 << 24))).cast(_dtype(dtype) or
-                                                                    default_float)
+        # the top p bits, p the dtype's precision, scaled by 2**-p: exact in the dtype, so
+        # never rounded up to 1.0 and identical on every device
+        precision = _PRECISION[dtype.name]
+        return (bits >> (32 - precision)).cast(dtype) * (1.0 / (1 << precision))
 
     @staticmethod
     def randn(*shape, dtype=None, device: str | None = None) -> Tensor:
-        """Standard normal (Box-Muller over two uniform draws)."""
+        """Standard normal (Box-Muller over two uniform draws, computed in float32)."""
         shape = _shape(shape)
         u1, u2 = Tensor.rand(*shape, device=device), Tensor.rand(*shape, device=device)
         out = (-2.0 * (1.0 - u1).log()).sqrt() * (u2 * (2 * math.pi)).cos()
@@ -256,8 +260,14 @@ class Tensor:
 
     @staticmethod
     def randint(low: int, high: int, shape=(), dtype=None, device: str | None = None) -> Tensor:
-        u = Tensor.rand(*_shape(shape), device=device)
-        return ((u * (high - low)).floor() + low).cast(_dtype(dtype) or int32)
+        """Integers uniform in [low, high) (int32 unless dtype says otherwise)."""
+        span = high - low
+        if not 0 < span <= 1 << 32:
+            raise ValueError(f"randint needs low < high <= low + 2**32, got [{low}, {high})")
+        bits = _random_bits(_shape(shape), device or schedule.default_device())
+        # the remainder is exact in uint32 on every device; its bias is below span / 2**32
+        picked = bits if span == 1 << 32 else bits % span
+        return picked.cast(_dtype(dtype) or int32) + low
 
     def rand_like(self) -> Tensor:
         return Tensor.rand(*self.shape, dtype=self.dtype, device=self.device)
@@ -1104,6 +1114,7 @@ def seed(value: int) -> None:
 
 
 def _mix(x: int) -> int:
+    """The "lowbias32" integer hash (Chris Wellons), on the host."""
     x &= 0xFFFFFFFF
     x ^= x >> 16
     x = (x * 0x7FEB352D) & 0xFFFFFFFF
@@ -1112,14 +1123,25 @@ def _mix(x: int) -> int:
     return x ^ (x >> 16)
 
 
+# bits of uniform randomness per float dtype: its significand (float64 gets the 32 there are)
+_PRECISION = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 32}
+
+
 def _random_bits(shape: tuple[int, ...], device: str) -> Tensor:
-    """uint32 bits: a hash of (element index, seed, draw counter), computed on the device."""
+    """uint32 bits: the element index hashed under two key words, computed on the device.
+
+    Counter-based: element i of a draw is lowbias32(lowbias32(i ^ k0) ^ k1), the keys a hash of
+    (seed, draw number). It uses only uint32 XOR, shifts and multiplies, which every device has
+    bit-exactly, so every device yields the same bits. The keys are data, not constants, so
+    each shape compiles once however many draws it makes.
+    """
     global _draws
     _draws += 1
-    key = _mix(_mix(_seed) ^ (_draws * 0x9E3779B9 & 0xFFFFFFFF))
-    n = math.prod(shape)
-    x = Tensor(graph.iota((n,), 0, device)).cast(uint32) ^ key
-    for _ in range(2):     # two rounds of the "lowbias32" integer hash
+    k0 = _mix(_mix(_seed) ^ (_draws * 0x9E3779B9 & 0xFFFFFFFF))
+    keys = Tensor(np.array([k0, _mix(k0 ^ 0x85EBCA6B)], np.uint32), device=device)
+    x = Tensor(graph.iota((math.prod(shape),), 0, device)).cast(uint32)
+    for k in range(2):
+        x = x ^ keys[k]
         x = x ^ (x >> 16)
         x = x * 0x7FEB352D
         x = x ^ (x >> 15)

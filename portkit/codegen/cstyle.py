@@ -6,7 +6,10 @@ and WGSL are subclasses that override only what differs.
 
 The kernel is rendered top to bottom, one line per node: a value is `const T vN = expr;`
 (constants are inlined as literals), RANGE opens a for loop, IF an if block, ACC declares a
-mutable local and ASSIGN writes it. The ABI's exact semantics live here, once, so every target
+mutable local and ASSIGN writes it; `declare` and `loop_header` spell these, so a language with
+other declarations (WGSL's `let vN: T = e;`) overrides two methods. LOCAL arrays are declared
+first, at the function's top scope (OpenCL and MSL require it), or before the function when
+`locals_at_module_scope` is set (WGSL). The ABI's exact semantics live here, once, so every target
 inherits them: integer ops that can overflow are computed in the unsigned type (signed overflow
 is undefined in C), 8- and 16-bit results are cast back to their type, and a dtype without an
 arithmetic type in the language (`emulated`) is computed in float and rounded after every op.
@@ -48,6 +51,63 @@ class Emulated:
     round: str
 
 
+# bfloat16 held in a float, in the C that C, CUDA C and MSL share: buffers hold its top 16 bits
+# and pk_bf16_nearest rounds a float to it. A float's bits are read with pk_bits / pk_float,
+# which each language defines (memcpy in C, as_type in MSL).
+BFLOAT16_HELPERS = """\
+static inline float pk_bf16_load(uint16_t h) { return pk_float((uint32_t)h << 16); }
+static inline uint16_t pk_bf16_store(float f) { return (uint16_t)(pk_bits(f) >> 16); }
+static inline float pk_bf16_nearest(float f) {   /* nearest-even; a NaN stays NaN */
+  const uint32_t u = pk_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return pk_float((u | 0x00400000u) & 0xffff0000u);
+  return pk_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+"""
+
+# float16 and bfloat16 held in a float, for C and CUDA C (see EMULATED_FLOATS): any double is
+# rounded once to either, through a float rounded to odd. Buffers hold the 16 bits.
+FLOAT16_HELPERS = """\
+static inline uint32_t pk_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float pk_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+""" + BFLOAT16_HELPERS + """
+/* x rounded to float toward zero, with the lowest bit set when inexact ("round to odd"):
+   rounding that once more to 16 bits gives the same result as rounding x directly. */
+static inline float pk_round_odd(double x) {
+  const float f = (float)x;
+  if ((double)f == x || x != x) return f;
+  const uint32_t u = pk_bits(f) - (fabs((double)f) > fabs(x));
+  return pk_float(u | 1u);
+}
+static inline float pk_bf16(double x) { return pk_bf16_nearest(pk_round_odd(x)); }
+
+static inline float pk_f16(double x) {
+  const float f = pk_round_odd(x);
+  const uint32_t u = pk_bits(f), sign = u & 0x80000000u, a = u ^ sign;
+  if (a > 0x7f800000u) return pk_float(u | 0x00400000u);               /* NaN */
+  if (a >= 0x477ff000u) return pk_float(sign | 0x7f800000u);           /* >= 65520: inf */
+  if (a < 0x38800000u) {                       /* below 2^-14: a multiple of 2^-24 */
+    const float r = (fabsf(f) + 0x1p-1f) - 0x1p-1f;
+    return pk_float(sign | pk_bits(r));
+  }
+  return pk_float(sign | ((a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u));
+}
+static inline float pk_f16_load(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) return pk_float(sign | pk_bits((float)m * 0x1p-24f));   /* zero, subnormal */
+  return pk_float(sign | (e == 31 ? 0x7f800000u : (e + 112u) << 23) | (m << 13));
+}
+static inline uint16_t pk_f16_store(float f) {
+  const uint32_t u = pk_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) {                                   /* NaN: keep the payload */
+    const uint32_t m = (a >> 13) & 0x3ffu;
+    return (uint16_t)(sign | 0x7c00u | (m ? m : 0x200u));
+  }
+  if (a == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
+  if (a < 0x38800000u) return (uint16_t)(sign | (uint32_t)(pk_float(a) * 0x1p24f));
+  return (uint16_t)(sign | ((a - 0x38000000u) >> 13));
+}
+"""
+
 # Integer ops that can overflow, and how many of their leading operands are widened to the
 # unsigned type so that the C operation wraps instead of being undefined.
 _WRAPPING = {Op.ADD: 2, Op.SUB: 2, Op.MUL: 2, Op.NEG: 1, Op.SHL: 1}
@@ -55,6 +115,14 @@ _WRAPPING = {Op.ADD: 2, Op.SUB: 2, Op.MUL: 2, Op.NEG: 1, Op.SHL: 1}
 # Ops whose result needs no rounding on an emulated dtype: one of the operands, its negation,
 # an integral value of it, or a bool.
 _EXACT = (Op.WHERE, Op.MAX, Op.NEG, Op.TRUNC, *COMPARISON)
+
+# float16 and bfloat16 in C and CUDA C, through FLOAT16_HELPERS (which the prelude must hold).
+EMULATED_FLOATS = {
+    dtypes.float16: Emulated("float", "uint16_t", "pk_f16_load({})", "pk_f16_store({})",
+                             "pk_f16({})"),
+    dtypes.bfloat16: Emulated("float", "uint16_t", "pk_bf16_load({})", "pk_bf16_store({})",
+                              "pk_bf16({})"),
+}
 
 _C_TYPES = {
     dtypes.bool_: "bool", dtypes.int8: "int8_t", dtypes.int16: "int16_t",
@@ -66,6 +134,9 @@ _C_TYPES = {
 
 _TEMPLATE = """\
 {{ prelude }}
+{% for line in module_locals %}
+{{ line }}
+{% endfor %}
 {{ r.kernel_prefix }}void {{ name }}({{ args | join(", ") }}) {
 {% for line in body %}
 {{ line }}
@@ -81,8 +152,9 @@ class CStyleRenderer(Renderer):
     buffer_prefix = ""            # before a buffer argument's element type, e.g. "__global "
     int_arg_prefix = "const "     # before a scalar (VAR) argument's type
     local_prefix = ""             # before a LOCAL array declaration, e.g. "__local "
+    locals_at_module_scope = False   # True: LOCAL arrays are declared before the function
     barrier = ""                  # the BARRIER statement
-    # SPECIAL ("group" | "local", axis) -> expression; "{}" is the axis number
+    # SPECIAL ("group" | "local", axis) -> expression; "{}" is the axis number, "{xyz}" its letter
     workitem: ClassVar[dict[str, str]] = {"group": "group_id({})", "local": "local_id({})"}
     type_map: ClassVar[dict[DType, str]] = _C_TYPES
     emulated: ClassVar[dict[DType, Emulated]] = {}
@@ -142,9 +214,27 @@ class CStyleRenderer(Renderer):
         return (f"((union {{ {self.value_type(src)} from; {self.value_type(dst)} to; }})"
                 f"{{{expr}}}).to")
 
+    def declare(self, name: str, type_name: str, expr: str, mutable: bool = False) -> str:
+        """The statement declaring `name` = `expr`; `mutable` for registers that ASSIGN writes."""
+        return f"{'' if mutable else 'const '}{type_name} {name} = {expr};"
+
+    def loop_header(self, name: str, start: str, end: str) -> str:
+        """The line opening a loop of the int32 counter `name` from `start` while below `end`."""
+        counter = self.declare(name, self.type_map[dtypes.int32], start, mutable=True)
+        return f"for ({counter} {name} < {end}; {name}++) {{"
+
     def render_local(self, name: str, dtype: DType, size: int, offset: int) -> str:
         """Declares workgroup memory; `offset` is its byte offset among the kernel's LOCALs."""
         return f"{self.local_prefix}{self.storage_type(dtype)} {name}[{size}];"
+
+    def render_locals(self, kernel: Kernel) -> list[str]:
+        """The declarations of all the kernel's LOCAL arrays, each 16-byte aligned."""
+        lines, offset = [], 0
+        for i, node in enumerate(kernel.nodes):
+            if node.op is Op.LOCAL:
+                lines.append(self.render_local(f"local{i}", node.dtype, node.arg, offset))
+                offset += _align(node.arg * node.dtype.itemsize)
+        return lines
 
     def render_args(self, kernel: Kernel) -> list[str]:
         """The kernel function's parameters: buffers, then int32 scalars."""
@@ -160,9 +250,10 @@ class CStyleRenderer(Renderer):
 
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
         """What the template sees; a subclass adds the names its template uses."""
+        module_locals = self.render_locals(kernel) if self.locals_at_module_scope else []
         return {"r": self, "kernel": kernel, "name": function_name(kernel.name),
                 "args": self.render_args(kernel), "body": body,
-                "prelude": self.prelude(kernel)}
+                "prelude": self.prelude(kernel), "module_locals": module_locals}
 
     # ---- the renderer proper -------------------------------------------------------------
 
@@ -177,13 +268,13 @@ class CStyleRenderer(Renderer):
         return env.from_string(self.template)
 
     def render_body(self, kernel: Kernel) -> list[str]:
-        """The kernel's statements, indented: one line per node (none for PARAM, VAR, CONST)."""
+        """The kernel's statements, indented: the LOCAL arrays, then one line per other node
+        (none for PARAM, VAR, CONST)."""
         nodes = kernel.nodes
         names: dict[int, str] = {}
-        lines: list[str] = []
+        local_lines = [] if self.locals_at_module_scope else self.render_locals(kernel)
+        lines = [self.indent + line for line in local_lines]
         depth = 1
-        local_offset = 0
-        int32 = self.type_map[dtypes.int32]
         for i, node in enumerate(nodes):
             src = [names.get(s, "") for s in node.src]
             line = None
@@ -194,12 +285,10 @@ class CStyleRenderer(Renderer):
             elif node.op is Op.CONST:
                 names[i] = self.render_const(node.arg, node.dtype)
             elif node.op is Op.LOCAL:
-                names[i] = f"local{i}"
-                line = self.render_local(names[i], node.dtype, node.arg, local_offset)
-                local_offset += _align(node.arg * node.dtype.itemsize)
+                names[i] = f"local{i}"   # declared by render_locals
             elif node.op is Op.RANGE:
                 names[i] = f"ridx{i}"
-                line = (f"for ({int32} ridx{i} = {src[0]}; ridx{i} < {src[1]}; ridx{i}++) {{")
+                line = self.loop_header(names[i], *src)
             elif node.op is Op.IF:
                 line = f"if ({src[0]}) {{"
             elif node.op in (Op.END, Op.ENDIF):
@@ -207,7 +296,7 @@ class CStyleRenderer(Renderer):
                 line = "}"
             elif node.op is Op.ACC:
                 names[i] = f"acc{i}"
-                line = f"{self.value_type(node.dtype)} acc{i} = {src[0]};"
+                line = self.declare(names[i], self.value_type(node.dtype), src[0], mutable=True)
             elif node.op is Op.ASSIGN:
                 line = f"{src[0]} = {src[1]};"
             elif node.op is Op.STORE:
@@ -217,7 +306,7 @@ class CStyleRenderer(Renderer):
             else:
                 names[i] = f"v{i}"
                 value = self.render_value(node, [nodes[s] for s in node.src], src)
-                line = f"const {self.value_type(node.dtype)} v{i} = {value};"
+                line = self.declare(names[i], self.value_type(node.dtype), value)
             if line is not None:
                 lines.append(self.indent * depth + line)
             if node.op in (Op.RANGE, Op.IF):
@@ -228,7 +317,7 @@ class CStyleRenderer(Renderer):
         """The expression of a value node: SPECIAL, LOAD or a compute op."""
         if node.op is Op.SPECIAL:
             kind, axis = node.arg
-            return self.workitem[kind].format(axis)
+            return self.workitem[kind].format(axis, xyz="xyz"[axis])
         if node.op is Op.LOAD:
             return self.render_load(node.dtype, *src)
         if node.op is Op.CAST:
@@ -254,7 +343,7 @@ class CStyleRenderer(Renderer):
 
     def _storage_dtype(self, dtype: DType) -> DType:
         # An emulated dtype's storage is its raw bits, so its zero is the integer 0.
-        return dtypes.uint16 if dtype in self.emulated else dtype
+        return _unsigned(dtype) if dtype in self.emulated else dtype
 
     def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
         """A compute op on rendered operands of `dtype` (for WHERE: the values' dtype)."""
@@ -292,7 +381,7 @@ class CStyleRenderer(Renderer):
     def render_cast(self, expr: str, src: DType, dst: DType) -> str:
         """Converts a value: to bool is != 0; float to int truncates (C's rule)."""
         if dst == dtypes.bool_:
-            return f"({expr} != 0)"
+            return expr if src == dst else f"({expr} != 0)"
         if dst in self.emulated:
             # Through double: every valid source value is exact there, so this rounds once.
             return self.emulated[dst].round.format(self.cast(expr, self.type_map[dtypes.float64]))
@@ -301,17 +390,26 @@ class CStyleRenderer(Renderer):
     def render_bitcast_value(self, expr: str, src: DType, dst: DType) -> str:
         """Reinterprets bits; emulated dtypes go through their storage bits, bool through 0/1."""
         if dst == dtypes.bool_:
-            return f"({expr} != 0)"
+            return expr if src == dst else f"({expr} != 0)"
         if src == dtypes.bool_:
             return self.cast(expr, self.value_type(dst))
-        if src in self.emulated or dst in self.emulated:   # through the raw 16 bits
-            raw = dtypes.uint16
-            bits = (self.emulated[src].store.format(expr) if src in self.emulated
-                    else self.render_bitcast_value(expr, src, raw) if src != raw else expr)
-            if dst in self.emulated:
-                return self.emulated[dst].load.format(bits)
-            return self.render_bitcast(bits, raw, dst) if dst != raw else bits
+        if src in self.emulated or dst in self.emulated:
+            return self.from_bits(self.to_bits(expr, src), dst)
         return self.render_bitcast(expr, src, dst)
+
+    def to_bits(self, expr: str, dtype: DType) -> str:
+        """The bits of a `dtype` value as the unsigned integer of its width."""
+        if dtype in self.emulated:
+            return self.emulated[dtype].store.format(expr)
+        raw = _unsigned(dtype)
+        return expr if dtype == raw else self.render_bitcast(expr, dtype, raw)
+
+    def from_bits(self, bits: str, dtype: DType) -> str:
+        """The `dtype` value of bits held in the unsigned integer of its width (see to_bits)."""
+        if dtype in self.emulated:
+            return self.emulated[dtype].load.format(bits)
+        raw = _unsigned(dtype)
+        return bits if dtype == raw else self.render_bitcast(bits, raw, dtype)
 
     def render_const(self, value: float, dtype: DType) -> str:
         """An exact literal: floats in shortest round-trip decimal, inf and NaN as expressions."""
@@ -340,6 +438,10 @@ def function_name(name: str) -> str:
 def local_bytes(kernel: Kernel) -> int:
     """Bytes of all LOCAL arrays of `kernel`, each starting at a 16-byte boundary."""
     return sum(_align(n.arg * n.dtype.itemsize) for n in kernel.nodes if n.op is Op.LOCAL)
+
+
+def _unsigned(dtype: DType) -> DType:
+    return dtypes.by_name(f"uint{dtype.bits}")
 
 
 def _align(nbytes: int, to: int = 16) -> int:

@@ -5,12 +5,21 @@ pin down the shapes a vendor reads and the rules every C-like target inherits.
 """
 from __future__ import annotations
 
+import shutil
+import subprocess
 from typing import ClassVar
 
+import numpy as np
 import pytest
 
 from portkit.abi import KernelBuilder, Op, dtypes
-from portkit.codegen.cstyle import CStyleRenderer, Emulated, function_name, local_bytes
+from portkit.codegen.cstyle import (
+    FLOAT16_HELPERS,
+    CStyleRenderer,
+    Emulated,
+    function_name,
+    local_bytes,
+)
 from portkit.reference_backends.cpu.renderer import CRenderer
 
 
@@ -87,6 +96,23 @@ def test_casts_and_bitcasts():
     assert r.render_bitcast_value("x", dtypes.float16, dtypes.uint16) == "pk_f16_store(x)"
     assert (r.render_bitcast_value("x", dtypes.int16, dtypes.bfloat16)
             == "pk_bf16_load(((union { int16_t from; uint16_t to; }){x}).to)")
+    assert r.render_cast("b", dtypes.bool_, dtypes.bool_) == "b"
+    assert r.render_bitcast_value("b", dtypes.bool_, dtypes.bool_) == "b"
+
+
+class Float32InDouble(CStyleRenderer):
+    """A language whose float32 is emulated: bitcasts go through the 32 raw bits."""
+
+    emulated: ClassVar = {dtypes.float32: Emulated("double", "uint32_t", "f32_load({})",
+                                                   "f32_store({})", "f32_round({})")}
+
+
+def test_bitcast_of_an_emulated_dtype_uses_its_own_width():
+    r = Float32InDouble()
+    assert (r.render_bitcast_value("x", dtypes.float32, dtypes.int32)
+            == "((union { uint32_t from; int32_t to; }){f32_store(x)}).to")
+    assert r.render_bitcast_value("x", dtypes.uint32, dtypes.float32) == "f32_load(x)"
+    assert r.render_load(dtypes.float32, "data0", "i", "g") == "f32_load((g ? data0[i] : 0u))"
 
 
 def test_structure_one_line_per_node():
@@ -182,6 +208,85 @@ def test_cpu_local_memory_is_a_slice_of_one_block():
     assert "double *const local0 = (double *)(pk_local + 0);" in source
     assert "int8_t *const local1 = (int8_t *)(pk_local + 32);" in source   # 24 rounded to 16s
     assert local_bytes(kernel) == 48 and "char pk_local[48];" in source
+
+
+class LetLanguage(CStyleRenderer):
+    """Declarations spelled like WGSL: two hooks, no other change."""
+
+    locals_at_module_scope = True
+
+    def declare(self, name, type_name, expr, mutable=False):
+        return f"{'var' if mutable else 'let'} {name}: {type_name} = {expr};"
+
+    def render_local(self, name, dtype, size, offset):
+        return f"var<workgroup> {name}: array<{self.storage_type(dtype)}, {size}>;"
+
+
+def test_declarations_and_loops_are_hooks():
+    def build(k):
+        out = k.param(dtypes.int32)
+        acc = k.acc(k.const(0))
+        with k.loop(k.const(0), k.const(4)) as i:
+            k.assign(acc, k.alu(Op.ADD, acc, i))
+        k.store(out, k.const(0), acc)
+    lines = body(LetLanguage(), build)
+    assert lines[:3] == ["var acc2: int32_t = 0;",
+                         "for (var ridx5: int32_t = 0; ridx5 < 4; ridx5++) {",
+                         "let v6: int32_t = (int32_t)((uint32_t)acc2 + (uint32_t)ridx5);"]
+
+
+def tiles_in_a_loop():
+    """A kernel whose LOCAL nodes sit inside a loop and after a branch."""
+    k = KernelBuilder("tiles")
+    out = k.param(dtypes.float32)
+    lane = k.special("local", 0)
+    with k.loop(k.const(0), k.const(2)):
+        tile = k.local(dtypes.float32, 8)
+        k.store(tile, lane, k.const(1.0, dtypes.float32))
+        with k.branch(k.alu(Op.CMPLT, lane, k.const(4))):
+            flags = k.local(dtypes.int8, 5)
+            k.store(flags, lane, k.const(1, dtypes.int8))
+        k.store(out, lane, k.load(tile, lane))
+    return k.build(block=(8, 1, 1))
+
+
+def test_locals_are_declared_at_function_scope_first():
+    lines = ToyOpenCL().render_body(tiles_in_a_loop())
+    assert lines[:2] == ["  __local float local5[8];", "  __local char local11[5];"]
+    assert not any("__local" in line for line in lines[2:])
+
+
+def test_locals_at_module_scope_come_before_the_function():
+    source = LetLanguage().render(tiles_in_a_loop())
+    before, function = source.split("void k_tiles(")
+    assert "var<workgroup> local5: array<float, 8>;\nvar<workgroup> local11: array<int8_t, 5>;" \
+        in before
+    assert "var<workgroup>" not in function and "local11[" in function
+
+
+def test_workitems_may_name_the_axis_by_letter():
+    class Letters(CStyleRenderer):
+        workitem: ClassVar = {"group": "blockIdx.{xyz}", "local": "threadIdx.{xyz}"}
+    lines = body(Letters(), lambda k: k.store(k.param(dtypes.int32), k.special("group", 2),
+                                              k.special("local", 1)))
+    assert lines[:2] == ["const int32_t v1 = blockIdx.z;", "const int32_t v2 = threadIdx.y;"]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_float16_helpers_round_subnormals_without_tgmath(tmp_path):
+    # Only <math.h>: a helper that relied on tgmath's float fabs would compute in double here
+    # and not round small values to float16's subnormal step.
+    values = [2.0**-25 * 3, 1e-6, -3e-7, 6e-5, 65519.0, 65520.0, 0.1]
+    calls = "".join(f'  printf("%a\\n", pk_f16({v!r}));\n' for v in values)
+    source = tmp_path / "f16.c"
+    source.write_text("#include <math.h>\n#include <stdint.h>\n#include <stdio.h>\n"
+                      "#include <string.h>\n" + FLOAT16_HELPERS
+                      + "int main(void) {\n" + calls + "  return 0;\n}\n")
+    subprocess.run(["cc", "-O1", "-o", tmp_path / "f16", source, "-lm"], check=True)
+    printed = subprocess.run([tmp_path / "f16"], check=True, capture_output=True, text=True)
+    got = [float.fromhex(line) for line in printed.stdout.split()]
+    with np.errstate(over="ignore"):
+        assert got == np.array(values).astype(np.float16).astype(float).tolist()
 
 
 def test_names_are_identifiers():

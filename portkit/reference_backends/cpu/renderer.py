@@ -13,59 +13,7 @@ from typing import ClassVar
 from portkit.abi import dtypes
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.cstyle import CStyleRenderer, Emulated, local_bytes
-
-# float16 and bfloat16 have no arithmetic type in portable C (clang 14 rejects _Float16 on
-# x86-64, and where it exists it computes in float anyway). Values are held exactly in a float,
-# buffers hold the 16 bits, and every result is rounded from double with nearest-even.
-_FLOAT16_HELPERS = """\
-static inline uint32_t pk_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float pk_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-/* x rounded to float toward zero, with the lowest bit set when inexact ("round to odd"):
-   rounding that once more to 16 bits gives the same result as rounding x directly. */
-static inline float pk_round_odd(double x) {
-  const float f = (float)x;
-  if ((double)f == x || x != x) return f;
-  const uint32_t u = pk_bits(f) - (fabs((double)f) > fabs(x));
-  return pk_float(u | 1u);
-}
-
-static inline float pk_bf16(double x) {
-  const uint32_t u = pk_bits(pk_round_odd(x));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return pk_float((u | 0x00400000u) & 0xffff0000u);
-  return pk_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
-}
-static inline float pk_bf16_load(uint16_t h) { return pk_float((uint32_t)h << 16); }
-static inline uint16_t pk_bf16_store(float f) { return (uint16_t)(pk_bits(f) >> 16); }
-
-static inline float pk_f16(double x) {
-  const float f = pk_round_odd(x);
-  const uint32_t u = pk_bits(f), sign = u & 0x80000000u, a = u ^ sign;
-  if (a > 0x7f800000u) return pk_float(u | 0x00400000u);               /* NaN */
-  if (a >= 0x477ff000u) return pk_float(sign | 0x7f800000u);           /* >= 65520: inf */
-  if (a < 0x38800000u) {                       /* below 2^-14: a multiple of 2^-24 */
-    const float r = (fabs(f) + 0x1p-1f) - 0x1p-1f;
-    return pk_float(sign | pk_bits(r));
-  }
-  return pk_float(sign | ((a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u));
-}
-static inline float pk_f16_load(uint16_t h) {
-  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0) return pk_float(sign | pk_bits((float)m * 0x1p-24f));   /* zero, subnormal */
-  return pk_float(sign | (e == 31 ? 0x7f800000u : (e + 112u) << 23) | (m << 13));
-}
-static inline uint16_t pk_f16_store(float f) {
-  const uint32_t u = pk_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) {                                   /* NaN: keep the payload */
-    const uint32_t m = (a >> 13) & 0x3ffu;
-    return (uint16_t)(sign | 0x7c00u | (m ? m : 0x200u));
-  }
-  if (a == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
-  if (a < 0x38800000u) return (uint16_t)(sign | (uint32_t)(pk_float(a) * 0x1p24f));
-  return (uint16_t)(sign | ((a - 0x38000000u) >> 13));
-}
-"""
+from portkit.codegen.cstyle import EMULATED_FLOATS, FLOAT16_HELPERS, CStyleRenderer, local_bytes
 
 # Threads of a workgroup must be able to wait for each other at a BARRIER. A kernel with one
 # runs each thread as a coroutine with a stack of its own (ucontext): the scheduler resumes
@@ -208,12 +156,9 @@ class CRenderer(CStyleRenderer):
 
     barrier = "pk_barrier();"
     workitem: ClassVar[dict[str, str]] = {"group": "gid{}", "local": "lid{}"}
-    emulated: ClassVar[dict[dtypes.DType, Emulated]] = {
-        dtypes.float16: Emulated("float", "uint16_t", "pk_f16_load({})", "pk_f16_store({})",
-                                 "pk_f16({})"),
-        dtypes.bfloat16: Emulated("float", "uint16_t", "pk_bf16_load({})", "pk_bf16_store({})",
-                                  "pk_bf16({})"),
-    }
+    # float16 and bfloat16 have no arithmetic type in portable C (clang 14 rejects _Float16 on
+    # x86-64, and where it exists it computes in float anyway): values are held in a float.
+    emulated = EMULATED_FLOATS
     template = _TEMPLATE
 
     def render_local(self, name: str, dtype: dtypes.DType, size: int, offset: int) -> str:
@@ -227,7 +172,7 @@ class CRenderer(CStyleRenderer):
         return {**super().template_context(kernel, body),
                 "barrier": any(n.op is Op.BARRIER for n in kernel.nodes),
                 "small_floats": bool(used & set(self.emulated)),
-                "float16_helpers": _FLOAT16_HELPERS, "barrier_helpers": _BARRIER,
+                "float16_helpers": FLOAT16_HELPERS, "barrier_helpers": _BARRIER,
                 "types": types,
                 "ids": _IDS, "single": ["gid0", "gid1", "gid2", "0", "0", "0", "pk_local"],
                 # threads of a kernel with a loop may each do much work; others do little

@@ -1,8 +1,8 @@
 """ABI kernels as CUDA C for NVRTC: the C-style base with CUDA's knobs, and nothing else.
 
 float16 and bfloat16 are held in float and rounded after every op with the same helpers as the
-CPU backend (buffers hold their 16 bits). That is exactly the ABI's rounding on every GPU and
-needs no `cuda_fp16.h`, which NVRTC does not ship before 13.5. The helpers are plain functions;
+CPU backend (cstyle.FLOAT16_HELPERS; buffers hold their 16 bits). That is exactly the ABI's
+rounding on every GPU and needs no `cuda_fp16.h`, which NVRTC does not ship before 13.5. The helpers are plain functions;
 NVRTC's `-default-device` makes them device functions.
 """
 from __future__ import annotations
@@ -11,10 +11,9 @@ from typing import ClassVar
 
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
-from portkit.abi.kernel import Kernel, Node
+from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.cstyle import CStyleRenderer, Emulated
-from portkit.reference_backends.cpu.renderer import _FLOAT16_HELPERS
+from portkit.codegen.cstyle import EMULATED_FLOATS, FLOAT16_HELPERS, CStyleRenderer
 
 # NVRTC compiles without the C library's headers: the few names the kernels use.
 _PRELUDE = """\
@@ -50,21 +49,10 @@ class CUDARenderer(CStyleRenderer):
 
     local_prefix = "__shared__ "
     barrier = "__syncthreads();"
-    workitem: ClassVar[dict[str, str]] = {"group": "((int)blockIdx.{})",
-                                          "local": "((int)threadIdx.{})"}
-    emulated: ClassVar[dict[DType, Emulated]] = {
-        dtypes.float16: Emulated("float", "uint16_t", "pk_f16_load({})", "pk_f16_store({})",
-                                 "pk_f16({})"),
-        dtypes.bfloat16: Emulated("float", "uint16_t", "pk_bf16_load({})", "pk_bf16_store({})",
-                                  "pk_bf16({})"),
-    }
+    workitem: ClassVar[dict[str, str]] = {"group": "((int)blockIdx.{xyz})",
+                                          "local": "((int)threadIdx.{xyz})"}
+    emulated = EMULATED_FLOATS
     template = _TEMPLATE
-
-    def render_value(self, node: Node, src_nodes: list[Node], src: list[str]) -> str:
-        if node.op is Op.SPECIAL:   # CUDA names the axes x, y, z
-            kind, axis = node.arg
-            return self.workitem[kind].format("xyz"[axis])
-        return super().render_value(node, src_nodes, src)
 
     def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
         if op is Op.MULACC and dtype in _FLOAT_MULACC:   # one rounding, one instruction
@@ -76,7 +64,7 @@ class CUDARenderer(CStyleRenderer):
 
     def prelude(self, kernel: Kernel) -> str:
         used = {n.dtype for n in kernel.nodes}
-        return _PRELUDE + (_FLOAT16_HELPERS if used & set(self.emulated) else "")
+        return _PRELUDE + (FLOAT16_HELPERS if used & set(self.emulated) else "")
 
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
         x, y, z = kernel.block

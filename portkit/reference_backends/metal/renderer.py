@@ -11,19 +11,15 @@ from typing import ClassVar
 
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
-from portkit.abi.kernel import Kernel, Node
+from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.cstyle import CStyleRenderer, Emulated
+from portkit.codegen.cstyle import BFLOAT16_HELPERS, CStyleRenderer, Emulated
 
-_BFLOAT16_HELPERS = """\
-static inline float pk_bf16(float x) {
-  const uint u = as_type<uint>(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return as_type<float>((u | 0x00400000u) & 0xffff0000u);
-  return as_type<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
-}
-static inline float pk_bf16_load(ushort h) { return as_type<float>((uint)h << 16); }
-static inline ushort pk_bf16_store(float f) { return (ushort)(as_type<uint>(f) >> 16); }
-
+# The C-style base's bfloat16 helpers, reading bits with as_type; pk_odd for wide integers.
+_HELPERS = """\
+static inline uint32_t pk_bits(float f) { return as_type<uint32_t>(f); }
+static inline float pk_float(uint32_t u) { return as_type<float>(u); }
+""" + BFLOAT16_HELPERS + """
 /* |x| as a float rounded to odd: the bits past the 24 kept set the last kept bit, so rounding
    the result to bfloat16 (or half) rounds x itself, once. */
 static inline float pk_odd(ulong a) {
@@ -60,12 +56,12 @@ class MetalRenderer(CStyleRenderer):
 
     local_prefix = "threadgroup "
     barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
-    workitem: ClassVar[dict[str, str]] = {"group": "((int)pk_group.{})",
-                                          "local": "((int)pk_thread.{})"}
+    workitem: ClassVar[dict[str, str]] = {"group": "((int)pk_group.{xyz})",
+                                          "local": "((int)pk_thread.{xyz})"}
     type_map: ClassVar[dict[DType, str]] = _TYPES
     emulated: ClassVar[dict[DType, Emulated]] = {
         dtypes.bfloat16: Emulated("float", "ushort", "pk_bf16_load({})", "pk_bf16_store({})",
-                                  "pk_bf16({})"),
+                                  "pk_bf16_nearest({})"),
     }
     int_suffix: ClassVar[dict[DType, str]] = {dtypes.int64: "l", dtypes.uint32: "u",
                                               dtypes.uint64: "ul"}
@@ -79,12 +75,6 @@ class MetalRenderer(CStyleRenderer):
         scalars = [f"constant int &var_{name} [[buffer({len(params) + i})]]"
                    for i, name in enumerate(kernel.vars)]
         return buffers + scalars
-
-    def render_value(self, node: Node, src_nodes: list[Node], src: list[str]) -> str:
-        if node.op is Op.SPECIAL:   # MSL names the axes x, y, z
-            kind, axis = node.arg
-            return self.workitem[kind].format("xyz"[axis])
-        return super().render_value(node, src_nodes, src)
 
     def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
         if op is Op.MULACC and dtype in (dtypes.float16, dtypes.float32):
@@ -116,4 +106,4 @@ class MetalRenderer(CStyleRenderer):
                            and kernel.nodes[n.src[0]].dtype in _WIDE_INTS
                            for n in kernel.nodes)
         uses_bfloat16 = any(n.dtype == dtypes.bfloat16 for n in kernel.nodes)
-        return _BFLOAT16_HELPERS if uses_bfloat16 or wide_to_half else ""
+        return _HELPERS if uses_bfloat16 or wide_to_half else ""

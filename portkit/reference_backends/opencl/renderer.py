@@ -57,8 +57,10 @@ class OpenCLRenderer(CStyleRenderer):
     buffer_prefix = "__global "
     local_prefix = "__local "
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
-    workitem: ClassVar[dict[str, str]] = {"group": "(int)get_group_id({})", "local": "(int)get_local_id({})"}
-    int_suffix: ClassVar[dict[DType, str]] = {dtypes.int64: "L", dtypes.uint32: "u", dtypes.uint64: "UL"}
+    workitem: ClassVar[dict[str, str]] = {"group": "(int)get_group_id({})",
+                                          "local": "(int)get_local_id({})"}
+    int_suffix: ClassVar[dict[DType, str]] = {dtypes.int64: "L", dtypes.uint32: "u",
+                                              dtypes.uint64: "UL"}
 
     def __init__(self, fp16: bool, fp64: bool):
         self.fp16, self.fp64 = fp16, fp64

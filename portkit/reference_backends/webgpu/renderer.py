@@ -1,7 +1,8 @@
 """ABI kernels as WGSL: the C-style base, with WGSL's declarations, calls and packed buffers.
 
 WGSL differs from C in ways the base cannot express with knobs alone:
-- declarations read `let vN: T = e;` and `var accN: T = e;`; `c ? a : b` is `select(b, a, c)`;
+- declarations read `let vN: T = e;` and `var accN: T = e;` (see `declare`); `c ? a : b` is
+  `select(b, a, c)`;
 - 8- and 16-bit integers and bool have no type: values live in i32 / u32 (narrowed after each
   op) and buffers hold them packed in `array<atomic<u32>>` words; a store clears and sets its
   own bits with atomicAnd + atomicOr, so neighbours stored by other threads are kept;
@@ -13,7 +14,6 @@ WGSL differs from C in ways the base cannot express with knobs alone:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -46,7 +46,7 @@ _TEMPLATE = """\
 enable f16;
 {% endif %}
 {{ prelude }}
-{% for line in declarations %}
+{% for line in declarations + module_locals %}
 {{ line }}
 {% endfor %}
 
@@ -80,6 +80,7 @@ class WGSLRenderer(CStyleRenderer):
         dtypes.int8: "i", dtypes.int16: "i", dtypes.int32: "i",
         dtypes.uint8: "u", dtypes.uint16: "u", dtypes.uint32: "u"}
     float_suffix: ClassVar[dict[str, str]] = {"f32": "f", "f16": "h"}
+    locals_at_module_scope = True
     template = _TEMPLATE
     code_for_op: ClassVar[dict[Op, Callable[..., str]]] = {
         **CStyleRenderer.code_for_op,
@@ -100,6 +101,9 @@ class WGSLRenderer(CStyleRenderer):
 
     def cast(self, expr: str, type_name: str) -> str:
         return f"{type_name}({expr})"
+
+    def declare(self, name: str, type_name: str, expr: str, mutable: bool = False) -> str:
+        return f"{'var' if mutable else 'let'} {name}: {type_name} = {expr};"
 
     def render_const(self, value: float, dtype: DType) -> str:
         # inf and NaN cannot be WGSL literals; a bit pattern can.
@@ -166,7 +170,8 @@ class WGSLRenderer(CStyleRenderer):
         return statement if gate is None else f"if ({gate}) {{ {statement} }}"
 
     def render_local(self, name: str, dtype: DType, size: int, offset: int) -> str:
-        return ""   # declared at module scope, see template_context
+        words = -(-size * PACKED[dtype] // 32) if dtype in PACKED else size
+        return f"var<workgroup> {name}: array<{self.storage_type(dtype)}, {words}>;"
 
     # ---- values ---------------------------------------------------------------------------
 
@@ -189,34 +194,14 @@ class WGSLRenderer(CStyleRenderer):
         return self.from_bits(bits, dtype)
 
     def render_cast(self, expr: str, src: DType, dst: DType) -> str:
-        if dst == dtypes.bool_:   # NaN is true, and `x != 0` may be folded to false for it
-            return (expr if src == dst else
-                    f"({expr} != 0 || {_is_nan(expr, src)})" if src.is_float else f"({expr} != 0)")
+        if dst == dtypes.bool_ and src.is_float:   # NaN is true; `x != 0` may be folded for it
+            return f"({expr} != 0 || {_is_nan(expr, src)})"
         if dst.is_int:
             return self.narrow(self.cast(expr, self.value_type(dst)), dst)
         return super().render_cast(expr, src, dst)
 
-    def render_bitcast_value(self, expr: str, src: DType, dst: DType) -> str:
-        if dst == dtypes.bool_:
-            return expr if src == dst else f"({expr} != 0)"
-        if src == dtypes.bool_:
-            return self.cast(expr, self.value_type(dst))
+    def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
         return self.from_bits(self.to_bits(expr, src), dst)
-
-    # ---- declarations ---------------------------------------------------------------------
-
-    def render_body(self, kernel: Kernel) -> list[str]:
-        # The base writes C declarations; these three patterns are all that WGSL spells else.
-        rewrites = ((r"^(\s*)const (\S+) (v\d+) = ", r"\1let \3: \2 = "),
-                    (r"^(\s*)for \((\S+) (ridx\d+) = ", r"\1for (var \3: \2 = "),
-                    (r"^(\s*)(\S+) (acc\d+) = ", r"\1var \3: \2 = "))
-        lines = []
-        for line in super().render_body(kernel):
-            for pattern, replacement in rewrites:
-                line = re.sub(pattern, replacement, line)
-            if line.strip():
-                lines.append(line)
-        return lines
 
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
         declarations = [f"@group(0) @binding({p.arg}) var<storage, read_write> data{p.arg}: "
@@ -226,11 +211,6 @@ class WGSLRenderer(CStyleRenderer):
             binding = len(kernel.params)
             declarations += [f"struct PkVars {{ {members} }}",
                              f"@group(0) @binding({binding}) var<uniform> pk_vars: PkVars;"]
-        for i, node in enumerate(kernel.nodes):
-            if node.op is Op.LOCAL:
-                words = -(-node.arg * PACKED[node.dtype] // 32) if node.dtype in PACKED else 0
-                declarations.append(f"var<workgroup> local{i}: array<"
-                                    f"{self.storage_type(node.dtype)}, {words or node.arg}>;")
         used = {n.dtype for n in kernel.nodes}
         return {**super().template_context(kernel, body), "declarations": declarations,
                 "f16": dtypes.float16 in used, "prelude": _PRELUDE}

@@ -14,7 +14,7 @@ from portkit.abi import BackendUnavailable, PortkitError
 
 # Modules with `register(subparsers)`: each adds its subcommands and sets `run(args) -> int`
 # as the parser default.
-SUBCOMMAND_MODULES = ("portkit.conformance.cli",)
+SUBCOMMAND_MODULES = ("portkit.conformance.cli", "portkit.scaffold")
 
 
 def show_backends(args: argparse.Namespace) -> int:

@@ -1,0 +1,142 @@
+"""`portkit new-backend NAME`: a standalone backend package, rendered from templates/backend.
+
+The package, `portkit-NAME`, registers through the `portkit.backends` entry point, so portkit
+itself never changes. Starters: `c` (the host C compiler: passes `portkit conform` at once),
+`opencl` (OpenCL C through pyopencl) and `blank` (every part raises NotImplementedError naming
+the section of docs/porting.md to read). cookiecutter renders the template; it writes only into
+the output folder and a temporary folder for its replay files.
+"""
+from __future__ import annotations
+
+import argparse
+import keyword
+import re
+import tempfile
+from pathlib import Path
+
+from cookiecutter.main import cookiecutter
+from rich.console import Console
+from rich.prompt import Prompt
+
+from portkit import __version__, backends
+from portkit.abi import PortkitError
+
+STARTERS = {
+    "c": "C built by the host C compiler; runs and passes conformance right away",
+    "opencl": "OpenCL C through pyopencl, for a device with an OpenCL driver",
+    "blank": "every part raises NotImplementedError that says what to write",
+}
+NAME_RULE = ("a backend name is lowercase ASCII letters, digits and underscores, starts with a "
+             "letter, and is not a Python keyword, e.g. 'myaccel'")
+
+
+class ScaffoldError(PortkitError):
+    """A backend package cannot be generated as asked; the message says what to change."""
+
+
+def template_dir() -> Path:
+    """The cookiecutter template: templates/backend in a checkout, portkit/_templates/backend
+    in an installed wheel (pyproject.toml maps one to the other)."""
+    package = Path(__file__).resolve().parent
+    for root in (package.parent / "templates", package / "_templates"):
+        if (root / "backend" / "cookiecutter.json").is_file():
+            return root / "backend"
+    raise ScaffoldError(f"the backend template is missing from {package}; reinstall portkit")
+
+
+def check_name(name: str, force: bool = False) -> None:
+    """Raises ScaffoldError, naming the rule and a valid example, unless `name` can be used.
+
+    A name that an installed package already registers is refused too; with `force` only the
+    reference backends' names are (regenerating your own installed backend is then allowed).
+    """
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        hint = f"; try {name.replace('-', '_')!r}" if "-" in name else ""
+        raise ScaffoldError(f"invalid backend name {name!r}: {NAME_RULE}{hint}")
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        raise ScaffoldError(f"invalid backend name {name!r}: it is a Python keyword, and "
+                            f"{NAME_RULE}")
+    # portkit's own backends are always taken; other installed ones unless `force`.
+    taken = {p.name for p in backends.entry_points() if not force or p.value.startswith("portkit.")}
+    if name in taken:
+        raise ScaffoldError(f"backend name {name!r} is taken by an existing backend "
+                            f"({', '.join(sorted(taken))}); choose another, e.g. "
+                            f"'{name}_accel' or 'myaccel'")
+
+
+def generate(name: str, output_dir: str | Path = ".", starter: str = "c",
+             force: bool = False, description: str | None = None,
+             author: str = "Your Name") -> Path:
+    """Renders portkit-NAME into `output_dir` and returns its folder. Raises ScaffoldError."""
+    check_name(name, force)
+    if starter not in STARTERS:
+        raise ScaffoldError(f"unknown starter {starter!r}; use one of {', '.join(STARTERS)}")
+    target = Path(output_dir) / f"portkit-{name}"
+    if target.exists() and not force:
+        raise ScaffoldError(f"{target} already exists; pass --force to overwrite the generated "
+                            "files in it, or choose another --output-dir")
+    context = {"name": name, "starter": starter, "author": author,
+               "description": description or f"portkit backend for the {name} accelerator",
+               "_portkit_version": __version__}
+    with tempfile.TemporaryDirectory(prefix="portkit-new-backend-") as scratch:
+        # Without these, cookiecutter keeps replay files and templates in the user's home.
+        config = {"replay_dir": str(Path(scratch) / "replay"),
+                  "cookiecutters_dir": str(Path(scratch) / "cookiecutters")}
+        created = cookiecutter(str(template_dir()), no_input=True, extra_context=context,
+                               output_dir=str(output_dir), overwrite_if_exists=force,
+                               default_config=config)
+    return Path(created)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the `new-backend` subcommand."""
+    command = subparsers.add_parser(
+        "new-backend", help="generate a standalone backend package to start a port from",
+        description="Writes portkit-NAME/: a Python package with a renderer, runtime, "
+                    "capabilities, tests and a CI script, registered through the "
+                    "portkit.backends entry point. Then: pip install ./portkit-NAME && "
+                    "portkit conform --backend NAME. Guide: docs/porting.md.")
+    command.add_argument("name", help="the backend's name, e.g. myaccel (lowercase letters, "
+                         "digits and underscores, starting with a letter)")
+    command.add_argument("--output-dir", default=".", help="where portkit-NAME/ is written "
+                         "(default: the current folder)")
+    command.add_argument("--from", dest="starter", choices=sorted(STARTERS),
+                         help="the starter: " + "; ".join(f"{k}: {v}" for k, v in
+                                                          STARTERS.items()) + " (default c)")
+    command.add_argument("--no-input", action="store_true",
+                         help="ask nothing; use the defaults for what the options do not give")
+    command.add_argument("--force", action="store_true",
+                         help="overwrite the generated files of an existing portkit-NAME/")
+    command.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`portkit new-backend`: 0 when the package was written, 2 when it was not."""
+    console = Console()
+    starter, description, author = args.starter or "c", None, "Your Name"
+    try:
+        check_name(args.name, args.force)
+        if not args.no_input:
+            starter = args.starter or Prompt.ask("starter", choices=list(STARTERS), default="c",
+                                                 console=console)
+            description = Prompt.ask("description", console=console, default=(
+                f"portkit backend for the {args.name} accelerator"))
+            author = Prompt.ask("author", default=author, console=console)
+        created = generate(args.name, args.output_dir, starter, args.force, description, author)
+    except ScaffoldError as error:
+        console.print(f"[red]{error}[/]", highlight=False)
+        return 2
+    folder = _shown(created)
+    console.print(f"wrote {folder}/ (starter: {starter}). Next:\n"
+                  f"  pip install {folder}\n"
+                  f"  portkit conform --backend {args.name} --quick\n"
+                  f"then follow {folder}/README.md (the porting steps).", highlight=False)
+    return 0
+
+
+def _shown(path: Path) -> str:
+    """`path` as ./relative when inside the current folder, else absolute."""
+    try:
+        return f"./{path.resolve().relative_to(Path.cwd().resolve())}"
+    except ValueError:
+        return str(path.resolve())

@@ -1,0 +1,1 @@
+{% include cookiecutter.starter ~ "/renderer.py" %}

@@ -1,0 +1,222 @@
+"""`portkit new-backend`: name rules, overwriting, what each starter renders, and end to end:
+pip install the generated packages, list them, and run `portkit conform` on them."""
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from portkit import backends, scaffold
+from portkit.abi import BackendUnavailable
+from portkit.cli import main
+from portkit.scaffold import ScaffoldError, check_name, generate
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("__init__", "device", "capabilities", "renderer", "runtime")
+
+
+@pytest.fixture(autouse=True)
+def private_home(monkeypatch, tmp_path_factory):
+    """A HOME of its own, so a test sees whether anything was written into it."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("my-accel", "try 'my_accel'"),
+    ("1accel", "starts with a letter"),
+    ("MyAccel", "lowercase"),
+    ("", "lowercase"),
+    ("my accel", "lowercase"),
+    ("class", "Python keyword"),
+    ("match", "Python keyword"),
+    ("cpu", "taken by an existing backend"),
+    ("opencl", "taken by an existing backend"),
+])
+def test_invalid_names_name_the_rule_and_an_example(name, says):
+    with pytest.raises(ScaffoldError) as error:
+        check_name(name)
+    assert says in str(error.value)
+    assert "'myaccel'" in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["myaccel", "my_accel2", "npu"])
+def test_valid_names(name):
+    check_name(name)
+
+
+def test_installed_backend_names_are_taken_unless_forced(fake_backends):
+    fake_backends({"cpu": "portkit.reference_backends.cpu:backend",
+                   "frob": "portkit_frob:backend"})
+    with pytest.raises(ScaffoldError, match="'frob' is taken"):
+        check_name("frob")
+    check_name("frob", force=True)      # regenerating one's own installed backend
+    with pytest.raises(ScaffoldError, match="'cpu' is taken"):
+        check_name("cpu", force=True)   # portkit's own names never are
+
+
+@pytest.mark.parametrize("starter", sorted(scaffold.STARTERS))
+def test_each_starter_renders_a_complete_package(starter, tmp_path, private_home):
+    created = generate("myaccel", tmp_path / "out", starter)
+    assert created == tmp_path / "out" / "portkit-myaccel"
+    module = created / "portkit_myaccel"
+    for part in PARTS:
+        source = (module / f"{part}.py").read_text()
+        compile(source, f"{part}.py", "exec")
+        assert source.startswith('"""'), f"{part}.py must open with what it stands for"
+    texts = {path: path.read_text() for path in created.rglob("*") if path.is_file()}
+    assert {p.relative_to(created).as_posix() for p in texts} == {
+        "README.md", "ci.sh", "pyproject.toml", ".gitignore", "tests/test_conformance.py",
+        *(f"portkit_myaccel/{part}.py" for part in PARTS)}
+    for path, text in texts.items():
+        assert "cookiecutter" not in text, f"{path}: a template variable left unrendered"
+    project = texts[created / "pyproject.toml"]
+    assert 'name = "portkit-myaccel"' in project
+    assert ('[project.entry-points."portkit.backends"]\nmyaccel = "portkit_myaccel:backend"'
+            in project)
+    assert ('"pyopencl"' in project) == (starter == "opencl")
+    assert "class MyaccelAllocator(Allocator)" in texts[module / "runtime.py"]
+    assert os.access(created / "ci.sh", os.X_OK)
+    assert subprocess.run(["bash", "-n", str(created / "ci.sh")], check=False).returncode == 0
+    assert list(private_home.iterdir()) == [], "cookiecutter wrote into the home folder"
+
+
+def test_class_names_are_camel_case_from_snake_case_names(tmp_path):
+    created = generate("my_npu2", tmp_path, "blank")
+    assert "class MyNpu2Renderer(Renderer)" in (created / "portkit_my_npu2" / "renderer.py"
+                                               ).read_text()
+
+
+def test_refuses_to_overwrite_unless_forced(tmp_path):
+    created = generate("myaccel", tmp_path)
+    renderer = created / "portkit_myaccel" / "renderer.py"
+    renderer.write_text("edited")
+    (created / "notes.txt").write_text("mine")
+    with pytest.raises(ScaffoldError, match="already exists; pass --force"):
+        generate("myaccel", tmp_path)
+    assert renderer.read_text() == "edited"
+    generate("myaccel", tmp_path, "blank", force=True)
+    assert "NotImplementedError" in renderer.read_text()
+    assert (created / "notes.txt").read_text() == "mine"   # files it did not write stay
+
+
+def test_cli_writes_and_says_what_next(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["new-backend", "myaccel", "--no-input"]) == 0
+    output = capsys.readouterr().out
+    assert "pip install ./portkit-myaccel" in output
+    assert "portkit conform --backend myaccel" in output
+    assert (tmp_path / "portkit-myaccel" / "portkit_myaccel" / "renderer.py").is_file()
+    assert main(["new-backend", "myaccel", "--no-input"]) == 2
+    assert "--force" in capsys.readouterr().out
+    assert main(["new-backend", "myaccel", "--no-input", "--force", "--from", "blank"]) == 0
+
+
+def test_cli_rejects_a_bad_name_and_writes_nothing(tmp_path, capsys):
+    assert main(["new-backend", "my-accel", "--output-dir", str(tmp_path), "--no-input"]) == 2
+    assert "invalid backend name 'my-accel'" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_asks_for_what_the_options_do_not_give(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("opencl\nOur NPU\nAda\n"))
+    assert main(["new-backend", "npu", "--output-dir", str(tmp_path)]) == 0
+    project = (tmp_path / "portkit-npu" / "pyproject.toml").read_text()
+    assert 'description = "Our NPU"' in project
+    assert 'authors = [{ name = "Ada" }]' in project
+    assert '"pyopencl"' in project
+
+
+def test_template_ships_in_the_wheel():
+    # pyproject maps templates/ into the package; template_dir finds it in either place.
+    project = (ROOT / "pyproject.toml").read_text()
+    assert '"portkit._templates" = "templates"' in project
+    assert '"portkit._templates" = ["**/*", "**/.*"]' in project
+    assert scaffold.template_dir() == ROOT / "templates" / "backend"
+
+
+def _run(site: Path, *command: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python COMMAND` in a fresh process that also sees the packages installed under `site`,
+    with a kernel cache of its own (under `site`) shared by every call of one test."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
+        str(site), os.environ.get("PYTHONPATH")))), "PORTKIT_CACHE": str(site / "cache"),
+        "COLUMNS": "200"}
+    return subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env,
+                          cwd=cwd, check=False)
+
+
+def _portkit(site: Path, *args: str) -> subprocess.CompletedProcess:
+    return _run(site, "-m", "portkit.cli", *args)
+
+
+def _loads(name: str) -> bool:
+    try:
+        backends.load(name)
+    except BackendUnavailable:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_generated_packages_install_list_and_conform(tmp_path):
+    """The path a new user takes, for every starter. About 30 s on 2 cores, most of it
+    compiling the C starter's kernels for the quick run (the cache starts empty)."""
+    for name, starter in (("myaccel", "c"), ("myblank", "blank"), ("mycl", "opencl")):
+        generate(name, tmp_path, starter)
+    site = tmp_path / "site"
+    # --no-index: nothing is downloaded; --no-build-isolation: this environment's setuptools.
+    pip = _run(site, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+               "--quiet", "--target", str(site), *(str(p) for p in tmp_path.glob("portkit-*")))
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+
+    listed = _portkit(site, "backends")
+    assert listed.returncode == 0, listed.stderr
+    for name in ("myaccel", "myblank", "mycl"):
+        assert name in listed.stdout, listed.stdout
+    repro = ("--repro-dir", str(tmp_path / "repro"))
+
+    # The C starter passes the quick run out of the box (float16/bfloat16: unsupported).
+    quick = _portkit(site, "conform", "--backend", "myaccel", "--quick", *repro)
+    assert quick.returncode == 0, quick.stdout + quick.stderr
+    assert "FAILED" not in quick.stdout and "passed" in quick.stdout
+    # ... and so do its own tests, which run the same command (on warm binaries now).
+    own = _run(site, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests",
+               cwd=tmp_path / "portkit-myaccel")
+    assert own.returncode == 0 and "2 passed" in own.stdout, own.stdout + own.stderr
+
+    # The blank starter loads; conformance fails tier 1 with the guide's section and blocks
+    # the rest, without a traceback.
+    blank = _portkit(site, "conform", "--backend", "myblank", "--quick", *repro)
+    assert blank.returncode == 1, blank.stdout + blank.stderr
+    assert "Traceback" not in blank.stdout + blank.stderr
+    assert "MyblankAllocator.alloc is not written yet" in blank.stdout
+    assert "section 'Tier 1: runtime'" in blank.stdout
+    assert "blocked" in blank.stdout
+
+    # The OpenCL starter passes the runtime tier and the float32 cases of the next two where
+    # an OpenCL driver runs (PoCL here; its builds are slow, hence the sample), and says what
+    # is missing where none does.
+    opencl = _portkit(site, "conform", "--backend", "mycl", "--quick", "--tier", "1",
+                      "--tier", "2", "--tier", "3", "--dtype", "float32", *repro)
+    if _loads("opencl"):
+        assert opencl.returncode == 0, opencl.stdout + opencl.stderr
+        assert "passed" in opencl.stdout
+    else:
+        assert opencl.returncode == 2 and "cannot load backend 'mycl'" in opencl.stdout
+
+
+def test_every_guide_section_the_template_names_exists():
+    guide = (ROOT / "docs" / "porting.md").read_text()
+    headings = {line[3:] for line in guide.splitlines() if line.startswith("## ")}
+    named = set()
+    for path in (ROOT / "templates").rglob("*"):
+        if path.is_file():
+            for quoted in re.findall(r"""section '([^']+)'|"([A-Z][^"]+)"\)""",
+                                     path.read_text()):
+                named.add("".join(quoted))
+    assert len(named) >= 8, named
+    assert named <= headings, f"no such section in docs/porting.md: {named - headings}"

@@ -57,7 +57,8 @@ def check_name(name: str, force: bool = False) -> None:
         raise ScaffoldError(f"invalid backend name {name!r}: it is a Python keyword, and "
                             f"{NAME_RULE}")
     # portkit's own backends are always taken; other installed ones unless `force`.
-    taken = {p.name for p in backends.entry_points() if not force or p.value.startswith("portkit.")}
+    taken = {point.name for point in backends.entry_points()
+             if not force or point.value.startswith("portkit.")}
     if name in taken:
         raise ScaffoldError(f"backend name {name!r} is taken by an existing backend "
                             f"({', '.join(sorted(taken))}); choose another, e.g. "
@@ -82,9 +83,13 @@ def generate(name: str, output_dir: str | Path = ".", starter: str = "c",
         # Without these, cookiecutter keeps replay files and templates in the user's home.
         config = {"replay_dir": str(Path(scratch) / "replay"),
                   "cookiecutters_dir": str(Path(scratch) / "cookiecutters")}
-        created = cookiecutter(str(template_dir()), no_input=True, extra_context=context,
-                               output_dir=str(output_dir), overwrite_if_exists=force,
-                               default_config=config)
+        try:
+            created = cookiecutter(str(template_dir()), no_input=True, extra_context=context,
+                                   output_dir=str(output_dir), overwrite_if_exists=force,
+                                   default_config=config)
+        except OSError as error:
+            raise ScaffoldError(f"cannot write {target}: {error}; choose another "
+                                "--output-dir") from None
     return Path(created)
 
 

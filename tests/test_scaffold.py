@@ -123,10 +123,12 @@ def test_cli_rejects_a_bad_name_and_writes_nothing(tmp_path, capsys):
 
 
 def test_cli_asks_for_what_the_options_do_not_give(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.StringIO("opencl\nOur NPU\nAda\n"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO('opencl\nOur "fast" NPU\nAda\n'))
     assert main(["new-backend", "npu", "--output-dir", str(tmp_path)]) == 0
     project = (tmp_path / "portkit-npu" / "pyproject.toml").read_text()
-    assert 'description = "Our NPU"' in project
+    assert 'description = "Our \\"fast\\" NPU"' in project      # quotes escaped
+    init = tmp_path / "portkit-npu" / "portkit_npu" / "__init__.py"
+    compile(init.read_text(), str(init), "exec")
     assert 'authors = [{ name = "Ada" }]' in project
     assert '"pyopencl"' in project
 

@@ -8,4 +8,4 @@ from portkit.abi import Backend
 from {{ cookiecutter.__module }}.device import load
 
 backend = Backend("{{ cookiecutter.name }}", load,
-                  "{{ cookiecutter.description }}")
+                  {{ cookiecutter.description | tojson }})

@@ -1,17 +1,27 @@
 """Lowering: one scheduled kernel (a root Lazy node and its fused sources) -> one ABI kernel.
 
-Every output element gets a flat index i; `lower_node(node, idx)` emits the ABI nodes computing
-`node` at multi-index `idx` (symbolic expressions, portkit/symbolic.py):
-- a realized input loads from its buffer at the flat index of idx,
-- a VIEW maps idx through its ShapeTracker (strides, offset, mask) to the source's index,
+Every output element has a multi-index; `lower(node, idxs, gates)` emits the ABI nodes computing
+`node` at each multi-index of `idxs` (symbolic expressions, portkit/symbolic.py) at once:
+- a realized input loads from its buffer at the flat index (equal loads are emitted once),
+- a VIEW maps an index through its ShapeTracker (strides, offset, mask) to the source's index,
   gating loads where the mask says the element is padding,
-- an ALU op lowers its sources at the same idx,
-- a REDUCE opens one loop per reduced axis around an accumulator.
-Threads take contiguous chunks of i: one element per thread on devices with many threads, long
-chunks (loops a C compiler vectorizes) on devices that run one thread per workgroup.
+- an ALU op lowers its sources at the same indices,
+- a REDUCE opens one loop per reduced axis around one accumulator per index (and per unrolled
+  copy, see below), so all the indices share the loop and each load of it.
+Threads take contiguous chunks of output tiles: one tile per thread on devices with many
+threads, long chunks (loops a C compiler vectorizes) on devices that run one thread per group.
+
+A kernel with one reduce is tiled (`plan`): each thread computes a small block of outputs
+("upcast", e.g. 4 rows x 16 columns of a matmul) so that a value loaded once feeds several
+accumulators and the contiguous axis becomes independent lanes a C compiler turns into vector
+instructions; a reduce over a contiguous axis keeps several partial accumulators ("unroll"),
+combined pairwise at the end, which breaks the chain of dependent additions. Both reorder a
+float sum, within the gamma_n * sum|x| bound reductions are tested against.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from itertools import product
 from math import ceil, prod
 
 from portkit.abi import dtypes
@@ -24,9 +34,18 @@ from portkit.graph import G, Lazy
 from portkit.symbolic import Bound, Div, Lin, Var, bounds, recombine, unravel, var
 from portkit.view import strides_for
 
-# A serial device (one thread per workgroup) gets chunks of at least this many elements.
-_MIN_CHUNK = 16384
-_MAX_GROUPS = 64
+# A serial device (one thread per workgroup) gets at least this much work per group: loads
+# times reduce length. More groups than cores lets OpenMP-style runtimes balance them.
+_MIN_WORK = 16384
+_MAX_GROUPS = 1 << 16
+# Tiling: outputs per thread along the contiguous axis (a 512-bit vector of float32), along an
+# axis where an input is broadcast (its loads are reused), partial sums of a contiguous reduce,
+# and the most accumulators one thread keeps (they must fit in registers).
+_VECTOR = 16
+_REUSE = 4
+_UNROLL = 16
+_MAX_ACCUMULATORS = 128
+_MIN_REDUCE = 8
 
 
 def reduce_identity(op: Op, dtype: DType) -> float | int | bool:
@@ -36,21 +55,135 @@ def reduce_identity(op: Op, dtype: DType) -> float | int | bool:
     return float("-inf") if dtype.is_float else dtype.min
 
 
-def launch_shape(size: int, caps: Capabilities, serial: bool) -> tuple[int, int, int]:
-    """(groups, threads per group, elements per thread) covering `size` elements."""
+def launch_shape(size: int, caps: Capabilities, serial: bool, work: int = 1
+                 ) -> tuple[int, int, int]:
+    """(groups, threads per group, items per thread) covering `size` items of `work` each."""
     if serial or caps.max_block_threads == 1:
-        groups = max(1, min(_MAX_GROUPS, size // _MIN_CHUNK, caps.max_grid[0]))
-        return groups, 1, ceil(size / groups)
+        groups = max(1, min(size, size * work // _MIN_WORK, _MAX_GROUPS, caps.max_grid[0]))
+        per_thread = ceil(size / groups)
+        return ceil(size / per_thread), 1, per_thread
     block = max(1, min(256, caps.max_block_threads, caps.max_block[0], size))
     groups = max(1, min(ceil(size / block), caps.max_grid[0]))
     return groups, block, ceil(size / (groups * block))
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How a kernel is tiled: outputs per thread along root axes, partial sums of its reduce."""
+
+    upcast: tuple[tuple[int, int], ...] = ()     # (root axis, outputs per thread along it)
+    unroll: tuple[int, int] | None = None        # (reduce source axis, partial accumulators)
+    reduce: int | None = None                    # id() of the reduce the unroll applies to
+    work: int = 1                                # reduce length per output
+
+    def amount(self, axis: int) -> int:
+        return dict(self.upcast).get(axis, 1)
+
+
+def plan(root: Lazy, inputs: list[Lazy]) -> Plan:
+    """The tiling of a kernel with exactly one reduce, chosen from the strides of its loads."""
+    params = {id(x) for x in inputs}
+    loads: list[Lin] = []
+    reduces: list[Lazy] = []
+    _accesses(root, [var(f"o{a}", 0, s - 1) for a, s in enumerate(root.shape)], params, loads,
+              reduces, set())
+    if len(reduces) != 1:
+        return Plan()
+    node = reduces[0]
+    axes, src = node.arg[1], node.src[0]
+    work = prod(src.shape[a] for a in axes)
+    if work < _MIN_REDUCE:
+        return Plan(work=work)
+
+    def vectorizes(name: str) -> bool:     # every load steps by 0 or 1 along it, one by 1
+        steps = [_step(flat, name) for flat in loads]
+        return all(s in (0, 1) for s in steps) and 1 in steps
+
+    def reused(name: str) -> bool:         # some load ignores it, and every step is known
+        steps = [_step(flat, name) for flat in loads]
+        return None not in steps and 0 in steps
+
+    outputs = [a for a, s in enumerate(root.shape) if s > 1]
+    upcast: dict[int, int] = {}
+    unroll = None
+    vector = [a for a in outputs if vectorizes(f"o{a}")]
+    if vector:
+        upcast[vector[-1]] = _divisor(root.shape[vector[-1]], _VECTOR)
+    else:
+        contiguous = [a for a in axes if src.shape[a] >= 2 * _UNROLL and vectorizes(f"r{a}")]
+        if contiguous:
+            unroll = (contiguous[-1], _divisor(src.shape[contiguous[-1]], _UNROLL))
+    for axis in reversed(outputs):
+        used = prod(upcast.values()) * (unroll[1] if unroll else 1)
+        if axis not in upcast and reused(f"o{axis}") and used * 2 <= _MAX_ACCUMULATORS:
+            upcast[axis] = _divisor(root.shape[axis], min(_REUSE, _MAX_ACCUMULATORS // used))
+    upcast = {a: n for a, n in upcast.items() if n > 1}
+    if unroll is not None and unroll[1] == 1:
+        unroll = None
+    return Plan(tuple(sorted(upcast.items())), unroll, id(node), work)
+
+
+def _divisor(size: int, most: int) -> int:
+    """The largest power of two <= most that divides size."""
+    amount = 1
+    while amount * 2 <= most and size % (amount * 2) == 0:
+        amount *= 2
+    return amount
+
+
+def _step(flat: Lin, name: str) -> int | None:
+    """How far `flat` moves when variable `name` grows by 1; None if not a constant."""
+    step = 0
+    for atom, coef in flat.terms:
+        if isinstance(atom, Var):
+            step = coef if atom.name == name else step
+        elif name in _names(atom.expr):
+            return None
+    return step
+
+
+def _names(expr: Lin) -> set[str]:
+    out: set[str] = set()
+    for atom, _ in expr.terms:
+        out |= {atom.name} if isinstance(atom, Var) else _names(atom.expr)
+    return out
+
+
+def _accesses(node: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
+              reduces: list[Lazy], seen: set) -> None:
+    """Collects the flat index of every load (over variables o<axis>, r<axis>) and the reduces."""
+    key = (id(node), tuple(idx))
+    if key in seen:
+        return
+    seen.add(key)
+    if id(node) in params:
+        loads.append(recombine(sum((i * st for i, st in zip(idx, strides_for(node.shape)) if st),
+                                   Lin())))
+    elif node.op is G.VIEW:
+        flat, _ = node.arg.index(idx)
+        src = node.src[0]
+        if id(src) in params:
+            loads.append(flat)
+        else:
+            _accesses(src, unravel(flat, src.shape), params, loads, reduces, seen)
+    elif node.op is G.REDUCE:
+        if node not in reduces:
+            reduces.append(node)
+        inner = list(idx)
+        for axis in node.arg[1]:
+            inner[axis] = var(f"r{axis}", 0, node.src[0].shape[axis] - 1)
+        _accesses(node.src[0], inner, params, loads, reduces, seen)
+    elif node.op not in (G.CONST, G.ITER):
+        for s in node.src:
+            _accesses(s, idx, params, loads, reduces, seen)
+
+
 class _Lowerer:
-    def __init__(self, name: str, inputs: list[Lazy]):
+    def __init__(self, name: str, inputs: list[Lazy], tiling: Plan):
         self.b = KernelBuilder(name)
         self.params: dict[int, int] = {}       # id(input Lazy) -> PARAM node
         self.inputs = inputs
+        self.plan = tiling
         self.scopes: list[dict] = [{}]          # memo per open loop/branch; closed ones drop
         self.vars: dict[str, int] = {}          # symbolic Var name -> node
         self.counter = 0
@@ -63,7 +196,7 @@ class _Lowerer:
                 return scope[key]
         return None
 
-    def remember(self, key, value: int) -> int:
+    def remember(self, key, value):
         self.scopes[-1][key] = value
         return value
 
@@ -71,6 +204,12 @@ class _Lowerer:
         key = ("const", dtype, value)
         found = self.cached(key)
         return found if found is not None else self.remember(key, self.b.const(value, dtype))
+
+    def load(self, buffer: int, index: int, gate: int | None) -> int:
+        key = ("load", buffer, index, gate)
+        found = self.cached(key)
+        return found if found is not None else self.remember(key, self.b.load(buffer, index,
+                                                                               gate))
 
     # -- index expressions ---------------------------------------------------------------------
 
@@ -80,16 +219,16 @@ class _Lowerer:
         if found is not None:
             return found
         b, out = self.b, None
+        if expr.terms and expr.const:
+            # base + constant: neighbouring elements share the base, so loads stay adjacent
+            out = b.alu(Op.ADD, self.index(Lin(expr.terms)), self.const(expr.const))
+            return self.remember(key, out)
         for atom, coef in expr.terms:
             node = self.atom(atom)
             if coef != 1:
                 node = b.alu(Op.MUL, node, self.const(coef))
             out = node if out is None else b.alu(Op.ADD, out, node)
-        if out is None:
-            out = self.const(expr.const)
-        elif expr.const:
-            out = b.alu(Op.ADD, out, self.const(expr.const))
-        return self.remember(key, out)
+        return self.remember(key, self.const(expr.const) if out is None else out)
 
     def atom(self, atom) -> int:
         if isinstance(atom, Var):
@@ -123,67 +262,94 @@ class _Lowerer:
 
     # -- graph nodes ---------------------------------------------------------------------------
 
-    def param(self, node: Lazy) -> int:
-        return self.params[id(node)]
-
-    def lower(self, node: Lazy, idx: list[Lin], gate: int | None) -> int:
-        key = (id(node), tuple(idx), gate)
+    def lower(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
+        """The value of `node` at each multi-index of `idxs` (loads gated by `gates`)."""
+        key = (id(node), tuple(tuple(idx) for idx in idxs), tuple(gates))
         found = self.cached(key)
         if found is not None:
             return found
-        return self.remember(key, self._lower(node, idx, gate))
+        return self.remember(key, self._lower(node, idxs, gates))
 
-    def _lower(self, node: Lazy, idx: list[Lin], gate: int | None) -> int:
+    def _lower(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
         b = self.b
         if id(node) in self.params:
-            flat = recombine(sum((i * st for i, st in zip(idx, strides_for(node.shape)) if st),
-                                 Lin()))
-            return b.load(self.param(node), self.index(flat), gate)
+            strides = strides_for(node.shape)
+            return [self.load(self.params[id(node)], self.index(recombine(
+                sum((i * st for i, st in zip(idx, strides) if st), Lin()))), gate)
+                for idx, gate in zip(idxs, gates)]
         op = node.op
         if op is G.CONST:
-            return self.const(node.arg, node.dtype)
+            return [self.const(node.arg, node.dtype)] * len(idxs)
         if op is G.ITER:
-            return self.index(idx[node.arg])
+            return [self.index(idx[node.arg]) for idx in idxs]
         if op is G.VIEW:
+            return self.view(node, idxs, gates)
+        if op is G.REDUCE:
+            return self.reduce(node, idxs, gates)
+        srcs = [self.lower(s, idxs, gates) for s in node.src]
+        if op in (Op.CAST, Op.BITCAST):
+            return [b.cast(x, node.dtype, bitcast=op is Op.BITCAST) for x in srcs[0]]
+        return [b.alu(op, *operands) for operands in zip(*srcs)]
+
+    def view(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
+        src, zero = node.src[0], self.const(_zero(node.dtype), node.dtype)
+        out: list[int | None] = [zero] * len(idxs)
+        inner: list[tuple[int, list[Lin], int | None]] = []   # (element, source index, gate)
+        for e, (idx, gate) in enumerate(zip(idxs, gates)):
             flat, conds = node.arg.index(idx)
             kept = bounds(conds)
             if kept is None:
-                return self.const(_zero(node.dtype), node.dtype)
+                continue                           # padding everywhere: reads zero
             inner_gate = self.condition(kept, gate)
-            src = node.src[0]
             if id(src) in self.params:
-                return b.load(self.param(src), self.index(flat), inner_gate)
-            value = self.lower(src, unravel(flat, src.shape), inner_gate)
-            if inner_gate is not gate:
-                value = b.alu(Op.WHERE, inner_gate, value, self.const(_zero(node.dtype),
-                                                                      node.dtype))
-            return value
-        if op is G.REDUCE:
-            return self.reduce(node, idx, gate)
-        srcs = [self.lower(s, idx, gate) for s in node.src]
-        if op in (Op.CAST, Op.BITCAST):
-            return b.cast(srcs[0], node.dtype, bitcast=op is Op.BITCAST)
-        return b.alu(op, *srcs)
+                out[e] = self.load(self.params[id(src)], self.index(flat), inner_gate)
+            else:
+                inner.append((e, unravel(flat, src.shape), inner_gate))
+        if inner:
+            values = self.lower(src, [i for _, i, _ in inner], [g for _, _, g in inner])
+            for (e, _, inner_gate), value in zip(inner, values):
+                if inner_gate is not gates[e]:
+                    value = self.b.alu(Op.WHERE, inner_gate, value, zero)
+                out[e] = value
+        return out
 
-    def reduce(self, node: Lazy, idx: list[Lin], gate: int | None) -> int:
+    def reduce(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
         b = self.b
         op, axes = node.arg
         src = node.src[0]
-        acc = b.acc(self.const(reduce_identity(op, node.dtype), node.dtype))
-        inner = list(idx)
-        opened = []
+        unroll = self.plan.unroll if self.plan.reduce == id(node) else None
+        copies = unroll[1] if unroll else 1
+        identity = self.const(reduce_identity(op, node.dtype), node.dtype)
+        accs = [[b.acc(identity) for _ in range(copies)] for _ in idxs]
+        counters, inner = [], {}
         for axis in axes:
             size = src.shape[axis]
-            counter = b.add(Op.RANGE, dtypes.int32, (self.const(0), self.const(size)))
+            step = copies if unroll and unroll[0] == axis else 1
+            counter = b.add(Op.RANGE, dtypes.int32, (self.const(0), self.const(size // step)))
             self.scopes.append({})
-            opened.append(counter)
-            inner[axis] = self.new_var("r", 0, max(size - 1, 0), counter)
-        value = self.lower(src, inner, gate)
-        b.assign(acc, b.alu(op, acc, value))
-        for counter in reversed(opened):
+            counters.append(counter)
+            inner[axis] = self.new_var("r", 0, max(size // step - 1, 0), counter) * step
+        inner_idxs, inner_gates = [], []
+        for idx, gate in zip(idxs, gates):
+            for copy in range(copies):
+                at = [inner.get(a, i) for a, i in enumerate(idx)]
+                if unroll:
+                    at[unroll[0]] = at[unroll[0]] + copy
+                inner_idxs.append(at)
+                inner_gates.append(gate)
+        values = iter(self.lower(src, inner_idxs, inner_gates))
+        for row in accs:
+            for acc in row:
+                b.assign(acc, b.alu(op, acc, next(values)))
+        for counter in reversed(counters):
             b.add(Op.END, None, (counter,))
             self.scopes.pop()
-        return acc
+        out = []
+        for row in accs:            # pairwise, so the partial sums stay balanced
+            while len(row) > 1:
+                row = [b.alu(op, row[k], row[k + 1]) for k in range(0, len(row), 2)]
+            out.append(row[0])
+        return out
 
 
 def _zero(dtype: DType):
@@ -205,35 +371,47 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, serial: bool,
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    lowerer = _Lowerer(name, inputs)
+    tiling = plan(root, inputs)
+    lowerer = _Lowerer(name, inputs, tiling)
     b = lowerer.b
     out = b.param(root.dtype)
     for node in inputs:
         lowerer.params[id(node)] = b.param(node.dtype)
-    size = prod(root.shape)
-    groups, block, per_thread = launch_shape(size, caps, serial)
+    amounts = [tiling.amount(a) for a in range(len(root.shape))]
+    tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
+    tiles = prod(tile_shape)
+    groups, block, per_thread = launch_shape(tiles, caps, serial, prod(amounts) * tiling.work)
     thread = b.special("group", 0)
-    if block > 1:
+    if block == 1:
+        # A no-op for the grid it runs on, but it tells a C compiler the range of every index,
+        # so that it can prove neighbouring loads adjacent and vectorize them.
+        thread = b.alu(Op.MOD, thread, lowerer.const(groups))
+    else:
         thread = b.alu(Op.ADD, b.alu(Op.MUL, thread, lowerer.const(block)),
                        b.special("local", 0))
     opener = None
     if per_thread == 1:
-        i_node = thread
-        if groups * block != size:
-            opener = b.add(Op.IF, None, (b.alu(Op.CMPLT, thread, lowerer.const(size)),))
+        t_node = thread
+        if groups * block != tiles:
+            opener = b.add(Op.IF, None, (b.alu(Op.CMPLT, thread, lowerer.const(tiles)),))
             lowerer.scopes.append({})
     else:
         start = b.alu(Op.MUL, thread, lowerer.const(per_thread))
         end = b.alu(Op.ADD, start, lowerer.const(per_thread))
-        end = b.alu(Op.WHERE, b.alu(Op.CMPLT, end, lowerer.const(size)), end,
-                    lowerer.const(size))
-        i_node = b.add(Op.RANGE, dtypes.int32, (start, end))
+        end = b.alu(Op.WHERE, b.alu(Op.CMPLT, end, lowerer.const(tiles)), end,
+                    lowerer.const(tiles))
+        t_node = b.add(Op.RANGE, dtypes.int32, (start, end))
         lowerer.scopes.append({})
-    i = lowerer.new_var("i", 0, size - 1, i_node)
-    value = lowerer.lower(root, unravel(i, root.shape), None)
-    b.store(out, i_node, value)
+    tile = unravel(lowerer.new_var("t", 0, tiles - 1, t_node), tile_shape)
+    idxs = [[t * n + k for t, n, k in zip(tile, amounts, offsets)]
+            for offsets in product(*(range(n) for n in amounts))]
+    strides = strides_for(root.shape)
+    values = lowerer.lower(root, idxs, [None] * len(idxs))
+    for idx, value in zip(idxs, values):
+        flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
+        b.store(out, lowerer.index(flat), value)
     if opener is not None:
         b.add(Op.ENDIF, None, (opener,))
     elif per_thread > 1:
-        b.add(Op.END, None, (i_node,))
+        b.add(Op.END, None, (t_node,))
     return b.build(grid=(groups, 1, 1), block=(block, 1, 1))

@@ -76,8 +76,7 @@ RULES: dict[str, Rule] = {
     "sum": Rule(lambda x, arg: x.reduce(Op.ADD, arg),
                 lambda c, g: (g.expand(c.inputs[0].shape),)),
     "max_reduce": Rule(lambda x, arg: x.reduce(Op.MAX, arg), lambda c, g: _max_reduce_grad(c, g)),
-    "prod_reduce": Rule(lambda x, arg: x.reduce(Op.MUL, arg), lambda c, g: (
-        (g * c.out).expand(c.inputs[0].shape) / c.inputs[0].detach(),)),
+    "prod_reduce": Rule(lambda x, arg: x.reduce(Op.MUL, arg), lambda c, g: _prod_grad(c, g)),
     # movement
     "reshape": Rule(lambda x, arg: x.view("reshape", arg),
                     lambda c, g: (g.reshape(c.inputs[0].shape),)),
@@ -107,6 +106,19 @@ def _max_reduce_grad(c: Context, g) -> tuple:
     hit = (x == c.out.expand(x.shape)).cast(g.dtype)
     count = hit._reduce_prim("sum", c.arg).expand(x.shape)
     return (g.expand(x.shape) * hit / count,)
+
+
+def _prod_grad(c: Context, g) -> tuple:
+    # d(prod)/dx_i is the product of the others: out / x_i only while no x is zero. With one
+    # zero, only that element gets a gradient (the product of the nonzeros); with two, none does.
+    x = c.inputs[0].detach()
+    zero = x == 0
+    zeros = zero.cast(x.dtype)._reduce_prim("sum", c.arg).expand(x.shape)
+    safe = zero.where(1.0, x)
+    nonzero_prod = safe._reduce_prim("prod_reduce", c.arg).expand(x.shape)
+    others = (zeros == 0).where(nonzero_prod / safe, (zero & (zeros == 1)).where(nonzero_prod,
+                                                                                  0.0))
+    return (g.expand(x.shape) * others,)
 
 
 # -- recording and the backward pass --------------------------------------------------------

@@ -446,10 +446,37 @@ class Tensor:
     def leaky_relu(self, negative_slope: float = 0.01) -> Tensor:
         return (self > 0).where(self, self * negative_slope)
 
-    def gelu(self) -> Tensor:
-        """GELU, tanh approximation (torch's approximate='tanh')."""
+    def gelu(self, approximate: str = "none") -> Tensor:
+        """GELU as torch: x * Phi(x) with the exact normal CDF, or approximate="tanh"."""
         x = self._float()
-        return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+        if approximate == "tanh":
+            return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+        if approximate != "none":
+            raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        # erfc, not 1 + erf: for negative x the result is a tiny product, kept accurate
+        return 0.5 * x * (x * -math.sqrt(0.5)).erfc()
+
+    def erf(self) -> Tensor:
+        """The error function (absolute error below 2e-7 in float32)."""
+        x = self._float()
+        # near 0, 1 - erfc cancels: the Taylor series keeps the relative accuracy there
+        x2 = x * x
+        series = x2 * _ERF_SERIES[0] + _ERF_SERIES[1]
+        for c in _ERF_SERIES[2:]:
+            series = x2 * series + c
+        small = x * series * (2 / math.sqrt(math.pi))
+        return (x.abs() < 0.5).where(small, 1 - x.erfc())
+
+    def erfc(self) -> Tensor:
+        """1 - erf(x), accurate to a relative 1.2e-7 (Numerical Recipes' erfcc, Chebyshev)."""
+        x = self._float()
+        z = x.abs()
+        t = 1 / (1 + 0.5 * z)
+        poly = t * _ERFC_CHEBYSHEV[0] + _ERFC_CHEBYSHEV[1]
+        for c in _ERFC_CHEBYSHEV[2:]:
+            poly = t * poly + c
+        tail = t * (poly - z * z).exp()
+        return (x < 0).where(2 - tail, tail)
 
     def silu(self) -> Tensor:
         return self * self.sigmoid()
@@ -677,7 +704,14 @@ class Tensor:
         return self.expand(other.shape)
 
     def pad(self, padding, value: Scalar = 0) -> Tensor:
-        """padding: ((before, after), ...) per dim, numpy style; negative values crop."""
+        """padding: ((before, after), ...) from the first dim (numpy), or flat (before, after,
+        ...) from the last dim (torch.nn.functional.pad); negative values crop."""
+        if all(isinstance(p, int) for p in padding):
+            if len(padding) % 2 or len(padding) > 2 * self.ndim:
+                raise ValueError(f"pad: flat padding {tuple(padding)} needs an even length up "
+                                 f"to {2 * self.ndim} for shape {self.shape}")
+            pairs = [(padding[k], padding[k + 1]) for k in range(0, len(padding), 2)]
+            padding = [(0, 0)] * (self.ndim - len(pairs)) + pairs[::-1]
         padding = tuple((int(a), int(b)) for a, b in padding)
         padding += ((0, 0),) * (self.ndim - len(padding))
         if any(a < 0 or b < 0 for a, b in padding):
@@ -783,6 +817,7 @@ class Tensor:
         if any(s != 1 for s in steps):
             x = x._stride(steps)
         # drop int-indexed dims, insert None dims, gather tensor-indexed dims
+        advanced = any(isinstance(i, Tensor | list | np.ndarray) for i in index)
         dim, shape, gathers = 0, [], []
         for i in index:
             if i is None:
@@ -793,15 +828,35 @@ class Tensor:
             elif isinstance(i, Tensor | list | np.ndarray):
                 gathers.append((len(shape), i))
                 shape.append(x.shape[dim])
+            elif advanced:      # beside integer tensors an int is one more of them (numpy)
+                gathers.append((len(shape), 0))
+                shape.append(1)
             dim += 1
         x = x.reshape(tuple(shape))
-        if len(gathers) > 1:
-            raise IndexError("indexing with more than one integer tensor is not supported; "
-                             "index one dimension at a time")
-        for at, i in gathers:
-            i = i if isinstance(i, Tensor) else Tensor(np.asarray(i), int32, x.device)
-            x = x._take(i, at)
-        return x
+        return x._gather_dims(gathers) if gathers else x
+
+    def _gather_dims(self, gathers: list[tuple[int, Any]]) -> Tensor:
+        """numpy's advanced indexing: integer indices at several dims, broadcast together.
+
+        Their result dims replace the indexed dims where those are adjacent, else lead.
+        """
+        dims = [at for at, _ in gathers]
+        sizes = [self.shape[d] for d in dims]
+        flat = None
+        for (_, i), n in zip(gathers, sizes):
+            kind = i.dtype.kind if isinstance(i, Tensor) else np.asarray(i).dtype.kind
+            if kind not in ("int", "uint", "i", "u"):
+                raise IndexError(f"tensors used as indices must be integer, got {kind} ones; "
+                                 "cast them with .cast(portkit.int32)")
+            i = i.cast(int32) if isinstance(i, Tensor) else Tensor(np.asarray(i), int32,
+                                                                  self.device)
+            i = (i < 0).where(i + n, i)
+            flat = i if flat is None else flat * n + i
+        at = dims[0] if dims == list(range(dims[0], dims[0] + len(dims))) else 0
+        rest = [d for d in range(self.ndim) if d not in dims]
+        x = self.permute(rest[:at] + dims + rest[at:])
+        x = x.reshape(x.shape[:at] + (math.prod(sizes),) + x.shape[at + len(dims):])
+        return x._take(flat, at)
 
     def _stride(self, steps: list[int]) -> Tensor:
         x = self
@@ -1122,6 +1177,12 @@ def _mix(x: int) -> int:
     x = (x * 0x846CA68B) & 0xFFFFFFFF
     return x ^ (x >> 16)
 
+
+# erf(x) = 2/sqrt(pi) * x * sum of these times x**2n, highest power first (|x| < 0.5: 1e-8)
+_ERF_SERIES = tuple((-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in reversed(range(7)))
+# Numerical Recipes' erfcc: erfc(z) = t * exp(-z*z + poly(t)), t = 1 / (1 + z/2), z >= 0
+_ERFC_CHEBYSHEV = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
+                   0.09678418, 0.37409196, 1.00002368, -1.26551223)
 
 # bits of uniform randomness per float dtype: its significand (float64 gets the 32 there are)
 _PRECISION = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 32}

@@ -3,6 +3,8 @@
 Each test runs once per backend that loads here (the `backend` fixture in conftest.py sets the
 default device), so the same assertions hold for cpu, opencl, webgpu and the interpreter.
 """
+import math
+
 import numpy as np
 import pytest
 
@@ -65,9 +67,27 @@ def test_unary(name):
 def test_activations_with_torch_names():
     F = torch.nn.functional
     check(lambda x: x.leaky_relu(0.1), data(4, 4), torch_fn=lambda x: F.leaky_relu(x, 0.1))
-    check(lambda x: x.gelu(), data(4, 4), torch_fn=lambda x: F.gelu(x, approximate="tanh"))
+    check(lambda x: x.gelu(), data(4, 4), torch_fn=F.gelu)
+    check(lambda x: x.gelu(approximate="tanh"), data(4, 4),
+          torch_fn=lambda x: F.gelu(x, approximate="tanh"))
     check(lambda x: x.softplus(), data(4, 4), torch_fn=F.softplus)
     check(lambda x: x.clip(-0.5, 0.5), data(4, 4), torch_fn=lambda x: x.clamp(-0.5, 0.5))
+
+
+def test_gelu_and_erf_are_exact_to_float32():
+    """Within 1e-6 of torch's float64 values (torch's own float32 gelu is about 1e-6 off)."""
+    x = np.concatenate([np.linspace(-10, 10, 2001), np.linspace(-0.6, 0.6, 121)]
+                       ).astype(np.float32)
+    exact = torch.tensor(x, dtype=torch.float64)
+    F = torch.nn.functional
+    for ours, theirs in ((Tensor(x).gelu(), F.gelu(exact)), (Tensor(x).erf(), exact.erf()),
+                         (Tensor(x).erfc(), exact.erfc())):
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-6)
+    # erfc keeps its relative accuracy where it is tiny, so gelu does for negative x (where
+    # torch's 1 + erf cancels to 0: the reference is math.erfc)
+    tail = x[x < -3].astype(np.float64)
+    want = [0.5 * v * math.erfc(-v / math.sqrt(2)) for v in tail]
+    np.testing.assert_allclose(Tensor(tail.astype(np.float32)).gelu().numpy(), want, rtol=5e-5)
 
 
 @pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 1), (1, 4)), ((4,), (2, 3, 4)),
@@ -135,6 +155,13 @@ def test_prod_argmax_argmin():
     assert Tensor(ties).argmax().item() == 1
 
 
+def test_prod_gradient_with_zeros():
+    x = np.array([[1, 2, 0, 3], [0, 2, 0, 1], [1.5, 2, -1, 3]], np.float32)
+    check(lambda t: t.prod(1), x)
+    check(lambda t: t.prod(0), x)
+    check(lambda t: t.prod(), x)
+
+
 def test_movement():
     x = data(2, 3, 4)
     check(lambda t: t.reshape(6, 4), x)
@@ -147,6 +174,10 @@ def test_movement():
     check(lambda t: t.repeat(2, 1, 3), x)
     check(lambda t: t.pad(((1, 0), (0, 2), (1, 1))) if isinstance(t, Tensor)
           else torch.nn.functional.pad(t, (1, 1, 0, 2, 1, 0)), x)
+    check(lambda t: t.pad((1, 1, 0, 2)) if isinstance(t, Tensor)
+          else torch.nn.functional.pad(t, (1, 1, 0, 2)), x)
+    check(lambda t: t.pad((2, -1), 7.0) if isinstance(t, Tensor)
+          else torch.nn.functional.pad(t, (2, -1), value=7.0), x)
     check(lambda t: t.T, data(3, 5))
 
 
@@ -160,6 +191,22 @@ def test_indexing():
     idx = np.array([[0, 3], [-1, 2]], np.int32)
     check(lambda t: t[:, Tensor(idx)] if isinstance(t, Tensor)
           else t[:, torch.tensor(idx, dtype=torch.long)], x)
+
+
+@pytest.mark.parametrize("index", [
+    ("i", "j"), (slice(None), "i", "j"), ("i", slice(None), "j"), ("i", 0, "j"),
+    (slice(None), "j", 2), (Ellipsis, "k", "j"), ("i", None, "j"), ([1, 2], slice(1, 4), [0, 1]),
+], ids=str)
+def test_several_integer_tensor_indices_broadcast_like_numpy(index):
+    x = data(4, 5, 6)
+    arrays = {"i": np.array([[0, 3], [-1, 2]], np.int32), "j": np.array([1, -2], np.int32),
+              "k": np.array([[0], [4]], np.int32)}
+    ours = tuple(Tensor(arrays[i]) if isinstance(i, str) else i for i in index)
+    want = x[tuple(arrays[i] if isinstance(i, str) else i for i in index)]
+    np.testing.assert_array_equal(Tensor(x)[ours].numpy(), want)
+    theirs = tuple(torch.tensor(arrays[i], dtype=torch.long) if isinstance(i, str)
+                   else torch.tensor(i) if isinstance(i, list) else i for i in index)
+    check(lambda t: t[ours] if isinstance(t, Tensor) else t[theirs], x)
 
 
 def test_cat_stack_split_chunk():

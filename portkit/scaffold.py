@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import keyword
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -109,7 +110,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="the starter: " + "; ".join(f"{k}: {v}" for k, v in
                                                           STARTERS.items()) + " (default c)")
     command.add_argument("--no-input", action="store_true",
-                         help="ask nothing; use the defaults for what the options do not give")
+                         help="ask nothing (also when stdin is not a terminal); use the "
+                         "defaults for what the options do not give")
     command.add_argument("--force", action="store_true",
                          help="overwrite the generated files of an existing portkit-NAME/")
     command.set_defaults(run=run)
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     starter, description, author = args.starter or "c", None, "Your Name"
     try:
         check_name(args.name, args.force)
-        if not args.no_input:
+        if not args.no_input and sys.stdin.isatty():   # a script's empty stdin asks nothing
             starter = args.starter or Prompt.ask("starter", choices=list(STARTERS), default="c",
                                                  console=console)
             description = Prompt.ask("description", console=console, default=(

@@ -106,7 +106,8 @@ def test_refuses_to_overwrite_unless_forced(tmp_path):
 
 def test_cli_writes_and_says_what_next(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["new-backend", "myaccel", "--no-input"]) == 0
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))   # not a terminal: asks nothing
+    assert main(["new-backend", "myaccel"]) == 0
     output = capsys.readouterr().out
     assert "pip install ./portkit-myaccel" in output
     assert "portkit conform --backend myaccel" in output
@@ -123,7 +124,11 @@ def test_cli_rejects_a_bad_name_and_writes_nothing(tmp_path, capsys):
 
 
 def test_cli_asks_for_what_the_options_do_not_give(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.StringIO('opencl\nOur "fast" NPU\nAda\n'))
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal('opencl\nOur "fast" NPU\nAda\n'))
     assert main(["new-backend", "npu", "--output-dir", str(tmp_path)]) == 0
     project = (tmp_path / "portkit-npu" / "pyproject.toml").read_text()
     assert 'description = "Our \\"fast\\" NPU"' in project      # quotes escaped

@@ -61,9 +61,10 @@ def check_name(name: str, force: bool = False) -> None:
     taken = {point.name for point in backends.entry_points()
              if not force or point.value.startswith("portkit.")}
     if name in taken:
+        again = "" if force else " (or pass --force to regenerate your own installed backend)"
         raise ScaffoldError(f"backend name {name!r} is taken by an existing backend "
-                            f"({', '.join(sorted(taken))}); choose another, e.g. "
-                            f"'{name}_accel' or 'myaccel'")
+                            f"({', '.join(sorted(taken))}); choose another, e.g. '{name}2' "
+                            f"or 'myaccel'{again}")
 
 
 def generate(name: str, output_dir: str | Path = ".", starter: str = "c",

@@ -19,6 +19,13 @@ PARTS = ("__init__", "device", "capabilities", "renderer", "runtime")
 
 
 @pytest.fixture(autouse=True)
+def only_portkit_backends(fake_backends):
+    """portkit's own backends and no others, whatever else is installed here."""
+    fake_backends({p.name: p.value for p in backends.entry_points()
+                   if p.value.startswith("portkit.")})
+
+
+@pytest.fixture(autouse=True)
 def private_home(monkeypatch, tmp_path_factory):
     """A HOME of its own, so a test sees whether anything was written into it."""
     home = tmp_path_factory.mktemp("home")

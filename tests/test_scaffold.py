@@ -177,7 +177,7 @@ def _loads(name: str) -> bool:
 
 @pytest.mark.slow
 def test_generated_packages_install_list_and_conform(tmp_path):
-    """The path a new user takes, for every starter. About 30 s on 2 cores, most of it
+    """The path a new user takes, for every starter. About 30 s on 2 idle cores, most of it
     compiling the C starter's kernels for the quick run (the cache starts empty)."""
     for name, starter in (("myaccel", "c"), ("myblank", "blank"), ("mycl", "opencl")):
         generate(name, tmp_path, starter)

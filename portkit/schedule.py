@@ -9,6 +9,9 @@ Everything else (elementwise ops, views, constants) is computed inside the kerne
 so elementwise chains fuse into their consumer and movement ops cost nothing. A kernel that
 would read more buffers than the device allows is split by realizing its sources first.
 
+A reduce of many elements into few outputs is split in two (partial results per slice, then
+a short reduce of those) so that many workgroups share the long part.
+
 Lowered kernels are cached by the graph's structure (ops, shapes, views, constants), never by
 its buffers, so a training step lowers and compiles once. Freed buffers go to a pool keyed by
 device, dtype and size, and the next kernel of that size reuses them.
@@ -20,11 +23,12 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from math import prod
 from typing import Any
 
 import numpy as np
 
-from portkit import graph
+from portkit import graph, runtime
 from portkit.abi.errors import CapabilityError
 from portkit.abi.ops import Op
 from portkit.codegen.lower import check_dtypes, lower
@@ -70,6 +74,8 @@ def _toposort(outs: list[Lazy]) -> list[Lazy]:
 def create_schedule(outs: list[Lazy], max_buffers: int | None = None) -> list[ScheduleItem]:
     """The kernels that realize `outs`, in the order they must run."""
     order = _toposort(outs)
+    if [n for n in order if n.op is G.REDUCE and _split_reduce(n)]:   # every one, then sort again
+        order = _toposort(outs)
     if not order:
         return []
     consumers: dict[int, set[int]] = defaultdict(set)
@@ -104,6 +110,36 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None) -> list[Sc
             raise CapabilityError(
                 f"{too_big[0].root} reads {len(too_big[0].inputs)} buffers at once but the "
                 f"device allows {max_buffers} per kernel; use a device with more buffers")
+
+
+# A reduce of at least _SPLIT_FROM elements per output, into fewer than _SPLIT_OUTPUTS outputs,
+# becomes up to _SPLIT_PARTS partial reduces of at least _SPLIT_LEAST elements each.
+_SPLIT_FROM = 1 << 16
+_SPLIT_OUTPUTS = 256
+_SPLIT_PARTS = 256
+_SPLIT_LEAST = 4096
+
+
+def _split_reduce(node: Lazy) -> bool:
+    """Rewrites a long reduce with few outputs as two reduces, in place; True if it did."""
+    op, axes = node.arg
+    src = node.src[0]
+    if prod(src.shape[a] for a in axes) < _SPLIT_FROM or node.size >= _SPLIT_OUTPUTS:
+        return False
+    axis = max(axes, key=lambda a: src.shape[a])
+    size, parts = src.shape[axis], 1
+    while (parts * 2 <= _SPLIT_PARTS and size % (parts * 2) == 0
+           and size // (parts * 2) >= _SPLIT_LEAST):
+        parts *= 2
+    if parts < 4:
+        return False
+    # axis becomes (parts, size // parts): the first reduce keeps `parts`, the second sums it
+    split = src.view("reshape", src.shape[:axis] + (parts, size // parts) + src.shape[axis + 1:])
+    inner = tuple(sorted(a + (a > axis) for a in axes if a != axis)) + (axis + 1,)
+    whole = split.reduce(op, tuple(sorted(inner))).reduce(op, (axis,)).view("reshape",
+                                                                          node.shape)
+    node.op, node.src, node.arg = whole.op, whole.src, whole.arg
+    return True
 
 
 def _reads_once(node: Lazy) -> bool:
@@ -164,51 +200,9 @@ def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
 # -- devices, buffers, running ------------------------------------------------------------------
 
 
-def device(name: str):
+def device(name: str) -> runtime.Runtime:
     """The runtime of device `name` (portkit.runtime.get)."""
-    try:
-        from portkit import runtime
-    except ImportError:
-        return _interpreter_shim(name)
     return runtime.get(name)
-
-
-_shims: dict = {}
-
-
-def _interpreter_shim(name: str):
-    # Used only while portkit.runtime is not in this checkout: runs kernels in numpy.
-    from portkit.abi import interpreter
-
-    class Buffer:
-        def __init__(self, dtype, size):
-            self.dtype, self.size, self.data = dtype, size, np.zeros(size, dtype.np)
-
-        def copyin(self, array):
-            self.data[:array.size] = array.reshape(-1)
-
-        def numpy(self):
-            return self.data.copy()
-
-    class Shim:
-        capabilities = interpreter.CAPABILITIES
-
-        def __init__(self):
-            self.name = name
-
-        def alloc(self, dtype, size):
-            return Buffer(dtype, size)
-
-        def compile(self, kernel):
-            return kernel
-
-        def launch(self, kernel, buffers, scalars=(), wait=False):
-            interpreter.run(kernel, [b.data for b in buffers], scalars)
-
-        def synchronize(self):
-            pass
-
-    return _shims.setdefault(name, Shim())
 
 
 def default_device() -> str:

@@ -82,3 +82,18 @@ def test_conv_batchnorm_layernorm_embedding_layers():
     np.testing.assert_allclose(ln(x).numpy().std(-1), 1, atol=1e-2)
     emb = nn.Embedding(10, 4)
     assert emb(Tensor([[1, 2]])).shape == (1, 2, 4)
+
+
+def test_long_reduce_into_few_outputs_splits_across_groups():
+    x = np.random.default_rng(0).standard_normal(1 << 17).astype(np.float32)
+    kernels = Tensor(x, device="cpu").sum().schedule()
+    # partial sums of 32 slices of 4096 (16384 elements per group), then a reduce of those 32
+    assert [k.name for k in kernels] == ["r_32_1", "r"]
+    assert kernels[0].grid[0] == 8 and kernels[1].grid[0] == 1
+    got = float(Tensor(x, device="cpu").sum().numpy())
+    bound = x.size * np.finfo(np.float32).eps * np.abs(x).astype(np.float64).sum()
+    assert abs(got - x.astype(np.float64).sum()) <= bound
+    ints = np.arange(1 << 16, dtype=np.int32).reshape(4, 1 << 14)
+    np.testing.assert_array_equal(Tensor(ints, device="cpu").max(axis=None).numpy(), ints.max())
+    summed = Tensor(ints, device="cpu").sum(axis=1)
+    np.testing.assert_array_equal(summed.numpy(), ints.sum(1, dtype=np.int32))

@@ -1,0 +1,91 @@
+"""Lowering tiles reduce kernels (outputs per thread, partial sums) and keeps results right."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from portkit import runtime, schedule
+from portkit.abi.interpreter import CAPABILITIES
+from portkit.abi.kernel import validate
+from portkit.abi.ops import Op
+from portkit.codegen.lower import launch_shape, lower, plan
+from portkit.tensor import Tensor
+
+
+def _only_item(t: Tensor) -> schedule.ScheduleItem:
+    items = schedule.create_schedule([t.lazy])
+    assert len(items) == 1, items
+    return items[0]
+
+
+def _accumulators(kernel) -> int:
+    return sum(n.op is Op.ACC for n in kernel.nodes)
+
+
+def test_matmul_tile_spans_the_contiguous_axis_and_a_reused_one():
+    a, b = Tensor(np.ones((64, 48), np.float32)), Tensor(np.ones((48, 96), np.float32))
+    item = _only_item(a @ b)
+    tiling = plan(item.root, item.inputs)
+    # columns: B is contiguous along them and A ignores them; rows: B ignores them
+    assert dict(tiling.upcast) == {1: 32, 0: 4}
+    kernel = lower(item.root, item.inputs, CAPABILITIES, serial=True)
+    assert _accumulators(kernel) == 128
+    assert kernel.grid[0] * 128 <= 64 * 96
+
+
+@pytest.mark.parametrize("m, k, n", [(8, 5, 3), (33, 70, 48), (64, 256, 96), (1, 40, 1)])
+def test_tiled_matmul_matches_numpy(m, k, n):
+    rng = np.random.default_rng(m * n)
+    x, y = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
+    got = (Tensor(x, device="cpu") @ Tensor(y, device="cpu")).numpy()
+    np.testing.assert_allclose(got, x @ y, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_linear_layer_shape_matmul_matches_numpy():
+    # x @ W.T: both operands contiguous along the reduce, so the reduce is unrolled instead
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((16, 96), np.float32), rng.standard_normal((24, 96), np.float32)
+    out = Tensor(x, device="cpu") @ Tensor(w, device="cpu").T
+    tiling = plan(_only_item(out).root, _only_item(out).inputs)
+    assert tiling.unroll is not None and tiling.unroll[1] > 1
+    np.testing.assert_allclose(out.numpy(), x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_partial_sums_stay_within_the_reordering_bound():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 1000), np.float32)
+    item = _only_item(Tensor(x, device="cpu").sum(axis=1))
+    assert plan(item.root, item.inputs).unroll == (1, 8)
+    got = Tensor(x, device="cpu").sum(axis=1).numpy()
+    exact = x.astype(np.float64).sum(1)
+    bound = 1000 * np.finfo(np.float32).eps * np.abs(x).astype(np.float64).sum(1)
+    assert np.all(np.abs(got - exact) <= bound)
+
+
+def test_tiled_kernels_run_on_a_device_with_many_threads_per_group():
+    # the interpreter path: threads in blocks, one tile each, no MOD hint
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((12, 40), np.float32), rng.standard_normal((40, 64), np.float32)
+    item = _only_item(Tensor(x) @ Tensor(y))
+    kernel = validate(lower(item.root, item.inputs, CAPABILITIES, serial=False))
+    CAPABILITIES.check_launch(kernel)
+    assert kernel.block[0] > 1
+    out, *_ = runtime.get("interpreter").run(kernel, np.zeros(12 * 64, np.float32), x, y)
+    np.testing.assert_allclose(out.reshape(12, 64), x @ y, rtol=1e-4, atol=1e-4)
+
+
+def test_small_block_limit_is_respected():
+    caps = dataclasses.replace(CAPABILITIES, max_block_threads=8, max_block=(8, 8, 8))
+    item = _only_item(Tensor(np.ones((16, 32), np.float32)).sum(axis=0))
+    kernel = lower(item.root, item.inputs, caps, serial=False)
+    caps.check_launch(kernel)
+    assert kernel.block[0] <= 8
+
+
+def test_serial_launch_gives_every_core_several_chunks_of_groups():
+    caps = runtime.get("cpu").capabilities
+    groups, block, per_thread = launch_shape(1 << 24, caps, serial=True)
+    # the CPU backend hands groups to cores 64 at a time: 1024 groups = 16 chunks
+    assert block == 1 and groups >= 256 and groups * per_thread >= 1 << 24
+    assert launch_shape(10, caps, serial=True) == (1, 1, 10)
+    assert launch_shape(64, caps, serial=True, work=1 << 20)[0] == 64

@@ -9,11 +9,13 @@ import importlib
 __version__ = "0.1.0"
 
 # The stack is imported on first use, so a backend that imports portkit.abi does not pay for it.
-_STACK = ("Tensor", "seed", "realize", "cat", "stack", "no_grad", "promote", "bool_", "int8",
-          "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
-          "bfloat16", "float32", "float64")
-
-__all__ = ["__version__", "nn", "optim", *_STACK]
+__all__ = [
+    "__version__", "nn", "optim",
+    "Tensor", "seed", "realize", "cat", "stack", "no_grad", "promote", "bool_", "int8", "int16",
+    "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16", "float32",
+    "float64",
+]
+_STACK = frozenset(__all__) - {"__version__", "nn", "optim"}
 
 
 def __getattr__(name: str):

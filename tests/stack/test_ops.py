@@ -124,8 +124,9 @@ def test_integer_division_and_mod_follow_python():
                                   a.astype(np.float32) % 3)
 
 
-@pytest.mark.parametrize("axis,keepdim", [(None, False), (0, False), (1, True), ((0, 2), False),
-                                          (-1, False)])
+# all axes, one axis kept, two axes: each compiles its own kernels on every backend, so three
+# (test_properties.py tries single axes of many shapes on the CPU)
+@pytest.mark.parametrize("axis,keepdim", [(None, False), (-2, True), ((0, 2), False)])
 def test_reductions(axis, keepdim):
     x = data(2, 3, 4)
     tdim = axis if axis is not None else (0, 1, 2)

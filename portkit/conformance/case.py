@@ -172,6 +172,7 @@ class Outcome:
     repro: KernelCase | None = None
     source: str | None = None
     perf: dict[str, Any] | None = None
+    replay: str | None = None     # a command that reruns this case (cases without a repro)
 
 
 @dataclass

@@ -185,7 +185,7 @@ def _run_one(target: Target, case: Case, kc: KernelCase | Exception | None,
     outcome = execute(target, case, kc)
     result = Result(case, outcome.status, outcome.message, outcome.max_ulp, outcome.max_error,
                     time.perf_counter() - start, outcome.worst, outcome.source,
-                    perf=outcome.perf)
+                    perf=outcome.perf, replay=outcome.replay)
     if outcome.repro is not None:
         result.kernel_json = outcome.repro.kernel.to_json()
         if outcome.status is Status.FAILED:

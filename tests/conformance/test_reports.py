@@ -11,18 +11,24 @@ from rich.console import Console
 from portkit import cli
 from portkit.abi import dtypes
 from portkit.abi.ops import Op
-from portkit.conformance import Options, Status, Target, generate, report, run, suite
+from portkit.conformance import Options, Status, Target, generate, report, run, suite, tier5_models
+from portkit.conformance.case import TierNotRun
 
 
 @pytest.fixture(scope="module")
 def broken_report(tmp_path_factory):
-    """A quick run of tiers 1-2 and 4-6 on a SIN-broken interpreter, with tier 6 on its own."""
+    """A quick run of tiers 1-2 and 4-6 on a SIN-broken interpreter, with tier 6 on its own and
+    tier 5 made to report itself not run (as a tier does when the stack it needs is missing)."""
+    def not_run(ctx):
+        raise TierNotRun("needs portkit.nn, which does not import here (test)")
+
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(Path(__file__).parent))
         broken = importlib.import_module("broken_backends")
-    options = Options(tiers=(1, 2, 4, 5, 6), quick=True, reference="interpreter",
-                      repro_dir=str(tmp_path_factory.mktemp("repro")))
-    return run(Target(broken.sin_off()), options)
+        patch.setattr(tier5_models, "cases", not_run)
+        options = Options(tiers=(1, 2, 4, 5, 6), quick=True, reference="interpreter",
+                          repro_dir=str(tmp_path_factory.mktemp("repro")))
+        return run(Target(broken.sin_off()), options)
 
 
 def test_json_report_has_the_versioned_schema(broken_report, tmp_path):
@@ -34,8 +40,9 @@ def test_json_report_has_the_versioned_schema(broken_report, tmp_path):
         assert key in data
     assert data["schema_version"] == 1 and data["backend"] == "broken-sin"
     assert data["summary"]["failed"] >= 1 and data["summary"]["total"] == len(data["cases"])
-    assert set(data["summary"]["not_run"]) == {"tensor", "models"}
-    assert data["tiers"]["tensor"]["status"] == "not run"
+    assert set(data["summary"]["not_run"]) == {"models"}
+    assert data["tiers"]["models"]["status"] == "not run"
+    assert data["tiers"]["tensor"]["status"] == "run"
     [sin] = [c for c in data["cases"] if c["id"] == "ops/SIN/float32"]
     assert sin["status"] == "failed" and sin["max_ulp"] > 4 and sin["kernel"]["nodes"]
     assert sin["replay"].startswith("portkit replay ") and sin["source"]
@@ -55,7 +62,7 @@ def test_junit_counts_failures_and_skips_what_did_not_run(broken_report, tmp_pat
     root = ET.parse(path).getroot()
     suites = {s.get("name"): s for s in root}
     assert int(suites["broken-sin.ops"].get("failures")) == broken_report.counts()["failed"]
-    assert suites["broken-sin.tensor"].find("testcase/skipped") is not None
+    assert suites["broken-sin.models"].find("testcase/skipped") is not None
     failure = root.find(".//testcase[@name='ops/SIN/float32']/failure")
     assert "ULP" in failure.get("message") and "portkit replay" in failure.text
 
@@ -74,7 +81,7 @@ def test_terminal_summary_names_failures_and_replays(broken_report):
     report.print_terminal(broken_report, console)
     text = console.export_text()
     assert "ops/SIN/float32" in text and "FAILED" in text
-    assert "tier 4 (tensor) not run" in text and "performance (median)" in text
+    assert "tier 5 (models) not run" in text and "performance (median)" in text
     assert "  portkit replay " in text
 
 

@@ -18,6 +18,7 @@ device, dtype and size, and the next kernel of that size reuses them.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -214,8 +215,10 @@ _POOL_PER_SIZE = 8
 
 
 def _release(device_name: str, buffer: Any) -> None:
+    # When the garbage collector frees a cycle holding a Lazy node, it may finalize the node's
+    # buffer too (its device memory is then freed) before or after the node hands it here.
     key = (device_name, buffer.dtype, buffer.size)
-    if len(_pool[key]) < _POOL_PER_SIZE:
+    if len(_pool[key]) < _POOL_PER_SIZE and not gc.is_finalized(buffer):
         _pool[key].append(buffer)
 
 
@@ -225,9 +228,11 @@ graph._release = _release
 def alloc(device_name: str, dtype, size: int):
     """A buffer of `size` elements, from the pool when one of that size is free."""
     size = max(size, 1)
-    free = _pool.get((device_name, dtype, size))
-    if free:
-        return free.pop()
+    free = _pool.get((device_name, dtype, size), [])
+    while free:
+        buffer = free.pop()
+        if not gc.is_finalized(buffer):     # see _release
+            return buffer
     return device(device_name).alloc(dtype, size)
 
 

@@ -38,14 +38,25 @@ from portkit.view import strides_for
 # times reduce length. More groups than cores lets OpenMP-style runtimes balance them.
 _MIN_WORK = 16384
 _MAX_GROUPS = 1 << 16
-# Tiling: outputs per thread along the contiguous axis (two 512-bit vectors of float32), along
-# an axis where an input is broadcast (its loads are reused), partial sums of a contiguous
-# reduce, and the most accumulators one thread keeps (they must fit in registers). Measured on
-# a 2-core AVX-512 machine: 32 x 4 and 16 x 8 matmul tiles tie, 4 x 16 runs at half speed.
-_VECTOR = 32
-_REUSE = 4
-_UNROLL = 16
-_MAX_ACCUMULATORS = 128
+# Tiling limits for a device that runs one thread per group (a CPU): outputs per thread along
+# the contiguous axis (two 512-bit vectors of float32), along an axis where an input is
+# broadcast (its loads are reused), partial sums of a contiguous reduce, and the most
+# accumulators one thread keeps (they must fit in registers). Measured on a 2-core AVX-512
+# machine: 32 x 4 and 16 x 8 matmul tiles tie, 4 x 16 runs at half speed. A device with many
+# threads per group gets small tiles: its registers are shared by the group's threads (PoCL
+# runs out of resources with 128 accumulators per thread in 256-thread groups).
+@dataclass(frozen=True)
+class Limits:
+    """Largest tile sizes one thread may take."""
+
+    vector: int
+    reuse: int
+    unroll: int
+    accumulators: int
+
+
+SERIAL = Limits(vector=32, reuse=4, unroll=16, accumulators=128)
+THREADED = Limits(vector=4, reuse=4, unroll=4, accumulators=16)
 _MIN_REDUCE = 8
 
 
@@ -81,7 +92,7 @@ class Plan:
         return dict(self.upcast).get(axis, 1)
 
 
-def plan(root: Lazy, inputs: list[Lazy]) -> Plan:
+def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     """The tiling of a kernel with exactly one reduce, chosen from the strides of its loads."""
     params = {id(x) for x in inputs}
     loads: list[Lin] = []
@@ -109,15 +120,17 @@ def plan(root: Lazy, inputs: list[Lazy]) -> Plan:
     unroll = None
     vector = [a for a in outputs if vectorizes(f"o{a}")]
     if vector:
-        upcast[vector[-1]] = _divisor(root.shape[vector[-1]], _VECTOR)
+        upcast[vector[-1]] = _divisor(root.shape[vector[-1]], limits.vector)
     else:
-        contiguous = [a for a in axes if src.shape[a] >= 2 * _UNROLL and vectorizes(f"r{a}")]
+        contiguous = [a for a in axes
+                      if src.shape[a] >= 2 * limits.unroll and vectorizes(f"r{a}")]
         if contiguous:
-            unroll = (contiguous[-1], _divisor(src.shape[contiguous[-1]], _UNROLL))
+            unroll = (contiguous[-1], _divisor(src.shape[contiguous[-1]], limits.unroll))
     for axis in reversed(outputs):
         used = prod(upcast.values()) * (unroll[1] if unroll else 1)
-        if axis not in upcast and reused(f"o{axis}") and used * 2 <= _MAX_ACCUMULATORS:
-            upcast[axis] = _divisor(root.shape[axis], min(_REUSE, _MAX_ACCUMULATORS // used))
+        if axis not in upcast and reused(f"o{axis}") and used * 2 <= limits.accumulators:
+            upcast[axis] = _divisor(root.shape[axis], min(limits.reuse,
+                                                          limits.accumulators // used))
     upcast = {a: n for a, n in upcast.items() if n > 1}
     if unroll is not None and unroll[1] == 1:
         unroll = None
@@ -372,7 +385,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, serial: bool,
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    tiling = plan(root, inputs)
+    serial = serial or caps.max_block_threads == 1
+    tiling = plan(root, inputs, SERIAL if serial else THREADED)
     lowerer = _Lowerer(name, inputs, tiling)
     b = lowerer.b
     out = b.param(root.dtype)

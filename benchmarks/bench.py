@@ -1,15 +1,25 @@
-"""portkit vs numpy (and PyTorch when installed) on the issue's workloads: medians and ratios.
+"""portkit vs numpy and PyTorch (CPU) on the issue's workloads: medians, and ratios to the peers.
 
-    PYTHONPATH=. python benchmarks/bench.py [--size 16777216] [--repeat 5]
+    PYTHONPATH=. python benchmarks/bench.py [--device cpu] [--repeat 5] [--json out.json]
+
+Rates are work / median seconds of `--repeat` timed runs after one warm-up run (compiles,
+caches, page faults). A peer that is not installed shows as "-".
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
+from portkit import nn, optim, runtime
 from portkit.tensor import Tensor
 
 try:
@@ -17,9 +27,12 @@ try:
 except ImportError:
     torch = None
 
+Case = tuple[str, str, float, Callable, Callable | None, Callable | None]
 
-def median_seconds(fn, repeat: int) -> float:
-    fn()                        # warm up: compile, caches, page faults
+
+def median_seconds(fn: Callable, repeat: int) -> float:
+    """Median wall time of `repeat` runs of fn, after one warm-up run."""
+    fn()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -28,38 +41,124 @@ def median_seconds(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--size", type=int, default=1 << 24)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
-    n, r = args.size, args.repeat
-    a_np, b_np, c_np = (np.random.rand(n).astype(np.float32) for _ in range(3))
-    a, b, c = Tensor(a_np), Tensor(b_np), Tensor(c_np)
-    m_np = np.random.rand(256, 256).astype(np.float32)
-    m = Tensor(m_np)
+def _floats(*shape: int) -> np.ndarray:
+    return np.random.default_rng(sum(shape)).random(shape, np.float32)
+
+
+def cases(device: str) -> list[Case]:
+    """(name, unit, work per run, portkit, numpy, torch) for every workload."""
+    def put(a: np.ndarray) -> Tensor:
+        return Tensor(a, device=device).realize()
+
+    big = 1 << 26                       # 256 MiB of float32
+    n = 1 << 24
+    copy_np = _floats(big)
+    copy = put(copy_np)
+    a_np, b_np, c_np = _floats(n), _floats(n) + 1, _floats(n) + 2
+    a, b, c = put(a_np), put(b_np), put(c_np)
+    m_np, m2_np = _floats(1024, 1024), _floats(1024, 1024) + 1
+    m, m2 = put(m_np), put(m2_np)
+    x_np, w_np = _floats(8, 64, 56, 56), _floats(64, 64, 3, 3)
+    x, w = put(x_np), put(w_np)
     one_np = np.ones(4, np.float32)
-    one = Tensor(one_np)
-    cases = {
-        # name: (bytes or flops, unit, portkit, numpy, torch)
-        "fused 4-op chain (GB/s)": (16 * n, lambda: ((a * b + c).relu() * 2).realize(),
-                                    lambda: np.maximum(a_np * b_np + c_np, 0) * 2, None),
-        "sum (GB/s)": (4 * n, lambda: a.sum().realize(), lambda: a_np.sum(), None),
-        "matmul 256 (GFLOP/s)": (2 * 256 ** 3, lambda: (m @ m).realize(),
-                                 lambda: m_np @ m_np, None),
-        "tiny add end to end (ops/s)": (1, lambda: (one + 1).numpy(), lambda: one_np + 1, None),
-    }
-    if torch is not None:
-        ta, tb, tc, tm, tone = (torch.from_numpy(x) for x in (a_np, b_np, c_np, m_np, one_np))
-        torch_fns = [lambda: ((ta * tb + tc).relu() * 2), lambda: ta.sum(), lambda: tm @ tm,
-                     lambda: (tone + 1).numpy()]
-        cases = {k: (v[0], v[1], v[2], f) for (k, v), f in zip(cases.items(), torch_fns)}
-    print(f"{'workload':32} {'portkit':>10} {'numpy':>10} {'torch':>10} {'pk/numpy':>9}")
-    for name, (work, ours, numpy_fn, torch_fn) in cases.items():
-        rates = [work / median_seconds(fn, r) / (1e9 if "GB" in name or "GFLOP" in name else 1)
-                 if fn else float("nan") for fn in (ours, numpy_fn, torch_fn)]
-        print(f"{name:32} {rates[0]:10.2f} {rates[1]:10.2f} {rates[2]:10.2f} "
-              f"{rates[0] / rates[1]:9.2f}")
+    one = put(one_np)
+    mlp_step = _portkit_mlp(device)
+    conv_flops = 2 * 8 * 64 * 56 * 56 * 64 * 9
+    rows: list[Case] = [
+        ("copy 256 MiB", "GB/s", 2 * 4 * big, lambda: copy.contiguous().realize(),
+         lambda: copy_np.copy(), None),
+        ("fused 4-op chain 16M", "GB/s", 4 * 4 * n,
+         lambda: ((a * b + c).relu() * 2).realize(),
+         lambda: np.maximum(a_np * b_np + c_np, 0) * 2, None),
+        ("sum 16M", "GB/s", 4 * n, lambda: a.sum().realize(), lambda: a_np.sum(), None),
+        ("matmul 1024", "GFLOP/s", 2 * 1024 ** 3, lambda: (m @ m2).realize(),
+         lambda: m_np @ m2_np, None),
+        ("conv2d 8x64x56x56 3x3", "GFLOP/s", conv_flops, lambda: x.conv2d(w, padding=1).realize(),
+         None, None),
+        ("tiny add end to end", "ops/s", 1, lambda: (one + 1).numpy(), lambda: one_np + 1, None),
+        ("MLP 784-512-512-10 SGD step", "steps/s", 1, mlp_step, None, None),
+    ]
+    if torch is None:
+        return rows
+    ta, tb, tc, tm, tm2, tx, tw, tone, tcopy = (torch.from_numpy(v) for v in (
+        a_np, b_np, c_np, m_np, m2_np, x_np, w_np, one_np, copy_np))
+    conv = torch.nn.functional.conv2d
+    torch_fns = [lambda: tcopy.clone(), lambda: ((ta * tb + tc).relu() * 2), lambda: ta.sum(),
+                 lambda: tm @ tm2, lambda: conv(tx, tw, padding=1), lambda: (tone + 1).numpy(),
+                 _torch_mlp()]
+    return [row[:5] + (fn,) for row, fn in zip(rows, torch_fns)]
+
+
+def _portkit_mlp(device: str) -> Callable:
+    layers = [nn.Linear(784, 512), nn.Linear(512, 512), nn.Linear(512, 10)]
+    opt = optim.SGD([p for layer in layers for p in layer.parameters()], lr=0.01)
+    x = Tensor(_floats(64, 784), device=device)
+    y = Tensor(np.arange(64, dtype=np.int32) % 10, device=device)
+
+    def step() -> None:
+        opt.zero_grad()
+        h = layers[1](layers[0](x).relu()).relu()
+        loss = layers[2](h).cross_entropy(y)
+        loss.backward()
+        opt.step()
+        loss.item()
+    return step
+
+
+def _torch_mlp() -> Callable:
+    model = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.from_numpy(_floats(64, 784))
+    y = torch.arange(64) % 10
+
+    def step() -> None:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        loss.item()
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args()
+    os.environ["PORTKIT_DEVICE"] = args.device     # where nn layers put their parameters
+    device = runtime.get(args.device)
+    table = Table(title=f"portkit on {args.device}: {device.capabilities.device_name}")
+    for column in ("workload", "unit", "portkit", "numpy", "torch", "pk/numpy", "pk/torch"):
+        table.add_column(column, justify="left" if column == "workload" else "right")
+    results = []
+    for name, unit, work, *fns in cases(args.device):
+        rates = [work / median_seconds(fn, args.repeat) / (1 if unit in ("ops/s", "steps/s")
+                                                             else 1e9) if fn else None
+                 for fn in fns]
+        ours, numpy_rate, torch_rate = rates
+        results.append({"workload": name, "unit": unit, "portkit": ours, "numpy": numpy_rate,
+                        "torch": torch_rate})
+        table.add_row(name, unit, *(_cell(r) for r in rates),
+                      _cell(ours / numpy_rate if numpy_rate else None, ratio=True),
+                      _cell(ours / torch_rate if torch_rate else None, ratio=True))
+    Console(width=120).print(table)
+    if args.json:
+        meta = {"device": args.device, "device_name": device.capabilities.device_name,
+                "machine": platform.processor() or platform.machine(),
+                "numpy": np.__version__, "torch": torch.__version__ if torch else None,
+                "repeat": args.repeat}
+        with open(args.json, "w") as out:
+            json.dump({"meta": meta, "results": results}, out, indent=2)
+
+
+def _cell(value: float | None, ratio: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}x" if ratio else f"{value:,.2f}"
 
 
 if __name__ == "__main__":

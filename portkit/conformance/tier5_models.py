@@ -162,7 +162,7 @@ def _compare(model: Model, ours: dict, reference: dict, units: dict[str, float])
     if bad:
         return Outcome(Status.FAILED, f"{len(bad)} of {len(reference)} results disagree with "
                        "the CPU reference in float64: " + "; ".join(bad), max_error=worst_error)
-    return Outcome(Status.PASSED, f"worst error {worst_ratio:.3f} of its bound",
+    return Outcome(Status.PASSED, f"worst error {worst_ratio:.2g} of its bound",
                    max_error=worst_error)
 
 

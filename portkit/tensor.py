@@ -375,7 +375,8 @@ class Tensor:
     def __rxor__(self, o): return self._binary("xor", o, True)
     def __lshift__(self, o): return self._binary("shl", o)
     def __rshift__(self, o): return self._binary("shr", o)
-    def __invert__(self): return self ^ (True if self.dtype == bool_ else self.dtype.max)
+    def __invert__(self): return self ^ (True if self.dtype == bool_ else
+                                         -1 if self.dtype.kind == "int" else self.dtype.max)
     def __lt__(self, o): return self._binary("lt", o)
     def __gt__(self, o): return self._binary("lt", o, True)
     def __le__(self, o): return (self < o) | (self == o)
@@ -508,11 +509,16 @@ class Tensor:
         return (negative & ~is_int).where(float("nan"), signed)
 
     def maximum(self, other) -> Tensor:
-        return self._binary("max", other)
+        a, b = self._operand(other)
+        return a | b if a.dtype == bool_ else a._prim("max", b)
 
     def minimum(self, other) -> Tensor:
         a, b = self._operand(other)
-        return -((-a).maximum(-b))
+        return a & b if a.dtype == bool_ else a._reversed().maximum(b._reversed())._reversed()
+
+    def _reversed(self) -> Tensor:
+        # an order-reversing map that cannot overflow: -x for floats, ~x for (unsigned) ints
+        return ~self if not self.dtype.is_float else -self
 
     def clip(self, min=None, max=None) -> Tensor:
         out = self
@@ -585,9 +591,7 @@ class Tensor:
         return self._reduce("max_reduce", axis, keepdim)
 
     def min(self, axis=None, keepdim: bool = False) -> Tensor:
-        if self.dtype == bool_:
-            return ~((~self).max(axis, keepdim))
-        return -((-self).max(axis, keepdim))
+        return self._reversed().max(axis, keepdim)._reversed()
 
     def prod(self, axis=None, keepdim: bool = False) -> Tensor:
         return self._reduce("prod_reduce", axis, keepdim)
@@ -621,7 +625,7 @@ class Tensor:
         return (n - 1) - (hit.where(backwards, -1)).max(axis, keepdim)
 
     def argmin(self, axis=None, keepdim: bool = False) -> Tensor:
-        return (-self if self.dtype != bool_ else ~self).argmax(axis, keepdim)
+        return self._reversed().argmax(axis, keepdim)
 
     def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
         m = self.max(axis, keepdim=True).detach()

@@ -156,6 +156,20 @@ def test_prod_argmax_argmin():
     assert Tensor(ties).argmax().item() == 1
 
 
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int8, np.uint32, np.int32])
+def test_min_argmin_minimum_invert_on_integers(dtype):
+    """Negation wraps on integers: min, minimum and argmin must not be -max(-x) there."""
+    info = np.iinfo(dtype) if dtype != np.bool_ else None
+    a = np.array([True, False, True, False]) if info is None else np.array(
+        [info.min, 1, info.max, 0], dtype)
+    x = Tensor(a)
+    np.testing.assert_array_equal(x.min().numpy(), a.min())
+    assert x.argmin().item() == a.argmin()
+    np.testing.assert_array_equal(x.minimum(x.flip(0)).numpy(), np.minimum(a, a[::-1]))
+    np.testing.assert_array_equal(x.maximum(x.flip(0)).numpy(), np.maximum(a, a[::-1]))
+    np.testing.assert_array_equal((~x).numpy(), ~a)
+
+
 def test_prod_gradient_with_zeros():
     x = np.array([[1, 2, 0, 3], [0, 2, 0, 1], [1.5, 2, -1, 3]], np.float32)
     check(lambda t: t.prod(1), x)

@@ -6,6 +6,7 @@ Needs scikit-learn (the data set ships inside it, so this runs offline):
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 from rich.progress import Progress
@@ -68,6 +69,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cnn", action="store_true")
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--device", help="a backend from `portkit backends` (default: cpu)")
     args = parser.parse_args()
+    if args.device:
+        os.environ["PORTKIT_DEVICE"] = args.device   # the stack's default device
     accuracy = train(args.cnn, args.epochs)
     print(f"test accuracy: {accuracy:.3f}")

@@ -10,10 +10,29 @@ __version__ = "0.1.0"
 
 # The stack is imported on first use, so a backend that imports portkit.abi does not pay for it.
 __all__ = [
-    "__version__", "nn", "optim",
-    "Tensor", "seed", "realize", "cat", "stack", "no_grad", "promote", "bool_", "int8", "int16",
-    "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16", "float32",
+    "Tensor",
+    "__version__",
+    "bfloat16",
+    "bool_",
+    "cat",
+    "float16",
+    "float32",
     "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "nn",
+    "no_grad",
+    "optim",
+    "promote",
+    "realize",
+    "seed",
+    "stack",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
 ]
 _STACK = frozenset(__all__) - {"__version__", "nn", "optim"}
 

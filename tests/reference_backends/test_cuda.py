@@ -1,4 +1,5 @@
-"""The CUDA backend without a GPU: every conformance kernel through NVRTC (and the PTX path
+"""The CUDA backend without a GPU: every conformance kernel (ABI-op, kernel, Tensor-op and model
+tiers) through NVRTC (and the PTX path
 through nvJitLink), the renderer's numerics through the host shim, and a clean 'no driver'.
 
 Launching on a GPU cannot be tested here (no NVIDIA driver); docs/backends/cuda.md gives the
@@ -13,7 +14,12 @@ import pytest
 
 from portkit import backends
 from portkit.abi import BackendUnavailable, CompileError, KernelBuilder, Op, dtypes
-from portkit.conformance.shims import conformance_kernels, run_conformance, shim_device
+from portkit.conformance.shims import (
+    conformance_kernels,
+    run_conformance,
+    shim_device,
+    tensor_kernels,
+)
 from portkit.reference_backends import cuda
 from portkit.reference_backends.cuda import compiler as nvrtc_compiler
 from portkit.reference_backends.cuda.renderer import CUDARenderer
@@ -62,6 +68,16 @@ def test_every_conformance_kernel_compiles_to_a_cubin(kernels):
     # means NVRTC's built-in assembler accepted the PTX too.
     sources = [CUDARenderer().render(k) for k in kernels]
     assert len(sources) > 400    # every op x dtype, every CAST/BITCAST pair, every kernel case
+    for arch in ("sm_75", "sm_90"):
+        failures = compile_all(sources, arch)
+        assert not failures, f"{len(failures)} kernels fail for {arch}:\n" + "\n".join(failures)
+
+
+def test_every_tensor_op_and_model_kernel_compiles_to_a_cubin(shim):
+    # Tiers 4 and 5 as the stack lowers them for a many-threads device: matmuls, reductions,
+    # softmax, convolutions, gathers, optimizer steps, every kernel forward and backward.
+    sources = [CUDARenderer().render(k) for k in tensor_kernels(shim.capabilities)]
+    assert len(sources) > 150
     for arch in ("sm_75", "sm_90"):
         failures = compile_all(sources, arch)
         assert not failures, f"{len(failures)} kernels fail for {arch}:\n" + "\n".join(failures)

@@ -1,5 +1,5 @@
-"""The Metal backend without a Mac: the MSL renderer's numerics through the host shim, its
-shape, and a clean 'Metal needs macOS' elsewhere.
+"""The Metal backend without a Mac: the MSL renderer's numerics through the host shim (tiers
+1-5), its shape, and a clean 'Metal needs macOS' elsewhere.
 
 Nothing here compiles MSL with Apple's compiler or runs it on an Apple GPU (no Mac is
 available); docs/backends/metal.md lists exactly what is and is not verified.
@@ -13,7 +13,9 @@ import pytest
 
 from portkit.abi import BackendUnavailable, KernelBuilder, Op, dtypes
 from portkit.abi.dtypes import DType
-from portkit.conformance.shims import run_conformance, shim_device
+from portkit.conformance import Options, Target
+from portkit.conformance import run as conform
+from portkit.conformance.shims import run_conformance, shim_device, tensor_kernels
 from portkit.reference_backends import metal
 from portkit.reference_backends.metal.renderer import MetalRenderer
 
@@ -43,6 +45,23 @@ def test_host_shim_runs_conformance_like_the_cpu(shim):
     assert all("float64" in case for case in by_status["unsupported"])
     assert len(by_status["passed"]) + len(by_status["unsupported"]) == len(report.results)
     assert len(by_status["passed"]) >= 260
+
+
+def test_host_shim_runs_tensor_ops_and_models_like_the_cpu(shim):
+    # Every tier 4 and 5 kernel (lowered as for a many-threads device) must build as MSL; then
+    # the Tensor-op and model cases run through the shim against float64 numpy, as on the CPU.
+    kernels = tensor_kernels(shim.capabilities)
+    assert len(kernels) > 150
+    shim.compiler.prebuild([shim.renderer.render(k) for k in kernels])   # CompileError fails
+    report = conform(Target(shim, shim.name), Options(tiers=(4, 5), jobs=2))
+    by_status: dict[str, list[str]] = {}
+    for result in report.results:
+        by_status.setdefault(result.status.value, []).append(result.case.id)
+    assert not by_status.get("failed"), "\n".join(
+        f"{r.case.id}: {r.message}" for r in report.results if r.status.value == "failed")
+    assert all("float64" in case for case in by_status.get("unsupported", []))
+    assert len(by_status["passed"]) >= 90 and any(c.startswith("models/") for c in
+                                                   by_status["passed"])
 
 
 def wide_int_values(dtype: DType) -> np.ndarray:

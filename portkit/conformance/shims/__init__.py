@@ -12,6 +12,7 @@ translation unit (each in a namespace of its own) and builds those in parallel.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import re
 import shutil
@@ -28,6 +29,7 @@ import numpy as np
 from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities, Compiler, Device, Program, Renderer
 from portkit.abi.errors import BackendUnavailable, CompileError
+from portkit.abi.kernel import Kernel
 from portkit.abi.ops import COMPUTE
 from portkit.reference_backends.cpu import CAllocator
 
@@ -150,22 +152,82 @@ class ShimProgram(Program):
         return None
 
 
-def conformance_kernels(capabilities: Capabilities, quick: bool = False) -> list:
+def _prepared(capabilities: Capabilities, kernels: Sequence[Kernel]) -> list[Kernel]:
+    """`kernels` as a device with `capabilities` runs them (decomposed, checked); those it
+    declares unsupported (a dtype it lacks) are left out."""
+    from portkit.conformance.case import Unsupported
+    from portkit.conformance.target import Target
+
+    target = Target(Device("probe", capabilities, None, None, None, None))
+    prepared = []
+    for kernel in kernels:
+        try:
+            prepared.append(target.prepare(kernel))
+        except Unsupported:
+            pass
+    return prepared
+
+
+def conformance_kernels(capabilities: Capabilities, quick: bool = False) -> list[Kernel]:
     """The kernels of the ABI-op and kernel tiers (2 and 3) as a device with `capabilities`
     runs them (decomposed, checked); cases it declares unsupported are left out."""
     from portkit.conformance import tier2_ops, tier3_kernels
-    from portkit.conformance.case import Context, Unsupported
-    from portkit.conformance.target import Target
+    from portkit.conformance.case import Context
 
     context = Context(capabilities, quick=quick)
-    target = Target(Device("probe", capabilities, None, None, None, None))
-    kernels = []
-    for case in tier2_ops.cases(context) + tier3_kernels.cases(context):
-        try:
-            kernels.append(target.prepare(case.make().kernel))
-        except Unsupported:
-            pass
-    return kernels
+    cases = tier2_ops.cases(context) + tier3_kernels.cases(context)
+    return _prepared(capabilities, [case.make().kernel for case in cases])
+
+
+class _Recorder(Renderer):
+    """A renderer that keeps every kernel it is given, then renders it as `inner` does."""
+
+    def __init__(self, inner: Renderer):
+        self.inner, self.kernels = inner, []
+
+    def render(self, kernel: Kernel) -> str:
+        self.kernels.append(kernel)
+        return self.inner.render(kernel)
+
+
+@functools.cache
+def _tensor_graph_kernels() -> tuple[Kernel, ...]:
+    """Every kernel of tiers 4 and 5 (all dtypes, full size), lowered for the interpreter: a
+    many-threads device, so the stack's GPU-style lowering. Tier 4's come from its graphs
+    (nothing runs); tier 5's are recorded while the models run on the interpreter, since the
+    MLP reads each step's loss before building the next."""
+    from portkit.abi import interpreter
+    from portkit.conformance import tier4_tensor as t4
+    from portkit.conformance import tier5_models as t5
+    from portkit.conformance.case import Context
+    from portkit.conformance.target import Target
+
+    found: list[Kernel] = []
+    planner = t4.stack_device(t4._interpreter())
+    context = Context(interpreter.backend.load().capabilities)
+    for op in t4.OPS:
+        for dtype in map(dtypes.by_name, op.dtypes):
+            rng = context.rng(f"tensor/{op.name}/{dtype.name}")
+            inputs, is_float = t4._arrays(op, dtype, rng)
+            w = (rng.standard_normal(t4._oracle_shape(op, inputs))
+                 if t4._differentiable(op, dtype) else None)
+            forward, backward = t4.run_op(op, dtype, inputs, is_float, w, planner,
+                                          plan=True).kernels
+            found += forward + backward
+    device = interpreter.backend.load()
+    recorder = _Recorder(device.renderer)
+    recording = t4.stack_device(Target(replace(device, renderer=recorder), "shim-recorder"))
+    for model in t5.models(quick=False):
+        weights = model.weights(context.rng(f"models/{model.name}/float32"))
+        model.run(weights, recording, dtypes.float32, False)
+    found += recorder.kernels
+    return tuple({k.to_json(): k for k in found}.values())
+
+
+def tensor_kernels(capabilities: Capabilities) -> list[Kernel]:
+    """The distinct kernels of the Tensor-op and model tiers (4 and 5), lowered as for the
+    interpreter, as a device with `capabilities` runs them; unsupported ones are left out."""
+    return _prepared(capabilities, _tensor_graph_kernels())
 
 
 def run_conformance(device: Device, quick: bool = False, jobs: int = 2):

@@ -144,12 +144,14 @@ def _matching_closers(nodes) -> dict[int, int]:
 
 # The interpreter as a backend: the smallest complete Device, and a readable one.
 
-class _Allocator(Allocator):
+class HostAllocator(Allocator):
+    """Host memory: a buffer is a numpy byte array (this backend's, and any host device's)."""
+
     def alloc(self, nbytes: int) -> np.ndarray:
-        return np.zeros(nbytes, np.uint8)
+        return np.empty(nbytes, np.uint8)   # a new buffer's contents are undefined in the ABI
 
     def free(self, buffer: np.ndarray, nbytes: int) -> None:
-        pass
+        pass   # numpy frees the array with its last reference
 
     def copyin(self, buffer: np.ndarray, source: memoryview) -> None:
         data = np.frombuffer(source, np.uint8)
@@ -191,7 +193,7 @@ CAPABILITIES = Capabilities(
 
 
 def _load() -> Device:
-    return Device("interpreter", CAPABILITIES, _Allocator(), _Renderer(), _Compiler(), _Program)
+    return Device("interpreter", CAPABILITIES, HostAllocator(), _Renderer(), _Compiler(), _Program)
 
 
 backend = Backend("interpreter", _load, "numpy interpreter of ABI kernels (slow, exact)")

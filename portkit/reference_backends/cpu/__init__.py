@@ -21,8 +21,9 @@ import numpy as np
 
 from portkit import cache
 from portkit.abi import dtypes
-from portkit.abi.backend import Allocator, Backend, Capabilities, Compiler, Device, Program
+from portkit.abi.backend import Backend, Capabilities, Compiler, Device, Program
 from portkit.abi.errors import BackendUnavailable, CompileError
+from portkit.abi.interpreter import HostAllocator as CAllocator
 from portkit.abi.ops import COMPUTE
 from portkit.reference_backends.cpu.renderer import CRenderer
 
@@ -80,24 +81,6 @@ class CProgram(Program):
         self.launch(pointers, _ffi.new("int32_t[]", list(scalars)),
                     _ffi.new("int32_t[6]", [*grid, *block]))
         return time.perf_counter() - start if wait else None
-
-
-class CAllocator(Allocator):
-    """Host memory: a buffer is a numpy byte array."""
-
-    def alloc(self, nbytes: int) -> np.ndarray:
-        return np.empty(nbytes, np.uint8)
-
-    def free(self, buffer: np.ndarray, nbytes: int) -> None:
-        pass   # numpy frees the array with its last reference
-
-    def copyin(self, buffer: np.ndarray, source: memoryview) -> None:
-        data = np.frombuffer(source, np.uint8)
-        buffer[:data.size] = data
-
-    def copyout(self, destination: memoryview, buffer: np.ndarray) -> None:
-        out = np.frombuffer(destination, np.uint8)
-        out[:] = buffer[:out.size]
 
 
 def cpu_model() -> str:

@@ -1,6 +1,9 @@
-"""portkit vs numpy and PyTorch (CPU) on the issue's workloads: medians, and ratios to the peers.
+"""portkit vs numpy and PyTorch on the issue's workloads: medians, and ratios to the peers.
 
     PYTHONPATH=. python benchmarks/bench.py [--device cpu] [--repeat 5] [--json out.json]
+
+PyTorch runs on the GPU when `--device` is a GPU backend and torch sees CUDA, else on the CPU.
+Each timed run ends by waiting for the device (portkit's synchronize, torch.cuda.synchronize).
 
 Rates are work / median seconds of `--repeat` timed runs after one warm-up run (compiles,
 caches, page faults). A peer that is not installed shows as "-".
@@ -45,6 +48,19 @@ def _floats(*shape: int) -> np.ndarray:
     return np.random.default_rng(sum(shape)).random(shape, np.float32)
 
 
+def torch_device(device: str) -> str:
+    """Where torch runs beside portkit's `device`: CUDA for a GPU backend when torch has it."""
+    gpu = device not in ("cpu", "interpreter") and torch is not None and torch.cuda.is_available()
+    return "cuda" if gpu else "cpu"
+
+
+def _waiting(fn: Callable, wait: Callable) -> Callable:
+    def run():
+        fn()
+        wait()
+    return run
+
+
 def cases(device: str) -> list[Case]:
     """(name, unit, work per run, portkit, numpy, torch) for every workload."""
     def put(a: np.ndarray) -> Tensor:
@@ -78,15 +94,19 @@ def cases(device: str) -> list[Case]:
         ("tiny add end to end", "ops/s", 1, lambda: (one + 1).numpy(), lambda: one_np + 1, None),
         ("MLP 784-512-512-10 SGD step", "steps/s", 1, mlp_step, None, None),
     ]
+    synchronize = runtime.get(device).synchronize
+    rows = [row[:3] + (_waiting(row[3], synchronize),) + row[4:] for row in rows]
     if torch is None:
         return rows
-    ta, tb, tc, tm, tm2, tx, tw, tone, tcopy = (torch.from_numpy(v) for v in (
+    where = torch_device(device)
+    ta, tb, tc, tm, tm2, tx, tw, tone, tcopy = (torch.from_numpy(v).to(where) for v in (
         a_np, b_np, c_np, m_np, m2_np, x_np, w_np, one_np, copy_np))
     conv = torch.nn.functional.conv2d
     torch_fns = [lambda: tcopy.clone(), lambda: ((ta * tb + tc).relu() * 2), lambda: ta.sum(),
-                 lambda: tm @ tm2, lambda: conv(tx, tw, padding=1), lambda: (tone + 1).numpy(),
-                 _torch_mlp()]
-    return [row[:5] + (fn,) for row, fn in zip(rows, torch_fns)]
+                 lambda: tm @ tm2, lambda: conv(tx, tw, padding=1),
+                 lambda: (tone + 1).cpu().numpy(), _torch_mlp(where)]
+    wait = torch.cuda.synchronize if where == "cuda" else lambda: None
+    return [row[:5] + (_waiting(fn, wait),) for row, fn in zip(rows, torch_fns)]
 
 
 def _portkit_mlp(device: str) -> Callable:
@@ -105,13 +125,13 @@ def _portkit_mlp(device: str) -> Callable:
     return step
 
 
-def _torch_mlp() -> Callable:
+def _torch_mlp(where: str) -> Callable:
     model = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(),
                                 torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 10))
+                                torch.nn.Linear(512, 10)).to(where)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.from_numpy(_floats(64, 784))
-    y = torch.arange(64) % 10
+    x = torch.from_numpy(_floats(64, 784)).to(where)
+    y = (torch.arange(64) % 10).to(where)
 
     def step() -> None:
         opt.zero_grad()
@@ -131,8 +151,11 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["PORTKIT_DEVICE"] = args.device     # where nn layers put their parameters
     device = runtime.get(args.device)
-    table = Table(title=f"portkit on {args.device}: {device.capabilities.device_name}")
-    for column in ("workload", "unit", "portkit", "numpy", "torch", "pk/numpy", "pk/torch"):
+    where = torch_device(args.device) if torch else "-"
+    table = Table(title=f"portkit on {args.device}: {device.capabilities.device_name}; "
+                        f"torch on {where}")
+    for column in ("workload", "unit", "portkit", "numpy", f"torch ({where})", "pk/numpy",
+                   "pk/torch"):
         table.add_column(column, justify="left" if column == "workload" else "right")
     results = []
     for name, unit, work, *fns in cases(args.device):
@@ -150,6 +173,7 @@ def main() -> None:
         meta = {"device": args.device, "device_name": device.capabilities.device_name,
                 "machine": platform.processor() or platform.machine(),
                 "numpy": np.__version__, "torch": torch.__version__ if torch else None,
+                "torch_device": where,
                 "repeat": args.repeat}
         with open(args.json, "w") as out:
             json.dump({"meta": meta, "results": results}, out, indent=2)

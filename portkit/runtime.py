@@ -54,7 +54,8 @@ class Buffer:
 
     def __del__(self) -> None:
         handle = getattr(self, "handle", None)
-        if handle is not None:
+        # At interpreter exit a backend's modules may be gone, and the driver frees the memory.
+        if handle is not None and not sys.is_finalizing():
             self._allocator.free(handle, self.nbytes)
 
 

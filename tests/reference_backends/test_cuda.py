@@ -17,6 +17,7 @@ from portkit.abi import BackendUnavailable, CompileError, KernelBuilder, Op, dty
 from portkit.conformance.shims import (
     conformance_kernels,
     run_conformance,
+    shim_capabilities,
     shim_device,
     tensor_kernels,
 )
@@ -30,12 +31,21 @@ EXTERN_C = 'extern "C" '
 
 @pytest.fixture(scope="module")
 def shim():
-    return shim_device("cuda")
+    try:
+        return shim_device("cuda")
+    except BackendUnavailable as error:   # CI installs clang; a GPU machine may not have it
+        pytest.skip(str(error))
 
 
 @pytest.fixture(scope="module")
-def kernels(shim):
-    return conformance_kernels(shim.capabilities)
+def capabilities():
+    # The NVRTC tests need no clang++, which a GPU machine may lack.
+    return shim_capabilities("cuda")
+
+
+@pytest.fixture(scope="module")
+def kernels(capabilities):
+    return conformance_kernels(capabilities)
 
 
 def batched(sources: list[str]) -> str:
@@ -73,10 +83,10 @@ def test_every_conformance_kernel_compiles_to_a_cubin(kernels):
         assert not failures, f"{len(failures)} kernels fail for {arch}:\n" + "\n".join(failures)
 
 
-def test_every_tensor_op_and_model_kernel_compiles_to_a_cubin(shim):
+def test_every_tensor_op_and_model_kernel_compiles_to_a_cubin(capabilities):
     # Tiers 4 and 5 as the stack lowers them for a many-threads device: matmuls, reductions,
     # softmax, convolutions, gathers, optimizer steps, every kernel forward and backward.
-    sources = [CUDARenderer().render(k) for k in tensor_kernels(shim.capabilities)]
+    sources = [CUDARenderer().render(k) for k in tensor_kernels(capabilities)]
     assert len(sources) > 150
     for arch in ("sm_75", "sm_90"):
         failures = compile_all(sources, arch)

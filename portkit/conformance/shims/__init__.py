@@ -242,18 +242,22 @@ def run_conformance(device: Device, quick: bool = False, jobs: int = 2):
 def shim_device(language: str, workdir: Path | None = None) -> Device:
     """A Device that renders with the real `language` renderer and runs on the host."""
     from portkit.reference_backends.cuda.renderer import CUDARenderer
-    from portkit.reference_backends.metal import METAL_CAPABILITIES
     from portkit.reference_backends.metal.renderer import MetalRenderer
 
     renderer: Renderer = {"metal": MetalRenderer, "cuda": CUDARenderer}[language]()
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"portkit-{language}-shim-"))
     compiler = ShimCompiler(LANGUAGES[language], workdir)
+    return Device(f"{language}-shim", shim_capabilities(language), CAllocator(), renderer,
+                  compiler, lambda name, binary: ShimProgram(compiler, binary))
+
+
+def shim_capabilities(language: str) -> Capabilities:
+    """What a shim device of `language` declares: a typical GPU of that kind. Needs no clang++."""
+    from portkit.reference_backends.metal import METAL_CAPABILITIES
+
     if language == "metal":
-        caps = replace(METAL_CAPABILITIES, device_name="MSL host shim (clang++)")
-    else:
-        caps = Capabilities(dtypes=frozenset(dtypes.ALL), ops=frozenset(COMPUTE),
-                            max_block_threads=1024, max_block=(1024, 1024, 64),
-                            max_grid=(2**31 - 1, 65535, 65535), local_memory_bytes=48 * 1024,
-                            max_buffers=256, device_name="CUDA C host shim (clang++)")
-    return Device(f"{language}-shim", caps, CAllocator(), renderer, compiler,
-                  lambda name, binary: ShimProgram(compiler, binary))
+        return replace(METAL_CAPABILITIES, device_name="MSL host shim (clang++)")
+    return Capabilities(dtypes=frozenset(dtypes.ALL), ops=frozenset(COMPUTE),
+                        max_block_threads=1024, max_block=(1024, 1024, 64),
+                        max_grid=(2**31 - 1, 65535, 65535), local_memory_bytes=48 * 1024,
+                        max_buffers=256, device_name="CUDA C host shim (clang++)")

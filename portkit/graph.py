@@ -18,7 +18,7 @@ from portkit.abi.ops import COMPARISON, Op
 from portkit.view import Shape, ShapeTracker
 
 
-class G(Enum):
+class GraphOp(Enum):
     """Graph ops that are not ABI compute ops."""
 
     LOAD = "LOAD"
@@ -29,15 +29,12 @@ class G(Enum):
     COPY = "COPY"
 
 
-ELEMENTWISE_LEAVES = (G.CONST, G.ITER)
-
-
 class Lazy:
     """One node of the lazy graph; `buffer` is set once it is realized (op becomes LOAD)."""
 
     __slots__ = ("__weakref__", "arg", "buffer", "device", "dtype", "op", "shape", "src")
 
-    def __init__(self, op: Op | G, dtype: DType, shape: Shape, src: tuple[Lazy, ...] = (),
+    def __init__(self, op: Op | GraphOp, dtype: DType, shape: Shape, src: tuple[Lazy, ...] = (),
                  arg: Any = None, device: str = "cpu", buffer: Any = None):
         self.op, self.dtype, self.shape, self.src, self.arg = op, dtype, tuple(shape), src, arg
         self.device, self.buffer = device, buffer
@@ -56,19 +53,19 @@ class Lazy:
 
     @property
     def realized(self) -> bool:
-        return self.op is G.LOAD
+        return self.op is GraphOp.LOAD
 
     def realize_as(self, buffer: Any) -> None:
         """Turns this node into a LOAD of `buffer`, dropping its sources (frees the graph)."""
-        self.op, self.src, self.arg, self.buffer = G.LOAD, (), None, buffer
+        self.op, self.src, self.arg, self.buffer = GraphOp.LOAD, (), None, buffer
 
     @property
     def base(self) -> Lazy:
-        return self.src[0] if self.op is G.VIEW else self
+        return self.src[0] if self.op is GraphOp.VIEW else self
 
     @property
     def tracker(self) -> ShapeTracker:
-        return self.arg if self.op is G.VIEW else ShapeTracker.contiguous(self.shape)
+        return self.arg if self.op is GraphOp.VIEW else ShapeTracker.contiguous(self.shape)
 
     # -- elementwise and reduce ---------------------------------------------------------------
 
@@ -89,7 +86,8 @@ class Lazy:
         shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
         if not axes:
             return self
-        return Lazy(G.REDUCE, self.dtype, shape, (self,), (op, tuple(sorted(axes))), self.device)
+        return Lazy(GraphOp.REDUCE, self.dtype, shape, (self,), (op, tuple(sorted(axes))),
+                    self.device)
 
     # -- movement -----------------------------------------------------------------------------
 
@@ -99,29 +97,29 @@ class Lazy:
         base = self.base
         if tracker.shape == base.shape and tracker.is_contiguous:
             return base
-        if base.op is G.CONST and tracker.views[-1].mask is None and len(tracker.views) == 1:
-            return Lazy(G.CONST, self.dtype, tracker.shape, (), base.arg, self.device)
-        return Lazy(G.VIEW, self.dtype, tracker.shape, (base,), tracker, self.device)
+        if base.op is GraphOp.CONST and tracker.views[-1].mask is None and len(tracker.views) == 1:
+            return Lazy(GraphOp.CONST, self.dtype, tracker.shape, (), base.arg, self.device)
+        return Lazy(GraphOp.VIEW, self.dtype, tracker.shape, (base,), tracker, self.device)
 
     def copy_to(self, device: str) -> Lazy:
-        return Lazy(G.COPY, self.dtype, self.shape, (self,), device, device)
+        return Lazy(GraphOp.COPY, self.dtype, self.shape, (self,), device, device)
 
 
 def const(value: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
     """`value` in every element: folded into kernels, never stored."""
     value = bool(value) if dtype == dtypes.bool_ else (
         float(value) if dtype.is_float else int(value))
-    return Lazy(G.CONST, dtype, shape, (), value, device)
+    return Lazy(GraphOp.CONST, dtype, shape, (), value, device)
 
 
 def iota(shape: Shape, axis: int, device: str) -> Lazy:
     """The int32 index along `axis` in every element."""
-    return Lazy(G.ITER, dtypes.int32, shape, (), axis, device)
+    return Lazy(GraphOp.ITER, dtypes.int32, shape, (), axis, device)
 
 
 def load(buffer: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
     """A realized buffer holding `shape` contiguously."""
-    return Lazy(G.LOAD, dtype, shape, (), None, device, buffer)
+    return Lazy(GraphOp.LOAD, dtype, shape, (), None, device, buffer)
 
 
 # Set by portkit.schedule: returns a freed buffer to its device's pool.

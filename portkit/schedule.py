@@ -33,7 +33,7 @@ from portkit import graph, runtime
 from portkit.abi.errors import CapabilityError
 from portkit.abi.ops import Op
 from portkit.codegen.lower import check_dtypes, lower
-from portkit.graph import G, Lazy
+from portkit.graph import GraphOp, Lazy
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
 
@@ -48,7 +48,7 @@ class ScheduleItem:
 
     @property
     def is_copy(self) -> bool:
-        return self.root.op is G.COPY
+        return self.root.op is GraphOp.COPY
 
 
 def _elementwise(node: Lazy) -> bool:
@@ -75,7 +75,8 @@ def _toposort(outs: list[Lazy]) -> list[Lazy]:
 def create_schedule(outs: list[Lazy], max_buffers: int | None = None) -> list[ScheduleItem]:
     """The kernels that realize `outs`, in the order they must run."""
     order = _toposort(outs)
-    if [n for n in order if n.op is G.REDUCE and _split_reduce(n)]:   # every one, then sort again
+    # every reduce is split first, then the graph is sorted again
+    if [n for n in order if n.op is GraphOp.REDUCE and _split_reduce(n)]:
         order = _toposort(outs)
     if not order:
         return []
@@ -87,14 +88,14 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None) -> list[Sc
     wanted = {id(o) for o in outs if not o.realized}
     realize = set(wanted)
     for node in order:
-        if node.op is G.REDUCE:
+        if node.op is GraphOp.REDUCE:
             realize.add(id(node))
-        elif node.op is G.COPY:
+        elif node.op is GraphOp.COPY:
             realize.add(id(node))
             if not node.src[0].realized:
                 realize.add(id(node.src[0]))
     for node in order:
-        if node.op is G.REDUCE and id(node) not in wanted and _fuses_down(
+        if node.op is GraphOp.REDUCE and id(node) not in wanted and _fuses_down(
                 node, consumers, by_id, realize):
             realize.discard(id(node))
     while True:
@@ -147,7 +148,7 @@ def _reads_once(node: Lazy) -> bool:
     """Elementwise ops and views that read each source element at most once (no expand)."""
     if _elementwise(node):
         return True
-    return node.op is G.VIEW and all(st != 0 or size == 1 for view in node.arg.views
+    return node.op is GraphOp.VIEW and all(st != 0 or size == 1 for view in node.arg.views
                                      for size, st in zip(view.shape, view.strides))
 
 
@@ -274,7 +275,7 @@ def _has_reduce(root: Lazy) -> bool:
     stack, seen = [root], set()
     while stack:
         node = stack.pop()
-        if node.op is G.REDUCE:
+        if node.op is GraphOp.REDUCE:
             return True
         if id(node) not in seen and (node is root or not node.realized):
             seen.add(id(node))

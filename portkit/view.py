@@ -9,7 +9,6 @@ expressions (portkit/symbolic.py) that codegen lowers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
 
 from portkit.symbolic import Bound, Lin, const, recombine, unravel
 
@@ -204,6 +203,3 @@ class ShapeTracker:
             flat, more = view.index(unravel(flat, view.shape))
             conds += more
         return flat, conds
-
-    def size_of_base(self) -> int:
-        return prod(self.views[0].shape)

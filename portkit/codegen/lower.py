@@ -30,7 +30,7 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError, UnsupportedDType
 from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
-from portkit.graph import G, Lazy
+from portkit.graph import GraphOp, Lazy
 from portkit.symbolic import Bound, Div, Lin, Var, bounds, recombine, unravel, var
 from portkit.view import strides_for
 
@@ -173,21 +173,21 @@ def _accesses(node: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
     if id(node) in params:
         loads.append(recombine(sum((i * st for i, st in zip(idx, strides_for(node.shape)) if st),
                                    Lin())))
-    elif node.op is G.VIEW:
+    elif node.op is GraphOp.VIEW:
         flat, _ = node.arg.index(idx)
         src = node.src[0]
         if id(src) in params:
             loads.append(flat)
         else:
             _accesses(src, unravel(flat, src.shape), params, loads, reduces, seen)
-    elif node.op is G.REDUCE:
+    elif node.op is GraphOp.REDUCE:
         if node not in reduces:
             reduces.append(node)
         inner = list(idx)
         for axis in node.arg[1]:
             inner[axis] = var(f"r{axis}", 0, node.src[0].shape[axis] - 1)
         _accesses(node.src[0], inner, params, loads, reduces, seen)
-    elif node.op not in (G.CONST, G.ITER):
+    elif node.op not in (GraphOp.CONST, GraphOp.ITER):
         for s in node.src:
             _accesses(s, idx, params, loads, reduces, seen)
 
@@ -292,13 +292,13 @@ class _Lowerer:
                 sum((i * st for i, st in zip(idx, strides) if st), Lin()))), gate)
                 for idx, gate in zip(idxs, gates)]
         op = node.op
-        if op is G.CONST:
+        if op is GraphOp.CONST:
             return [self.const(node.arg, node.dtype)] * len(idxs)
-        if op is G.ITER:
+        if op is GraphOp.ITER:
             return [self.index(idx[node.arg]) for idx in idxs]
-        if op is G.VIEW:
+        if op is GraphOp.VIEW:
             return self.view(node, idxs, gates)
-        if op is G.REDUCE:
+        if op is GraphOp.REDUCE:
             return self.reduce(node, idxs, gates)
         srcs = [self.lower(s, idxs, gates) for s in node.src]
         if op in (Op.CAST, Op.BITCAST):

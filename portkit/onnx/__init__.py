@@ -1,0 +1,208 @@
+"""ONNX models on any portkit backend.
+
+    model = portkit.onnx.load("model.onnx", device="opencl")
+    outputs = model(input=np.ones((1, 3, 224, 224), np.float32))    # {"output": array}
+
+The `onnx` package reads the file; every node of the default domain maps to Tensor operations
+through the table in `portkit/onnx/ops.py`. What the table lacks fails at load time, with the
+list of missing ops. Values that only describe shapes (initializers read as shapes, `Shape`, and
+what is computed from them) stay on the host as numpy arrays and are computed there with
+`onnx.reference`; everything else runs on the device. 64-bit integers are narrowed to int32
+where every value fits, so models with int64 indices run on devices without 64-bit types.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from portkit.abi.errors import PortkitError
+from portkit.onnx import nn, ops
+from portkit.onnx.ops import Context, NodeArgs
+from portkit.tensor import Tensor
+
+__all__ = ["Model", "UnsupportedModel", "load"]
+
+OPS = ops.OPS | nn.OPS
+CHECKS = ops.CHECKS | nn.CHECKS
+
+
+class UnsupportedModel(PortkitError):
+    """The model uses ops or attributes that portkit cannot run; raised by `load`."""
+
+
+def _onnx():
+    try:
+        import onnx
+    except ImportError:
+        raise PortkitError("portkit.onnx needs the onnx package: pip install 'portkit[onnx]'"
+                           ) from None
+    return onnx
+
+
+@dataclass
+class Node:
+    """One ONNX node as the loader runs it: op, attributes (as Python values), value names."""
+
+    op: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Any]
+    proto: Any = field(repr=False)
+
+
+@dataclass
+class Model:
+    """A loaded ONNX graph; call it with the graph inputs by name (numpy arrays or Tensors)."""
+
+    nodes: list[Node]
+    inputs: list[str]
+    outputs: list[str]
+    output_dtypes: dict[str, np.dtype]
+    constants: dict[str, np.ndarray]
+    opset: int
+    device: str | None = None
+    _host: dict[int, Any] = field(default_factory=dict, repr=False)
+    _uploaded: dict[int, Tensor] = field(default_factory=dict, repr=False)
+
+    def __call__(self, *args: np.ndarray | Tensor, **named: np.ndarray | Tensor
+                 ) -> dict[str, np.ndarray | Tensor]:
+        """Runs the graph; outputs are Tensors if any input was one, else numpy arrays."""
+        values = self.bind(args, named)
+        tensors_in = any(isinstance(v, Tensor) for v in values.values())
+        env = self.run(values)
+        results = {}
+        for name in self.outputs:
+            value = env[name]
+            if tensors_in:
+                results[name] = value if isinstance(value, Tensor) else Tensor(
+                    value, device=self.device)
+            else:
+                array = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
+                results[name] = array.astype(self.output_dtypes.get(name, array.dtype),
+                                             copy=False)
+        return results
+
+    def bind(self, args: tuple, named: dict) -> dict[str, Any]:
+        """The graph inputs by name, from positional and keyword arguments."""
+        if len(args) > len(self.inputs):
+            raise TypeError(f"the model takes {len(self.inputs)} inputs ({self.inputs}); "
+                            f"got {len(args)} positional arguments")
+        values = dict(zip(self.inputs, args)) | named
+        unknown = sorted(set(values) - set(self.inputs))
+        missing = [n for n in self.inputs if n not in values]
+        if unknown or missing:
+            raise TypeError(f"the model's inputs are {self.inputs}; "
+                            f"missing {missing}, unknown {unknown}")
+        return values
+
+    def run(self, values: dict[str, Any], upto: int | None = None) -> dict[str, Any]:
+        """Every value the graph computes from `values` (the first `upto` nodes only, if given),
+        as numpy arrays (host values) or Tensors."""
+        ctx = Context(self.device, self.opset, self._uploaded)
+        env: dict[str, Any] = dict(self.constants)
+        env[""] = None
+        for name, value in values.items():
+            env[name] = value if isinstance(value, Tensor) else ctx.tensor(np.asarray(value))
+        for index, node in enumerate(self.nodes[:upto]):
+            args = [env[name] for name in node.inputs]
+            if all(a is None or isinstance(a, np.ndarray) for a in args):
+                results = self._on_host(index, node, args)
+            else:
+                results = OPS[node.op](ctx, NodeArgs(node.attrs, args, len(node.outputs)))
+            env.update(zip(node.outputs, results))
+        return env
+
+    def _on_host(self, index: int, node: Node, args: list) -> list[np.ndarray]:
+        if index not in self._host:
+            self._host[index] = _node_evaluator(node, args, self.opset)
+        return _run_on_host(self._host[index], args)
+
+
+def _run_on_host(evaluator: Any, args: list) -> list[np.ndarray]:
+    feeds = {f"in{i}": a for i, a in enumerate(args) if a is not None}
+    return list(evaluator.run(None, feeds))
+
+
+def load(model: str | Path | Any, device: str | None = None) -> Model:
+    """Reads an ONNX model (a path or a ModelProto) for `device` (default: PORTKIT_DEVICE).
+
+    Raises UnsupportedModel naming every op (and attribute value) portkit cannot run."""
+    onnx = _onnx()
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+    graph = proto.graph
+    _check_supported(graph.node)
+    constants = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
+    nodes = [Node(n.op_type, n.name or f"{n.op_type}_{i}", tuple(n.input), tuple(n.output),
+                  {a.name: _attribute(a) for a in n.attribute}, n)
+             for i, n in enumerate(graph.node)]
+    inputs = [i.name for i in graph.input if i.name not in constants]
+    output_dtypes = {o.name: onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)
+                     for o in graph.output if o.type.tensor_type.elem_type}
+    kept = []
+    for node in nodes:   # constant folding: what depends on constants alone runs once, here
+        args = [constants.get(name) for name in node.inputs]
+        if all(name in constants or not name for name in node.inputs):
+            outputs = _run_on_host(_node_evaluator(node, args, opset), args)
+            constants.update(zip(node.outputs, outputs))
+        else:
+            kept.append(node)
+    return Model(kept, inputs, [o.name for o in graph.output], output_dtypes, constants, opset,
+                 device)
+
+
+def _check_supported(nodes: Iterable[Any]) -> None:
+    missing: dict[str, int] = {}
+    for node in nodes:
+        if node.domain not in ("", "ai.onnx"):
+            key = f"{node.domain}.{node.op_type}"
+        elif node.op_type not in OPS:
+            key = node.op_type
+        else:
+            check = CHECKS.get(node.op_type)
+            reason = check and check({a.name: _attribute(a) for a in node.attribute},
+                                     len(node.output))
+            if not reason:
+                continue
+            key = f"{node.op_type} ({reason})"
+        missing[key] = missing.get(key, 0) + 1
+    if missing:
+        listed = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
+        raise UnsupportedModel(f"portkit cannot run these ONNX ops: {listed}. See docs/onnx.md "
+                               "for what is supported; a missing op is a composition of Tensor "
+                               "ops in portkit/onnx/ops.py")
+
+
+def _attribute(attribute: Any) -> Any:
+    onnx = _onnx()
+    value = onnx.helper.get_attribute_value(attribute)
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode() for v in value]
+    return value
+
+
+def _node_evaluator(node: Node, args: list, opset: int):
+    """An onnx.reference evaluator for one node with the model's opset."""
+    onnx = _onnx()
+    from onnx.reference import ReferenceEvaluator
+
+    helper = onnx.helper
+    inputs = [f"in{i}" if a is not None else "" for i, a in enumerate(args)]
+    proto = helper.make_node(node.op, inputs, [f"out{i}" for i in range(len(node.outputs))])
+    proto.attribute.extend(node.proto.attribute)
+    graph = helper.make_graph(
+        [proto], "host",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+         for n, a in zip(inputs, args) if a is not None],
+        [helper.make_tensor_value_info(o, 0, None) for o in proto.output])
+    return ReferenceEvaluator(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", opset)]))

@@ -1,0 +1,379 @@
+"""ONNX's neural-network ops: matrix products, convolution, pooling, normalization, softmax and
+reductions, as Tensor operations (see ops.py for the conventions)."""
+from __future__ import annotations
+
+from math import ceil, prod
+
+import numpy as np
+
+from portkit.abi import dtypes
+from portkit.onnx.ops import Check, Context, NodeArgs, Op, Value, registrar
+from portkit.tensor import Tensor
+
+OPS: dict[str, Op] = {}
+CHECKS: dict[str, Check] = {}
+op = registrar(OPS)
+
+
+@op("MatMul")
+def _matmul(ctx: Context, node: NodeArgs) -> list[Value]:
+    return [ctx.tensor(node.inputs[0]) @ ctx.tensor(node.inputs[1])]
+
+
+@op("Gemm")
+def _gemm(ctx: Context, node: NodeArgs) -> list[Value]:
+    a, b = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    a = a.transpose(0, 1) if node.attr("transA", 0) else a
+    b = b.transpose(0, 1) if node.attr("transB", 0) else b
+    out = (a @ b) * node.attr("alpha", 1.0) if node.attr("alpha", 1.0) != 1 else a @ b
+    if node.input(2) is not None:
+        beta = node.attr("beta", 1.0)
+        c = ctx.tensor(node.inputs[2])
+        out = out + (c * beta if beta != 1 else c)
+    return [out]
+
+
+# -- convolution and pooling -----------------------------------------------------------------
+
+def _spatial_pads(node: NodeArgs, size: tuple[int, ...], kernel: tuple[int, ...],
+                  strides: tuple[int, ...], dilations: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(before, after) padding per spatial axis, from `pads` or `auto_pad`."""
+    auto = node.attr("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for n, k, s, d in zip(size, kernel, strides, dilations):
+            total = max((ceil(n / s) - 1) * s + (k - 1) * d + 1 - n, 0)
+            small, large = total // 2, total - total // 2
+            pads.append((small, large) if auto == "SAME_UPPER" else (large, small))
+        return pads
+    if auto == "VALID":
+        return [(0, 0)] * len(size)
+    flat = node.attr("pads", [0] * 2 * len(size))
+    return list(zip(flat[:len(size)], flat[len(size):]))
+
+
+def _as_2d(x: Tensor) -> Tensor:
+    """(N, C, L) as (N, C, 1, L): 1-d work runs through the 2-d Tensor ops."""
+    return x.unsqueeze(2) if x.ndim == 3 else x
+
+
+def _window(node: NodeArgs, x: Tensor, kernel: tuple[int, ...]):
+    spatial = x.ndim - 2
+    strides = tuple(node.attr("strides", [1] * spatial))
+    dilations = tuple(node.attr("dilations", [1] * spatial))
+    pads = _spatial_pads(node, x.shape[2:], kernel, strides, dilations)
+    if node.attr("ceil_mode", 0):
+        pads = [(b, e + _ceil_extra(n, b, e, k, s, d))
+                for (b, e), n, k, s, d in zip(pads, x.shape[2:], kernel, strides, dilations)]
+    return strides, dilations, pads
+
+
+def _ceil_extra(size: int, before: int, after: int, kernel: int, stride: int,
+                dilation: int) -> int:
+    """Padding to add at the end so a ceil-mode pool gets its last (partial) window; as in
+    PyTorch, a window that would start inside the end padding is dropped."""
+    span = (kernel - 1) * dilation + 1
+    windows = -(-(size + before + after - span) // stride) + 1
+    if (windows - 1) * stride >= size + before:
+        windows -= 1
+    return max((windows - 1) * stride + span - (size + before + after), 0)
+
+
+@op("Conv")
+def _conv(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, weight = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    bias = None if node.input(2) is None else ctx.tensor(node.inputs[2])
+    strides, dilations, pads = _window(node, x, weight.shape[2:])
+    x = x.pad(((0, 0), (0, 0), *pads))
+    one_d = x.ndim == 3
+    out = _as_2d(x).conv2d(_as_2d(weight), bias, stride=((1,) + strides) if one_d else strides,
+                           dilation=((1,) + dilations) if one_d else dilations,
+                           groups=node.attr("group", 1))
+    return [out.squeeze(2) if one_d else out]
+
+
+def _pool(x: Tensor, node: NodeArgs, fill: float, reduce: str) -> Tensor:
+    kernel = tuple(node.attr("kernel_shape"))
+    strides, dilations, pads = _window(node, x, kernel)
+    one_d = x.ndim == 3
+    x = _as_2d(x.pad(((0, 0), (0, 0), *pads), fill))
+    kernel, strides, dilations = ((1,) + kernel, (1,) + strides, (1,) + dilations) if one_d \
+        else (kernel, strides, dilations)
+    if reduce == "max":
+        out = x.max_pool2d(kernel, strides, 0, dilations)
+    else:
+        out = x.avg_pool2d(kernel, strides, 0)
+    return out.squeeze(2) if one_d else out
+
+
+@op("MaxPool")
+def _max_pool(ctx: Context, node: NodeArgs) -> list[Value]:
+    return [_pool(ctx.tensor(node.inputs[0]), node, float("-inf"), "max")]
+
+
+@op("AveragePool")
+def _average_pool(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    total = _pool(x, node, 0.0, "avg")
+    if node.attr("count_include_pad", 0) or not any(node.attr("pads", [])) and node.attr(
+            "auto_pad", "NOTSET") in ("NOTSET", "VALID") and not node.attr("ceil_mode", 0):
+        return [total]
+    # Padding is left out of each window's count: divide by the share of real elements.
+    ones = Tensor.ones(*x.shape, dtype=x.dtype, device=x.device)
+    return [total / _pool(ones, node, 0.0, "avg")]
+
+
+@op("LpPool")
+def _lp_pool(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, p = ctx.tensor(node.inputs[0]), node.attr("p", 2)
+    windows = prod(node.attr("kernel_shape"))
+    powered = x.abs() if p == 1 else x.abs().pow(p)
+    total = _pool(powered, node, 0.0, "avg") * windows
+    return [total if p == 1 else total.pow(1 / p)]
+
+
+@op("GlobalAveragePool")
+def _global_average_pool(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    return [x.mean(tuple(range(2, x.ndim)), keepdim=True)]
+
+
+@op("GlobalMaxPool")
+def _global_max_pool(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    return [x.max(tuple(range(2, x.ndim)), keepdim=True)]
+
+
+CHECKS.update(
+    Conv=lambda a, n: len(a.get("kernel_shape", [0, 0])) > 2 and "3-d and larger",
+    MaxPool=lambda a, n: (len(a["kernel_shape"]) > 2 and "3-d and larger") or (
+        n > 1 and "the Indices output"),
+    AveragePool=lambda a, n: (len(a["kernel_shape"]) > 2 and "3-d and larger") or (
+        any(d != 1 for d in a.get("dilations", [])) and "dilations"),
+    LpPool=lambda a, n: (len(a["kernel_shape"]) > 2 and "3-d and larger") or (
+        any(d != 1 for d in a.get("dilations", [])) and "dilations"),
+)
+
+
+# -- normalization -----------------------------------------------------------------------------
+
+def _channel(t: Tensor, ndim: int) -> Tensor:
+    return t.reshape(1, -1, *([1] * (ndim - 2)))
+
+
+@op("BatchNormalization")
+def _batch_norm(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, scale, bias, mean, var = (ctx.tensor(v) for v in node.inputs[:5])
+    epsilon = node.attr("epsilon", 1e-5)
+    if not node.attr("training_mode", 0):
+        return [x.batchnorm(scale, bias, mean, (var + epsilon).rsqrt())]
+    axes = (0, *range(2, x.ndim))      # training: the batch's own statistics, and running ones
+    batch_mean, batch_var = x.mean(axes), x.var(axes, correction=0)
+    momentum = node.attr("momentum", 0.9)
+    return [x.batchnorm(scale, bias, batch_mean, (batch_var + epsilon).rsqrt()),
+            mean * momentum + batch_mean * (1 - momentum),
+            var * momentum + batch_var * (1 - momentum)][:node.outputs]
+
+
+@op("InstanceNormalization")
+def _instance_norm(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, scale, bias = (ctx.tensor(v) for v in node.inputs)
+    axes = tuple(range(2, x.ndim))
+    normed = x.layernorm(axes, node.attr("epsilon", 1e-5))
+    return [normed * _channel(scale, x.ndim) + _channel(bias, x.ndim)]
+
+
+@op("LayerNormalization")
+def _layer_norm(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, scale = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    axis = node.attr("axis", -1) % x.ndim
+    axes, epsilon = tuple(range(axis, x.ndim)), node.attr("epsilon", 1e-5)
+    out = x.layernorm(axes, epsilon) * scale
+    out = out if node.input(2) is None else out + ctx.tensor(node.inputs[2])
+    mean = x.mean(axes, keepdim=True)
+    invstd = (((x - mean) * (x - mean)).mean(axes, keepdim=True) + epsilon).rsqrt()
+    return [out, mean, invstd][:node.outputs]
+
+
+@op("RMSNormalization")
+def _rms_norm(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, scale = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    axis = node.attr("axis", -1) % x.ndim
+    mean_square = (x * x).mean(tuple(range(axis, x.ndim)), keepdim=True)
+    return [x * (mean_square + node.attr("epsilon", 1e-5)).rsqrt() * scale]
+
+
+@op("GroupNormalization")
+def _group_norm(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, scale, bias = (ctx.tensor(v) for v in node.inputs)
+    groups = node.attr("num_groups")
+    grouped = x.reshape(x.shape[0], groups, -1).layernorm(-1, node.attr("epsilon", 1e-5))
+    return [grouped.reshape(*x.shape) * _channel(scale, x.ndim) + _channel(bias, x.ndim)]
+
+
+@op("MeanVarianceNormalization")
+def _mvn(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    return [x.layernorm(tuple(node.attr("axes", [0, 2, 3])), 1e-9)]
+
+
+@op("LpNormalization")
+def _lp_norm(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    axis, p = node.attr("axis", -1), node.attr("p", 2)
+    norm = x.abs().sum(axis, keepdim=True) if p == 1 else (x * x).sum(axis, keepdim=True).sqrt()
+    return [x / norm]
+
+
+CHECKS["LpNormalization"] = lambda a, n: a.get("p", 2) not in (1, 2) and f"p={a['p']}"
+CHECKS["LayerNormalization"] = lambda a, n: a.get("stash_type", 1) != 1 and "stash_type"
+
+
+def _softmax(log: bool) -> Op:
+    def run(ctx: Context, node: NodeArgs) -> list[Value]:
+        x = ctx.tensor(node.inputs[0])
+        if ctx.opset >= 13:
+            axis = node.attr("axis", -1)
+            return [x.log_softmax(axis) if log else x.softmax(axis)]
+        axis = node.attr("axis", 1) % max(x.ndim, 1)   # before 13: over all axes from `axis`
+        flat = x.reshape(prod(x.shape[:axis]), prod(x.shape[axis:]))
+        return [(flat.log_softmax(-1) if log else flat.softmax(-1)).reshape(*x.shape)]
+    return run
+
+
+OPS.update(Softmax=_softmax(log=False), LogSoftmax=_softmax(log=True))
+
+
+# -- reductions --------------------------------------------------------------------------------
+
+_REDUCE = {
+    "ReduceSum": lambda x, a, k: x.sum(a, keepdim=k),
+    "ReduceMean": lambda x, a, k: x.mean(a, keepdim=k),
+    "ReduceMax": lambda x, a, k: x.max(a, keepdim=k),
+    "ReduceMin": lambda x, a, k: x.min(a, keepdim=k),
+    "ReduceProd": lambda x, a, k: x.prod(a, keepdim=k),
+    "ReduceSumSquare": lambda x, a, k: (x * x).sum(a, keepdim=k),
+    "ReduceL1": lambda x, a, k: x.abs().sum(a, keepdim=k),
+    "ReduceL2": lambda x, a, k: (x * x).sum(a, keepdim=k).sqrt(),
+    "ReduceLogSum": lambda x, a, k: x.sum(a, keepdim=k).log(),
+    "ReduceLogSumExp": lambda x, a, k: x.logsumexp(a, keepdim=k),
+}
+
+
+# What ONNX says a reduce over no elements gives, where the Tensor API has no answer.
+_EMPTY = {
+    "ReduceMax": lambda d: -float("inf") if d.is_float else d.min,
+    "ReduceMin": lambda d: float("inf") if d.is_float else d.max,
+    "ReduceLogSumExp": lambda d: -float("inf"),
+    "ReduceLogSum": lambda d: -float("inf"),
+}
+
+
+def _reduce(name: str) -> Op:
+    since = 13 if name == "ReduceSum" else 18     # when `axes` became an input
+
+    def run(ctx: Context, node: NodeArgs) -> list[Value]:
+        x = ctx.tensor(node.inputs[0])
+        axes = node.input(1) if ctx.opset >= since else node.attr("axes")
+        axes = [] if axes is None else ctx.ints(axes)
+        if not axes:
+            if node.attr("noop_with_empty_axes", 0):
+                return [x]
+            axes = list(range(x.ndim))
+        keep, axes = bool(node.attr("keepdims", 1)), tuple(a % x.ndim for a in axes)
+        if prod(x.shape[a] for a in axes) == 0 and name in _EMPTY:
+            shape = [1 if i in axes else s for i, s in enumerate(x.shape) if keep or i not in axes]
+            return [Tensor.full(tuple(shape), _EMPTY[name](x.dtype), dtype=x.dtype,
+                                device=x.device)]
+        return [_REDUCE[name](x, axes, keep)]
+    return run
+
+
+OPS.update({name: _reduce(name) for name in _REDUCE})
+
+
+def _arg(method) -> Op:
+    def run(ctx: Context, node: NodeArgs) -> list[Value]:
+        x = ctx.tensor(node.inputs[0])
+        axis, keep = node.attr("axis", 0) % x.ndim, bool(node.attr("keepdims", 1))
+        if not node.attr("select_last_index", 0):
+            return [method(x, axis, keepdim=keep)]
+        # The last of equal values: the first one along the flipped axis, counted back.
+        return [(x.shape[axis] - 1) - method(x.flip(axis), axis, keepdim=keep)]
+    return run
+
+
+OPS.update(ArgMax=_arg(Tensor.argmax), ArgMin=_arg(Tensor.argmin))
+
+
+# -- rearrangements ----------------------------------------------------------------------------
+
+@op("Trilu")
+def _trilu(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    k = ctx.ints(node.inputs[1])[0] if node.input(1) is not None else 0
+    rows, cols = x.shape[-2:]
+    row = Tensor.arange(rows, device=x.device).reshape(rows, 1)
+    col = Tensor.arange(cols, device=x.device).reshape(1, cols)
+    keep = (col - row >= k) if node.attr("upper", 1) else (col - row <= k)
+    return [keep.where(x, Tensor.zeros(1, dtype=x.dtype, device=x.device))]
+
+
+@op("Hardmax")
+def _hardmax(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    axis = node.attr("axis", -1) % x.ndim
+    if ctx.opset < 13:      # before 13: over the flattened axes from `axis`, as Softmax
+        flat = x.reshape(prod(x.shape[:axis]), prod(x.shape[axis:]))
+        return [_hardmax_last(flat).reshape(*x.shape)]
+    moved = x.transpose(axis, -1)
+    return [_hardmax_last(moved).transpose(axis, -1)]
+
+
+def _hardmax_last(x: Tensor) -> Tensor:
+    return x.argmax(-1).one_hot(x.shape[-1]).cast(x.dtype)
+
+
+@op("EyeLike")
+def _eye_like(ctx: Context, node: NodeArgs) -> list[Value]:
+    import onnx
+
+    x = ctx.tensor(node.inputs[0])
+    rows, cols = x.shape
+    row = Tensor.arange(rows, device=x.device).reshape(rows, 1)
+    col = Tensor.arange(cols, device=x.device).reshape(1, cols)
+    dtype = x.dtype if node.attr("dtype") is None else dtypes.from_numpy(
+        onnx.helper.tensor_dtype_to_np_dtype(node.attr("dtype")))
+    return [(col - row == node.attr("k", 0)).cast(dtype)]
+
+
+@op("OneHot")
+def _one_hot(ctx: Context, node: NodeArgs) -> list[Value]:
+    indices, depth = ctx.tensor(node.inputs[0]), int(ctx.host(node.inputs[1]).item())
+    off, on = (v.item() for v in ctx.host(node.inputs[2]).reshape(2))
+    values_dtype = np.asarray(ctx.host(node.inputs[2])).dtype
+    indices = (indices < 0).where(indices + depth, indices)
+    hot = indices.one_hot(depth).cast(dtypes.bool_)
+    out = hot.where(on, off).cast(dtypes.from_numpy(values_dtype)
+                                  if values_dtype.itemsize < 8 else dtypes.float32)
+    axis = node.attr("axis", -1) % out.ndim
+    return [out.permute(*range(axis), out.ndim - 1, *range(axis, out.ndim - 1))]
+
+
+@op("DepthToSpace")
+def _depth_to_space(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    b, (n, c, h, w) = node.attr("blocksize"), x.shape
+    if node.attr("mode", "DCR") == "DCR":
+        y = x.reshape(n, b, b, c // (b * b), h, w).permute(0, 3, 4, 1, 5, 2)
+    else:
+        y = x.reshape(n, c // (b * b), b, b, h, w).permute(0, 1, 4, 2, 5, 3)
+    return [y.reshape(n, c // (b * b), h * b, w * b)]
+
+
+@op("SpaceToDepth")
+def _space_to_depth(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    b, (n, c, h, w) = node.attr("blocksize"), x.shape
+    y = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+    return [y.reshape(n, c * b * b, h // b, w // b)]

@@ -61,7 +61,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, R
 
     __slots__ = ("_ctx", "grad", "lazy", "requires_grad")
     __hash__ = object.__hash__
-    training = False
+    training = False        # what dropout() does when not told training=True or False
 
     def __init__(self, data: Any, dtype: DTypeLike | None = None, device: str | None = None,
                  requires_grad: bool = False):

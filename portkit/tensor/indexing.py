@@ -14,10 +14,13 @@ from portkit.tensor import core
 from portkit.tensor.dtype import bool_, int32
 
 if TYPE_CHECKING:
+    from types import EllipsisType
+
     from portkit.tensor.core import Tensor
 
-# what t[...] accepts: an index or a tuple of them
-Index = Any
+    # per dim, as numpy: an int, a slice, None (a new dim), ... (the dims left), integer indices
+    IndexItem = int | slice | EllipsisType | Tensor | list[int] | np.ndarray | None
+    Index = IndexItem | tuple[IndexItem, ...]
 
 
 class IndexingOps:

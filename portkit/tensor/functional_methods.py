@@ -1,7 +1,8 @@
 """Tensor methods that forward to portkit.nn.functional, where the nn functions live.
 
 x.conv2d(w) is portkit.nn.functional.conv2d(x, w), as PyTorch pairs Tensor methods with
-torch.nn.functional; the signatures below follow the functions'.
+torch.nn.functional. The methods keep the parameter order they always had (cross_entropy's
+differs from the function's, which is torch's).
 """
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """nn functions (portkit/nn/functional.py) through their Tensor methods: activations,
-convolution, pools, losses, norms, attention, embedding.
-
-Each test runs once per backend that loads here (the `backend` fixture in tests/stack/conftest.py
-sets the default device); `check` and `data` compare with PyTorch (CPU), forward and backward.
-"""
+convolution, pools, losses, norms, attention, embedding."""
 import numpy as np
 import pytest
 

@@ -1,8 +1,4 @@
-"""The Tensor core (portkit/tensor/core.py): 0-d and empty tensors, backward, errors.
-
-Each test runs once per backend that loads here (the `backend` fixture in tests/stack/conftest.py
-sets the default device).
-"""
+"""The Tensor core (portkit/tensor/core.py): 0-d and empty tensors, backward, errors."""
 import numpy as np
 import pytest
 

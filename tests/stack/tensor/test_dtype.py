@@ -1,8 +1,4 @@
-"""Dtypes (portkit/tensor/dtype.py): promotion, casts, and every dtype on every backend.
-
-Each test runs once per backend that loads here (the `backend` fixture in tests/stack/conftest.py
-sets the default device).
-"""
+"""Dtypes (portkit/tensor/dtype.py): promotion, casts, and every dtype on every backend."""
 import numpy as np
 import pytest
 

@@ -1,8 +1,4 @@
-"""Elementwise ops (portkit/tensor/elementwise.py): unary and binary math, integer semantics.
-
-Each test runs once per backend that loads here (the `backend` fixture in tests/stack/conftest.py
-sets the default device); `check` and `data` compare with PyTorch (CPU), forward and backward.
-"""
+"""Elementwise ops (portkit/tensor/elementwise.py): unary and binary math, integer semantics."""
 import math
 
 import numpy as np

@@ -1,8 +1,4 @@
-"""Indexing (portkit/tensor/indexing.py): basic, advanced and several integer-tensor indices.
-
-Each test runs once per backend that loads here (the `backend` fixture in tests/stack/conftest.py
-sets the default device); `check` and `data` compare with PyTorch (CPU), forward and backward.
-"""
+"""Indexing (portkit/tensor/indexing.py): basic, advanced and several integer-tensor indices."""
 import numpy as np
 import pytest
 

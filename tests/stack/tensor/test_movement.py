@@ -1,8 +1,4 @@
-"""Movement ops, cat and stack (portkit/tensor/movement.py).
-
-Each test runs once per backend that loads here (the `backend` fixture in tests/stack/conftest.py
-sets the default device); `check` and `data` compare with PyTorch (CPU), forward and backward.
-"""
+"""Movement ops, cat and stack (portkit/tensor/movement.py)."""
 import numpy as np
 import pytest
 

@@ -1,8 +1,4 @@
-"""Reductions and matmul (portkit/tensor/reduce.py).
-
-Each test runs once per backend that loads here (the `backend` fixture in tests/stack/conftest.py
-sets the default device); `check` and `data` compare with PyTorch (CPU), forward and backward.
-"""
+"""Reductions and matmul (portkit/tensor/reduce.py)."""
 import numpy as np
 import pytest
 
@@ -17,20 +13,11 @@ pytestmark = pytest.mark.usefixtures("backend")
 def test_reductions(axis, keepdim, check, data):
     x = data(2, 3, 4)
     tdim = axis if axis is not None else (0, 1, 2)
-    check(lambda t: t.sum(axis, keepdim=keepdim) if isinstance(t, Tensor)
-          else t.sum(tdim, keepdim=keepdim), x)
-    check(lambda t: t.mean(axis, keepdim=keepdim) if isinstance(t, Tensor)
-          else t.mean(tdim, keepdim=keepdim), x)
-    check(lambda t: t.var(axis, keepdim=keepdim) if isinstance(t, Tensor)
-          else t.var(tdim, keepdim=keepdim), x)
-    check(lambda t: t.std(axis, keepdim=keepdim) if isinstance(t, Tensor)
-          else t.std(tdim, keepdim=keepdim), x)
-    check(lambda t: t.logsumexp(axis, keepdim=keepdim) if isinstance(t, Tensor)
-          else t.logsumexp(tdim, keepdim=keepdim), x)
-    check(lambda t: t.max(axis, keepdim=keepdim) if isinstance(t, Tensor)
-          else t.amax(tdim, keepdim=keepdim), x)
-    check(lambda t: t.min(axis, keepdim=keepdim) if isinstance(t, Tensor)
-          else t.amin(tdim, keepdim=keepdim), x)
+    # torch names max and min over axes amax and amin
+    for ours, theirs in (("sum", "sum"), ("mean", "mean"), ("var", "var"), ("std", "std"),
+                         ("logsumexp", "logsumexp"), ("max", "amax"), ("min", "amin")):
+        check(lambda t, ours=ours, theirs=theirs: getattr(t, ours)(axis, keepdim=keepdim)
+              if isinstance(t, Tensor) else getattr(t, theirs)(tdim, keepdim=keepdim), x)
 
 
 def test_prod_argmax_argmin(data):

@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 # The stack is imported on first use, so a backend that imports portkit.abi does not pay for it.
 __all__ = [
+    "DTypeLike",
     "Tensor",
     "__version__",
     "bfloat16",

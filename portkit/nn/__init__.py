@@ -1,4 +1,7 @@
-"""Layers with parameters, state dicts, and safetensors files (written with numpy)."""
+"""Layers with parameters, state dicts, and safetensors files (written with numpy).
+
+A layer holds its parameters and calls portkit.nn.functional, where the computation lives.
+"""
 from __future__ import annotations
 
 import json
@@ -8,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from portkit.abi import dtypes
+from portkit.nn import functional as F
 from portkit.tensor import Tensor, realize
 
 
@@ -87,7 +91,7 @@ class Linear(Module):
         self.bias = _uniform((out_features,), bound) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return x.linear(self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class Conv2d(Module):
@@ -102,7 +106,7 @@ class Conv2d(Module):
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
 
     def forward(self, x: Tensor) -> Tensor:
-        return x.conv2d(self.weight, self.bias, self.stride, self.padding, self.dilation,
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
                         self.groups)
 
 
@@ -119,7 +123,7 @@ class LayerNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         axes = tuple(range(-len(self.shape), 0))
-        x = x.layernorm(axes, self.eps)
+        x = F.layernorm(x, axes, self.eps)
         return x if self.weight is None else x * self.weight + self.bias
 
 
@@ -146,7 +150,7 @@ class BatchNorm2d(Module):
             realize(self.running_mean, self.running_var)
         else:
             mean, var = self.running_mean, self.running_var
-        return x.batchnorm(self.weight, self.bias, mean, (var + self.eps).rsqrt())
+        return F.batchnorm(x, self.weight, self.bias, mean, (var + self.eps).rsqrt())
 
 
 class Embedding(Module):
@@ -156,7 +160,7 @@ class Embedding(Module):
         self.weight = Tensor.randn(count, dim).realize().requires_grad_()
 
     def forward(self, index: Tensor) -> Tensor:
-        return index.embedding(self.weight)
+        return F.embedding(index, self.weight)
 
 
 # -- safetensors: 8-byte little-endian header length, JSON header, raw little-endian data --------

@@ -96,3 +96,16 @@ def test_randint_and_rand_reject_bad_arguments():
         Tensor.randint(5, 5, (3,))
     with pytest.raises(TypeError, match="randint"):
         Tensor.rand(3, dtype=pt.int32)
+
+
+@pytest.mark.usefixtures("backend")
+def test_seeded_draws_on_every_backend():
+    pt.seed(1)
+    a = Tensor.rand(1000).numpy()
+    pt.seed(1)
+    assert (Tensor.rand(1000).numpy() == a).all()
+    assert 0 <= a.min() and a.max() < 1 and abs(a.mean() - 0.5) < 0.05
+    n = Tensor.randn(20000).numpy()
+    assert abs(n.mean()) < 0.05 and abs(n.std() - 1) < 0.05
+    r = Tensor.randint(3, 7, (500,)).numpy()
+    assert set(np.unique(r)) == {3, 4, 5, 6}

@@ -1,0 +1,202 @@
+"""Neural-network functions, as torch.nn.functional: linear, convolution, pools, losses, norms,
+dropout, attention, embedding and the activations PyTorch keeps here.
+
+Tensor has a thin method for each (x.conv2d(w) is conv2d(x, w)); the layers in portkit.nn call
+these. They compose Tensor ops only, so autograd differentiates them with no rule of their own.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from portkit.tensor import Tensor
+from portkit.tensor.dtype import bool_, float_of, int32
+
+IntPair = int | tuple[int, int]
+Reduction = Literal["mean", "sum", "none"]
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """input @ weight.T + bias."""
+    out = input.matmul(weight.T)
+    return out if bias is None else out + bias
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntPair = 1,
+           padding: IntPair = 0, dilation: IntPair = 1, groups: int = 1) -> Tensor:
+    """2-d convolution, (N, C, H, W) x (O, C/groups, kh, kw)."""
+    if input.ndim != 4 or weight.ndim != 4:
+        raise ValueError(f"conv2d needs 4-d input and weight, got shapes {input.shape} "
+                         f"and {weight.shape}")
+    n, cin, _, _ = input.shape
+    cout, cin_g, kh, kw = weight.shape
+    if cin != cin_g * groups or cout % groups:
+        raise ValueError(f"conv2d: input shape {input.shape} and weight shape "
+                         f"{weight.shape} do not match for groups={groups}")
+    stride, dilation = _pair(stride), _pair(dilation)
+    ph, pw = _pair(padding)
+    x = _windows(input.pad(((0, 0), (0, 0), (ph, ph), (pw, pw))), (kh, kw), stride, dilation)
+    oh, ow = x.shape[2:4]
+    per_group = cout // groups
+    x = x.reshape(n, groups, cin_g, 1, oh, ow, kh, kw).expand(
+        n, groups, cin_g, per_group, oh, ow, kh, kw).permute(0, 1, 3, 4, 5, 2, 6, 7)
+    w = weight.reshape(1, groups, per_group, 1, 1, cin_g, kh, kw)
+    out = (x * w).sum((5, 6, 7)).reshape(n, cout, oh, ow)
+    return out if bias is None else out + bias.reshape(1, -1, 1, 1)
+
+
+def max_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
+               padding: IntPair = 0, dilation: IntPair = 1) -> Tensor:
+    """The maximum of each window over the last two dims (padding counts as -inf)."""
+    kernel = _pair(kernel_size)
+    ph, pw = _pair(padding)
+    x = input.pad(((0, 0),) * (input.ndim - 2) + ((ph, ph), (pw, pw)), float("-inf"))
+    return _windows(x, kernel, _pair(stride or kernel_size), _pair(dilation)).max((-2, -1))
+
+
+def avg_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
+               padding: IntPair = 0) -> Tensor:
+    """The mean of each window over the last two dims (padding counts as 0)."""
+    kernel = _pair(kernel_size)
+    ph, pw = _pair(padding)
+    x = input.pad(((0, 0),) * (input.ndim - 2) + ((ph, ph), (pw, pw)))
+    return _windows(x, kernel, _pair(stride or kernel_size), (1, 1)).mean((-2, -1))
+
+
+def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """Cross entropy of logits (N, C) against class indices (N,) or probabilities."""
+    logp = input.log_softmax(-1)
+    if target.dtype.is_float:
+        probs = target
+    else:
+        if target.shape != input.shape[:-1]:
+            raise ValueError(f"cross_entropy: target shape {target.shape} does not match "
+                             f"logits shape {input.shape} (want {input.shape[:-1]})")
+        probs = one_hot(target, input.shape[-1]).cast(logp.dtype)
+    if label_smoothing:
+        probs = probs * (1 - label_smoothing) + label_smoothing / input.shape[-1]
+    loss = -(logp * probs).sum(-1)
+    return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
+
+
+def one_hot(input: Tensor, num_classes: int) -> Tensor:
+    """int32 vectors with a 1 at each index of `input` (a new last dim of num_classes)."""
+    return (input.unsqueeze(-1) == Tensor.arange(num_classes, device=input.device)).cast(int32)
+
+
+def layernorm(input: Tensor, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over `axis` (biased variance, as torch); no affine part."""
+    x = input.cast(float_of(input.dtype))
+    centered = x - x.mean(axis, keepdim=True)
+    return centered * ((centered * centered).mean(axis, keepdim=True) + eps).rsqrt()
+
+
+def batchnorm(input: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
+              invstd: Tensor) -> Tensor:
+    """(x - mean) * invstd * weight + bias, with per-channel (dim 1) statistics."""
+    shape = (1, -1) + (1,) * (input.ndim - 2)
+    x = (input - mean.reshape(shape)) * invstd.reshape(shape)
+    if weight is not None:
+        x = x * weight.reshape(shape)
+    return x if bias is None else x + bias.reshape(shape)
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool | None = None) -> Tensor:
+    """Zeroes each element with probability p and scales the rest by 1 / (1 - p) when
+    training (default: Tensor.training); else returns input itself."""
+    if not (training if training is not None else Tensor.training) or p == 0:
+        return input
+    keep = Tensor.rand(*input.shape, device=input.device) >= p
+    return keep.where(input, 0) * (1 / (1 - p))
+
+
+def embedding(input: Tensor, weight: Tensor) -> Tensor:
+    """Rows of `weight` picked by the integer tensor `input`."""
+    return weight.index_select(0, input)
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
+                                 attn_mask: Tensor | None = None,
+                                 is_causal: bool = False) -> Tensor:
+    """softmax(q @ k^T / sqrt(d) + mask) @ v, with an optional causal mask."""
+    scores = query.matmul(key.transpose(-1, -2)) * (1 / math.sqrt(query.shape[-1]))
+    if is_causal:
+        q, k = scores.shape[-2:]
+        causal = Tensor.arange(q, device=query.device).reshape(q, 1) >= Tensor.arange(
+            k, device=query.device).reshape(1, k)
+        scores = causal.where(scores, float("-inf"))
+    if attn_mask is not None:
+        scores = attn_mask.where(scores, float("-inf")) if attn_mask.dtype == bool_ \
+            else scores + attn_mask
+    return scores.softmax(-1).matmul(value)
+
+
+# -- activations --------------------------------------------------------------------------------
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """x where x > 0, else negative_slope * x."""
+    return (input > 0).where(input, input * negative_slope)
+
+
+def gelu(input: Tensor, approximate: Literal["none", "tanh"] = "none") -> Tensor:
+    """x * Phi(x) with the exact normal CDF, or its tanh approximation."""
+    x = input.cast(float_of(input.dtype))
+    if approximate == "tanh":
+        return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+    if approximate != "none":
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    # erfc, not 1 + erf: for negative x the result is a tiny product, kept accurate
+    return 0.5 * x * (x * -math.sqrt(0.5)).erfc()
+
+
+def silu(input: Tensor) -> Tensor:
+    """x * sigmoid(x)."""
+    return input * input.sigmoid()
+
+
+def softplus(input: Tensor) -> Tensor:
+    """log(1 + exp(x)), computed without overflow."""
+    x = input.cast(float_of(input.dtype))
+    return x.relu() + (1 + (-x.abs()).exp()).log()
+
+
+# -- sliding windows ----------------------------------------------------------------------------
+
+def _pair(v: IntPair) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
+             dilation: tuple[int, ...]) -> Tensor:
+    """Sliding windows over the last len(kernel) dims -> (..., *out, *kernel), as views."""
+    keep = x.shape[:-len(kernel)]
+    sizes = x.shape[-len(kernel):]
+    noop = [(0, s) for s in keep]
+    outs = [(i - d * (k - 1) - 1) // s + 1 for i, d, k, s in zip(sizes, dilation, kernel,
+                                                                 stride)]
+    if any(o <= 0 for o in outs):
+        raise ValueError(f"input of spatial size {sizes} is smaller than kernel {kernel} "
+                         f"(dilation {dilation})")
+    reps = [-(-k * (i + d) // i) for k, i, d in zip(kernel, sizes, dilation)]
+    x = x.reshape(keep + tuple(d for i in sizes for d in (1, i)))
+    x = x.expand(keep + tuple(d for e, i in zip(reps, sizes) for d in (e, i)))
+    x = x.reshape(keep + tuple(e * i for e, i in zip(reps, sizes)))
+    x = x.shrink(noop + [(0, k * (i + d)) for k, i, d in zip(kernel, sizes, dilation)])
+    x = x.reshape(keep + tuple(d for k, i, dd in zip(kernel, sizes, dilation)
+                               for d in (k, i + dd)))
+    x = x.shrink(noop + [r for k, o, s in zip(kernel, outs, stride)
+                         for r in ((0, k), (0, o * s))])
+    x = x.reshape(keep + tuple(d for k, o, s in zip(kernel, outs, stride)
+                               for d in (k, o, s)))
+    x = x.shrink(noop + [r for k, o in zip(kernel, outs) for r in ((0, k), (0, o), (0, 1))])
+    x = x.reshape(keep + tuple(d for k, o in zip(kernel, outs) for d in (k, o)))
+    n = len(keep)
+    return x.permute(tuple(range(n)) + tuple(n + 2 * i + 1 for i in range(len(kernel))) +
+                     tuple(n + 2 * i for i in range(len(kernel))))
+
+
+__all__ = ["avg_pool2d", "batchnorm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
+           "layernorm", "leaky_relu", "linear", "max_pool2d", "one_hot",
+           "scaled_dot_product_attention", "silu", "softplus"]

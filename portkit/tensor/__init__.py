@@ -1,0 +1,38 @@
+"""portkit.Tensor: a PyTorch-like, lazy tensor whose work reaches a device only as ABI kernels.
+
+Operations build a graph (portkit/graph.py); `.realize()`, `.numpy()`, `.item()` and
+`.tolist()` schedule and run it (portkit/schedule.py). Only the primitives in
+portkit/autograd.py touch the graph; every op composes them, so every op is differentiable
+wherever its primitives are.
+
+core.py holds the class; its methods are written by concern in creation.py, random.py,
+elementwise.py, movement.py, indexing.py, reduce.py and functional_methods.py (which forwards
+to portkit.nn.functional); dtype.py and shapes.py read the arguments.
+"""
+from portkit.autograd import no_grad
+from portkit.tensor.core import Tensor, realize
+from portkit.tensor.dtype import (
+    DTypeLike,
+    Scalar,
+    bfloat16,
+    bool_,
+    default_float,
+    float16,
+    float32,
+    float64,
+    int8,
+    int16,
+    int32,
+    int64,
+    promote,
+    uint8,
+    uint16,
+    uint32,
+    uint64,
+)
+from portkit.tensor.movement import cat, stack
+from portkit.tensor.random import seed
+
+__all__ = ["DTypeLike", "Scalar", "Tensor", "bfloat16", "bool_", "cat", "default_float",
+           "float16", "float32", "float64", "int8", "int16", "int32", "int64", "no_grad",
+           "promote", "realize", "seed", "stack", "uint8", "uint16", "uint32", "uint64"]

@@ -1,0 +1,278 @@
+"""The Tensor class: construction, dtype/device/shape, running the graph, operators, backward.
+
+Tensor's ops are methods, as in PyTorch; they are written in one module per concern (creation,
+random, elementwise, movement, indexing, reduce, and the thin nn methods) as mixin classes that
+Tensor inherits. Mixins rather than functions attached after the fact: every method is visible
+on the class to readers, `help()`, editors and type checkers, and each concern module reads as
+the methods it adds. Those modules reach the Tensor class as `core.Tensor` at call time, since
+this module imports them to define it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from portkit import autograd, graph, schedule
+from portkit.abi.dtypes import DType, from_numpy
+from portkit.abi.kernel import Kernel
+from portkit.autograd import RULES, Context
+from portkit.codegen.lower import lower
+from portkit.graph import Lazy
+from portkit.tensor.creation import CreationOps
+from portkit.tensor.dtype import DTypeLike, Scalar, bool_, check_dtype, to_dtype
+from portkit.tensor.elementwise import ElementwiseOps
+from portkit.tensor.functional_methods import FunctionalMethods
+from portkit.tensor.indexing import IndexingOps
+from portkit.tensor.movement import MovementOps
+from portkit.tensor.random import RandomOps
+from portkit.tensor.reduce import ReduceOps
+
+# a binary operator method: self OP other
+_Operator = Callable[["Tensor", "Tensor | Scalar"], "Tensor"]
+
+
+def _operators(apply: Callable[[Tensor, Tensor | Scalar, bool], Tensor]
+               ) -> tuple[_Operator, _Operator]:
+    """self OP other and its reflected form other OP self, as methods, from apply(a, b, reverse)."""
+    def operator(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        return apply(self, other, False)
+
+    def reflected(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        return apply(self, other, True)
+    return operator, reflected
+
+
+def _primitive_operators(name: str) -> tuple[_Operator, _Operator]:
+    """_operators of the binary primitive `name`, its operands promoted and broadcast."""
+    return _operators(lambda a, b, reverse: a._binary(name, b, reverse))
+
+
+class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, ReduceOps,
+             FunctionalMethods):
+    """A lazy n-dimensional array on a device, with autograd.
+
+    Integers default to int32 (Python ints, int64 numpy data, arange, argmax, randint), not
+    PyTorch's int64: WebGPU and many accelerators have no 64-bit integers. Pass dtype=int64
+    where a device has it. A dtype the device lacks raises UnsupportedDType when the tensor is
+    made or cast, not later when it runs.
+    """
+
+    __slots__ = ("_ctx", "grad", "lazy", "requires_grad")
+    __hash__ = object.__hash__
+    training = False        # what dropout() does when not told training=True or False
+
+    def __init__(self, data: Any, dtype: DTypeLike | None = None, device: str | None = None,
+                 requires_grad: bool = False):
+        dtype = to_dtype(dtype)
+        if isinstance(data, Lazy):
+            lazy = data
+        elif isinstance(data, Tensor):
+            lazy = data.lazy if dtype is None else data.lazy.cast(dtype)
+        else:
+            device = device or schedule.default_device()
+            array = _to_numpy(data, dtype)
+            target = check_dtype(dtype or from_numpy(array.dtype), device)
+            lazy = graph.load(schedule.upload(array, device, target), target, array.shape,
+                              device)
+        self.lazy, self.grad, self._ctx = lazy, None, None
+        self.requires_grad = False
+        if requires_grad:
+            self.requires_grad_()
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The size of each dimension."""
+        return self.lazy.shape
+
+    @property
+    def dtype(self) -> DType:
+        """The element type."""
+        return self.lazy.dtype
+
+    @property
+    def device(self) -> str:
+        """The name of the backend holding the values."""
+        return self.lazy.device
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions."""
+        return len(self.shape)
+
+    def numel(self) -> int:
+        """The number of elements."""
+        return self.lazy.size
+
+    def size(self, dim: int | None = None) -> tuple[int, ...] | int:
+        """The shape, or the size of dimension `dim`."""
+        return self.shape if dim is None else self.shape[dim]
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"<Tensor {list(self.shape)} {self.dtype.name} on {self.device}{grad}>"
+
+    def requires_grad_(self, flag: bool = True) -> Tensor:
+        """Marks this (float) tensor as a leaf whose gradient backward() fills in."""
+        if flag and not self.dtype.is_float:
+            raise TypeError(f"only float tensors can require gradients, this one is "
+                            f"{self.dtype.name}")
+        self.requires_grad = flag
+        return self
+
+    def detach(self) -> Tensor:
+        """The same values, cut from the gradient graph."""
+        return Tensor(self.lazy)
+
+    # -- running ------------------------------------------------------------------------------
+
+    def realize(self) -> Tensor:
+        """Runs the graph behind this tensor; returns self."""
+        realize(self)
+        return self
+
+    def schedule(self) -> list[Kernel]:
+        """The ABI kernels a realize of this tensor would run now (nothing runs)."""
+        items = schedule.create_schedule([self.lazy])
+        runtime = schedule.device(self.device)
+        return [lower(it.root, it.inputs, runtime.capabilities, schedule._serial(runtime),
+                      name=schedule._name(it.root)) for it in items if not it.is_copy]
+
+    def numpy(self) -> np.ndarray:
+        """A numpy copy of the values."""
+        self.realize()
+        if self.numel() == 0:
+            return np.zeros(self.shape, self.dtype.np)
+        return self.lazy.buffer.numpy()[:self.numel()].reshape(self.shape).copy()
+
+    def item(self) -> Scalar:
+        """The value of a one-element tensor, as a Python number."""
+        if self.numel() != 1:
+            raise ValueError(f"item() needs a tensor with one element, this one has shape "
+                             f"{self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def tolist(self) -> Any:
+        """The values as nested Python lists."""
+        return self.numpy().tolist()
+
+    def to(self, device: str) -> Tensor:
+        """This tensor on another device."""
+        return self if device == self.device else self._prim("copy", arg=device)
+
+    def assign(self, value: Tensor | Any) -> Tensor:
+        """Replaces this tensor's contents (same shape and dtype), keeping the object."""
+        value = value if isinstance(value, Tensor) else Tensor(value, self.dtype, self.device)
+        if value.shape != self.shape:
+            raise ValueError(f"assign: shapes differ, {self.shape} vs {value.shape}")
+        self.lazy = value.lazy.cast(self.dtype)
+        return self
+
+    def contiguous(self) -> Tensor:
+        """A copy laid out row-major in its own buffer once realized."""
+        return self + 0 if self.dtype != bool_ else self | False
+
+    # -- primitives: the only place that records autograd history ----------------------------
+
+    def _prim(self, name: str, *others: Tensor, arg: Any = None) -> Tensor:
+        inputs = (self,) + others
+        rule = RULES[name]
+        lazy = rule.forward(*(t.lazy for t in inputs), arg=arg)
+        out = Tensor(lazy)
+        if rule.backward is not None and autograd.grad_enabled() and any(
+                t.requires_grad for t in inputs):
+            out.requires_grad = True
+            out._ctx = (name, Context(inputs, Tensor(lazy), arg))
+        return out
+
+    # -- operators: PyTorch's, wired to the elementwise and reduce methods ---------------------
+
+    __add__, __radd__ = _primitive_operators("add")
+    __sub__, __rsub__ = _primitive_operators("sub")
+    __mul__, __rmul__ = _primitive_operators("mul")
+    __and__, __rand__ = _primitive_operators("and")
+    __or__, __ror__ = _primitive_operators("or")
+    __xor__, __rxor__ = _primitive_operators("xor")
+    __lt__, __gt__ = _primitive_operators("lt")         # a > b is b < a
+    __lshift__, __rshift__ = _primitive_operators("shl")[0], _primitive_operators("shr")[0]
+    __ne__ = _primitive_operators("ne")[0]
+    __truediv__, __rtruediv__ = _operators(lambda a, b, reverse: a.div(b, reverse))
+    __floordiv__, __rfloordiv__ = _operators(lambda a, b, reverse: a._floordiv(b, reverse))
+    __mod__, __rmod__ = _operators(lambda a, b, reverse: a._mod(b, reverse))
+
+    def __pow__(self, exponent: Tensor | Scalar) -> Tensor:
+        return self.pow(exponent)
+
+    def __rpow__(self, base: Scalar) -> Tensor:
+        return Tensor.full((), base, self._float().dtype, self.device).pow(self)
+
+    def __neg__(self) -> Tensor:
+        return self.neg()
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        return self.matmul(other)
+
+    def __rmatmul__(self, other: Tensor) -> Tensor:
+        return other.matmul(self)
+
+    def __invert__(self) -> Tensor:
+        return self ^ (True if self.dtype == bool_ else
+                       -1 if self.dtype.kind == "int" else self.dtype.max)
+
+    def __le__(self, other: Tensor | Scalar) -> Tensor:
+        return (self < other) | (self == other)
+
+    def __ge__(self, other: Tensor | Scalar) -> Tensor:
+        return (self > other) | (self == other)
+
+    def __eq__(self, other: Tensor | Scalar) -> Tensor:  # type: ignore[override]
+        return ~self._binary("ne", other)
+
+    def __bool__(self) -> bool:
+        raise TypeError("the truth value of a lazy Tensor is ambiguous; use .item() or .numpy()")
+
+    # -- autograd -----------------------------------------------------------------------------
+
+    def backward(self, gradient: Tensor | None = None) -> None:
+        """Fills `.grad` of every leaf this tensor depends on (lazily: grads are graphs)."""
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad: no input "
+                               "was created with requires_grad=True")
+        if gradient is None:
+            if self.numel() != 1:
+                raise RuntimeError(f"backward() on a non-scalar tensor of shape {self.shape} "
+                                   "needs a gradient argument of that shape")
+            gradient = self.ones_like()
+        elif gradient.shape != self.shape:
+            raise ValueError(f"backward: gradient shape {gradient.shape} does not match "
+                             f"tensor shape {self.shape}")
+        autograd.backward(self, gradient.cast(self.dtype))
+
+
+def realize(*tensors: Tensor) -> None:
+    """Runs the graphs behind several tensors in one schedule (shared work runs once)."""
+    schedule.realize([t.lazy for t in tensors])
+
+
+def _to_numpy(data: Any, dtype: DType | None) -> np.ndarray:
+    if isinstance(data, np.ndarray):
+        array = data
+    else:
+        array = np.asarray(data)
+        if array.dtype == np.float64 and dtype is None:
+            array = array.astype(np.float32)
+        elif array.dtype == np.int64 and dtype is None:
+            array = array.astype(np.int32)
+    if dtype is not None:
+        array = array.astype(dtype.np)
+    elif array.dtype.kind not in "biuf" and array.dtype.name != "bfloat16":
+        raise TypeError(f"cannot make a Tensor from numpy dtype {array.dtype}")
+    return array

@@ -1,0 +1,93 @@
+"""Tensors made from nothing but a shape: constants, ranges, the identity, and the `_like` forms.
+
+Random tensors are in random.py; tensors from data (lists, numpy arrays) are Tensor(...) itself.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from portkit import graph, schedule
+from portkit.tensor import core
+from portkit.tensor.dtype import (
+    DTypeLike,
+    Scalar,
+    check_dtype,
+    default_float,
+    int32,
+    scalar_dtype,
+    to_dtype,
+)
+from portkit.tensor.shapes import ShapeLike, as_shape
+
+if TYPE_CHECKING:
+    from portkit.tensor.core import Tensor
+
+
+class CreationOps:
+    """Tensor's constructors: full, zeros, ones, arange, linspace, eye and their `_like` forms."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def full(shape: Sequence[int], value: Scalar, dtype: DTypeLike | None = None,
+             device: str | None = None) -> Tensor:
+        """A tensor of `shape` with every element `value` (a constant: no buffer, no kernel)."""
+        shape = as_shape(shape)
+        device = device or schedule.default_device()
+        dtype = check_dtype(to_dtype(dtype) or scalar_dtype(value), device)
+        return core.Tensor(graph.const(value, dtype, shape, device))
+
+    @staticmethod
+    def zeros(*shape: ShapeLike, dtype: DTypeLike | None = None,
+              device: str | None = None) -> Tensor:
+        """Zeros (default_float unless dtype says otherwise)."""
+        return core.Tensor.full(shape, 0.0, dtype or default_float, device)
+
+    @staticmethod
+    def ones(*shape: ShapeLike, dtype: DTypeLike | None = None,
+             device: str | None = None) -> Tensor:
+        """Ones (default_float unless dtype says otherwise)."""
+        return core.Tensor.full(shape, 1.0, dtype or default_float, device)
+
+    @staticmethod
+    def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1,
+               dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
+        """start, start + step, ... below stop (int32 when all three are ints)."""
+        if stop is None:
+            start, stop = 0, start
+        dtype = to_dtype(dtype) or (int32 if all(isinstance(v, int) for v in (start, stop, step))
+                                    else default_float)
+        count = max(0, math.ceil((stop - start) / step))
+        index = core.Tensor(graph.iota((count,), 0, device or schedule.default_device()))
+        return (index.cast(dtype) * step + start).cast(dtype)
+
+    @staticmethod
+    def linspace(start: float, stop: float, steps: int, dtype: DTypeLike | None = None,
+                 device: str | None = None) -> Tensor:
+        """`steps` evenly spaced values from start to stop, both included."""
+        index = core.Tensor(graph.iota((steps,), 0, device or schedule.default_device()))
+        step = (stop - start) / (steps - 1) if steps > 1 else 0.0
+        return (index.cast(default_float) * step + start).cast(to_dtype(dtype) or default_float)
+
+    @staticmethod
+    def eye(n: int, m: int | None = None, dtype: DTypeLike | None = None,
+            device: str | None = None) -> Tensor:
+        """An n x m (default n x n) matrix with ones on the diagonal."""
+        device = device or schedule.default_device()
+        rows = core.Tensor(graph.iota((n, m or n), 0, device))
+        cols = core.Tensor(graph.iota((n, m or n), 1, device))
+        return (rows == cols).cast(to_dtype(dtype) or default_float)
+
+    def full_like(self: Tensor, value: Scalar, dtype: DTypeLike | None = None) -> Tensor:
+        """full() with this tensor's shape, device and (unless given) dtype."""
+        return core.Tensor.full(self.shape, value, dtype or self.dtype, self.device)
+
+    def zeros_like(self: Tensor, dtype: DTypeLike | None = None) -> Tensor:
+        """Zeros with this tensor's shape, device and (unless given) dtype."""
+        return self.full_like(0, dtype)
+
+    def ones_like(self: Tensor, dtype: DTypeLike | None = None) -> Tensor:
+        """Ones with this tensor's shape, device and (unless given) dtype."""
+        return self.full_like(1, dtype)

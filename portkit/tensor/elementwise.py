@@ -1,0 +1,308 @@
+"""Elementwise math: casts, dtype promotion and broadcasting of operands, unary and binary ops.
+
+Each op is a composition of autograd primitives (`_prim`), so it is differentiable wherever they
+are; integer semantics follow Python and PyTorch where the ABI's follow C.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from portkit.tensor import core
+from portkit.tensor.dtype import (
+    DTypeLike,
+    Scalar,
+    bool_,
+    check_dtype,
+    default_float,
+    float32,
+    float_of,
+    int32,
+    promote,
+    scalar_dtype,
+    to_dtype,
+)
+
+if TYPE_CHECKING:
+    from portkit.tensor.core import Tensor
+
+# erf(x) = 2/sqrt(pi) * x * sum of these times x**2n, highest power first (|x| < 0.5: 1e-8)
+_ERF_SERIES = tuple((-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in reversed(range(7)))
+# Numerical Recipes' erfcc: erfc(z) = t * exp(-z*z + poly(t)), t = 1 / (1 + z/2), z >= 0
+_ERFC_CHEBYSHEV = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
+                   0.09678418, 0.37409196, 1.00002368, -1.26551223)
+
+
+class ElementwiseOps:
+    """Tensor's elementwise ops; the operators (+, <, ...) in core.py call these."""
+
+    __slots__ = ()
+
+    # -- dtypes -------------------------------------------------------------------------------
+
+    def cast(self: Tensor, dtype: DTypeLike) -> Tensor:
+        """The values converted to `dtype` (self if it already is)."""
+        dtype = to_dtype(dtype)
+        if dtype == self.dtype:
+            return self
+        return self._prim("cast", arg=check_dtype(dtype, self.device))
+
+    def bitcast(self: Tensor, dtype: DTypeLike) -> Tensor:
+        """The same bits read as `dtype`, which must have the same size."""
+        dtype = to_dtype(dtype)
+        if dtype.itemsize != self.dtype.itemsize:
+            raise TypeError(f"bitcast from {self.dtype.name} to {dtype.name}: sizes differ")
+        return self._prim("bitcast", arg=check_dtype(dtype, self.device))
+
+    def float(self: Tensor) -> Tensor:
+        """Cast to float32."""
+        return self.cast(float32)
+
+    def int(self: Tensor) -> Tensor:
+        """Cast to int32."""
+        return self.cast(int32)
+
+    def _float(self: Tensor) -> Tensor:
+        return self.cast(float_of(self.dtype))
+
+    def _operand(self: Tensor, other: Tensor | Scalar, reverse: bool = False
+                 ) -> tuple[Tensor, Tensor]:
+        """self and other promoted to one dtype and broadcast to one shape (swapped if reverse)."""
+        if isinstance(other, core.Tensor):
+            dtype = promote(self.dtype, other.dtype)
+            if other.device != self.device:
+                raise ValueError(f"tensors are on different devices: {self.device} and "
+                                 f"{other.device}; move one with .to()")
+        else:
+            dtype = self.dtype
+            if isinstance(other, float) and not dtype.is_float:
+                dtype = default_float
+            elif isinstance(other, int) and not isinstance(other, bool) and dtype == bool_:
+                dtype = int32
+            other = core.Tensor.full((), other, dtype, self.device)
+        a, b = _broadcast(self.cast(dtype), other.cast(dtype))
+        return (b, a) if reverse else (a, b)
+
+    def _binary(self: Tensor, name: str, other: Tensor | Scalar, reverse: bool = False
+                ) -> Tensor:
+        a, b = self._operand(other, reverse)
+        return a._prim(name, b)
+
+    # -- arithmetic ---------------------------------------------------------------------------
+
+    def add(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """self + other."""
+        return self._binary("add", other)
+
+    def sub(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """self - other."""
+        return self._binary("sub", other)
+
+    def mul(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """self * other."""
+        return self._binary("mul", other)
+
+    def div(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        """self / other in floating point (other / self if reverse)."""
+        a, b = self._operand(other, reverse)
+        return a._float()._prim("div", b._float())
+
+    def _floordiv(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        a, b = self._operand(other, reverse)
+        if a.dtype.is_float:
+            return (a / b).floor()
+        q = a._prim("idiv", b)
+        # IDIV truncates; Python and PyTorch round toward negative infinity
+        fix = ((a._prim("mod", b) != 0) & ((a < 0) ^ (b < 0))).cast(a.dtype)
+        return q - fix
+
+    def _mod(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        a, b = self._operand(other, reverse)
+        if a.dtype.is_float:
+            return a - (a / b).floor() * b
+        r = a._prim("mod", b)
+        return (r != 0).where(((r < 0) ^ (b < 0)).where(r + b, r), r)
+
+    def neg(self: Tensor) -> Tensor:
+        """-self (logical not for bool)."""
+        return self._prim("neg") if self.dtype != bool_ else ~self
+
+    def reciprocal(self: Tensor) -> Tensor:
+        """1 / self."""
+        return self._float()._prim("recip")
+
+    def sqrt(self: Tensor) -> Tensor:
+        """The square root."""
+        return self._float()._prim("sqrt")
+
+    def rsqrt(self: Tensor) -> Tensor:
+        """1 / sqrt(self)."""
+        return self.sqrt().reciprocal()
+
+    def exp(self: Tensor) -> Tensor:
+        """e ** self."""
+        return (self._float() * (1 / math.log(2)))._prim("exp2")
+
+    def exp2(self: Tensor) -> Tensor:
+        """2 ** self."""
+        return self._float()._prim("exp2")
+
+    def log(self: Tensor) -> Tensor:
+        """The natural logarithm."""
+        return self._float()._prim("log2") * math.log(2)
+
+    def log2(self: Tensor) -> Tensor:
+        """The base-2 logarithm."""
+        return self._float()._prim("log2")
+
+    def sin(self: Tensor) -> Tensor:
+        """The sine (radians)."""
+        return self._float()._prim("sin")
+
+    def cos(self: Tensor) -> Tensor:
+        """The cosine (radians)."""
+        return (math.pi / 2 - self._float()).sin()
+
+    def tan(self: Tensor) -> Tensor:
+        """The tangent (radians)."""
+        return self.sin() / self.cos()
+
+    def sigmoid(self: Tensor) -> Tensor:
+        """1 / (1 + e ** -self)."""
+        return 1 / (1 + (-self._float()).exp())
+
+    def tanh(self: Tensor) -> Tensor:
+        """The hyperbolic tangent."""
+        return 2 * (2 * self._float()).sigmoid() - 1
+
+    def relu(self: Tensor) -> Tensor:
+        """max(self, 0)."""
+        return (self > 0).where(self, 0)
+
+    def erf(self: Tensor) -> Tensor:
+        """The error function (absolute error below 2e-7 in float32)."""
+        x = self._float()
+        # near 0, 1 - erfc cancels: the Taylor series keeps the relative accuracy there
+        x2 = x * x
+        series = x2 * _ERF_SERIES[0] + _ERF_SERIES[1]
+        for c in _ERF_SERIES[2:]:
+            series = x2 * series + c
+        small = x * series * (2 / math.sqrt(math.pi))
+        return (x.abs() < 0.5).where(small, 1 - x.erfc())
+
+    def erfc(self: Tensor) -> Tensor:
+        """1 - erf(x), accurate to a relative 1.2e-7 (Numerical Recipes' erfcc, Chebyshev)."""
+        x = self._float()
+        z = x.abs()
+        t = 1 / (1 + 0.5 * z)
+        poly = t * _ERFC_CHEBYSHEV[0] + _ERFC_CHEBYSHEV[1]
+        for c in _ERFC_CHEBYSHEV[2:]:
+            poly = t * poly + c
+        tail = t * (poly - z * z).exp()
+        return (x < 0).where(2 - tail, tail)
+
+    def sign(self: Tensor) -> Tensor:
+        """-1, 0 or 1, in self's dtype."""
+        return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+
+    def abs(self: Tensor) -> Tensor:
+        """The absolute value."""
+        return self * self.sign()
+
+    def pow(self: Tensor, exponent: Tensor | Scalar) -> Tensor:
+        """self ** exponent; small integer exponents are repeated multiplication."""
+        if isinstance(exponent, int) and not isinstance(exponent, bool) and abs(exponent) <= 8:
+            out = self.ones_like() if exponent == 0 else self
+            for _ in range(abs(exponent) - 1):
+                out = out * self
+            return out.reciprocal() if exponent < 0 else out
+        if exponent == 0.5:
+            return self.sqrt()
+        x, y = self._float()._operand(exponent)
+        magnitude = (y * x.abs().log2()).exp2()
+        odd = (y.abs() % 2) == 1
+        is_int = y.trunc() == y
+        negative = x < 0
+        signed = (negative & odd).where(-magnitude, magnitude)
+        return (negative & ~is_int).where(float("nan"), signed)
+
+    def maximum(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """The elementwise larger of self and other."""
+        a, b = self._operand(other)
+        return a | b if a.dtype == bool_ else a._prim("max", b)
+
+    def minimum(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """The elementwise smaller of self and other."""
+        a, b = self._operand(other)
+        return a & b if a.dtype == bool_ else a._reversed().maximum(b._reversed())._reversed()
+
+    def _reversed(self: Tensor) -> Tensor:
+        # an order-reversing map that cannot overflow: -x for floats, ~x for (unsigned) ints
+        return ~self if not self.dtype.is_float else -self
+
+    def clip(self: Tensor, min: Tensor | Scalar | None = None,
+             max: Tensor | Scalar | None = None) -> Tensor:
+        """self limited to [min, max]; either bound may be None."""
+        out = self
+        if min is not None:
+            out = (out < min).where(min, out)
+        if max is not None:
+            out = (out > max).where(max, out)
+        return out
+
+    clamp = clip
+
+    def where(self: Tensor, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+        """a where self (a bool tensor) is true, else b; broadcasts all three."""
+        if isinstance(a, core.Tensor):
+            x, y = a._operand(b)
+        elif isinstance(b, core.Tensor):
+            y, x = b._operand(a)
+        else:
+            x, y = core.Tensor.full((), a, scalar_dtype(a), self.device)._operand(b)
+        cond = self.cast(bool_)
+        cond, x = _broadcast(cond, x)
+        cond, y = _broadcast(cond, y)
+        x, y = _broadcast(x, y)
+        cond, x = _broadcast(cond, x)
+        return cond._prim("where", x, y)
+
+    def trunc(self: Tensor) -> Tensor:
+        """Rounds toward zero."""
+        return self._prim("trunc") if self.dtype.is_float else self
+
+    def floor(self: Tensor) -> Tensor:
+        """Rounds toward negative infinity."""
+        t = self.trunc()
+        return (t > self).where(t - 1, t) if self.dtype.is_float else self
+
+    def ceil(self: Tensor) -> Tensor:
+        """Rounds toward positive infinity."""
+        t = self.trunc()
+        return (t < self).where(t + 1, t) if self.dtype.is_float else self
+
+    def round(self: Tensor) -> Tensor:
+        """Rounds half to even, as numpy and PyTorch do."""
+        if not self.dtype.is_float:
+            return self
+        f = self.floor()
+        d = self - f
+        odd = (f - (f * 0.5).floor() * 2) == 1
+        return (d > 0.5).where(f + 1, (d < 0.5).where(f, odd.where(f + 1, f)))
+
+    def logical_not(self: Tensor) -> Tensor:
+        """True where self is zero or False."""
+        return ~self.cast(bool_)
+
+
+def _broadcast(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    if a.shape == b.shape:
+        return a, b
+    ndim = max(a.ndim, b.ndim)
+    sa, sb = (1,) * (ndim - a.ndim) + a.shape, (1,) * (ndim - b.ndim) + b.shape
+    out = []
+    for x, y in zip(sa, sb):
+        if x != y and 1 not in (x, y):
+            raise ValueError(f"shapes {a.shape} and {b.shape} cannot be broadcast together")
+        out.append(y if x == 1 else x)
+    return a.reshape(sa).expand(tuple(out)), b.reshape(sb).expand(tuple(out))

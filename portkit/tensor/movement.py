@@ -1,0 +1,198 @@
+"""Movement: reshape, permute, expand, pad, shrink, flip and what is built from them.
+
+The graph keeps these as views: they move no data until a kernel reads through them. Indexing
+is in indexing.py.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from portkit.tensor import core
+from portkit.tensor.dtype import Scalar, bool_
+from portkit.tensor.shapes import AxisLike, ShapeLike, as_axes, as_shape
+
+if TYPE_CHECKING:
+    from portkit.tensor.core import Tensor
+
+# numpy's ((before, after), ...) from the first dim, or torch's flat (before, after, ...) from
+# the last dim
+Padding = Sequence[int] | Sequence[tuple[int, int]]
+
+
+class MovementOps:
+    """Tensor's movement ops: new shapes and views of the same elements."""
+
+    __slots__ = ()
+
+    def reshape(self: Tensor, *shape: ShapeLike) -> Tensor:
+        """The same elements in row-major order with a new shape (one dim may be -1)."""
+        shape = list(as_shape(shape))
+        if shape.count(-1) > 1:
+            raise ValueError(f"reshape to {tuple(shape)}: only one dimension can be -1")
+        if -1 in shape:
+            rest = math.prod(s for s in shape if s != -1)
+            shape[shape.index(-1)] = self.numel() // rest if rest else 0
+        shape = tuple(shape)
+        if math.prod(shape) != self.numel():
+            raise ValueError(f"cannot reshape a tensor of shape {self.shape} to {shape}")
+        return self if shape == self.shape else self._prim("reshape", arg=shape)
+
+    view = reshape
+
+    def flatten(self: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """Dims start_dim..end_dim (inclusive) merged into one."""
+        if self.ndim == 0:
+            return self.reshape(1)
+        start, end = start_dim % self.ndim, end_dim % self.ndim
+        return self.reshape(self.shape[:start] + (-1,) + self.shape[end + 1:]) \
+            if self.numel() else self.reshape(
+                self.shape[:start] + (math.prod(self.shape[start:end + 1]),) +
+                self.shape[end + 1:])
+
+    def squeeze(self: Tensor, dim: int | None = None) -> Tensor:
+        """Size-1 dims removed (only `dim`, if given and of size 1)."""
+        if dim is None:
+            return self.reshape(tuple(s for s in self.shape if s != 1))
+        dim = as_axes(dim, self.ndim)[0] if self.ndim else 0
+        if not self.ndim or self.shape[dim] != 1:
+            return self
+        return self.reshape(self.shape[:dim] + self.shape[dim + 1:])
+
+    def unsqueeze(self: Tensor, dim: int) -> Tensor:
+        """A size-1 dim inserted at `dim`."""
+        dim = dim % (self.ndim + 1)
+        return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
+
+    def permute(self: Tensor, *order: ShapeLike) -> Tensor:
+        """The dims reordered: dim i of the result is dim order[i] of self."""
+        order = tuple(o % self.ndim for o in as_shape(order))
+        if sorted(order) != list(range(self.ndim)):
+            raise ValueError(f"permute order {order} is not a permutation of "
+                             f"{self.ndim} dimensions")
+        return self if order == tuple(range(self.ndim)) else self._prim("permute", arg=order)
+
+    def transpose(self: Tensor, dim0: int = -2, dim1: int = -1) -> Tensor:
+        """Two dims swapped."""
+        order = list(range(self.ndim))
+        order[dim0], order[dim1] = order[dim1], order[dim0]
+        return self.permute(order)
+
+    @property
+    def T(self: Tensor) -> Tensor:
+        """All dims reversed."""
+        return self.permute(tuple(reversed(range(self.ndim))))
+
+    def expand(self: Tensor, *shape: ShapeLike) -> Tensor:
+        """Size-1 dims repeated (without copying) to `shape`; -1 keeps a dim."""
+        shape = as_shape(shape)
+        new = tuple(s if s != -1 else o for s, o in zip(shape, (None,) * (
+            len(shape) - self.ndim) + self.shape))
+        x = self.reshape((1,) * (len(new) - self.ndim) + self.shape)
+        for old, want in zip(x.shape, new):
+            if old != want and old != 1:
+                raise ValueError(f"cannot expand shape {self.shape} to {new}")
+        return x if x.shape == new else x._prim("expand", arg=new)
+
+    def expand_as(self: Tensor, other: Tensor) -> Tensor:
+        """expand() to other's shape."""
+        return self.expand(other.shape)
+
+    def pad(self: Tensor, padding: Padding, value: Scalar = 0) -> Tensor:
+        """padding: ((before, after), ...) from the first dim (numpy), or flat (before, after,
+        ...) from the last dim (torch.nn.functional.pad); negative values crop."""
+        if all(isinstance(p, int) for p in padding):
+            if len(padding) % 2 or len(padding) > 2 * self.ndim:
+                raise ValueError(f"pad: flat padding {tuple(padding)} needs an even length up "
+                                 f"to {2 * self.ndim} for shape {self.shape}")
+            pairs = [(padding[k], padding[k + 1]) for k in range(0, len(padding), 2)]
+            padding = [(0, 0)] * (self.ndim - len(pairs)) + pairs[::-1]
+        padding = tuple((int(a), int(b)) for a, b in padding)
+        padding += ((0, 0),) * (self.ndim - len(padding))
+        if any(a < 0 or b < 0 for a, b in padding):
+            crop = tuple((max(-a, 0), s - max(-b, 0)) for (a, b), s in zip(padding, self.shape))
+            return self.shrink(crop).pad(tuple((max(a, 0), max(b, 0)) for a, b in padding),
+                                         value)
+        if all(p == (0, 0) for p in padding):
+            return self
+        out = self._prim("pad", arg=padding)
+        if value == 0:
+            return out
+        inside = core.Tensor.ones(*self.shape, dtype=bool_, device=self.device)._prim(
+            "pad", arg=padding)
+        return inside.where(out, value)
+
+    def shrink(self: Tensor, arg: Sequence[tuple[int, int] | None]) -> Tensor:
+        """The (begin, end) range of each dim (None keeps a dim whole)."""
+        arg = tuple((0, s) if a is None else (int(a[0]), int(a[1]))
+                    for a, s in zip(arg, self.shape))
+        for (b, e), s in zip(arg, self.shape):
+            if not 0 <= b <= e <= s:
+                raise IndexError(f"shrink {arg} is outside shape {self.shape}")
+        if all(a == (0, s) for a, s in zip(arg, self.shape)):
+            return self
+        return self._prim("shrink", arg=arg)
+
+    def flip(self: Tensor, axis: AxisLike) -> Tensor:
+        """The order of elements reversed along `axis` (None: every axis)."""
+        axes = as_axes(axis, self.ndim)
+        return self._prim("flip", arg=axes) if axes else self
+
+    def repeat(self: Tensor, *repeats: ShapeLike) -> Tensor:
+        """The tensor tiled repeats[i] times along dim i, as torch.Tensor.repeat."""
+        repeats = as_shape(repeats)
+        x = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
+        expanded = x.reshape(tuple(d for s in x.shape for d in (1, s))).expand(
+            tuple(d for r, s in zip(repeats, x.shape) for d in (r, s)))
+        return expanded.reshape(tuple(r * s for r, s in zip(repeats, x.shape)))
+
+    def split(self: Tensor, sizes: int | Sequence[int], dim: int = 0) -> list[Tensor]:
+        """Pieces along `dim`: of the given sizes, or all of size `sizes` but the last."""
+        dim = dim % self.ndim
+        n = self.shape[dim]
+        if isinstance(sizes, int):
+            sizes = [min(sizes, n - i) for i in range(0, n, sizes)] if n else [0]
+        if sum(sizes) != n:
+            raise ValueError(f"split sizes {list(sizes)} do not add up to {n}")
+        out, start = [], 0
+        for size in sizes:
+            arg = [(0, s) for s in self.shape]
+            arg[dim] = (start, start + size)
+            out.append(self.shrink(arg))
+            start += size
+        return out
+
+    def chunk(self: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
+        """At most `chunks` pieces of equal size (the last may be smaller) along `dim`."""
+        n = self.shape[dim % self.ndim]
+        return self.split(max(1, math.ceil(n / chunks)), dim)
+
+    def cat(self: Tensor, *others: Tensor, dim: int = 0) -> Tensor:
+        """self and others joined along `dim`."""
+        return cat([self, *others], dim)
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Joins tensors along `dim`: each is padded to the full size and they are summed."""
+    first = tensors[0]
+    dim = dim % first.ndim
+    for t in tensors[1:]:
+        if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(
+                zip(t.shape, first.shape)) if i != dim):
+            raise ValueError(f"cat: shapes {first.shape} and {t.shape} differ outside dim "
+                             f"{dim}")
+    total = sum(t.shape[dim] for t in tensors)
+    out, start = None, 0
+    for t in tensors:
+        padding = [(0, 0)] * t.ndim
+        padding[dim] = (start, total - start - t.shape[dim])
+        piece = t.pad(padding)
+        out = piece if out is None else out + piece
+        start += t.shape[dim]
+    return out
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Joins same-shaped tensors along a new dimension."""
+    return cat([t.unsqueeze(dim) for t in tensors], dim)

@@ -1,0 +1,137 @@
+"""Reductions over axes (sum, max, mean, var, argmax, softmax, ...) and matmul, a summed product."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from portkit.tensor import core
+from portkit.tensor.dtype import DTypeLike, bool_, int32, promote
+from portkit.tensor.shapes import AxisLike, as_axes
+
+if TYPE_CHECKING:
+    from portkit.tensor.core import Tensor
+
+
+class ReduceOps:
+    """Tensor's reductions; `axis` is an int, a sequence of ints, or None for every axis."""
+
+    __slots__ = ()
+
+    def _reduce_prim(self: Tensor, name: str, axes: tuple[int, ...]) -> Tensor:
+        return self._prim(name, arg=axes) if axes else self
+
+    def _reduce(self: Tensor, name: str, axis: AxisLike, keepdim: bool) -> Tensor:
+        axes = as_axes(axis, self.ndim)
+        out = self._reduce_prim(name, axes)
+        if keepdim:
+            return out
+        return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def sum(self: Tensor, axis: AxisLike = None, keepdim: bool = False,
+            dtype: DTypeLike | None = None) -> Tensor:
+        """The sum over `axis`; bool and small integers sum in int32 (where torch uses int64)."""
+        x = self
+        if dtype is not None:
+            x = x.cast(dtype)
+        elif x.dtype == bool_ or (x.dtype.is_int and x.dtype.itemsize < 4):
+            x = x.cast(int32)
+        return x._reduce("sum", axis, keepdim)
+
+    def max(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
+        """The largest element over `axis`."""
+        if self.dtype == bool_:
+            return self.cast(int32).max(axis, keepdim).cast(bool_)
+        return self._reduce("max_reduce", axis, keepdim)
+
+    def min(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
+        """The smallest element over `axis`."""
+        return self._reversed().max(axis, keepdim)._reversed()
+
+    def prod(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
+        """The product over `axis`."""
+        return self._reduce("prod_reduce", axis, keepdim)
+
+    def mean(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
+        """The mean over `axis` (NaN over no elements)."""
+        axes = as_axes(axis, self.ndim)
+        count = math.prod(self.shape[a] for a in axes)
+        total = self._float().sum(axis, keepdim)
+        return total / count if count else total * float("nan")
+
+    def var(self: Tensor, axis: AxisLike = None, keepdim: bool = False,
+            correction: int = 1) -> Tensor:
+        """The variance over `axis`, divided by count - correction (Bessel's by default)."""
+        axes = as_axes(axis, self.ndim)
+        count = math.prod(self.shape[a] for a in axes)
+        x = self._float()
+        centered = x - x.mean(axes, keepdim=True)
+        return (centered * centered).sum(axes, keepdim) / max(count - correction, 0)
+
+    def std(self: Tensor, axis: AxisLike = None, keepdim: bool = False,
+            correction: int = 1) -> Tensor:
+        """The square root of var()."""
+        return self.var(axis, keepdim, correction).sqrt()
+
+    def argmax(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
+        """Index of the first maximum (int32)."""
+        if axis is None:
+            return self.reshape(-1).argmax(0)
+        axis = as_axes(axis, self.ndim)[0]
+        n = self.shape[axis]
+        hit = self == self.max(axis, keepdim=True)
+        shape = [1] * self.ndim
+        shape[axis] = n
+        backwards = core.Tensor.arange(n - 1, -1, -1, device=self.device).reshape(shape)
+        return (n - 1) - (hit.where(backwards, -1)).max(axis, keepdim)
+
+    def argmin(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
+        """Index of the first minimum (int32)."""
+        return self._reversed().argmax(axis, keepdim)
+
+    def logsumexp(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
+        """log(sum(exp(self))) over `axis`, without overflow."""
+        m = self.max(axis, keepdim=True).detach()
+        m = (m.abs() == float("inf")).where(0.0, m)
+        out = (self - m).exp().sum(axis, keepdim=True).log() + m
+        return out if keepdim else out.reshape(
+            tuple(s for i, s in enumerate(self.shape) if i not in as_axes(axis, self.ndim)))
+
+    def softmax(self: Tensor, axis: int = -1) -> Tensor:
+        """exp(self) normalized to sum to 1 over `axis`."""
+        e = (self - self.max(axis, keepdim=True).detach()).exp()
+        return e / e.sum(axis, keepdim=True)
+
+    def log_softmax(self: Tensor, axis: int = -1) -> Tensor:
+        """log(softmax(self)), computed without the intermediate exp."""
+        return self - self.logsumexp(axis, keepdim=True)
+
+    # -- products summed: the linear algebra ----------------------------------------------------
+
+    def dot(self: Tensor, other: Tensor) -> Tensor:
+        """The inner product of two 1-d tensors."""
+        if self.ndim != 1 or other.ndim != 1:
+            raise ValueError(f"dot needs two 1-d tensors, got shapes {self.shape} and "
+                             f"{other.shape}")
+        return self.matmul(other)
+
+    def matmul(self: Tensor, other: Tensor) -> Tensor:
+        """The matrix product, batched and broadcast over leading dims (numpy's rules)."""
+        a, b = self, other
+        if a.ndim == 0 or b.ndim == 0:
+            raise ValueError(f"matmul needs tensors with at least 1 dimension, got shapes "
+                             f"{a.shape} and {b.shape}")
+        if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
+            raise ValueError(f"matmul shapes {a.shape} and {b.shape} do not match: "
+                             f"{a.shape[-1]} != {b.shape[-2 if b.ndim > 1 else 0]}")
+        squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
+        a = a.unsqueeze(0) if squeeze_a else a
+        b = b.unsqueeze(-1) if squeeze_b else b
+        dtype = promote(a.dtype, b.dtype)
+        # (..., M, 1, K) * (..., 1, N, K) summed over K
+        out = (a.cast(dtype).unsqueeze(-2) * b.cast(dtype).transpose(-1, -2).unsqueeze(-3)
+               ).sum(-1)
+        if squeeze_a:
+            out = out.squeeze(-2)
+        if squeeze_b:
+            out = out.squeeze(-1)
+        return out

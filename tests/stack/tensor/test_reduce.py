@@ -1,0 +1,50 @@
+"""Reductions and matmul (portkit/tensor/reduce.py)."""
+import numpy as np
+import pytest
+
+from portkit.tensor import Tensor
+
+pytestmark = pytest.mark.usefixtures("backend")
+
+
+# all axes, one axis kept, two axes: each compiles its own kernels on every backend, so three
+# (test_properties.py tries single axes of many shapes on the CPU)
+@pytest.mark.parametrize("axis,keepdim", [(None, False), (-2, True), ((0, 2), False)])
+def test_reductions(axis, keepdim, check, data):
+    x = data(2, 3, 4)
+    tdim = axis if axis is not None else (0, 1, 2)
+    # torch names max and min over axes amax and amin
+    for ours, theirs in (("sum", "sum"), ("mean", "mean"), ("var", "var"), ("std", "std"),
+                         ("logsumexp", "logsumexp"), ("max", "amax"), ("min", "amin")):
+        check(lambda t, ours=ours, theirs=theirs: getattr(t, ours)(axis, keepdim=keepdim)
+              if isinstance(t, Tensor) else getattr(t, theirs)(tdim, keepdim=keepdim), x)
+
+
+def test_prod_argmax_argmin(data):
+    x = data(3, 4)
+    np.testing.assert_allclose(Tensor(x).prod(1).numpy(), x.prod(1), rtol=1e-5)
+    np.testing.assert_array_equal(Tensor(x).argmax(1).numpy(), x.argmax(1))
+    np.testing.assert_array_equal(Tensor(x).argmin(0).numpy(), x.argmin(0))
+    np.testing.assert_array_equal(Tensor(x).argmax().numpy(), x.argmax())
+    ties = np.array([1.0, 3.0, 3.0, 0.0], np.float32)
+    assert Tensor(ties).argmax().item() == 1
+
+
+def test_prod_gradient_with_zeros(check):
+    x = np.array([[1, 2, 0, 3], [0, 2, 0, 1], [1.5, 2, -1, 3]], np.float32)
+    check(lambda t: t.prod(1), x)
+    check(lambda t: t.prod(0), x)
+    check(lambda t: t.prod(), x)
+
+
+def test_matmul_and_dot(check, data):
+    check(lambda x, y: x @ y, data(3, 4), data(4, 5))
+    check(lambda x, y: x @ y, data(2, 3, 4), data(4, 2))
+    check(lambda x, y: x @ y, data(4), data(4, 3))
+    check(lambda x, y: x.dot(y), data(5), data(5))
+
+
+def test_softmax_log_softmax(check, data):
+    x = data(4, 5)
+    check(lambda t: t.softmax(-1), x)
+    check(lambda t: t.log_softmax(-1), x)

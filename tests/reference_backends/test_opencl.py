@@ -131,7 +131,7 @@ def test_compile_errors_carry_the_log(device):
 
 
 def test_missing_pyopencl_names_the_extra(monkeypatch):
-    monkeypatch.setattr(opencl, "cl", None)
+    monkeypatch.setattr(opencl.device, "cl", None)
     with pytest.raises(BackendUnavailable) as error:
         opencl.backend.load()
     assert error.value.fix == "pip install portkit[opencl]"

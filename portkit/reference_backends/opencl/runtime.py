@@ -1,0 +1,80 @@
+"""Runtime: device memory (Allocator), the toolchain (Compiler) and kernel launches (Program).
+
+All three go through pyopencl to the OpenCL driver. The Compiler builds a program and returns
+the driver's binary, which the disk cache keeps; loading a kernel rebuilds the program from that
+binary, so a warm cache skips the compiler. OpenCL's global size counts threads, not
+workgroups: global = grid * block.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import pyopencl as cl
+except ImportError:   # device.find_device reports the backend unavailable, with the fix
+    cl = None
+
+from portkit.abi.backend import Allocator, Compiler, Program
+from portkit.abi.errors import CompileError
+from portkit.codegen.cstyle import function_name
+
+# No -cl-fast-relaxed-math or -cl-mad-enable: they change float results.
+# -w: warnings (e.g. `x || 0` from constant folding) are for hand-written code.
+OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-w"]
+
+
+class OpenCLAllocator(Allocator):
+    """Device buffers; copies block so the host memory may be reused at once."""
+
+    def __init__(self, context, queue):
+        self.context, self.queue = context, queue
+
+    def alloc(self, nbytes: int):
+        return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))  # 0 is invalid
+
+    def free(self, buffer, nbytes: int) -> None:
+        buffer.release()
+
+    def copyin(self, buffer, source: memoryview) -> None:
+        if source.nbytes:
+            cl.enqueue_copy(self.queue, buffer, source, is_blocking=True)
+
+    def copyout(self, destination: memoryview, buffer) -> None:
+        if destination.nbytes:
+            cl.enqueue_copy(self.queue, np.frombuffer(destination, np.uint8), buffer,
+                            is_blocking=True)
+
+
+class OpenCLCompiler(Compiler):
+    """Builds OpenCL C for one device; the binary is whatever the driver's program holds."""
+
+    def __init__(self, context, device):
+        self.context, self.device = context, device
+        self.cache_key = "|".join((device.platform.version, device.name, device.version,
+                                   device.driver_version, *OPTIONS))
+
+    def compile(self, source: str) -> bytes:
+        try:
+            program = cl.Program(self.context, source).build(OPTIONS, [self.device])
+        except cl.RuntimeError as error:
+            raise CompileError("the OpenCL compiler rejected the kernel (the source is in "
+                               ".source)", source, str(error)) from None
+        return program.binaries[0]
+
+
+class OpenCLProgram(Program):
+    """A kernel loaded from a program binary, launched on the device's in-order queue."""
+
+    def __init__(self, compiler: OpenCLCompiler, queue, name: str, binary: bytes):
+        self.queue = queue
+        program = cl.Program(compiler.context, [compiler.device], [binary]).build(OPTIONS)
+        self.kernel = cl.Kernel(program, function_name(name))
+
+    def __call__(self, buffers, scalars, grid, block, wait: bool = False) -> float | None:
+        self.kernel.set_args(*buffers, *(np.int32(s) for s in scalars))
+        event = cl.enqueue_nd_range_kernel(
+            self.queue, self.kernel, [g * b for g, b in zip(grid, block)], list(block))
+        if not wait:
+            return None
+        event.wait()
+        return (event.profile.end - event.profile.start) * 1e-9

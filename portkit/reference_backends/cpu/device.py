@@ -43,5 +43,5 @@ def find_device() -> CPUCompiler:
 def load() -> Device:
     """The host CPU as a Device; BackendUnavailable (with the fix) without a C compiler."""
     compiler = find_device()
-    return Device("cpu", capabilities(compiler), CPUAllocator(), CPURenderer(), compiler,
-                  CPUProgram)
+    return Device("cpu", capabilities(compiler), CPUAllocator(), CPURenderer(),
+                  compiler, CPUProgram)

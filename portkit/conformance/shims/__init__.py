@@ -26,17 +26,18 @@ from pathlib import Path
 
 import numpy as np
 
-from portkit.abi import dtypes
-from portkit.abi.backend import (
+from portkit.abi import (
+    BackendUnavailable,
     Capabilities,
+    CompileError,
     Compiler,
     Device,
     HostAllocator,
+    Kernel,
     Program,
     Renderer,
+    dtypes,
 )
-from portkit.abi.errors import BackendUnavailable, CompileError
-from portkit.abi.kernel import Kernel
 from portkit.abi.ops import COMPUTE
 
 HEADERS = Path(__file__).parent

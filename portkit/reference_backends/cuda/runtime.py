@@ -57,12 +57,14 @@ class CUDAContext:
         self._current = threading.local()
 
     def enter(self) -> None:
+        """Makes the context current on the calling host thread (once per thread)."""
         # A context is current per host thread; conformance compiles on worker threads.
         if not getattr(self._current, "set", False):
             check(driver().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
             self._current.set = True
 
     def attribute(self, name: str) -> int:
+        """The device attribute CU_DEVICE_ATTRIBUTE_<name>."""
         api = driver()
         key = getattr(api.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
         return check(api.cuDeviceGetAttribute(key, self.device), name)
@@ -150,6 +152,7 @@ class CUDACompiler(Compiler):
 
     @property
     def emits_ptx(self) -> bool:
+        """Whether compile returns PTX (a virtual architecture) rather than a cubin."""
         return self.arch.startswith("compute_")
 
     def compile(self, source: str) -> bytes:

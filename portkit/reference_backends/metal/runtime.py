@@ -61,6 +61,7 @@ class MetalCompiler(Compiler):
         self.cache_key = f"metal|{device.name()}|fast-math off"
 
     def library(self, source: str):
+        """The MTLLibrary of `source`; CompileError with Metal's message if it is rejected."""
         library, error = self.device.newLibraryWithSource_options_error_(source, self.options,
                                                                          None)
         if library is None:

@@ -193,7 +193,7 @@ def test_generated_packages_install_list_and_conform(tmp_path):
         assert name in listed.stdout, listed.stdout
     repro = ("--repro-dir", str(tmp_path / "repro"))
 
-    # The C starter passes the quick run out of the box (float16/bfloat16: unsupported).
+    # The C starter (the cpu backend renamed) passes the quick run out of the box.
     quick = _portkit(site, "conform", "--backend", "myaccel", "--quick", *repro)
     assert quick.returncode == 0, quick.stdout + quick.stderr
     assert "FAILED" not in quick.stdout and "passed" in quick.stdout

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from portkit.abi import Allocator, Backend, Capabilities, Compiler, Program, Renderer
+from portkit.abi import (
+    Allocator,
+    Backend,
+    BackendUnavailable,
+    Capabilities,
+    Compiler,
+    Program,
+    Renderer,
+)
 
 ROOT = Path(__file__).resolve().parents[2] / "portkit" / "reference_backends"
 FILES = {"__init__.py", "device.py", "capabilities.py", "renderer.py", "runtime.py"}
@@ -68,3 +76,12 @@ def test_capabilities_of_a_device_without_one_here():
     """Metal's capabilities need no Mac: the conformance shims declare a typical Metal GPU."""
     caps = part("metal", "capabilities").capabilities(device_name="test")
     assert isinstance(caps, Capabilities) and caps.validate("metal").device_name == "test"
+
+
+@pytest.mark.parametrize(("backend", "driver"), [("opencl", "cl"), ("webgpu", "wgpu")])
+def test_a_missing_python_package_names_the_extra(backend, driver, monkeypatch):
+    """device.py imports the driver's Python package; without it, load names the pip extra."""
+    monkeypatch.setattr(part(backend, "device"), driver, None)
+    with pytest.raises(BackendUnavailable) as error:
+        importlib.import_module(f"portkit.reference_backends.{backend}").backend.load()
+    assert error.value.fix == f"pip install portkit[{backend}]"

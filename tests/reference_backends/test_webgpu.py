@@ -106,13 +106,6 @@ def test_invalid_wgsl_is_a_compile_error_with_the_log(rt):
     assert "expected" in error.value.log and error.value.source == "fn broken( {"
 
 
-def test_missing_wgpu_names_the_extra(monkeypatch):
-    monkeypatch.setattr(webgpu.device, "wgpu", None)
-    with pytest.raises(BackendUnavailable) as error:
-        webgpu.backend.load()
-    assert error.value.fix == "pip install portkit[webgpu]"
-
-
 def test_no_adapter_names_the_driver_package(monkeypatch):
     wgpu = pytest.importorskip("wgpu")
     monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **options: None)

@@ -1,10 +1,14 @@
 """`portkit new-backend NAME`: a standalone backend package, rendered from templates/backend.
 
 The package, `portkit-NAME`, registers through the `portkit.backends` entry point, so portkit
-itself never changes. Starters: `c` (the host C compiler: passes `portkit conform` at once),
-`opencl` (OpenCL C through pyopencl) and `blank` (every part raises NotImplementedError naming
-the section of docs/porting.md to read). cookiecutter renders the template; it writes only into
-the output folder and a temporary folder for its replay files.
+itself never changes. Starters: `c` (the cpu reference backend: passes `portkit conform` at
+once), `opencl` (the opencl reference backend) and `blank` (every part raises
+NotImplementedError naming the section of docs/porting.md to read). cookiecutter renders the
+template; it writes only into the output folder and a temporary folder for its replay files.
+
+The `c` and `opencl` starters are not copies kept by hand: the template's post-generation hook
+writes the reference backend's device.py, capabilities.py, renderer.py and runtime.py with their
+names changed (`starter_files`), so a starter cannot drift from the backend it starts from.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import keyword
 import re
 import sys
 import tempfile
+from importlib import resources
 from pathlib import Path
 
 from cookiecutter.main import cookiecutter
@@ -23,12 +28,17 @@ from portkit import __version__, backends
 from portkit.abi import PortkitError
 
 STARTERS = {
-    "c": "C built by the host C compiler; runs and passes conformance right away",
-    "opencl": "OpenCL C through pyopencl, for a device with an OpenCL driver",
+    "c": "the cpu reference backend: C built by the host C compiler; passes conformance at once",
+    "opencl": "the opencl reference backend: OpenCL C through pyopencl, for an OpenCL driver",
     "blank": "every part raises NotImplementedError that says what to write",
 }
 NAME_RULE = ("a backend name is lowercase ASCII letters, digits and underscores, starts with a "
              "letter, and is not a Python keyword, e.g. 'myaccel'")
+
+
+# starter -> (the reference backend it is, the prefix of that backend's class names)
+REFERENCES = {"c": ("cpu", "CPU"), "opencl": ("opencl", "OpenCL")}
+PARTS = ("device", "capabilities", "renderer", "runtime")
 
 
 class ScaffoldError(PortkitError):
@@ -43,6 +53,28 @@ def template_dir() -> Path:
         if (root / "backend" / "cookiecutter.json").is_file():
             return root / "backend"
     raise ScaffoldError(f"the backend template is missing from {package}; reinstall portkit")
+
+
+def title(name: str) -> str:
+    """The class-name prefix for a backend name: my_npu2 -> MyNpu2 (as cookiecutter.json's)."""
+    return "".join(word.capitalize() for word in name.split("_"))
+
+
+def starter_files(starter: str, name: str) -> dict[str, str]:
+    """{part: source} of the parts that the `starter` takes from a reference backend, renamed
+    for the backend `name`: its module, its class names, its name. {} for `blank`."""
+    if starter not in REFERENCES:
+        return {}
+    reference, prefix = REFERENCES[starter]
+    folder = resources.files("portkit.reference_backends").joinpath(reference)
+    classes = re.compile(rf"\b{prefix}(?=(?:Allocator|Compiler|Program|Renderer)\b)")
+    files = {}
+    for part in PARTS:
+        text = folder.joinpath(f"{part}.py").read_text()
+        text = text.replace(f"portkit.reference_backends.{reference}.", f"portkit_{name}.")
+        text = classes.sub(title(name), text)
+        files[part] = text.replace(f'"{reference}"', f'"{name}"')
+    return files
 
 
 def check_name(name: str, force: bool = False) -> None:

@@ -10,6 +10,7 @@ from portkit.abi.backend import (
                                  Capabilities,
                                  Compiler,
                                  Device,
+                                 HostAllocator,
                                  Program,
                                  Renderer,
 )
@@ -26,10 +27,11 @@ from portkit.abi.kernel import Kernel, KernelBuilder, Node, validate
 from portkit.abi.ops import Op
 
 # 0.x until all five reference backends pass conformance; then 1.0 and frozen.
-ABI_VERSION = "0.1"
+ABI_VERSION = "0.2"
 
 __all__ = [
     "ABI_VERSION", "Allocator", "Backend", "BackendUnavailable", "Capabilities", "CapabilityError",
-    "CompileError", "Compiler", "DType", "Device", "InvalidKernel", "Kernel", "KernelBuilder",
-    "Node", "Op", "PortkitError", "Program", "Renderer", "UnsupportedDType", "dtypes", "validate",
+    "CompileError", "Compiler", "DType", "Device", "HostAllocator", "InvalidKernel", "Kernel",
+    "KernelBuilder", "Node", "Op", "PortkitError", "Program", "Renderer", "UnsupportedDType",
+    "dtypes", "validate",
 ]

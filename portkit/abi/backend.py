@@ -3,14 +3,20 @@
     Renderer   kernel -> source text         Compiler  source -> binary bytes
     Program    binary -> launchable kernel   Allocator device memory and copies
 
+`HostAllocator` is the Allocator of every device whose memory is the host's (the CPU backend,
+the interpreter, the conformance shims).
+
 A backend package exposes one `Backend` through the `portkit.backends` entry point group. Its
 `load()` raises BackendUnavailable (with the fix) when the driver or device is missing here.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
+
+import numpy as np
 
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
@@ -136,23 +142,53 @@ class Allocator(ABC):
         """Device -> host: fills all of `destination` from the start of `buffer`; waits."""
 
 
+class HostAllocator(Allocator):
+    """Host memory: a buffer is a numpy byte array. For devices that compute in host memory."""
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        return np.empty(nbytes, np.uint8)   # a new buffer's contents are undefined in the ABI
+
+    def free(self, buffer: np.ndarray, nbytes: int) -> None:
+        pass   # numpy frees the array with its last reference
+
+    def copyin(self, buffer: np.ndarray, source: memoryview) -> None:
+        data = np.frombuffer(source, np.uint8)
+        buffer[:data.size] = data
+
+    def copyout(self, destination: memoryview, buffer: np.ndarray) -> None:
+        out = np.frombuffer(destination, np.uint8)
+        out[:] = buffer[:out.size]
+
+
+def synchronous() -> None:
+    """`Device.synchronize` of a device whose launches finish before they return."""
+
+
 @dataclass
 class Device:
-    """A loaded backend: its parts, bound to one device."""
+    """A loaded backend: its parts, bound to one device.
+
+    `program(kernel name, binary)` makes a Program: a Program class, or a `functools.partial`
+    of one that binds the device's handles (context, queue). `synchronize()` waits for all
+    launched work.
+    """
 
     name: str
     capabilities: Capabilities
     allocator: Allocator
     renderer: Renderer
     compiler: Compiler
-    program: Any                        # (kernel name, binary) -> Program
-    synchronize: Any = field(default=lambda: None)   # () -> None: waits for all launched work
+    program: Callable[[str, bytes], Program]
+    synchronize: Callable[[], None] = synchronous
 
 
 @dataclass(frozen=True)
 class Backend:
-    """What the `portkit.backends` entry point names: a name and how to load the device."""
+    """What the `portkit.backends` entry point names: a name and how to load the device.
+
+    `load()` returns the Device, or raises BackendUnavailable naming the fix.
+    """
 
     name: str
-    load: Any                           # () -> Device; raises BackendUnavailable with the fix
+    load: Callable[[], Device]
     description: str = ""

@@ -15,11 +15,11 @@ import numpy as np
 
 from portkit.abi import dtypes, spec
 from portkit.abi.backend import (
-    Allocator,
     Backend,
     Capabilities,
     Compiler,
     Device,
+    HostAllocator,
     Program,
     Renderer,
 )
@@ -143,24 +143,6 @@ def _matching_closers(nodes) -> dict[int, int]:
 
 
 # The interpreter as a backend: the smallest complete Device, and a readable one.
-
-class HostAllocator(Allocator):
-    """Host memory: a buffer is a numpy byte array (this backend's, and any host device's)."""
-
-    def alloc(self, nbytes: int) -> np.ndarray:
-        return np.empty(nbytes, np.uint8)   # a new buffer's contents are undefined in the ABI
-
-    def free(self, buffer: np.ndarray, nbytes: int) -> None:
-        pass   # numpy frees the array with its last reference
-
-    def copyin(self, buffer: np.ndarray, source: memoryview) -> None:
-        data = np.frombuffer(source, np.uint8)
-        buffer[:data.size] = data
-
-    def copyout(self, destination: memoryview, buffer: np.ndarray) -> None:
-        out = np.frombuffer(destination, np.uint8)
-        out[:] = buffer[:out.size]
-
 
 class _Renderer(Renderer):
     def render(self, kernel: Kernel) -> str:

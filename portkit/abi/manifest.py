@@ -42,7 +42,8 @@ def current() -> dict:
         "device": fields(backend.Device),
         "backend": fields(backend.Backend),
         "runtime": {cls.__name__: methods(cls) for cls in (
-            backend.Renderer, backend.Compiler, backend.Program, backend.Allocator)},
+            backend.Renderer, backend.Compiler, backend.Program, backend.Allocator,
+            backend.HostAllocator)},
         "budgets": spec.budget_table(),
     }
 

@@ -11,6 +11,7 @@ from portkit.abi.interpreter import run as interpret
 from portkit.abi.ops import BINARY, DOMAIN, UNARY
 from portkit.conformance.generate import edge_values, random_values
 from portkit.reference_backends import cpu
+from portkit.reference_backends.cpu import runtime
 
 N, BLOCK = 1024, 128
 
@@ -231,8 +232,8 @@ def test_tree_reduction_in_local_memory(device):
 def test_device_describes_itself(device):
     caps = device.capabilities
     assert caps.ops == frozenset(spec.SPECS) and caps.dtypes == frozenset(dtypes.ALL)
-    assert cpu.cpu_model() in caps.device_name and "OpenMP" in caps.device_name
-    assert cpu.cpu_model() in device.compiler.cache_key
+    assert runtime.cpu_model() in caps.device_name and "OpenMP" in caps.device_name
+    assert runtime.cpu_model() in device.compiler.cache_key
     assert device.compiler.version in device.compiler.cache_key
 
 

@@ -22,7 +22,7 @@ from portkit.conformance.shims import (
     tensor_kernels,
 )
 from portkit.reference_backends import cuda
-from portkit.reference_backends.cuda import compiler as nvrtc_compiler
+from portkit.reference_backends.cuda import runtime as cuda_runtime
 from portkit.reference_backends.cuda.renderer import CUDARenderer
 
 BATCH = 120
@@ -57,7 +57,7 @@ def batched(sources: list[str]) -> str:
 
 def compile_all(sources: list[str], arch: str) -> list[str]:
     """Compiles every source for `arch`; returns one message per kernel NVRTC rejects."""
-    compiler = nvrtc_compiler.NVRTCCompiler(arch)
+    compiler = cuda_runtime.CUDACompiler(arch)
     failures = []
     for start in range(0, len(sources), BATCH):
         chunk = sources[start:start + BATCH]
@@ -96,11 +96,11 @@ def test_every_tensor_op_and_model_kernel_compiles_to_a_cubin(capabilities):
 def test_ptx_for_a_newer_gpu_assembles_with_nvjitlink(kernels):
     # A GPU newer than NVRTC gets PTX and the driver assembles it; nvJitLink does the same here.
     sources = [CUDARenderer().render(k) for k in kernels[::3]]
-    ptx = nvrtc_compiler.NVRTCCompiler("compute_75").compile(batched(sources))
+    ptx = cuda_runtime.CUDACompiler("compute_75").compile(batched(sources))
     assert ptx.startswith(b"//") and b".entry" in ptx
-    assert nvrtc_compiler.assemble(ptx, "sm_90").startswith(b"\x7fELF")
+    assert cuda_runtime.assemble(ptx, "sm_90").startswith(b"\x7fELF")
     with pytest.raises(CompileError, match="nvJitLink") as info:
-        nvrtc_compiler.assemble(ptx.replace(b"ret;", b"bogus;", 1), "sm_90")
+        cuda_runtime.assemble(ptx.replace(b"ret;", b"bogus;", 1), "sm_90")
     assert "bogus" in info.value.log
 
 
@@ -137,15 +137,15 @@ def test_renderer_writes_cuda(shim):
 
 def test_compile_error_carries_the_nvrtc_log():
     with pytest.raises(CompileError) as info:
-        nvrtc_compiler.NVRTCCompiler("sm_90").compile('extern "C" __global__ void k() { x; }')
+        cuda_runtime.CUDACompiler("sm_90").compile('extern "C" __global__ void k() { x; }')
     assert 'identifier "x" is undefined' in info.value.log and "void k()" in info.value.source
 
 
 def test_architecture_follows_the_compute_capability():
-    assert nvrtc_compiler.architecture_for((9, 0)) == "sm_90"
-    assert nvrtc_compiler.architecture_for((99, 0)).startswith("compute_")   # PTX, driver JITs
+    assert cuda_runtime.architecture_for((9, 0)) == "sm_90"
+    assert cuda_runtime.architecture_for((99, 0)).startswith("compute_")   # PTX, driver JITs
     with pytest.raises(BackendUnavailable, match="compute capability"):
-        nvrtc_compiler.architecture_for((3, 5))
+        cuda_runtime.architecture_for((3, 5))
 
 
 def test_no_driver_is_backend_unavailable_not_a_traceback(monkeypatch, fake_backends):

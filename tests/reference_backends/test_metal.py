@@ -17,6 +17,7 @@ from portkit.conformance import Options, Target
 from portkit.conformance import run as conform
 from portkit.conformance.shims import run_conformance, shim_device, tensor_kernels
 from portkit.reference_backends import metal
+from portkit.reference_backends.metal.capabilities import capabilities
 from portkit.reference_backends.metal.renderer import MetalRenderer
 
 
@@ -129,7 +130,7 @@ def test_renderer_writes_msl():
 
 
 def test_capabilities_leave_out_float64():
-    caps = metal.METAL_CAPABILITIES.validate("metal")
+    caps = capabilities().validate("metal")
     assert dtypes.float64 not in caps.dtypes and dtypes.bfloat16 in caps.dtypes
     assert caps.denormals == "flush" and caps.max_buffers == 31
 

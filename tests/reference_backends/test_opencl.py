@@ -130,13 +130,6 @@ def test_compile_errors_carry_the_log(device):
     assert "b" in error.value.log and "k_broken" in error.value.source
 
 
-def test_missing_pyopencl_names_the_extra(monkeypatch):
-    monkeypatch.setattr(opencl, "cl", None)
-    with pytest.raises(BackendUnavailable) as error:
-        opencl.backend.load()
-    assert error.value.fix == "pip install portkit[opencl]"
-
-
 def test_missing_icd_names_the_driver_package(monkeypatch):
     cl = pytest.importorskip("pyopencl")
 

@@ -16,7 +16,8 @@ from portkit.abi import BackendUnavailable, CapabilityError, KernelBuilder, Op, 
 from portkit.abi.errors import CompileError
 from portkit.abi.interpreter import run as interpret
 from portkit.reference_backends import webgpu
-from portkit.reference_backends.webgpu.renderer import WGSLRenderer
+from portkit.reference_backends.webgpu.device import find_device
+from portkit.reference_backends.webgpu.renderer import WebGPURenderer
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def copy_kernel(dtype, grid=(1, 1, 1), block=(8, 1, 1), gate=False):
 
 
 def test_small_types_are_packed_in_words_and_stored_with_atomics():
-    source = WGSLRenderer().render(copy_kernel(dtypes.int8))
+    source = WebGPURenderer().render(copy_kernel(dtypes.int8))
     assert "var<storage, read_write> data1: array<atomic<u32>>;" in source
     assert "atomicAnd(&data1[u32(v" in source and "atomicOr(&data1[" in source
     assert "<< 24u) >> 24u)" in source        # loads sign-extend int8
@@ -49,7 +50,7 @@ def test_f16_is_enabled_only_when_used_and_nan_is_tested_on_bits():
     k = KernelBuilder("max16")
     a = k.param(dtypes.float16)
     k.store(a, k.const(0), k.alu(Op.MAX, k.load(a, k.const(0)), k.load(a, k.const(1))))
-    source = WGSLRenderer().render(k.build())
+    source = WebGPURenderer().render(k.build())
     assert source.startswith("enable f16;") and "array<f16>" in source
     assert "pk_isnan(f32(v" in source and "!= v" not in source
 
@@ -58,13 +59,13 @@ def test_scalars_come_in_a_uniform_struct():
     k = KernelBuilder("scale")
     out, n = k.param(dtypes.int32), k.var("n")
     k.store(out, k.special("local"), k.alu(Op.MUL, k.special("local"), n))
-    source = WGSLRenderer().render(k.build(block=(4, 1, 1)))
+    source = WebGPURenderer().render(k.build(block=(4, 1, 1)))
     assert "@binding(1) var<uniform> pk_vars: PkVars;" in source
     assert "let var_n: i32 = pk_vars.s0;" in source
 
 
 def test_capabilities_come_from_the_adapter(rt):
-    caps, limits = rt.capabilities, webgpu.find_adapter().limits
+    caps, limits = rt.capabilities, find_device().limits
     assert caps.fixed_block
     assert caps.max_buffers == limits["max-storage-buffers-per-shader-stage"]
     assert caps.local_memory_bytes == limits["max-compute-workgroup-storage-size"]
@@ -103,13 +104,6 @@ def test_invalid_wgsl_is_a_compile_error_with_the_log(rt):
     with pytest.raises(CompileError) as error:
         rt.device.compiler.compile("fn broken( {")
     assert "expected" in error.value.log and error.value.source == "fn broken( {"
-
-
-def test_missing_wgpu_names_the_extra(monkeypatch):
-    monkeypatch.setattr(webgpu, "wgpu", None)
-    with pytest.raises(BackendUnavailable) as error:
-        webgpu.backend.load()
-    assert error.value.fix == "pip install portkit[webgpu]"
 
 
 def test_no_adapter_names_the_driver_package(monkeypatch):

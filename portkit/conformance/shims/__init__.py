@@ -26,14 +26,23 @@ from pathlib import Path
 
 import numpy as np
 
-from portkit.abi import dtypes
-from portkit.abi.backend import Capabilities, Compiler, Device, Program, Renderer
-from portkit.abi.errors import BackendUnavailable, CompileError
-from portkit.abi.kernel import Kernel
+from portkit.abi import (
+    BackendUnavailable,
+    Capabilities,
+    CompileError,
+    Compiler,
+    Device,
+    HostAllocator,
+    Kernel,
+    Program,
+    Renderer,
+    dtypes,
+)
 from portkit.abi.ops import COMPUTE
-from portkit.reference_backends.cpu import CAllocator
 
 HEADERS = Path(__file__).parent
+# host_grid.h, the coroutine runner the cpu backend's kernels use too, lives beside the backends.
+HOST_GRID = Path(__file__).parents[2] / "reference_backends"
 FLAGS = ("-std=c++20", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
          "-Wno-unknown-attributes", "-Wno-user-defined-literals", "-w")
 
@@ -50,10 +59,12 @@ class Language:
 
 
 LANGUAGES = {
-    "metal": Language("metal", ("-I", str(HEADERS)), "threadgroup_barrier(", "",
+    "metal": Language("metal", ("-I", str(HEADERS), "-I", str(HOST_GRID)),
+                      "threadgroup_barrier(", "",
                       ", metal::uint3{i.group.x, i.group.y, i.group.z}, "
                       "metal::uint3{i.thread.x, i.thread.y, i.thread.z}"),
-    "cuda": Language("cuda", ("-I", str(HEADERS), "-include", "cuda_shim.h"),
+    "cuda": Language("cuda", ("-I", str(HEADERS), "-I", str(HOST_GRID), "-include",
+                              "cuda_shim.h"),
                      "__syncthreads()", 'extern "C" ', ""),
 }
 _SIGNATURE = re.compile(r"void (?:__launch_bounds__\(\d+\) )?(k_\w+)\(([^{]*)\)\s*\{")
@@ -138,7 +149,7 @@ class ShimCompiler(Compiler):
 class ShimProgram(Program):
     """One kernel's launch stub in a host library; runs synchronously."""
 
-    def __init__(self, compiler: ShimCompiler, binary: bytes):
+    def __init__(self, compiler: ShimCompiler, name: str, binary: bytes):
         function = getattr(compiler.libraries[binary.decode()], binary.decode())
         function.argtypes = [ctypes.c_void_p] * 3
         self.function = function
@@ -247,16 +258,16 @@ def shim_device(language: str, workdir: Path | None = None) -> Device:
     renderer: Renderer = {"metal": MetalRenderer, "cuda": CUDARenderer}[language]()
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"portkit-{language}-shim-"))
     compiler = ShimCompiler(LANGUAGES[language], workdir)
-    return Device(f"{language}-shim", shim_capabilities(language), CAllocator(), renderer,
-                  compiler, lambda name, binary: ShimProgram(compiler, binary))
+    return Device(f"{language}-shim", shim_capabilities(language), HostAllocator(), renderer,
+                  compiler, functools.partial(ShimProgram, compiler))
 
 
 def shim_capabilities(language: str) -> Capabilities:
     """What a shim device of `language` declares: a typical GPU of that kind. Needs no clang++."""
-    from portkit.reference_backends.metal import METAL_CAPABILITIES
+    from portkit.reference_backends.metal.capabilities import capabilities
 
     if language == "metal":
-        return replace(METAL_CAPABILITIES, device_name="MSL host shim (clang++)")
+        return capabilities(device_name="MSL host shim (clang++)")
     return Capabilities(dtypes=frozenset(dtypes.ALL), ops=frozenset(COMPUTE),
                         max_block_threads=1024, max_block=(1024, 1024, 64),
                         max_grid=(2**31 - 1, 65535, 65535), local_memory_bytes=48 * 1024,

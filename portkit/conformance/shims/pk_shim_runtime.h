@@ -1,17 +1,18 @@
 // Runs a GPU kernel's grid on the host: the shared part of the MSL and CUDA C shims.
 //
 // Workgroups run one after another on the calling thread. A kernel without a barrier runs its
-// threads as a plain loop. A kernel with one runs each thread as a coroutine (ucontext) with a
-// stack of its own: a barrier switches back to the scheduler, which resumes every unfinished
-// thread in turn, so after one round all of them wait at the same barrier. Workgroup memory is
-// a function-static array (`static thread_local`), which every coroutine of the group shares.
+// threads as a plain loop. A kernel with one runs them through host_grid.h, the cpu backend's
+// coroutine runner (portkit/reference_backends/host_grid.h), so that both test the same one.
+// Workgroup memory is a function-static array (`static thread_local`), which every coroutine
+// of the group shares.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <vector>
-#include <ucontext.h>
+
+#include "host_grid.h"
 
 namespace pk_shim {
 
@@ -24,66 +25,46 @@ struct Ptr {
 struct Dim3 { unsigned x, y, z; };
 struct Ids { Dim3 group, thread; };
 
-struct Group {
-  ucontext_t scheduler;
-  std::vector<ucontext_t> threads;
+// One workgroup: every thread's ids and the body that runs one thread.
+struct Workgroup {
   std::vector<Ids> ids;
-  std::vector<char> done;
-  int running = 0;
-  const std::function<void(const Ids &)> *body = nullptr;
+  const std::function<void(const Ids &)> *body;
 };
 
-inline thread_local Group *current = nullptr;
 inline thread_local Ids current_ids{};   // the ids of the thread now running
 
 inline void barrier() {
-  if (current) swapcontext(&current->threads[current->running], &current->scheduler);
+  pk_barrier();
+  // Back from the scheduler: CUDA's blockIdx/threadIdx read the ids of whichever thread runs.
+  current_ids = static_cast<Workgroup *>(pk_self->context)->ids[pk_self->running];
 }
 
-inline void thread_entry() {
-  Group *g = current;
-  const int t = g->running;
-  (*g->body)(g->ids[t]);
-  g->done[t] = 1;
+inline void run_thread(pk_group *group, int32_t t) {
+  const Workgroup &w = *static_cast<Workgroup *>(group->context);
+  current_ids = w.ids[t];
+  (*w.body)(w.ids[t]);
 }
 
 // dims = grid[3], block[3]; `body` runs one thread with its ids.
 inline void launch(const int32_t *dims, bool barriers,
                    const std::function<void(const Ids &)> &body) {
   const int threads = dims[3] * dims[4] * dims[5];
-  const size_t stack = 256 * 1024;
-  std::vector<char> stacks(barriers ? stack * threads : 0);
-  Group g;
-  g.threads.resize(threads), g.ids.resize(threads), g.done.resize(threads);
-  g.body = &body;
+  Workgroup w{std::vector<Ids>(threads), &body};
+  pk_group g{};
+  if (barriers) pk_group_init(&g, threads, run_thread, &w);
   for (unsigned z = 0; z < (unsigned)dims[2]; z++)
     for (unsigned y = 0; y < (unsigned)dims[1]; y++)
       for (unsigned x = 0; x < (unsigned)dims[0]; x++) {
         for (int t = 0; t < threads; t++)
-          g.ids[t] = {{x, y, z}, {(unsigned)(t % dims[3]), (unsigned)(t / dims[3] % dims[4]),
+          w.ids[t] = {{x, y, z}, {(unsigned)(t % dims[3]), (unsigned)(t / dims[3] % dims[4]),
                                   (unsigned)(t / (dims[3] * dims[4]))}};
-        if (!barriers) {
-          for (int t = 0; t < threads; t++) current_ids = g.ids[t], body(g.ids[t]);
+        if (barriers) {
+          pk_group_run(&g);
           continue;
         }
-        for (int t = 0; t < threads; t++) {
-          getcontext(&g.threads[t]);
-          g.threads[t].uc_stack.ss_sp = stacks.data() + stack * t;
-          g.threads[t].uc_stack.ss_size = stack;
-          g.threads[t].uc_link = &g.scheduler;
-          makecontext(&g.threads[t], thread_entry, 0);
-          g.done[t] = 0;
-        }
-        current = &g;
-        for (int left = threads; left > 0;)
-          for (int t = 0; t < threads; t++) {
-            if (g.done[t]) continue;
-            g.running = t, current_ids = g.ids[t];
-            swapcontext(&g.scheduler, &g.threads[t]);
-            left -= g.done[t];
-          }
-        current = nullptr;
+        for (int t = 0; t < threads; t++) current_ids = w.ids[t], body(w.ids[t]);
       }
+  if (barriers) pk_group_free(&g);
 }
 
 }  // namespace pk_shim

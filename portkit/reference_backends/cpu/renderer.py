@@ -4,10 +4,11 @@ The kernel body becomes a `static inline` function of its buffers, scalars, work
 thread ids. `pk_launch`, the same entry point in every kernel's shared object, runs the grid:
 workgroups are spread across cores with OpenMP, and a workgroup's threads run as a loop over
 thread axis 0 innermost, which the compiler may vectorize. Kernels with a BARRIER run their
-threads as coroutines instead (see _BARRIER below).
+threads as coroutines instead (host_grid.h, beside the backends).
 """
 from __future__ import annotations
 
+from importlib import resources
 from typing import ClassVar
 
 from portkit.abi import dtypes
@@ -15,28 +16,9 @@ from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.codegen.cstyle import EMULATED_FLOATS, FLOAT16_HELPERS, CStyleRenderer, local_bytes
 
-# Threads of a workgroup must be able to wait for each other at a BARRIER. A kernel with one
-# runs each thread as a coroutine with a stack of its own (ucontext): the scheduler resumes
-# every unfinished thread in turn, and a thread runs until it reaches a barrier (it switches
-# back) or returns. After one round every live thread waits at the same barrier, so the next
-# round starts past it. Splitting the kernel at its barriers was the alternative; it does not
-# survive barriers inside loops. Kernels without a BARRIER stay a plain loop.
-_BARRIER = """\
-enum { PK_STACK = 256 * 1024 };  /* per thread; only touched pages cost memory */
-typedef struct {
-  ucontext_t scheduler, *threads;
-  char *stacks, *local;
-  int32_t *finished, running, gid[3], block[3];
-  void **buffers;
-  const int32_t *scalars;
-} pk_group;
-static _Thread_local pk_group *pk_self;
-
-static void pk_barrier(void) {
-  pk_group *g = pk_self;
-  swapcontext(&g->threads[g->running], &g->scheduler);
-}
-"""
+# A kernel with a BARRIER runs each workgroup's threads as coroutines, so that they can wait
+# for each other; the runner is one C header shared with the conformance shims.
+HOST_GRID = resources.files("portkit.reference_backends").joinpath("host_grid.h").read_text()
 
 _TEMPLATE = """\
 #define _GNU_SOURCE
@@ -44,14 +26,10 @@ _TEMPLATE = """\
 #include <stdint.h>
 #include <string.h>
 #include <tgmath.h>  /* sqrt, exp2, ...: the float or the double function, by argument */
-{% if barrier %}
-#include <stdlib.h>
-#include <ucontext.h>
-{% endif %}
 
 {% if small_floats %}{{ float16_helpers }}
 {% endif %}
-{% if barrier %}{{ barrier_helpers }}
+{% if barrier %}{{ host_grid }}
 {% endif %}
 static inline void {{ name }}({{ (args + id_args) | join(", ") }}) {
 {% for line in body %}
@@ -60,32 +38,18 @@ static inline void {{ name }}({{ (args + id_args) | join(", ") }}) {
 }
 
 {% if barrier %}
-static void pk_thread(void) {
-  pk_group *g = pk_self;
-  const int32_t t = g->running, b0 = g->block[0], b1 = g->block[1];
-  {{ name }}({{ (thread_args + ["g->gid[0]", "g->gid[1]", "g->gid[2]", "t % b0", "t / b0 % b1",
-      "t / (b0 * b1)", "g->local"]) | join(", ") }});
-  g->finished[t] = 1;
-}
+typedef struct {
+  void **buffers;
+  const int32_t *scalars;
+  int32_t gid[3], block[3];
+  char *local;
+} pk_workgroup;
 
-static void pk_run_group(pk_group *g, int32_t threads) {
-  for (int32_t t = 0; t < threads; t++) {
-    getcontext(&g->threads[t]);
-    g->threads[t].uc_stack.ss_sp = g->stacks + (size_t)t * PK_STACK;
-    g->threads[t].uc_stack.ss_size = PK_STACK;
-    g->threads[t].uc_link = &g->scheduler;
-    makecontext(&g->threads[t], pk_thread, 0);
-    g->finished[t] = 0;
-  }
-  pk_self = g;
-  for (int32_t left = threads; left > 0;) {
-    for (int32_t t = 0; t < threads; t++) {
-      if (g->finished[t]) continue;
-      g->running = t;
-      swapcontext(&g->scheduler, &g->threads[t]);
-      left -= g->finished[t];
-    }
-  }
+static void pk_thread(pk_group *g, int32_t t) {
+  const pk_workgroup *w = g->context;
+  const int32_t b0 = w->block[0], b1 = w->block[1];
+  {{ name }}({{ (thread_args + ["w->gid[0]", "w->gid[1]", "w->gid[2]", "t % b0", "t / b0 % b1",
+      "t / (b0 * b1)", "w->local"]) | join(", ") }});
 }
 
 {% endif %}
@@ -99,20 +63,19 @@ void pk_launch(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_d
 {% if barrier %}
   #pragma omp parallel if(pk_parallel)
   {
-    pk_group g = {.buffers = pk_buffers, .scalars = pk_scalars,
-                  .block = {block0, block1, block2}};
-    g.threads = malloc(sizeof(ucontext_t) * threads);
-    g.finished = malloc(sizeof(int32_t) * threads);
-    g.stacks = malloc((size_t)PK_STACK * threads);
+    pk_workgroup w = {.buffers = pk_buffers, .scalars = pk_scalars,
+                      .block = {block0, block1, block2}};
+    pk_group g;
+    pk_group_init(&g, threads, pk_thread, &w);
     #pragma omp for collapse(3) schedule(static)
     for (int32_t gid2 = 0; gid2 < grid2; gid2++)
       for (int32_t gid1 = 0; gid1 < grid1; gid1++)
         for (int32_t gid0 = 0; gid0 < grid0; gid0++) {
           _Alignas(64) char pk_local[{{ local_bytes or 16 }}];
-          g.gid[0] = gid0, g.gid[1] = gid1, g.gid[2] = gid2, g.local = pk_local;
-          pk_run_group(&g, threads);
+          w.gid[0] = gid0, w.gid[1] = gid1, w.gid[2] = gid2, w.local = pk_local;
+          pk_group_run(&g);
         }
-    free(g.threads), free(g.finished), free(g.stacks);
+    pk_group_free(&g);
   }
 {% else %}
 {% for p in kernel.params %}
@@ -151,7 +114,7 @@ void pk_launch(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_d
 _IDS = ["gid0", "gid1", "gid2", "lid0", "lid1", "lid2", "pk_local"]
 
 
-class CRenderer(CStyleRenderer):
+class CPURenderer(CStyleRenderer):
     """Plain C11 (GNU dialect) for gcc or clang, one shared object per kernel."""
 
     barrier = "pk_barrier();"
@@ -172,13 +135,18 @@ class CRenderer(CStyleRenderer):
         return {**super().template_context(kernel, body),
                 "barrier": any(n.op is Op.BARRIER for n in kernel.nodes),
                 "small_floats": bool(used & set(self.emulated)),
-                "float16_helpers": FLOAT16_HELPERS, "barrier_helpers": _BARRIER,
+                "float16_helpers": FLOAT16_HELPERS, "host_grid": HOST_GRID,
                 "types": types,
                 "ids": _IDS, "single": ["gid0", "gid1", "gid2", "0", "0", "0", "pk_local"],
                 # threads of a kernel with a loop may each do much work; others do little
                 "parallel_from": 2 if any(n.op is Op.RANGE for n in kernel.nodes) else 16384,
                 "id_args": [f"const int32_t {i}" for i in _IDS[:6]] + ["char *pk_local"],
                 "loop_args": [f"data{i}" for i in range(len(types))] + [f"var_{v}" for v in names],
-                "thread_args": [f"({t} *)g->buffers[{i}]" for i, t in enumerate(types)]
-                + [f"g->scalars[{i}]" for i in range(len(names))],
+                "thread_args": [f"({t} *)w->buffers[{i}]" for i, t in enumerate(types)]
+                + [f"w->scalars[{i}]" for i in range(len(names))],
                 "local_bytes": local_bytes(kernel)}
+
+
+# The name before this backend took the scaffold's names; tests/codegen/test_cstyle.py still
+# imports it (issue 10: remove once that test says CPURenderer).
+CRenderer = CPURenderer

@@ -67,7 +67,7 @@ def _is_nan(x: str, dtype: DType) -> str:
     return f"pk_isnan({x if dtype != dtypes.float16 else f'f32({x})'})"
 
 
-class WGSLRenderer(CStyleRenderer):
+class WebGPURenderer(CStyleRenderer):
     """WGSL for WebGPU compute shaders; one bind group: buffers, then the scalars' uniform."""
 
     barrier = "workgroupBarrier();"

@@ -6,7 +6,6 @@ section of portkit's docs/porting.md to read. Once your driver is wired in, rais
 BackendUnavailable (naming the fix) here when there is no device.
 """
 from portkit.abi import Device
-
 from {{ cookiecutter.__module }}.capabilities import capabilities
 from {{ cookiecutter.__module }}.renderer import {{ cookiecutter.__title }}Renderer
 from {{ cookiecutter.__module }}.runtime import (

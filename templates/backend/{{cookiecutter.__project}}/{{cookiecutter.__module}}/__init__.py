@@ -4,7 +4,6 @@ portkit calls `backend.load()` when someone asks for "{{ cookiecutter.name }}"; 
 hardware and assembles its parts.
 """
 from portkit.abi import Backend
-
 from {{ cookiecutter.__module }}.device import load
 
 backend = Backend("{{ cookiecutter.name }}", load,

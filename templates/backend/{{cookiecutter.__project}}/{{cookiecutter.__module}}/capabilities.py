@@ -1,1 +1,1 @@
-{% include cookiecutter.starter ~ "/capabilities.py" %}
+{% if cookiecutter.starter == "blank" %}{% include "blank/capabilities.py" %}{% endif %}

@@ -1,1 +1,1 @@
-{% include cookiecutter.starter ~ "/device.py" %}
+{% if cookiecutter.starter == "blank" %}{% include "blank/device.py" %}{% endif %}

@@ -1,1 +1,1 @@
-{% include cookiecutter.starter ~ "/renderer.py" %}
+{% if cookiecutter.starter == "blank" %}{% include "blank/renderer.py" %}{% endif %}

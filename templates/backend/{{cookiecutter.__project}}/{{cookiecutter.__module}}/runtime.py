@@ -1,1 +1,1 @@
-{% include cookiecutter.starter ~ "/runtime.py" %}
+{% if cookiecutter.starter == "blank" %}{% include "blank/runtime.py" %}{% endif %}

@@ -1,24 +1,30 @@
 """Runtime: device memory (Allocator), the toolchain (Compiler) and kernel launches (Program).
 
-Starter: all three go through pyopencl to the OpenCL driver. Keep the method signatures
-(portkit/abi/backend.py) if you replace pyopencl with your own driver's calls.
+All three go through pyopencl to the OpenCL driver. The Compiler builds a program and returns
+the driver's binary, which the disk cache keeps; loading a kernel rebuilds the program from that
+binary, so a warm cache skips the compiler. OpenCL's global size counts threads, not
+workgroups: global = grid * block.
 """
+from __future__ import annotations
+
 import numpy as np
 
 try:
     import pyopencl as cl
-except ImportError:   # device.load() reports the backend unavailable, with the fix
+except ImportError:   # device.find_device reports the backend unavailable, with the fix
     cl = None
-from portkit.abi import Allocator, CompileError, Compiler, Program
+
+from portkit.abi.backend import Allocator, Compiler, Program
+from portkit.abi.errors import CompileError
 from portkit.codegen.cstyle import function_name
 
-# No -cl-fast-relaxed-math or -cl-mad-enable: they change float results. -w: warnings about
-# generated code (e.g. `x || 0`) are noise.
+# No -cl-fast-relaxed-math or -cl-mad-enable: they change float results.
+# -w: warnings (e.g. `x || 0` from constant folding) are for hand-written code.
 OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-w"]
 
 
-class {{ cookiecutter.__title }}Allocator(Allocator):
-    """Device memory: OpenCL buffers. Copies block, so the host memory may be reused at once."""
+class OpenCLAllocator(Allocator):
+    """Device buffers; copies block so the host memory may be reused at once."""
 
     def __init__(self, context, queue):
         self.context, self.queue = context, queue
@@ -39,12 +45,11 @@ class {{ cookiecutter.__title }}Allocator(Allocator):
                             is_blocking=True)
 
 
-class {{ cookiecutter.__title }}Compiler(Compiler):
-    """The toolchain: the driver builds OpenCL C; the binary is what its program holds."""
+class OpenCLCompiler(Compiler):
+    """Builds OpenCL C for one device; the binary is whatever the driver's program holds."""
 
     def __init__(self, context, device):
         self.context, self.device = context, device
-        # Whatever could change the binary for the same source belongs in the cache key.
         self.cache_key = "|".join((device.platform.version, device.name, device.version,
                                    device.driver_version, *OPTIONS))
 
@@ -52,24 +57,23 @@ class {{ cookiecutter.__title }}Compiler(Compiler):
         try:
             program = cl.Program(self.context, source).build(OPTIONS, [self.device])
         except cl.RuntimeError as error:
-            raise CompileError("the OpenCL compiler rejected the kernel", source,
-                               str(error)) from None
+            raise CompileError("the OpenCL compiler rejected the kernel (the source is in "
+                               ".source)", source, str(error)) from None
         return program.binaries[0]
 
 
-class {{ cookiecutter.__title }}Program(Program):
-    """One kernel, loaded from its binary and launched on the device's in-order queue."""
+class OpenCLProgram(Program):
+    """A kernel loaded from a program binary, launched on the device's in-order queue."""
 
-    def __init__(self, compiler: {{ cookiecutter.__title }}Compiler, queue, name: str, binary: bytes):
+    def __init__(self, compiler: OpenCLCompiler, queue, name: str, binary: bytes):
         self.queue = queue
         program = cl.Program(compiler.context, [compiler.device], [binary]).build(OPTIONS)
         self.kernel = cl.Kernel(program, function_name(name))
 
     def __call__(self, buffers, scalars, grid, block, wait: bool = False) -> float | None:
         self.kernel.set_args(*buffers, *(np.int32(s) for s in scalars))
-        # OpenCL counts threads in the global size, not workgroups: global = grid * block.
         event = cl.enqueue_nd_range_kernel(
-            self.queue, self.kernel, [g * b for g, b in zip(grid, block, strict=True)], list(block))
+            self.queue, self.kernel, [g * b for g, b in zip(grid, block)], list(block))
         if not wait:
             return None
         event.wait()

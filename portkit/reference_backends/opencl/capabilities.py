@@ -1,24 +1,32 @@
-"""The datasheet: what the {{ cookiecutter.name }} device can do, read from its OpenCL properties.
+"""The datasheet: what an OpenCL device can do, read from its properties and extensions.
 
 portkit reads this and assumes nothing else. Codegen rewrites the compute ops missing from
 `ops` into ones that are listed; conformance reports cases on dtypes missing from `dtypes` as
-"unsupported" and checks every limit. Be honest: a wrong "yes" fails conformance, a "no" only
-costs coverage or speed.
+"unsupported" and checks every limit. A wrong "yes" fails conformance, a "no" only costs
+coverage or speed.
 """
-from portkit.abi import Capabilities, dtypes
+from __future__ import annotations
+
+try:
+    import pyopencl as cl
+except ImportError:   # device.find_device reports the backend unavailable, with the fix
+    cl = None
+
+from portkit.abi import dtypes
+from portkit.abi.backend import Capabilities
 from portkit.abi.ops import COMPUTE
 
 
 def capabilities(device) -> Capabilities:
     """What `device` (a pyopencl Device) can do."""
-    fp64 = "cl_khr_fp64" in device.extensions.split() or bool(device.double_fp_config)
+    extensions = device.extensions.split()
+    fp64 = "cl_khr_fp64" in extensions or bool(device.double_fp_config)
     threads = device.max_work_group_size
+    denormal = device.single_fp_config & cl.device_fp_config.DENORM
     return Capabilities(
-        # float16 and bfloat16 need cl_khr_fp16 or emulation; the OpenCL reference backend
-        # (portkit/reference_backends/opencl) shows both. Left out, their cases read
-        # "unsupported". float64 only where the device has it.
-        dtypes=frozenset(d for d in dtypes.ALL if d not in (dtypes.float16, dtypes.bfloat16)
-                         and (d != dtypes.float64 or fp64)),
+        # float16 and bfloat16 compute in float where the device lacks cl_khr_fp16
+        # (renderer.py); float64 only where the device has it.
+        dtypes=frozenset(d for d in dtypes.ALL if d != dtypes.float64 or fp64),
         # OpenCL C has every compute op. List only REQUIRED ops (portkit.abi.ops) and portkit
         # decomposes the rest, e.g. MAX into CMPLT and WHERE.
         ops=frozenset(COMPUTE),
@@ -28,4 +36,5 @@ def capabilities(device) -> Capabilities:
         local_memory_bytes=device.local_mem_size,
         # half the argument space for buffer pointers, the rest for scalars
         max_buffers=device.max_parameter_size // (device.address_bits // 8) // 2,
+        denormals="preserve" if denormal else "flush",
         device_name=f"{device.name} ({device.platform.name})")

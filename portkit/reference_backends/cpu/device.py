@@ -1,0 +1,47 @@
+"""The device: the host CPU and its C compiler, found, probed and joined into one `Device`.
+
+The compiler is $PORTKIT_CC, else clang, else gcc. It is probed once with a small OpenMP
+program: a compiler without OpenMP (clang without libomp) still builds kernels, on one core.
+"""
+from __future__ import annotations
+
+import shlex
+
+from portkit.abi.backend import Device
+from portkit.abi.errors import BackendUnavailable, CompileError
+from portkit.reference_backends.cpu.capabilities import capabilities
+from portkit.reference_backends.cpu.renderer import CPURenderer
+from portkit.reference_backends.cpu.runtime import (
+    FIX,
+    CPUAllocator,
+    CPUCompiler,
+    CPUProgram,
+    find_compiler,
+)
+
+_PROBE = "int pk_probe(void) {\n  int n = 0;\n  #pragma omp parallel\n  n = 1;\n  return n;\n}\n"
+
+
+def find_device() -> CPUCompiler:
+    """A compiler that builds shared objects here, with OpenMP if it can; BackendUnavailable
+    naming the fix if there is none."""
+    command = find_compiler()
+    for openmp in (True, False):
+        try:
+            compiler = CPUCompiler(command, openmp)
+            compiler.compile(_PROBE)
+            return compiler
+        except CompileError as error:
+            log = error.log.strip()
+        except OSError as error:
+            raise BackendUnavailable(f"no C compiler found: {shlex.join(command)} failed to "
+                                     f"run ({error})", FIX) from None
+    raise BackendUnavailable(f"{shlex.join(command)} cannot build shared objects: {log[:300]}",
+                             FIX)
+
+
+def load() -> Device:
+    """The host CPU as a Device; BackendUnavailable (with the fix) without a C compiler."""
+    compiler = find_device()
+    return Device("cpu", capabilities(compiler), CPUAllocator(), CPURenderer(),
+                  compiler, CPUProgram)

@@ -1,0 +1,113 @@
+"""Runtime: host memory (Allocator), the C compiler (Compiler) and in-process launches (Program).
+
+Each kernel becomes a shared object with one entry point, `pk_launch`, that cffi calls with the
+buffers as pointers. Buffers are host memory (numpy arrays), so copies are memcpy and launches
+are synchronous.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import cffi
+import numpy as np
+
+from portkit import cache
+from portkit.abi.backend import Compiler, HostAllocator, Program
+from portkit.abi.errors import BackendUnavailable, CompileError
+
+# No -ffast-math: it changes float results and flushes denormals. fp-contract=off keeps gcc
+# from fusing a separate MUL and ADD into one FMA (the ABI rounds each op).
+FLAGS = ("-O2", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
+         "-ffp-contract=off", "-Wno-unknown-pragmas")
+FIX = "apt-get install clang (or gcc), or set PORTKIT_CC"
+
+_ffi = cffi.FFI()
+_ffi.cdef("void pk_launch(void **buffers, const int32_t *scalars, const int32_t *dims);")
+
+
+class CPUAllocator(HostAllocator):
+    """The CPU's buffers are host memory: the ABI's HostAllocator as it is."""
+
+
+class CPUCompiler(Compiler):
+    """Runs the C compiler on a kernel's source and returns the shared object's bytes."""
+
+    def __init__(self, command: list[str], openmp: bool):
+        self.command, self.openmp = command, openmp
+        self.flags = FLAGS + (("-fopenmp",) if openmp else ())
+        self.version = _run([*command, "--version"]).stdout.splitlines()[0]
+        # -march=native code only runs on the CPU type that built it, so the CPU is in the key.
+        self.cache_key = "|".join((self.version, " ".join(self.flags), cpu_model()))
+
+    def compile(self, source: str) -> bytes:
+        with tempfile.TemporaryDirectory(prefix="portkit-cc-") as folder:
+            output = Path(folder) / "kernel.so"
+            result = _run([*self.command, *self.flags, "-x", "c", "-", "-o", str(output)],
+                          source)
+            if result.returncode != 0:
+                raise CompileError(f"{shlex.join(self.command)} rejected the kernel "
+                                   "(the C source is in .source)", source, result.stderr)
+            return output.read_bytes()
+
+
+class CPUProgram(Program):
+    """A loaded shared object; calling it runs the whole grid before returning."""
+
+    def __init__(self, name: str, binary: bytes):
+        self.name = name
+        # dlopen needs a file. Its name is the hash of its bytes: the loader reuses a library
+        # already open under the same name, which is then the same code.
+        path = cache.directory() / "cpu" / "lib" / f"{hashlib.sha256(binary).hexdigest()}.so"
+        if not path.exists() and not cache.write_atomic(path, binary):
+            path = Path(tempfile.mkdtemp(prefix="portkit-")) / path.name
+            path.write_bytes(binary)
+        # Never closed: the OpenMP runtime it pulls in keeps worker threads that would crash
+        # if the last library holding it went away.
+        self.library = _ffi.dlopen(str(path))
+        self.launch = self.library.pk_launch
+
+    def __call__(self, buffers: list[np.ndarray], scalars: list[int], grid, block,
+                 wait: bool = False) -> float | None:
+        pointers = _ffi.new("void *[]", [_ffi.from_buffer(b) for b in buffers])
+        start = time.perf_counter()
+        self.launch(pointers, _ffi.new("int32_t[]", list(scalars)),
+                    _ffi.new("int32_t[6]", [*grid, *block]))
+        return time.perf_counter() - start if wait else None
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (Linux /proc/cpuinfo), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def find_compiler() -> list[str]:
+    """The compiler command: $PORTKIT_CC, else clang, else gcc; BackendUnavailable if none."""
+    override = os.environ.get("PORTKIT_CC")
+    if override:
+        command = shlex.split(override)
+        if not shutil.which(command[0]):
+            raise BackendUnavailable(f"no C compiler found: PORTKIT_CC={override!r} is not an "
+                                     "executable", FIX)
+        return command
+    for name in ("clang", "gcc", "cc"):
+        if shutil.which(name):
+            return [name]
+    raise BackendUnavailable("no C compiler found (looked for clang, gcc, cc)", FIX)
+
+
+def _run(command: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(command, check=False, input=stdin, capture_output=True, text=True)

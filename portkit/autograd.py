@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from portkit import graph
 from portkit.abi.ops import Op
 from portkit.graph import Lazy
 
@@ -143,18 +144,11 @@ def no_grad():
 
 def backward(root, grad) -> None:
     """Accumulates d(root)/d(leaf) * grad into `.grad` of every leaf that requires it."""
-    order, seen = [], set()
-    stack = [(root, False)]
-    while stack:
-        t, done = stack.pop()
-        if done:
-            order.append(t)
-            continue
-        if id(t) in seen or t._ctx is None:
-            continue
-        seen.add(id(t))
-        stack.append((t, True))
-        stack.extend((p, False) for p in t._ctx[1].inputs if p.requires_grad)
+    # Tensors that recorded an op, sources first; a leaf (no record) ends the walk. Inputs are
+    # walked right to left, the order gradients have always been summed in.
+    order = graph.toposort(
+        [root], stop=lambda t: t._ctx is None,
+        sources=lambda t: [p for p in t._ctx[1].inputs if p.requires_grad][::-1])
     grads = {id(root): grad}
     for t in reversed(order):
         g = grads.pop(id(t), None)

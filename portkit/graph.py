@@ -8,9 +8,10 @@ devices. Realizing a node (portkit/schedule.py) turns it into a LOAD of its buff
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from math import prod
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
@@ -42,10 +43,6 @@ class Lazy:
     def __repr__(self) -> str:
         name = self.op.name
         return f"<Lazy {name} {self.dtype.name}{list(self.shape)} on {self.device}>"
-
-    def __del__(self) -> None:
-        if self.buffer is not None and _release is not None:
-            _release(self.device, self.buffer)
 
     @property
     def size(self) -> int:
@@ -122,5 +119,46 @@ def load(buffer: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
     return Lazy(GraphOp.LOAD, dtype, shape, (), None, device, buffer)
 
 
-# Set by portkit.schedule: returns a freed buffer to its device's pool.
-_release = None
+
+T = TypeVar("T")
+
+
+class Walk(NamedTuple):
+    """What `walk` found: the nodes sources first, and the stopped nodes in first-seen order."""
+
+    order: list
+    stopped: list
+
+
+def walk(roots: Iterable[T], stop: Callable[[T], bool] = lambda node: False,
+         sources: Callable[[T], Sequence[T]] = lambda node: node.src) -> Walk:
+    """Every node reachable from `roots` through `sources`, depth first, left source first.
+
+    A node for which `stop` is true is neither listed in `order` nor walked through; it is
+    listed once in `stopped`. Iterative, since graphs get deep (a training loop's chain of
+    updates), and by identity, so nodes need not be hashable by value.
+    """
+    order: list = []
+    stopped: list = []
+    seen: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False) for root in reversed(list(roots))]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if stop(node):
+            stopped.append(node)
+            continue
+        stack.append((node, True))
+        stack.extend((s, False) for s in reversed(sources(node)))
+    return Walk(order, stopped)
+
+
+def toposort(roots: Iterable[T], stop: Callable[[T], bool] = lambda node: False,
+             sources: Callable[[T], Sequence[T]] = lambda node: node.src) -> list:
+    """The nodes reachable from `roots` that `stop` does not cut off, sources first."""
+    return walk(roots, stop, sources).order

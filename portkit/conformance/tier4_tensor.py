@@ -372,12 +372,12 @@ OPS: list[TensorOp] = [
 
 
 def stack_device(target: Any) -> str:
-    """The device name under which the Tensor stack reaches `target`'s Device.
+    """The device name under which the Tensor stack reaches `target`'s Runtime.
 
     A backend loaded by name is already there; a Device handed in directly (a test's broken
     backend, say) is registered under "<name>.conform" (numbered if that name is taken).
     """
-    from portkit import backends, runtime
+    from portkit import runtime
 
     for k in itertools.count(-1):
         name = target.name if k < 0 else f"{target.name}.conform{k or ''}"
@@ -386,8 +386,7 @@ def stack_device(target: Any) -> str:
                 return name
         except PortkitError:
             if k >= 0:
-                # backends keeps loaded devices by name; a runtime made for the name finds it
-                backends._loaded[name] = target.device
+                runtime.register(runtime.Runtime(name, target.device))
                 return name
     raise AssertionError("unreachable")
 

@@ -84,8 +84,8 @@ def machine_eps(dtype: dtypes.DType) -> float:
     return float(ml_dtypes.finfo(dtype.np).eps)
 
 
-def _arrays(op: TensorOp, dtype: dtypes.DType, rng: np.random.Generator
-            ) -> tuple[list[np.ndarray], list[bool]]:
+def case_inputs(op: TensorOp, dtype: dtypes.DType, rng: np.random.Generator
+                ) -> tuple[list[np.ndarray], list[bool]]:
     """The inputs in the case's dtype (floats; integers stay int32) and which are floats."""
     raw = op.inputs(rng)
     is_float = [x.dtype.kind == "f" for x in raw]
@@ -212,7 +212,8 @@ class _Plan:
     error: str = ""
 
 
-def _oracle_shape(op: TensorOp, inputs: list[np.ndarray]) -> tuple[int, ...]:
+def oracle_shape(op: TensorOp, inputs: list[np.ndarray]) -> tuple[int, ...]:
+    """The shape of the op's output (and so of the w its gradient is weighted by)."""
     return np.shape(op.forward(*[x.astype(np.float64) if x.dtype.kind == "f" else x
                                  for x in inputs]))
 
@@ -220,8 +221,8 @@ def _oracle_shape(op: TensorOp, inputs: list[np.ndarray]) -> tuple[int, ...]:
 def _plan(ctx: Context, op: TensorOp, dtype: dtypes.DType, device: str) -> _Plan:
     """Builds the op's graph on the interpreter (nothing runs) to read its kernels."""
     rng = ctx.rng(f"tensor/{op.name}/{dtype.name}")
-    inputs, is_float = _arrays(op, dtype, rng)
-    w = rng.standard_normal(_oracle_shape(op, inputs)) if _differentiable(op, dtype) else None
+    inputs, is_float = case_inputs(op, dtype, rng)
+    w = rng.standard_normal(oracle_shape(op, inputs)) if differentiable(op, dtype) else None
     try:
         ran = run_op(op, dtype, inputs, is_float, w, device, plan=True)
     except Exception as error:  # noqa: BLE001 - reported by the case when it runs
@@ -239,7 +240,8 @@ def _requires(kernels: list) -> tuple[str, ...]:
     return ESSENTIAL + tuple(dict.fromkeys(needs))
 
 
-def _differentiable(op: TensorOp, dtype: dtypes.DType) -> bool:
+def differentiable(op: TensorOp, dtype: dtypes.DType) -> bool:
+    """Whether the op has a backward case in `dtype` (a VJP, and float inputs)."""
     return op.vjp is not None and dtype.is_float
 
 
@@ -256,8 +258,8 @@ def evaluate(ctx: Context, op: TensorOp, dtype: dtypes.DType, backward: bool, pl
              device: str) -> Outcome:
     """Runs one case on `device` and judges it against float64 numpy."""
     rng = ctx.rng(f"tensor/{op.name}/{dtype.name}")
-    inputs, is_float = _arrays(op, dtype, rng)
-    w = rng.standard_normal(_oracle_shape(op, inputs)) if _differentiable(op, dtype) else None
+    inputs, is_float = case_inputs(op, dtype, rng)
+    w = rng.standard_normal(oracle_shape(op, inputs)) if differentiable(op, dtype) else None
     try:
         ran = run_op(op, dtype, inputs, is_float, w if backward else None, device)
     except UnsupportedDType as why:
@@ -301,7 +303,7 @@ def _case(ctx: Context, op: TensorOp, dtype: dtypes.DType, backward: bool,
     return Case(case_id, TIER, op.name, dtype.name, plan.requires[backward], fn=fn)
 
 
-def _interpreter() -> Any:
+def interpreter_target() -> Any:
     """The interpreter as a Target: the registered one, so its device name stays the same."""
     from portkit.abi import interpreter
     from portkit.conformance.target import Target
@@ -315,7 +317,7 @@ def _interpreter() -> Any:
 def cases(ctx: Context) -> list[Case]:
     """Forward and backward cases per op and dtype; `--quick` keeps the marked ops, float32."""
     try:
-        planner = stack_device(_interpreter())
+        planner = stack_device(interpreter_target())
     except ImportError as error:
         raise TierNotRun(f"needs portkit.tensor, which does not import here ({error})") from None
     found = []
@@ -326,6 +328,11 @@ def cases(ctx: Context) -> list[Case]:
             dtype = dtypes.by_name(name)
             plan = _plan(ctx, op, dtype, planner)
             found.append(_case(ctx, op, dtype, False, plan))
-            if _differentiable(op, dtype):
+            if differentiable(op, dtype):
                 found.append(_case(ctx, op, dtype, True, plan))
     return found
+
+
+# conformance/shims reads these by their old private names until it moves to the public ones.
+_interpreter, _arrays = interpreter_target, case_inputs
+_oracle_shape, _differentiable = oracle_shape, differentiable

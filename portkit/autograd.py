@@ -132,6 +132,7 @@ _grad_enabled = True
 
 
 def grad_enabled() -> bool:
+    """False inside `no_grad()`: ops then record nothing for backward."""
     return _grad_enabled
 
 

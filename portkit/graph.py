@@ -1,7 +1,7 @@
 """The lazy graph: what a Tensor is before it runs.
 
 A `Lazy` node is one high-level op on whole tensors: an ALU op of the ABI (elementwise), a
-REDUCE (sum or max over axes), a VIEW (a movement op, as a ShapeTracker over its source: it
+REDUCE (sum, product or max over axes), a VIEW (a movement op, as a ShapeTracker over its source: it
 costs nothing), or a leaf: LOAD (a realized device buffer), CONST (one value in every element)
 and ITER (the index along one axis, for arange and random numbers). COPY moves data between
 devices. Realizing a node (portkit/schedule.py) turns it into a LOAD of its buffer.
@@ -46,10 +46,12 @@ class Lazy:
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return prod(self.shape)
 
     @property
     def realized(self) -> bool:
+        """True once the node holds a device buffer (it is a LOAD)."""
         return self.op is GraphOp.LOAD
 
     def realize_as(self, buffer: Any) -> None:
@@ -58,10 +60,12 @@ class Lazy:
 
     @property
     def base(self) -> Lazy:
+        """The node a VIEW looks at; any other node is its own base."""
         return self.src[0] if self.op is GraphOp.VIEW else self
 
     @property
     def tracker(self) -> ShapeTracker:
+        """How this node's elements map onto its base's (contiguous unless it is a VIEW)."""
         return self.arg if self.op is GraphOp.VIEW else ShapeTracker.contiguous(self.shape)
 
     # -- elementwise and reduce ---------------------------------------------------------------
@@ -73,16 +77,17 @@ class Lazy:
         return Lazy(op, dtype, self.shape, srcs, None, self.device)
 
     def cast(self, dtype: DType, bitcast: bool = False) -> Lazy:
+        """The values converted to `dtype` (or, with `bitcast`, their bits reinterpreted)."""
         if dtype == self.dtype and not bitcast:
             return self
         return Lazy(Op.BITCAST if bitcast else Op.CAST, dtype, self.shape, (self,), None,
                     self.device)
 
     def reduce(self, op: Op, axes: tuple[int, ...]) -> Lazy:
-        """op in (ADD, MAX) over `axes`; the reduced axes keep size 1."""
-        shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+        """op in (ADD, MUL, MAX) over `axes`, which keep size 1; no axes: the node itself."""
         if not axes:
             return self
+        shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
         return Lazy(GraphOp.REDUCE, self.dtype, shape, (self,), (op, tuple(sorted(axes))),
                     self.device)
 
@@ -99,6 +104,7 @@ class Lazy:
         return Lazy(GraphOp.VIEW, self.dtype, tracker.shape, (base,), tracker, self.device)
 
     def copy_to(self, device: str) -> Lazy:
+        """The same values on another device."""
         return Lazy(GraphOp.COPY, self.dtype, self.shape, (self,), device, device)
 
 

@@ -1,4 +1,4 @@
-"""Autograd: every primitive op, its forward and its gradient rule, in one table.
+"""Autograd: every primitive op, its forward and its gradient rule, in one table (GRADIENTS).
 
 A primitive's forward works on lazy graph nodes; its backward gets the output gradient (a
 Tensor) and returns one gradient per input (None where no gradient flows), written with Tensor
@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from portkit import graph
 from portkit.abi.ops import Op
 from portkit.graph import Lazy
 
@@ -40,7 +41,7 @@ def _alu(op: Op) -> Callable[..., Lazy]:
 
 _LN2 = math.log(2)
 
-RULES: dict[str, Rule] = {
+GRADIENTS: dict[str, Rule] = {
     # unary
     "neg": Rule(_alu(Op.NEG), lambda c, g: (-g,)),
     "recip": Rule(_alu(Op.RECIP), lambda c, g: (-g * c.out * c.out,)),
@@ -94,6 +95,10 @@ RULES: dict[str, Rule] = {
 }
 
 
+# The Tensor package still imports the table by its old name; remove once it reads GRADIENTS.
+RULES = GRADIENTS
+
+
 def _max_grads(c: Context, g) -> tuple:
     x, y = (t.detach() for t in c.inputs)
     # ties split the gradient evenly, as torch.maximum does
@@ -127,6 +132,7 @@ _grad_enabled = True
 
 
 def grad_enabled() -> bool:
+    """False inside `no_grad()`: ops then record nothing for backward."""
     return _grad_enabled
 
 
@@ -143,25 +149,18 @@ def no_grad():
 
 def backward(root, grad) -> None:
     """Accumulates d(root)/d(leaf) * grad into `.grad` of every leaf that requires it."""
-    order, seen = [], set()
-    stack = [(root, False)]
-    while stack:
-        t, done = stack.pop()
-        if done:
-            order.append(t)
-            continue
-        if id(t) in seen or t._ctx is None:
-            continue
-        seen.add(id(t))
-        stack.append((t, True))
-        stack.extend((p, False) for p in t._ctx[1].inputs if p.requires_grad)
+    # Tensors that recorded an op, sources first; a leaf (no record) ends the walk. Inputs are
+    # walked right to left, the order gradients have always been summed in.
+    order = graph.toposort(
+        [root], stop=lambda t: t._ctx is None,
+        sources=lambda t: [p for p in t._ctx[1].inputs if p.requires_grad][::-1])
     grads = {id(root): grad}
     for t in reversed(order):
         g = grads.pop(id(t), None)
         if g is None:
             continue
         name, ctx = t._ctx
-        for parent, pg in zip(ctx.inputs, RULES[name].backward(ctx, g)):
+        for parent, pg in zip(ctx.inputs, GRADIENTS[name].backward(ctx, g)):
             if pg is None or not parent.requires_grad:
                 continue
             if parent._ctx is None:

@@ -1,16 +1,17 @@
 """The lazy graph: what a Tensor is before it runs.
 
 A `Lazy` node is one high-level op on whole tensors: an ALU op of the ABI (elementwise), a
-REDUCE (sum or max over axes), a VIEW (a movement op, as a ShapeTracker over its source: it
+REDUCE (sum, product or max over axes), a VIEW (a movement op, as a ShapeTracker over its source: it
 costs nothing), or a leaf: LOAD (a realized device buffer), CONST (one value in every element)
 and ITER (the index along one axis, for arange and random numbers). COPY moves data between
 devices. Realizing a node (portkit/schedule.py) turns it into a LOAD of its buffer.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from math import prod
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
@@ -43,16 +44,14 @@ class Lazy:
         name = self.op.name
         return f"<Lazy {name} {self.dtype.name}{list(self.shape)} on {self.device}>"
 
-    def __del__(self) -> None:
-        if self.buffer is not None and _release is not None:
-            _release(self.device, self.buffer)
-
     @property
     def size(self) -> int:
+        """The number of elements."""
         return prod(self.shape)
 
     @property
     def realized(self) -> bool:
+        """True once the node holds a device buffer (it is a LOAD)."""
         return self.op is GraphOp.LOAD
 
     def realize_as(self, buffer: Any) -> None:
@@ -61,10 +60,12 @@ class Lazy:
 
     @property
     def base(self) -> Lazy:
+        """The node a VIEW looks at; any other node is its own base."""
         return self.src[0] if self.op is GraphOp.VIEW else self
 
     @property
     def tracker(self) -> ShapeTracker:
+        """How this node's elements map onto its base's (contiguous unless it is a VIEW)."""
         return self.arg if self.op is GraphOp.VIEW else ShapeTracker.contiguous(self.shape)
 
     # -- elementwise and reduce ---------------------------------------------------------------
@@ -76,16 +77,17 @@ class Lazy:
         return Lazy(op, dtype, self.shape, srcs, None, self.device)
 
     def cast(self, dtype: DType, bitcast: bool = False) -> Lazy:
+        """The values converted to `dtype` (or, with `bitcast`, their bits reinterpreted)."""
         if dtype == self.dtype and not bitcast:
             return self
         return Lazy(Op.BITCAST if bitcast else Op.CAST, dtype, self.shape, (self,), None,
                     self.device)
 
     def reduce(self, op: Op, axes: tuple[int, ...]) -> Lazy:
-        """op in (ADD, MAX) over `axes`; the reduced axes keep size 1."""
-        shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+        """op in (ADD, MUL, MAX) over `axes`, which keep size 1; no axes: the node itself."""
         if not axes:
             return self
+        shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
         return Lazy(GraphOp.REDUCE, self.dtype, shape, (self,), (op, tuple(sorted(axes))),
                     self.device)
 
@@ -102,6 +104,7 @@ class Lazy:
         return Lazy(GraphOp.VIEW, self.dtype, tracker.shape, (base,), tracker, self.device)
 
     def copy_to(self, device: str) -> Lazy:
+        """The same values on another device."""
         return Lazy(GraphOp.COPY, self.dtype, self.shape, (self,), device, device)
 
 
@@ -122,5 +125,46 @@ def load(buffer: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
     return Lazy(GraphOp.LOAD, dtype, shape, (), None, device, buffer)
 
 
-# Set by portkit.schedule: returns a freed buffer to its device's pool.
-_release = None
+
+T = TypeVar("T")
+
+
+class Walk(NamedTuple):
+    """What `walk` found: the nodes sources first, and the stopped nodes in first-seen order."""
+
+    order: list
+    stopped: list
+
+
+def walk(roots: Iterable[T], stop: Callable[[T], bool] = lambda node: False,
+         sources: Callable[[T], Sequence[T]] = lambda node: node.src) -> Walk:
+    """Every node reachable from `roots` through `sources`, depth first, left source first.
+
+    A node for which `stop` is true is neither listed in `order` nor walked through; it is
+    listed once in `stopped`. Iterative, since graphs get deep (a training loop's chain of
+    updates), and by identity, so nodes need not be hashable by value.
+    """
+    order: list = []
+    stopped: list = []
+    seen: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False) for root in reversed(list(roots))]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if stop(node):
+            stopped.append(node)
+            continue
+        stack.append((node, True))
+        stack.extend((s, False) for s in reversed(sources(node)))
+    return Walk(order, stopped)
+
+
+def toposort(roots: Iterable[T], stop: Callable[[T], bool] = lambda node: False,
+             sources: Callable[[T], Sequence[T]] = lambda node: node.src) -> list:
+    """The nodes reachable from `roots` that `stop` does not cut off, sources first."""
+    return walk(roots, stop, sources).order

@@ -3,21 +3,29 @@
     rt = runtime.get("cpu")
     out, = rt.run(kernel, np.zeros(16, np.float32))
 
+This is the one device pipeline: `prepare` (decompose what the device lacks, check the launch),
+render, compile through the disk cache, make the program. The Tensor stack and conformance both
+go through it. Freed buffers return to a per-device pool and the next buffer of that byte size
+reuses them.
+
 PORTKIT_DEBUG=2 prints one line per launch (name, grid, block, time); 3 adds the kernel's JSON
 and 4 its rendered source, both at a kernel's first launch.
 """
 from __future__ import annotations
 
-import functools
+import gc
 import os
 import sys
+import threading
+import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from portkit import backends, cache
-from portkit.abi.backend import Capabilities, Device, Program
+from portkit.abi.backend import Allocator, Capabilities, Device, Program
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
 from portkit.abi.kernel import Kernel, validate
@@ -28,13 +36,46 @@ class LaunchError(PortkitError, ValueError):
     """Buffers or scalars that do not match the kernel's arguments."""
 
 
-class Buffer:
-    """Device memory holding `size` elements of `dtype`."""
+class BufferPool:
+    """Device memory freed by buffers, kept for the next buffer of the same byte size.
 
-    def __init__(self, device: Device, dtype: DType, size: int):
+    A training step allocates the same sizes every step; reusing them skips the driver.
+    """
+
+    PER_SIZE = 8    # handles kept per byte size; more are freed at once
+
+    def __init__(self, allocator: Allocator):
+        self.allocator = allocator
+        self._free: dict[int, list[Any]] = defaultdict(list)
+
+    def take(self, nbytes: int) -> Any:
+        """A handle of `nbytes` bytes: a freed one if there is one, else a new allocation."""
+        free = self._free.get(nbytes, [])
+        while free:
+            handle = free.pop()
+            if not gc.is_finalized(handle):     # see give
+                return handle
+        return self.allocator.alloc(nbytes)
+
+    def give(self, handle: Any, nbytes: int) -> None:
+        """Keeps `handle` for reuse, or frees it when enough of its size are kept."""
+        # When the garbage collector frees a cycle holding a Buffer, it may run the handle's
+        # own finalizer (a driver object releasing its memory) first: such a handle is gone.
+        if gc.is_finalized(handle):
+            return
+        if len(self._free[nbytes]) < self.PER_SIZE:
+            self._free[nbytes].append(handle)
+        else:
+            self.allocator.free(handle, nbytes)
+
+
+class Buffer:
+    """Device memory holding `size` elements of `dtype`; it returns to its pool when freed."""
+
+    def __init__(self, pool: BufferPool, dtype: DType, size: int):
         self.dtype, self.size, self.nbytes = dtype, size, size * dtype.itemsize
-        self._allocator = device.allocator
-        self.handle: Any = device.allocator.alloc(self.nbytes)
+        self._pool, self._allocator = pool, pool.allocator
+        self.handle: Any = pool.take(self.nbytes)
 
     def copyin(self, array: np.ndarray) -> Buffer:
         """Copies a host array of the same dtype and size into the buffer; returns the buffer."""
@@ -56,45 +97,41 @@ class Buffer:
         handle = getattr(self, "handle", None)
         # At interpreter exit a backend's modules may be gone, and the driver frees the memory.
         if handle is not None and not sys.is_finalizing():
-            self._allocator.free(handle, self.nbytes)
+            self._pool.give(handle, self.nbytes)
 
 
 @dataclass
 class Compiled:
-    """A kernel ready to launch: the kernel as run (after decomposition), its source, program."""
+    """A kernel ready to launch: the kernel as run (after decomposition), its source, its
+    program, and the seconds rendering and compiling took."""
 
     kernel: Kernel
     source: str
     program: Program
+    seconds: float = field(default=0.0, compare=False)
     launched: bool = field(default=False, compare=False)
 
 
 class Runtime:
-    """A loaded device with its caches. Get one with `get(name)`."""
+    """A loaded device with its caches and buffer pool. Get one with `get(name)`."""
 
     def __init__(self, name: str, device: Device):
         self.name, self.device = name, device
+        self.pool = BufferPool(device.allocator)
         self._compiled: dict[str, Compiled] = {}
+        self._lock = threading.Lock()     # conformance compiles on several threads
 
     @property
     def capabilities(self) -> Capabilities:
+        """What the device declares it supports."""
         return self.device.capabilities
 
     def alloc(self, dtype: DType, size: int) -> Buffer:
         """A buffer of `size` elements of `dtype` (contents undefined until written)."""
-        return Buffer(self.device, dtype, size)
+        return Buffer(self.pool, dtype, size)
 
-    def compile(self, kernel: Kernel) -> Compiled:
-        """Decomposes ops the device lacks, checks, renders and compiles `kernel`, once."""
-        # Keyed by the JSON form, not the Kernel: Kernel equality holds -0.0 == 0.0 and
-        # NaN != NaN for CONST values, which would share or miss programs wrongly.
-        key = kernel.to_json()
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            compiled = self._compiled[key] = self._build(kernel)
-        return compiled
-
-    def _build(self, kernel: Kernel) -> Compiled:
+    def prepare(self, kernel: Kernel) -> Kernel:
+        """`kernel` as this device runs it: ops it lacks decomposed, checked against its limits."""
         capabilities = self.capabilities
         if {n.op for n in kernel.nodes if n.op in COMPUTE} - capabilities.ops:
             from portkit.codegen.decompose import decompose
@@ -102,9 +139,33 @@ class Runtime:
             kernel = decompose(kernel, capabilities.ops)
         validate(kernel)
         capabilities.check_launch(kernel)
+        return kernel
+
+    def build(self, kernel: Kernel, disk_cache: bool = True) -> Compiled:
+        """Prepares, renders and compiles `kernel` now (through the disk cache unless told not
+        to), bypassing the in-memory cache: for timing a compile."""
+        start = time.perf_counter()
+        kernel = self.prepare(kernel)
         source = self.device.renderer.render(kernel)
-        binary = cache.compile_cached(self.name, self.device.compiler, source)
-        return Compiled(kernel, source, self.device.program(kernel.name, binary))
+        if disk_cache:
+            binary = cache.compile_cached(self.name, self.device.compiler, source)
+        else:
+            binary = self.device.compiler.compile(source)
+        program = self.device.program(kernel.name, binary)
+        return Compiled(kernel, source, program, time.perf_counter() - start)
+
+    def compile(self, kernel: Kernel) -> Compiled:
+        """`build(kernel)`, once per kernel: later calls return the same Compiled."""
+        # Keyed by the JSON form, not the Kernel: Kernel equality holds -0.0 == 0.0 and
+        # NaN != NaN for CONST values, which would share or miss programs wrongly.
+        key = kernel.to_json()
+        with self._lock:
+            compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self.build(kernel)
+            with self._lock:
+                compiled = self._compiled.setdefault(key, compiled)
+        return compiled
 
     def launch(self, compiled: Compiled, buffers: list[Buffer], scalars: tuple[int, ...] = (),
                wait: bool = False) -> float | None:
@@ -137,14 +198,31 @@ class Runtime:
         self.device.synchronize()
 
 
+def default_device() -> str:
+    """The device a Tensor gets when none is named: $PORTKIT_DEVICE, else "cpu"."""
+    return os.environ.get("PORTKIT_DEVICE") or "cpu"
+
+
+_runtimes: dict[str, Runtime] = {}
+
+
 def get(name: str | None = None) -> Runtime:
-    """The runtime of backend `name` (default: $PORTKIT_DEVICE, else "cpu"), made once."""
-    return _get(name or os.environ.get("PORTKIT_DEVICE") or "cpu")
+    """The runtime of backend `name` (default: `default_device()`), made once per name."""
+    name = name or default_device()
+    found = _runtimes.get(name)
+    if found is None:
+        found = _runtimes.setdefault(name, Runtime(name, backends.load(name)))
+    return found
 
 
-@functools.cache
-def _get(name: str) -> Runtime:
-    return Runtime(name, backends.load(name))
+def register(runtime: Runtime) -> Runtime:
+    """Makes `get(runtime.name)` return `runtime`: a device handed in directly (a backend under
+    test, not loaded by name) becomes reachable by name. Raises ValueError if that name is
+    already taken by another runtime."""
+    found = _runtimes.setdefault(runtime.name, runtime)
+    if found is not runtime:
+        raise ValueError(f"a runtime named {runtime.name!r} exists already; pick another name")
+    return runtime
 
 
 def debug_level() -> int:

@@ -13,28 +13,28 @@ A reduce of many elements into few outputs is split in two (partial results per 
 a short reduce of those) so that many workgroups share the long part.
 
 Lowered kernels are cached by the graph's structure (ops, shapes, views, constants), never by
-its buffers, so a training step lowers and compiles once. Freed buffers go to a pool keyed by
-device, dtype and size, and the next kernel of that size reuses them.
+its buffers, so a training step lowers and compiles once. `kernels(outs)` returns the kernels
+`realize(outs)` launches, through the same schedule and the same lowering, so fusion is testable.
 """
 from __future__ import annotations
 
-import gc
-import os
 import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from math import prod
-from typing import Any
 
 import numpy as np
 
 from portkit import graph, runtime
+from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError
+from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.codegen.lower import check_dtypes, lower
 from portkit.graph import GraphOp, Lazy
 
+# Lowering (portkit/codegen/lower.py) recurses through a kernel's nodes, and fused chains get long.
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
 
 
@@ -44,10 +44,10 @@ class ScheduleItem:
 
     root: Lazy
     inputs: list[Lazy]
-    kernel: Any = None          # the ABI kernel, filled in by `kernels()` or at run time
 
     @property
     def is_copy(self) -> bool:
+        """True for a copy between devices, which runs no kernel."""
         return self.root.op is GraphOp.COPY
 
 
@@ -55,29 +55,17 @@ def _elementwise(node: Lazy) -> bool:
     return isinstance(node.op, Op)
 
 
-def _toposort(outs: list[Lazy]) -> list[Lazy]:
-    """Unrealized nodes reachable from `outs`, sources first (iterative: graphs get deep)."""
-    order, seen = [], set()
-    stack = [(o, False) for o in outs]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if id(node) in seen or node.realized:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        stack.extend((s, False) for s in node.src)
-    return order
+def _unrealized(outs: list[Lazy]) -> list[Lazy]:
+    """Unrealized nodes reachable from `outs`, sources first."""
+    return graph.toposort(outs, stop=lambda node: node.realized)
 
 
 def create_schedule(outs: list[Lazy], max_buffers: int | None = None) -> list[ScheduleItem]:
     """The kernels that realize `outs`, in the order they must run."""
-    order = _toposort(outs)
+    order = _unrealized(outs)
     # every reduce is split first, then the graph is sorted again
     if [n for n in order if n.op is GraphOp.REDUCE and _split_reduce(n)]:
-        order = _toposort(outs)
+        order = _unrealized(outs)
     if not order:
         return []
     consumers: dict[int, set[int]] = defaultdict(set)
@@ -166,36 +154,17 @@ def _fuses_down(node: Lazy, consumers, by_id, realize) -> bool:
 
 def _inputs(root: Lazy, realize: set[int]) -> list[Lazy]:
     """The buffers a kernel for `root` reads, in first-use order."""
-    found, seen = [], set()
-    stack = list(reversed(root.src))
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if node.realized or id(node) in realize:
-            found.append(node)
-        else:
-            stack.extend(reversed(node.src))
-    return found
+    return graph.walk(root.src, stop=lambda n: n.realized or id(n) in realize).stopped
 
 
 def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
     """What the kernel computes, with buffers replaced by their positions (a cache key)."""
     number: dict[int, int] = {id(x): k for k, x in enumerate(inputs)}
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
-    stack = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        if id(node) in number:
-            continue
-        if done:
-            number[id(node)] = len(entries)
-            entries.append((node.op, node.dtype, node.shape, node.arg,
-                            tuple(number[id(s)] for s in node.src)))
-            continue
-        stack.append((node, True))
-        stack.extend((s, False) for s in node.src if id(s) not in number)
+    for node in graph.toposort([root], stop=lambda n: id(n) in number):
+        number[id(node)] = len(entries)
+        entries.append((node.op, node.dtype, node.shape, node.arg,
+                        tuple(number[id(s)] for s in node.src)))
     return tuple(entries)
 
 
@@ -207,85 +176,85 @@ def device(name: str) -> runtime.Runtime:
     return runtime.get(name)
 
 
-def default_device() -> str:
-    return os.environ.get("PORTKIT_DEVICE", "cpu")
+default_device = runtime.default_device
 
 
-_pool: dict[tuple, list] = defaultdict(list)
-_POOL_PER_SIZE = 8
+def _alloc(device_name: str, dtype: DType, size: int) -> runtime.Buffer:
+    # A node of no elements still gets a buffer of one: a backend may refuse zero bytes.
+    return device(device_name).alloc(dtype, max(size, 1))
 
 
-def _release(device_name: str, buffer: Any) -> None:
-    # When the garbage collector frees a cycle holding a Lazy node, it may finalize the node's
-    # buffer too (its device memory is then freed) before or after the node hands it here.
-    key = (device_name, buffer.dtype, buffer.size)
-    if len(_pool[key]) < _POOL_PER_SIZE and not gc.is_finalized(buffer):
-        _pool[key].append(buffer)
-
-
-graph._release = _release
-
-
-def alloc(device_name: str, dtype, size: int):
-    """A buffer of `size` elements, from the pool when one of that size is free."""
-    size = max(size, 1)
-    free = _pool.get((device_name, dtype, size), [])
-    while free:
-        buffer = free.pop()
-        if not gc.is_finalized(buffer):     # see _release
-            return buffer
-    return device(device_name).alloc(dtype, size)
-
-
-def upload(array: np.ndarray, device_name: str, dtype) -> Any:
+def upload(array: np.ndarray, device_name: str, dtype: DType) -> runtime.Buffer:
     """A new buffer holding `array`'s elements (C order)."""
-    buffer = alloc(device_name, dtype, array.size)
+    buffer = _alloc(device_name, dtype, array.size)
     if array.size:
         buffer.copyin(np.ascontiguousarray(array, dtype.np).reshape(-1))
     return buffer
 
 
-_lowered: dict[tuple, Any] = {}     # (device, structure) -> (kernel, compiled)
+# (device, structure) -> the ABI kernel, and the program compiled from it.
+_lowered: dict[tuple, Kernel] = {}
+_compiled: dict[tuple, runtime.Compiled] = {}
 
 
-def _serial(runtime) -> bool:
+def _serial(rt: runtime.Runtime) -> bool:
     # A CPU runs one thread per workgroup best: long contiguous chunks per group.
-    return runtime.name == "cpu" or runtime.capabilities.max_block_threads == 1
+    return rt.name == "cpu" or rt.capabilities.max_block_threads == 1
 
 
-def compiled_kernel(item: ScheduleItem):
-    """(ABI kernel, compiled program) for an item, lowered and compiled once per structure."""
-    key = (item.root.device, structure_key(item.root, item.inputs))
-    found = _lowered.get(key)
-    if found is None:
-        runtime = device(item.root.device)
-        check_dtypes([item.root, *item.inputs], runtime.capabilities, runtime.name)
-        kernel = lower(item.root, item.inputs, runtime.capabilities, _serial(runtime),
-                       name=_name(item.root))
-        found = _lowered[key] = (kernel, runtime.compile(kernel))
-    return found
+def _key(item: ScheduleItem) -> tuple:
+    return item.root.device, structure_key(item.root, item.inputs)
 
 
-def _name(root: Lazy) -> str:
-    kind = "r" if _has_reduce(root) else "e"
+def _lower(item: ScheduleItem, key: tuple) -> Kernel:
+    kernel = _lowered.get(key)
+    if kernel is None:
+        rt = device(item.root.device)
+        check_dtypes([item.root, *item.inputs], rt.capabilities, rt.name)
+        kernel = _lowered[key] = lower(item.root, item.inputs, rt.capabilities, _serial(rt),
+                                       name=_name(item.root, item.inputs))
+    return kernel
+
+
+def lower_item(item: ScheduleItem) -> Kernel:
+    """The ABI kernel of one schedule item on its device, lowered once per graph structure."""
+    return _lower(item, _key(item))
+
+
+def _name(root: Lazy, inputs: list[Lazy] = ()) -> str:
+    """"r_" (a reduce inside) or "e_" (elementwise only), then the output's shape."""
+    # The kernel's own nodes end at its inputs, realized yet or not, so that `kernels` (before
+    # anything runs) and `realize` name a kernel alike.
+    ends = {id(x) for x in inputs}
+    own = graph.toposort([root], stop=lambda n: n is not root and (n.realized or id(n) in ends))
+    kind = "r" if any(node.op is GraphOp.REDUCE for node in own) else "e"
     return kind + "_" + "_".join(str(s) for s in root.shape) if root.shape else kind
 
 
-def _has_reduce(root: Lazy) -> bool:
-    stack, seen = [root], set()
-    while stack:
-        node = stack.pop()
-        if node.op is GraphOp.REDUCE:
-            return True
-        if id(node) not in seen and (node is root or not node.realized):
-            seen.add(id(node))
-            stack.extend(node.src)
-    return False
+def _launches(item: ScheduleItem) -> bool:
+    # A copy moves data without a kernel, and a node of no elements needs no kernel.
+    return not item.is_copy and item.root.size > 0
+
+
+def _max_buffers(outs: list[Lazy]) -> int | None:
+    devices = {o.device for o in outs}
+    return min(device(d).capabilities.max_buffers for d in devices) if devices else None
+
+
+def schedule(outs: list[Lazy]) -> list[ScheduleItem]:
+    """The items that realize `outs` on their devices, as `realize` runs them."""
+    return create_schedule(outs, _max_buffers(outs))
+
+
+def kernels(outs: list[Lazy]) -> list[Kernel]:
+    """The ABI kernels `realize(outs)` launches, in order, without running anything (the
+    runtime may still decompose ops the device lacks before it compiles them)."""
+    return [lower_item(item) for item in schedule(outs) if _launches(item)]
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
     """Runs the items in order; each root becomes a LOAD of its new buffer."""
-    debug = int(os.environ.get("PORTKIT_DEBUG", "0") or 0)
+    debug = runtime.debug_level()
     start = time.perf_counter()
     launched = 0
     for item in items:
@@ -295,11 +264,13 @@ def run_schedule(items: list[ScheduleItem]) -> None:
             data = src.buffer.numpy()[:src.size]
             root.realize_as(upload(data, root.device, root.dtype))
             continue
-        buffer = alloc(root.device, root.dtype, root.size)
-        if root.size:
-            kernel, program = compiled_kernel(item)
-            item.kernel = kernel
-            device(root.device).launch(program, [buffer] + [x.buffer for x in item.inputs])
+        buffer = _alloc(root.device, root.dtype, root.size)
+        if _launches(item):
+            key = _key(item)
+            compiled = _compiled.get(key)
+            if compiled is None:
+                compiled = _compiled[key] = device(root.device).compile(_lower(item, key))
+            device(root.device).launch(compiled, [buffer] + [x.buffer for x in item.inputs])
             launched += 1
         root.realize_as(buffer)
     if debug >= 1 and items:
@@ -311,8 +282,4 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 
 def realize(outs: list[Lazy]) -> None:
     """Computes every node in `outs` into its own buffer."""
-    max_buffers = None
-    devices = {o.device for o in outs}
-    if devices:
-        max_buffers = min(device(d).capabilities.max_buffers for d in devices)
-    run_schedule(create_schedule(outs, max_buffers))
+    run_schedule(schedule(outs))

@@ -171,3 +171,37 @@ def test_an_unwritable_cache_only_costs_a_recompile(monkeypatch, tmp_path):
     _, y = Runtime("cpu", backends.load("cpu")).run(
         axpy(7.0, "uncached"), np.ones(16, np.float32), np.zeros(16, np.float32), scalars=(16,))
     assert (y == 7).all()
+
+
+class _CountingAllocator:
+    """Hands out fresh objects as handles and counts what it allocates and frees."""
+
+    def __init__(self):
+        self.allocated, self.freed = 0, 0
+
+    def alloc(self, nbytes):
+        self.allocated += 1
+        return bytearray(nbytes)
+
+    def free(self, handle, nbytes):
+        self.freed += 1
+
+
+def test_a_freed_buffer_returns_to_the_pool_and_is_reused():
+    allocator = _CountingAllocator()
+    pool = runtime.BufferPool(allocator)
+    first = runtime.Buffer(pool, dtypes.float32, 4)
+    handle = first.handle
+    del first
+    again = runtime.Buffer(pool, dtypes.float32, 4)
+    assert again.handle is handle and allocator.allocated == 1
+    other = runtime.Buffer(pool, dtypes.int8, 4)      # 4 bytes, not 16: a new allocation
+    assert other.handle is not handle and allocator.allocated == 2
+
+
+def test_the_pool_keeps_a_few_handles_per_size_and_frees_the_rest():
+    allocator = _CountingAllocator()
+    pool = runtime.BufferPool(allocator)
+    buffers = [runtime.Buffer(pool, dtypes.float32, 2) for _ in range(pool.PER_SIZE + 3)]
+    del buffers
+    assert allocator.freed == 3

@@ -1,4 +1,4 @@
-"""Rewrites the optional ops a device lacks into ops it has: one rule per op, in RULES.
+"""Rewrites the optional ops a device lacks into ops it has: one rule per op, in DECOMPOSITIONS.
 
 A backend lists the compute ops it runs natively (Capabilities.ops); every op in
 portkit.abi.ops.REQUIRED is always among them. `decompose` replaces each other op by a small
@@ -21,11 +21,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import Any
 
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
-from portkit.abi.kernel import Kernel, Node, validate
-from portkit.abi.ops import COMPARISON, OPTIONAL, REQUIRED, Op
+from portkit.abi.kernel import Kernel, KernelBuilder, validate
+from portkit.abi.ops import OPTIONAL, REQUIRED, Op
 
 SIN_ACCURATE_TO = {"float16": 65504.0, "bfloat16": 1e5, "float32": 1e5, "float64": 1e9}
 
@@ -37,41 +38,31 @@ def decompose(kernel: Kernel, native: frozenset[Op]) -> Kernel:
         return kernel
     new_position: list[int] = []
     for node in kernel.nodes:
-        src = [new_position[s] for s in node.src]
-        new_position.append(emitter.emit(node.op, node.dtype, *src, arg=node.arg))
+        src = tuple(new_position[s] for s in node.src)
+        new_position.append(emitter.add(node.op, node.dtype, src, node.arg))
     return validate(replace(kernel, nodes=tuple(emitter.nodes)))
 
 
-class _Emitter:
-    """Appends nodes to a new list, rewriting each non-native op as it is emitted."""
+class _Emitter(KernelBuilder):
+    """A KernelBuilder that rewrites each non-native op as it is added, by DECOMPOSITIONS."""
 
     def __init__(self, native: frozenset[Op]):
+        super().__init__("decompose")
         self.rewrite = OPTIONAL - native
-        self.nodes: list[Node] = []
 
-    def emit(self, op: Op, dtype: DType | None, *src: int, arg=None) -> int:
+    def add(self, op: Op, dtype: DType | None = None, src: tuple[int, ...] = (),
+            arg: Any = None) -> int:
+        """Appends a node, or the native expression of an op the device lacks."""
         if op in self.rewrite:
-            return RULES[op](self, dtype, *src)
-        self.nodes.append(Node(op, dtype, src, arg))
-        return len(self.nodes) - 1
+            return DECOMPOSITIONS[op](self, dtype, *src)
+        return super().add(op, dtype, src, arg)
 
-    def dtype(self, ref: int) -> DType:
-        return self.nodes[ref].dtype
-
-    def alu(self, op: Op, *src: int) -> int:
-        dtype = dtypes.bool_ if op in COMPARISON else self.dtype(src[-1])
-        return self.emit(op, dtype, *src)
-
-    def const(self, value: float | bool, dtype: DType) -> int:
+    def const(self, value: Any, dtype: DType = dtypes.int32) -> int:
         # Round float constants to the dtype here, so the kernel's JSON holds the exact value.
-        value = float(dtype.np.type(value)) if dtype.is_float else value
-        return self.emit(Op.CONST, dtype, arg=value)
-
-    def cast(self, ref: int, dtype: DType, bitcast: bool = False) -> int:
-        return self.emit(Op.BITCAST if bitcast else Op.CAST, dtype, ref)
+        return super().const(float(dtype.np.type(value)) if dtype.is_float else value, dtype)
 
     # Shorthands that keep the rules below readable as formulas.
-    def add(self, a: int, b: int) -> int:
+    def plus(self, a: int, b: int) -> int:
         return self.alu(Op.ADD, a, b)
 
     def sub(self, a: int, b: int) -> int:
@@ -86,10 +77,10 @@ class _Emitter:
     def where(self, cond: int, a: int, b: int) -> int:
         return self.alu(Op.WHERE, cond, a, b)
 
-    def plus(self, a: int, value: float) -> int:
-        return self.add(a, self.const(value, self.dtype(a)))
+    def offset(self, a: int, value: float) -> int:
+        return self.plus(a, self.const(value, self.dtype(a)))
 
-    def times(self, a: int, value: float) -> int:
+    def scale(self, a: int, value: float) -> int:
         return self.mul(a, self.const(value, self.dtype(a)))
 
     def is_nan(self, a: int) -> int:
@@ -104,7 +95,7 @@ class _Emitter:
         """c0 + c1*x + c2*x^2 + ..., by Horner's rule."""
         acc = self.const(coefficients[-1], self.dtype(x))
         for c in reversed(coefficients[:-1]):
-            acc = self.plus(self.mul(acc, x), c)
+            acc = self.offset(self.mul(acc, x), c)
         return acc
 
 
@@ -113,11 +104,11 @@ Rule = Callable[..., int]   # (emitter, node dtype, *sources) -> position of the
 
 def _neg(e: _Emitter, dtype: DType, a: int) -> int:
     # Multiplying by -1 wraps like NEG on signed ints; 2^n - 1 is -1 for unsigned ones.
-    return e.times(a, dtype.max if dtype.kind == "uint" else -1)
+    return e.scale(a, dtype.max if dtype.kind == "uint" else -1)
 
 
 def _sub(e: _Emitter, dtype: DType, a: int, b: int) -> int:
-    return e.add(a, e.alu(Op.NEG, b))
+    return e.plus(a, e.alu(Op.NEG, b))
 
 
 def _max(e: _Emitter, dtype: DType, a: int, b: int) -> int:
@@ -126,7 +117,7 @@ def _max(e: _Emitter, dtype: DType, a: int, b: int) -> int:
 
 
 def _mulacc(e: _Emitter, dtype: DType, a: int, b: int, c: int) -> int:
-    return e.add(e.mul(a, b), c)
+    return e.plus(e.mul(a, b), c)
 
 
 def _recip(e: _Emitter, dtype: DType, a: int) -> int:
@@ -177,7 +168,7 @@ def _trunc(e: _Emitter, dtype: DType, a: int) -> int:
 def _power_of_two(e: _Emitter, dtype: DType, k: int) -> int:
     """2^k for an int32 k in the normal exponent range, built from its exponent bits."""
     fmt = _FORMATS[dtype]
-    biased = e.plus(e.cast(k, fmt.bits), fmt.bias)
+    biased = e.offset(e.cast(k, fmt.bits), fmt.bias)
     return e.cast(e.alu(Op.SHL, biased, e.const(fmt.mantissa, fmt.bits)), dtype, bitcast=True)
 
 
@@ -193,8 +184,8 @@ def _exp2(e: _Emitter, dtype: DType, a: int) -> int:
     k = e.cast(x, dtypes.int32)
     f = e.sub(x, e.cast(k, dtype))
     up, down = e.lt(e.const(0.5, dtype), f), e.lt(f, e.const(-0.5, dtype))
-    k = e.where(up, e.plus(k, 1), e.where(down, e.plus(k, -1), k))
-    f = e.where(up, e.plus(f, -1.0), e.where(down, e.plus(f, 1.0), f))
+    k = e.where(up, e.offset(k, 1), e.where(down, e.offset(k, -1), k))
+    f = e.where(up, e.offset(f, -1.0), e.where(down, e.offset(f, 1.0), f))
     ln2 = math.log(2.0)
     p = e.poly(f, [ln2 ** n / math.factorial(n) for n in range(fmt.exp2_terms)])
     # Scale in two halves so that neither power overflows and a subnormal result rounds once.
@@ -209,20 +200,20 @@ def _log2(e: _Emitter, dtype: DType, a: int) -> int:
     fmt, bits = _FORMATS[dtype], _FORMATS[dtype].bits
     # Subnormals: scale into the normal range first, subtract the scale from the exponent.
     subnormal = e.lt(a, e.const(2.0 ** (1 - fmt.bias), dtype))
-    x = e.where(subnormal, e.times(a, 2.0 ** fmt.mantissa), a)
+    x = e.where(subnormal, e.scale(a, 2.0 ** fmt.mantissa), a)
     shift = e.where(subnormal, e.const(fmt.mantissa, bits), e.const(0, bits))
     # a = m * 2^k with m in [1, 2), from the bits; then m in [sqrt(1/2), sqrt(2)).
     raw = e.cast(x, bits, bitcast=True)
-    k = e.sub(e.alu(Op.SHR, raw, e.const(fmt.mantissa, bits)), e.plus(shift, fmt.bias))
+    k = e.sub(e.alu(Op.SHR, raw, e.const(fmt.mantissa, bits)), e.offset(shift, fmt.bias))
     fraction = e.alu(Op.AND, raw, e.const((1 << fmt.mantissa) - 1, bits))
     one = e.const(fmt.bias << fmt.mantissa, bits)
     m = e.cast(e.alu(Op.OR, fraction, one), dtype, bitcast=True)
     big = e.lt(e.const(math.sqrt(2.0), dtype), m)
-    m, k = e.where(big, e.times(m, 0.5), m), e.where(big, e.plus(k, 1), k)
+    m, k = e.where(big, e.scale(m, 0.5), m), e.where(big, e.offset(k, 1), k)
     # log2(m) = 2/ln2 * atanh(s) = 2/ln2 * (s + s^3/3 + s^5/5 + ...), s = (m-1)/(m+1).
-    s = e.alu(Op.FDIV, e.plus(m, -1.0), e.plus(m, 1.0))
+    s = e.alu(Op.FDIV, e.offset(m, -1.0), e.offset(m, 1.0))
     series = e.poly(e.mul(s, s), [2 / math.log(2.0) / (2 * n + 1) for n in range(fmt.log2_terms)])
-    y = e.add(e.cast(k, dtype), e.mul(s, series))
+    y = e.plus(e.cast(k, dtype), e.mul(s, series))
     zero, inf = e.const(0.0, dtype), e.const(math.inf, dtype)
     y = e.where(e.lt(a, inf), y, a)                              # inf and NaN give themselves
     y = e.where(e.alu(Op.CMPNE, a, zero), y, e.const(-math.inf, dtype))
@@ -247,21 +238,21 @@ def _split(value: Fraction, part_bits: int, parts: int, dtype: DType) -> list[fl
 def _sin(e: _Emitter, dtype: DType, a: int) -> int:
     fmt = _FORMATS[dtype]
     # Quadrant k = round(a * 2/pi), kept in int32; beyond that, NaN (see module docstring).
-    t = e.times(a, 2 / math.pi)
+    t = e.scale(a, 2 / math.pi)
     finite = e.inside(t, 2.0 ** 30)
     t = e.where(finite, t, e.const(0.0, dtype))
     half = e.where(e.lt(t, e.const(0.0, dtype)), e.const(-0.5, dtype), e.const(0.5, dtype))
-    k = e.cast(e.add(t, half), dtypes.int32)
+    k = e.cast(e.plus(t, half), dtypes.int32)
     # Cody-Waite: r = a - k*pi/2 with pi/2 in parts; k * part is exact while k has at most
     # (precision - pi_part_bits) bits, so the first subtractions cancel without error.
     k_float, r = e.cast(k, dtype), e.where(finite, a, e.const(0.0, dtype))
     for part in _split(_PI / 2, fmt.pi_part_bits, 4, dtype):
-        r = e.sub(r, e.times(k_float, part))
+        r = e.sub(r, e.scale(k_float, part))
     r2 = e.mul(r, r)
     sin_series = [(-1) ** n / math.factorial(2 * n + 1) for n in range(1, fmt.sin_terms + 1)]
     cos_series = [(-1) ** n / math.factorial(2 * n) for n in range(1, fmt.sin_terms + 1)]
-    sin_r = e.add(r, e.mul(e.mul(r, r2), e.poly(r2, sin_series)))
-    cos_r = e.plus(e.mul(r2, e.poly(r2, cos_series)), 1.0)
+    sin_r = e.plus(r, e.mul(e.mul(r, r2), e.poly(r2, sin_series)))
+    cos_r = e.offset(e.mul(r2, e.poly(r2, cos_series)), 1.0)
     # sin(r + k*pi/2) is sin r, cos r, -sin r, -cos r for k mod 4 = 0, 1, 2, 3.
     def bit(mask: int) -> int:
         return e.alu(Op.CMPNE, e.alu(Op.AND, k, e.const(mask, dtypes.int32)),
@@ -271,7 +262,7 @@ def _sin(e: _Emitter, dtype: DType, a: int) -> int:
     return e.where(finite, value, e.const(math.nan, dtype))
 
 
-RULES: dict[Op, Rule] = {
+DECOMPOSITIONS: dict[Op, Rule] = {
     Op.NEG: _neg,
     Op.SUB: _sub,
     Op.MAX: _max,

@@ -89,6 +89,7 @@ class Plan:
     work: int = 1                                # reduce length per output
 
     def amount(self, axis: int) -> int:
+        """Outputs per thread along root axis `axis` (1 where the plan does not upcast it)."""
         return dict(self.upcast).get(axis, 1)
 
 

@@ -1,18 +1,21 @@
 """The tier registry and the runner: collects cases, applies blocking and xfail, runs them.
 
-A tier is a module with TIER, NAME and `cases(ctx) -> list[Case]`; one that cannot run here
-(the Tensor stack is missing, say) raises TierNotRun and is reported as not run, with the reason.
+A tier is a module with TIER, NAME and `cases(ctx) -> list[Case]` (the `Tier` protocol); one
+that cannot run here (the Tensor stack is missing, say) raises TierNotRun and is reported as
+not run, with the reason.
 """
 from __future__ import annotations
 
 import fnmatch
 import importlib
+import inspect
 import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from portkit.abi import CapabilityError
 from portkit.conformance.case import (
@@ -37,6 +40,31 @@ TIERS = {
     5: "portkit.conformance.tier5_models",
     6: "portkit.conformance.tier6_perf",
 }
+
+
+@runtime_checkable
+class Tier(Protocol):
+    """What every tier module provides: its number, its name and its cases for a run."""
+
+    TIER: int
+    NAME: str
+
+    def cases(self, ctx: Context) -> list[Case]:
+        """The tier's cases for the run that `ctx` describes (capabilities, quick, seed)."""
+        ...
+
+
+def tier(number: int) -> Tier:
+    """The module of tier `number`, checked against `Tier`: its `cases` takes one `ctx`."""
+    module = importlib.import_module(TIERS[number])
+    parameters = list(inspect.signature(module.cases).parameters) if hasattr(
+        module, "cases") else None
+    if not isinstance(module, Tier) or parameters != ["ctx"]:
+        raise TypeError(f"{module.__name__} must define TIER, NAME and cases(ctx: Context), "
+                        f"not cases({', '.join(parameters or [])})")
+    return module
+
+
 # A prerequisite with one of these statuses blocks the cases that require it.
 _BLOCKING = (Status.FAILED, Status.BLOCKED, Status.XFAIL)
 
@@ -108,7 +136,7 @@ def collect(ctx: Context, options: Options) -> tuple[list[Case], dict[str, dict]
     """The selected cases, and per tier whether it runs (and why not)."""
     selected, tiers = [], {}
     for number in sorted(options.tiers):
-        module = importlib.import_module(TIERS[number])
+        module = tier(number)
         try:
             found = module.cases(ctx)
         except TierNotRun as reason:

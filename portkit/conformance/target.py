@@ -1,13 +1,13 @@
-"""The backend under test, driven through its four Device parts and nothing else.
+"""The backend under test: its Runtime (the one device pipeline), driven part by part.
 
-Conformance talks to the parts directly (render, compile, program, alloc, copyin, launch,
-copyout) so that a fault is pinned on the part that has it, and so that a test can hand in a
-Device whose parts are wrapped or broken on purpose.
+Kernels go through `portkit.runtime.Runtime` (decompose, check, render, compile, program), the
+same pipeline the Tensor stack uses, so conformance checks what users run. Memory and launches
+are driven through the Device's own parts (alloc, copyin, program, copyout) so that a fault is
+pinned on the part that has it, and so that a test can hand in a Device whose parts are wrapped
+or broken on purpose.
 """
 from __future__ import annotations
 
-import importlib
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -15,63 +15,41 @@ from typing import Any
 
 import numpy as np
 
-from portkit import cache
+from portkit import backends
 from portkit.abi import Device, Kernel
-from portkit.abi.ops import COMPUTE
 from portkit.conformance.case import Unsupported
+from portkit.runtime import Runtime, get
 
 
 class Target:
-    """A loaded device plus a compile cache keyed by the kernel's JSON."""
+    """A loaded device and the Runtime that compiles for it (its cache keyed by kernel JSON)."""
 
-    def __init__(self, device: Device, name: str | None = None):
+    def __init__(self, device: Device, name: str | None = None, runtime: Runtime | None = None):
+        self.runtime = runtime or Runtime(name or device.name, device)
         self.device = device
-        self.name = name or device.name
+        self.name = self.runtime.name
         self.capabilities = device.capabilities
-        self._compiled: dict[str, tuple[Any, str, float]] = {}
-        self._lock = threading.Lock()
 
     @classmethod
     def load(cls, name: str) -> Target:
         """The backend registered as `name`; raises BackendUnavailable with the fix."""
-        try:
-            from portkit import backends
-        except ImportError:     # discovery not installed: the interpreter and reference backends
-            module = ("portkit.abi.interpreter" if name == "interpreter"
-                      else f"portkit.reference_backends.{name}")
-            return cls(importlib.import_module(module).backend.load(), name)
-        return cls(backends.load(name), name)
+        found = get(name)
+        return cls(found.device, name, found)
 
     def prepare(self, kernel: Kernel) -> Kernel:
         """`kernel` as this device can run it: ops it lacks decomposed, limits checked."""
-        caps = self.capabilities
         lacking = sorted({n.dtype.name for n in kernel.nodes if n.dtype} -
-                         {d.name for d in caps.dtypes})
+                         {d.name for d in self.capabilities.dtypes})
         if lacking:
             raise Unsupported(f"backend declares no support for dtypes {lacking}")
-        if any(n.op in COMPUTE and n.op not in caps.ops for n in kernel.nodes):
-            kernel = _decompose(kernel, caps)
-        caps.check_launch(kernel)
-        return kernel
+        return self.runtime.prepare(kernel)
 
     def compile(self, kernel: Kernel, cached: bool = True) -> tuple[Any, str, float]:
         """(program, rendered source, compile seconds), cached per kernel in memory and, for
         binaries, on disk (portkit.cache); `cached=False` builds from scratch."""
-        key = kernel.to_json()
-        with self._lock:
-            if cached and key in self._compiled:
-                return self._compiled[key]
-        start = time.perf_counter()
-        source = self.device.renderer.render(kernel)
-        if cached:
-            binary = cache.compile_cached(self.name, self.device.compiler, source)
-        else:
-            binary = self.device.compiler.compile(source)
-        program = self.device.program(kernel.name, binary)
-        entry = (program, source, time.perf_counter() - start)
-        with self._lock:
-            self._compiled[key] = entry
-        return entry
+        compiled = self.runtime.compile(kernel) if cached else self.runtime.build(
+            kernel, disk_cache=False)
+        return compiled.program, compiled.source, compiled.seconds
 
     def precompile(self, kernels: Sequence[Kernel], jobs: int) -> None:
         """Compiles `kernels` on `jobs` threads, so that running them later only launches.
@@ -142,30 +120,6 @@ class _Buffers:
             self.target.device.allocator.free(handle, nbytes)
 
 
-def _decompose(kernel: Kernel, caps: Any) -> Kernel:
-    missing = sorted({n.op.name for n in kernel.nodes if n.op in COMPUTE} -
-                     {op.name for op in caps.ops})
-    try:
-        from portkit.codegen import decompose
-    except ImportError:
-        raise Unsupported(f"ops {missing} are not native and portkit.codegen.decompose is not "
-                          "installed to rewrite them") from None
-    return decompose.decompose(kernel, caps.ops)
-
-
 def available() -> list[str]:
-    """The names of the backends that load here; without portkit.backends, the interpreter and
-    the CPU reference backend if it loads."""
-    try:
-        from portkit import backends
-    except ImportError:
-        return [name for name in ("interpreter", "cpu") if _loads(name)]
+    """The names of the backends that load here."""
     return [name for name, reason in backends.available().items() if reason is None]
-
-
-def _loads(name: str) -> bool:
-    try:
-        Target.load(name)
-    except Exception:  # noqa: BLE001 - a backend that cannot load is not available
-        return False
-    return True

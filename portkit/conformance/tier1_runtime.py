@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from portkit.abi import KernelBuilder, dtypes
-from portkit.conformance.case import Case, CaseFailed, Outcome, Status
+from portkit.conformance.case import Case, CaseFailed, Context, Outcome, Status
 from portkit.conformance.target import Target
 
 TIER = 1
@@ -104,9 +104,9 @@ def _scalars(target: Target) -> Outcome:
     return Outcome(Status.PASSED, source=target.compile(kernel)[1])
 
 
-def cases(quick: bool) -> list[Case]:
+def cases(ctx: Context) -> list[Case]:
     """The runtime cases; the full run adds a 64 MiB round trip."""
-    sizes = [1, 3, 1000, 4099, 1 << 20] + ([] if quick else [64 << 20])
+    sizes = [1, 3, 1000, 4099, 1 << 20] + ([] if ctx.quick else [64 << 20])
     found = [Case(f"runtime/roundtrip/{n}", TIER, fn=lambda t, n=n: _roundtrip(t, n))
              for n in sizes]
     found += [

@@ -236,12 +236,7 @@ def _latency(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
         return statistics.median(target.time(kernel, [np.zeros(1, np.float32)],
                                              repeats=repeats, wall=True))
 
-    def run(target: Target) -> Outcome:
-        seconds = seconds_on(target)
-        reference = None if ctx.reference is None else (
-            seconds if ctx.reference is target else seconds_on(ctx.reference))
-        return _report(ctx, target, "launch-latency", seconds, reference, seconds * 1e6, "us")
-    return run
+    return _against_reference(ctx, "launch-latency", seconds_on, 1e6, "us")
 
 
 def _compile_time(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
@@ -256,11 +251,17 @@ def _compile_time(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
+    return _against_reference(ctx, "compile-time", seconds_on, 1e3, "ms")
+
+
+def _against_reference(ctx: Context, name: str, seconds_on: Callable[[Target], float],
+                       scale: float, unit: str) -> Callable[[Target], Outcome]:
+    """A case measuring `seconds_on` the target and on the reference, shown in `unit`."""
     def run(target: Target) -> Outcome:
         seconds = seconds_on(target)
         reference = None if ctx.reference is None else (
             seconds if ctx.reference is target else seconds_on(ctx.reference))
-        return _report(ctx, target, "compile-time", seconds, reference, seconds * 1e3, "ms")
+        return _report(ctx, target, name, seconds, reference, seconds * scale, unit)
     return run
 
 

@@ -10,7 +10,7 @@ from portkit.conformance.case import Context
 
 BACKENDS = target.available()
 CTX = Context(interpreter.CAPABILITIES, quick=True)
-RUNTIME = {c.id: c for c in tier1_runtime.cases(quick=True)}
+RUNTIME = {c.id: c for c in tier1_runtime.cases(CTX)}
 KERNELS = {c.id: c for c in tier3_kernels.cases(CTX)}
 
 

@@ -11,7 +11,7 @@ from portkit.abi import Kernel, KernelBuilder, dtypes, spec
 from portkit.abi.dtypes import DType
 from portkit.abi.interpreter import run
 from portkit.abi.ops import DOMAIN, OPTIONAL, REQUIRED, TERNARY, UNARY, Op
-from portkit.codegen.decompose import RULES, SIN_ACCURATE_TO, decompose
+from portkit.codegen.decompose import DECOMPOSITIONS, SIN_ACCURATE_TO, decompose
 
 
 def elementwise(op: Op, dtype: DType, n: int) -> Kernel:
@@ -147,7 +147,7 @@ def test_rewrites_apply_until_only_native_ops_remain() -> None:
 
 
 def test_required_ops_cannot_be_decomposed() -> None:
-    assert set(RULES) == OPTIONAL and not set(RULES) & REQUIRED
+    assert set(DECOMPOSITIONS) == OPTIONAL and not set(DECOMPOSITIONS) & REQUIRED
     # A device that claims no ops at all still gets required ops: they are assumed native.
     kernel = elementwise(Op.ADD, dtypes.float32, 4)
     assert decompose(kernel, native=frozenset()) is kernel

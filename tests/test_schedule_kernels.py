@@ -1,0 +1,71 @@
+"""portkit.schedule.kernels: exactly the kernels a realize launches, in the same order."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from portkit import backends, runtime, schedule
+from portkit.tensor import Tensor
+
+SMALL = "interpreter.max-buffers-4"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_device():
+    """The interpreter, declaring 4 buffers per kernel: wide sums must split."""
+    device = backends.load("interpreter")
+    caps = dataclasses.replace(device.capabilities, max_buffers=4)
+    try:
+        runtime.register(runtime.Runtime(SMALL, dataclasses.replace(device, capabilities=caps)))
+    except ValueError:      # registered by an earlier run in this process
+        pass
+
+
+def _launched(monkeypatch, outs: list[Tensor]) -> list[runtime.Compiled]:
+    found: list[runtime.Compiled] = []
+    launch = runtime.Runtime.launch
+
+    def record(self, compiled, *args, **kwargs):
+        found.append(compiled)
+        return launch(self, compiled, *args, **kwargs)
+
+    monkeypatch.setattr(runtime.Runtime, "launch", record)
+    schedule.realize([t.lazy for t in outs])
+    return found
+
+
+def _rand(device: str, *shape: int, seed: int = 0) -> Tensor:
+    values = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return Tensor(values, device=device)
+
+
+GRAPHS = {
+    "elementwise-chain": lambda d: ((_rand(d, 5, 7) * 2 + 1).exp() - _rand(d, 5, 7, seed=1),),
+    "reduce": lambda d: ((_rand(d, 6, 9) * 3).sum(1).sqrt(),),
+    "matmul": lambda d: (_rand(d, 8, 5) @ _rand(d, 5, 3),),
+    "split-reduce": lambda d: (_rand(d, 1 << 17).sum(),),
+    "two-outputs": lambda d: ((x := _rand(d, 4, 4)).max(0), (x * x).sum()),
+    "wide-sum": lambda d: (sum((_rand(d, 3, seed=k) for k in range(1, 9)), _rand(d, 3)),),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", "interpreter", SMALL])
+@pytest.mark.parametrize("graph", sorted(GRAPHS))
+def test_kernels_are_the_kernels_realize_launches(monkeypatch, device, graph):
+    outs = GRAPHS[graph](device)
+    planned = schedule.kernels([t.lazy for t in outs])
+    launched = _launched(monkeypatch, outs)
+    rt = runtime.get(device)
+    assert planned, "every graph here runs at least one kernel"
+    # the runtime compiles a kernel once, by its JSON: the same object means the same kernel
+    assert [id(rt.compile(k)) for k in planned] == [id(c) for c in launched]
+    assert [c.kernel.name for c in launched] == [k.name for k in planned]
+
+
+def test_a_wide_sum_splits_to_fit_the_device():
+    out = sum((_rand(SMALL, 3, seed=k) for k in range(1, 9)), _rand(SMALL, 3))
+    planned = schedule.kernels([out.lazy])
+    assert len(planned) > 1
+    assert all(len(k.params) <= 4 for k in planned)

@@ -96,7 +96,6 @@ GRADIENTS: dict[str, Rule] = {
 
 
 # The Tensor package still imports the table by its old name; remove once it reads GRADIENTS.
-RULES = GRADIENTS
 
 
 def _max_grads(c: Context, g) -> tuple:

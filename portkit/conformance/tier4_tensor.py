@@ -334,5 +334,3 @@ def cases(ctx: Context) -> list[Case]:
 
 
 # conformance/shims reads these by their old private names until it moves to the public ones.
-_interpreter, _arrays = interpreter_target, case_inputs
-_oracle_shape, _differentiable = oracle_shape, differentiable

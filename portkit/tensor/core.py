@@ -17,8 +17,7 @@ import numpy as np
 from portkit import autograd, graph, schedule
 from portkit.abi.dtypes import DType, from_numpy
 from portkit.abi.kernel import Kernel
-from portkit.autograd import RULES, Context
-from portkit.codegen.lower import lower
+from portkit.autograd import GRADIENTS, Context
 from portkit.graph import Lazy
 from portkit.tensor.creation import CreationOps
 from portkit.tensor.dtype import DTypeLike, Scalar, bool_, check_dtype, to_dtype
@@ -141,10 +140,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, R
 
     def schedule(self) -> list[Kernel]:
         """The ABI kernels a realize of this tensor would run now (nothing runs)."""
-        items = schedule.create_schedule([self.lazy])
-        runtime = schedule.device(self.device)
-        return [lower(it.root, it.inputs, runtime.capabilities, schedule._serial(runtime),
-                      name=schedule._name(it.root)) for it in items if not it.is_copy]
+        return schedule.kernels([self.lazy])
 
     def numpy(self) -> np.ndarray:
         """A numpy copy of the values."""
@@ -184,7 +180,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, R
 
     def _prim(self, name: str, *others: Tensor, arg: Any = None) -> Tensor:
         inputs = (self,) + others
-        rule = RULES[name]
+        rule = GRADIENTS[name]
         lazy = rule.forward(*(t.lazy for t in inputs), arg=arg)
         out = Tensor(lazy)
         if rule.backward is not None and autograd.grad_enabled() and any(

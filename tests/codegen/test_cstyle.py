@@ -20,7 +20,7 @@ from portkit.codegen.cstyle import (
     function_name,
     local_bytes,
 )
-from portkit.reference_backends.cpu.renderer import CRenderer
+from portkit.reference_backends.cpu.renderer import CPURenderer
 
 
 def body(renderer, build) -> list[str]:
@@ -55,11 +55,11 @@ def value_of(renderer, op, dtype, arity=1) -> str:
     (Op.ADD, dtypes.bfloat16, "pk_bf16((v2 + v5))"),
 ])
 def test_binary_op_lines(op, dtype, expected):
-    assert value_of(CRenderer(), op, dtype, 2) == expected
+    assert value_of(CPURenderer(), op, dtype, 2) == expected
 
 
 def test_unary_and_composed_ops():
-    r = CRenderer()
+    r = CPURenderer()
     assert value_of(r, Op.NEG, dtypes.int8) == "(int8_t)(-(uint32_t)v2)"
     assert value_of(r, Op.SQRT, dtypes.float64) == "sqrt(v2)"
     assert value_of(r, Op.RECIP, dtypes.float32) == "(1.0f / v2)"
@@ -83,11 +83,11 @@ def test_unary_and_composed_ops():
     (True, dtypes.bool_, "true"),
 ])
 def test_literals_are_exact(value, dtype, literal):
-    assert CRenderer().render_const(value, dtype) == literal
+    assert CPURenderer().render_const(value, dtype) == literal
 
 
 def test_casts_and_bitcasts():
-    r = CRenderer()
+    r = CPURenderer()
     assert r.render_cast("x", dtypes.float32, dtypes.bool_) == "(x != 0)"
     assert r.render_cast("x", dtypes.float32, dtypes.int8) == "(int8_t)x"
     assert r.render_cast("x", dtypes.int64, dtypes.bfloat16) == "pk_bf16((double)x)"
@@ -204,7 +204,7 @@ def test_cpu_local_memory_is_a_slice_of_one_block():
     k.store(a, k.const(0), k.const(1.0, dtypes.float64))
     k.store(b, k.const(0), k.const(1, dtypes.int8))
     kernel = k.build()
-    source = CRenderer().render(kernel)
+    source = CPURenderer().render(kernel)
     assert "double *const local0 = (double *)(pk_local + 0);" in source
     assert "int8_t *const local1 = (int8_t *)(pk_local + 32);" in source   # 24 rounded to 16s
     assert local_bytes(kernel) == 48 and "char pk_local[48];" in source

@@ -214,14 +214,14 @@ def _tensor_graph_kernels() -> tuple[Kernel, ...]:
     from portkit.conformance.target import Target
 
     found: list[Kernel] = []
-    planner = t4.stack_device(t4._interpreter())
+    planner = t4.stack_device(t4.interpreter_target())
     context = Context(interpreter.backend.load().capabilities)
     for op in t4.OPS:
         for dtype in map(dtypes.by_name, op.dtypes):
             rng = context.rng(f"tensor/{op.name}/{dtype.name}")
-            inputs, is_float = t4._arrays(op, dtype, rng)
-            w = (rng.standard_normal(t4._oracle_shape(op, inputs))
-                 if t4._differentiable(op, dtype) else None)
+            inputs, is_float = t4.case_inputs(op, dtype, rng)
+            w = (rng.standard_normal(t4.oracle_shape(op, inputs))
+                 if t4.differentiable(op, dtype) else None)
             forward, backward = t4.run_op(op, dtype, inputs, is_float, w, planner,
                                           plan=True).kernels
             found += forward + backward

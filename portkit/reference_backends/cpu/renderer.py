@@ -145,8 +145,3 @@ class CPURenderer(CStyleRenderer):
                 "thread_args": [f"({t} *)w->buffers[{i}]" for i, t in enumerate(types)]
                 + [f"w->scalars[{i}]" for i in range(len(names))],
                 "local_bytes": local_bytes(kernel)}
-
-
-# The name before this backend took the scaffold's names; tests/codegen/test_cstyle.py still
-# imports it (issue 10: remove once that test says CPURenderer).
-CRenderer = CPURenderer

@@ -37,7 +37,6 @@ class Capabilities:
     local_memory_bytes: int                 # workgroup memory (LOCAL) per workgroup; 0: none
     max_buffers: int                        # PARAMs one kernel may take
     denormals: Literal["preserve", "flush"] = "preserve"   # for float16/float32 results
-    fixed_block: bool = False               # True: block is compiled into the kernel (WGSL)
     peak_gflops: float | None = None        # float32, for the performance tier
     peak_bandwidth_gbs: float | None = None
     device_name: str = ""

@@ -66,7 +66,6 @@ def test_scalars_come_in_a_uniform_struct():
 
 def test_capabilities_come_from_the_adapter(rt):
     caps, limits = rt.capabilities, find_device().limits
-    assert caps.fixed_block
     assert caps.max_buffers == limits["max-storage-buffers-per-shader-stage"]
     assert caps.local_memory_bytes == limits["max-compute-workgroup-storage-size"]
     assert caps.max_grid == (limits["max-compute-workgroups-per-dimension"],) * 3

@@ -26,4 +26,4 @@ def capabilities(adapter) -> Capabilities:
         max_grid=(limits["max-compute-workgroups-per-dimension"],) * 3,
         local_memory_bytes=limits["max-compute-workgroup-storage-size"],
         max_buffers=limits["max-storage-buffers-per-shader-stage"],
-        fixed_block=True, device_name=f"{info['device']} ({info['backend_type']})")
+        device_name=f"{info['device']} ({info['backend_type']})")

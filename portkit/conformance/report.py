@@ -24,7 +24,7 @@ from portkit.abi import ABI_VERSION, dtypes
 from portkit.conformance.case import Status
 from portkit.conformance.suite import Report
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: capabilities lost fixed_block (ABI 0.2)
 _EVIDENCE = (Status.FAILED, Status.XFAIL, Status.XPASS)
 _STYLE = {"passed": "green", "failed": "bold red", "blocked": "yellow", "unsupported": "dim",
           "xfail": "magenta", "xpass": "bold magenta"}
@@ -37,7 +37,7 @@ def capabilities_dict(caps: Any) -> dict[str, Any]:
         "max_block_threads": caps.max_block_threads, "max_block": list(caps.max_block),
         "max_grid": list(caps.max_grid), "local_memory_bytes": caps.local_memory_bytes,
         "max_buffers": caps.max_buffers, "denormals": caps.denormals,
-        "fixed_block": caps.fixed_block, "peak_gflops": caps.peak_gflops,
+        "peak_gflops": caps.peak_gflops,
         "peak_bandwidth_gbs": caps.peak_bandwidth_gbs,
     }
 

@@ -5,14 +5,14 @@ capabilities, never a Tensor or a scheduler object.
 """
 from portkit.abi import dtypes
 from portkit.abi.backend import (
-                                 Allocator,
-                                 Backend,
-                                 Capabilities,
-                                 Compiler,
-                                 Device,
-                                 HostAllocator,
-                                 Program,
-                                 Renderer,
+    Allocator,
+    Backend,
+    Capabilities,
+    Compiler,
+    Device,
+    HostAllocator,
+    Program,
+    Renderer,
 )
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import (

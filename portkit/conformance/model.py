@@ -1,0 +1,279 @@
+"""Conformance of a vendor's own ONNX model, and the first node where it diverges.
+
+    portkit conform --backend NAME --model FILE.onnx [--inputs FILE.npz]
+
+The model runs on the backend and on the CPU reference (and through onnxruntime, or
+onnx.reference without it, as a check of the reference itself). Each graph output is one case,
+judged as tier 5 judges a model: max|q - q_ref| <= 2 (U eps + gamma_n) max|q_ref|, with U the
+rounding units of the kernels the backend runs for it, n its longest sum, and the 2 because the
+float32 reference rounds too. When an output fails, every node is run alone on the backend with
+the reference's values of its inputs, in graph order, and the first whose output leaves its own
+bound is named: its op, attributes and input shapes, and a replay command for that one node.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from math import prod
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from portkit.abi import dtypes
+from portkit.conformance.case import Case, Result, Status
+from portkit.conformance.suite import Options, Report
+from portkit.conformance.target import Target
+from portkit.conformance.tensor_ops import gamma
+from portkit.conformance.tier4_tensor import machine_eps, rounding_units, stack_device
+
+TIER = 8            # after the built-in tiers: it runs a file of the vendor's, not ours
+NAME = "model"
+
+
+@dataclass
+class Divergence:
+    """The first node whose output leaves its bound when it runs alone on reference inputs."""
+
+    index: int
+    op: str
+    name: str
+    attributes: dict[str, Any]
+    input_shapes: list[tuple[int, ...] | None]
+    error: float
+    bound: float
+    replay: str = ""
+    files: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        shapes = ", ".join("-" if s is None else "x".join(map(str, s)) or "scalar"
+                           for s in self.input_shapes)
+        attrs = ", ".join(f"{k}={v!r}" for k, v in sorted(self.attributes.items()))
+        return (f"first diverging node: #{self.index} {self.op} '{self.name}' "
+                f"({attrs or 'no attributes'}) on inputs of shape {shapes}: max |error| "
+                f"{self.error:.4g} > bound {self.bound:.4g}")
+
+
+def example_inputs(proto: Any, inputs: str | Path | None = None, seed: int = 0
+                   ) -> dict[str, np.ndarray]:
+    """The graph inputs: from an .npz file (by input name), else random ones of the declared
+    dtypes and shapes (a dynamic dimension is 1)."""
+    import onnx
+
+    initialized = {i.name for i in proto.graph.initializer}
+    wanted = [i for i in proto.graph.input if i.name not in initialized]
+    if inputs is not None:
+        with np.load(inputs) as data:
+            missing = [i.name for i in wanted if i.name not in data]
+            if missing:
+                raise ValueError(f"{inputs} lacks the model inputs {missing}; save them with "
+                                 "np.savez(path, **{name: array})")
+            return {i.name: data[i.name] for i in wanted}
+    rng = np.random.default_rng(seed)
+    values = {}
+    for value in wanted:
+        tensor = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else 1 for d in tensor.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        if dtype.kind == "f":
+            values[value.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            values[value.name] = rng.random(shape) < 0.5
+        else:
+            values[value.name] = rng.integers(0, 4, shape).astype(dtype)
+    return values
+
+
+def check(target: Target, path: str | Path, inputs: str | Path | None = None,
+          options: Options | None = None, reference: str = "cpu") -> Report:
+    """Runs the model at `path` on `target` and on `reference`; one result per graph output."""
+    import onnx
+
+    from portkit.onnx import load
+
+    options = options or Options(tiers=(TIER,))
+    start = time.perf_counter()
+    proto = onnx.load(str(path))
+    values = example_inputs(proto, inputs, options.seed)
+    device = stack_device(target)
+    ours, theirs = load(proto, device=device), load(proto, device=reference)
+    got = ours.run(dict(values))
+    want = theirs.run(dict(values))
+    oracle = _oracle(proto, values)
+    report = Report(target.name, target.capabilities, options,
+                    tiers={NAME: {"tier": TIER, "status": "run", "reason": "", "cases": 0}})
+    divergence: Divergence | None = None
+    for name in ours.outputs:
+        case = Case(f"model/{Path(path).stem}/{name}", TIER, op="model")
+        expected = _host(want[name])
+        error, bound = _distance(got[name], expected, _units(got[name]), _longest(proto))
+        result = Result(case, Status.PASSED, max_error=error)
+        if not error <= bound:
+            if divergence is None:
+                divergence = first_divergence(proto, device, reference, want,
+                                              Path(options.repro_dir), target.name)
+            where = divergence.describe() if divergence else (
+                "no single node leaves its bound: the error builds up along the graph")
+            result.status = Status.FAILED
+            result.message = f"max |error| {error:.4g} > bound {bound:.4g}; {where}"
+            result.replay = divergence.replay if divergence else None
+        if name in oracle:
+            result.message += (f"{'; ' if result.message else ''}reference vs {oracle[name][0]}: "
+                               f"max |error| {_max_abs(expected, oracle[name][1]):.4g}")
+        report.results.append(result)
+    report.tiers[NAME]["cases"] = len(report.results)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def first_divergence(proto: Any, device: str, reference: str, values: dict[str, Any],
+                     repro_dir: Path, backend: str) -> Divergence | None:
+    """The first node that, run alone on `device` with the reference's `values` of its inputs,
+    leaves its bound; its single-node model and inputs are written to `repro_dir`."""
+    from portkit.onnx import load
+
+    reference_values = {k: _host(v) for k, v in values.items() if v is not None}
+    for index, node in enumerate(proto.graph.node):
+        if node.op_type in ("Constant", "Shape", "Size"):
+            continue
+        single, feeds = node_model(proto, node, reference_values)
+        got = load(single, device=device).run(dict(feeds))
+        for output in node.output:
+            if output not in reference_values or not output:
+                continue
+            expected = reference_values[output]
+            units = _units(got[output])
+            error, bound = _distance(got[output], expected, units, _longest(single))
+            if error <= bound:
+                continue
+            attributes = {a.name: _plain(a) for a in node.attribute}
+            found = Divergence(index, node.op_type, node.name or output, attributes,
+                               [None if not i else tuple(np.shape(reference_values.get(i)))
+                                for i in node.input], error, bound)
+            stem = f"node{index}-{node.op_type}"
+            repro_dir.mkdir(parents=True, exist_ok=True)
+            model_file, inputs_file = repro_dir / f"{stem}.onnx", repro_dir / f"{stem}.npz"
+            model_file.write_bytes(single.SerializeToString())
+            np.savez(inputs_file, **feeds)
+            found.files = [str(model_file), str(inputs_file)]
+            found.replay = (f"portkit conform --backend {backend} --model {model_file} "
+                            f"--inputs {inputs_file}")
+            return found
+    return None
+
+
+def node_model(proto: Any, node: Any, values: dict[str, np.ndarray]) -> tuple[Any, dict]:
+    """A model of `node` alone whose inputs are its inputs (values from `values`), with the
+    graph's opset; and those inputs."""
+    import onnx
+
+    helper = onnx.helper
+    names = [i for i in node.input if i]
+    feeds = {n: np.asarray(values[n]) for n in names}
+    graph = helper.make_graph(
+        [node], f"{node.op_type}_alone",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+         for n, a in feeds.items()],
+        [helper.make_tensor_value_info(o, 0, None) for o in node.output if o])
+    return helper.make_model(graph, opset_imports=list(proto.opset_import)), feeds
+
+
+def _oracle(proto: Any, values: dict[str, np.ndarray]) -> dict[str, tuple[str, np.ndarray]]:
+    """The outputs by onnxruntime, else onnx.reference; {} if neither can run the model."""
+    try:
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(proto.SerializeToString())
+        outputs, name = session.run(None, values), "onnxruntime"
+    except Exception:  # noqa: BLE001 - not installed, or it rejects the model: try the next
+        try:
+            from onnx.reference import ReferenceEvaluator
+
+            outputs, name = ReferenceEvaluator(proto).run(None, values), "onnx.reference"
+        except Exception:  # noqa: BLE001 - an oracle is a bonus, never the verdict
+            return {}
+    return {o.name: (name, np.asarray(v)) for o, v in zip(proto.graph.output, outputs)}
+
+
+def _units(value: Any) -> float:
+    """U of the kernels a backend value came from (0 for a host value: it is exact)."""
+    from portkit.tensor import Tensor
+
+    return rounding_units(value.schedule()) if isinstance(value, Tensor) else 0.0
+
+
+def _distance(value: Any, expected: np.ndarray, units: float, longest: int
+              ) -> tuple[float, float]:
+    """(max |value - expected|, the bound it must keep)."""
+    actual = _host(value)
+    if actual.shape != expected.shape:
+        return float("inf"), 0.0
+    if expected.dtype.kind not in "fc" and actual.dtype.kind not in "fc":
+        return float(np.abs(actual.astype(np.int64) - expected.astype(np.int64)).max(
+            initial=0)), 0.0
+    eps = machine_eps(dtypes.float32 if expected.dtype.itemsize >= 4 else
+                      dtypes.from_numpy(expected.dtype))
+    scale = float(np.nanmax(np.abs(expected), initial=0.0)) if expected.size else 0.0
+    bound = 2 * (max(units, 1) * eps + gamma(longest, eps)) * max(scale, np.finfo(
+        np.float32).tiny)
+    return _max_abs(actual, expected), bound
+
+
+def _max_abs(actual: np.ndarray, expected: np.ndarray) -> float:
+    a, e = actual.astype(np.float64), expected.astype(np.float64)
+    same = (a == e) | (np.isnan(a) & np.isnan(e))
+    return float(np.where(same, 0.0, np.abs(a - e)).max(initial=0.0))
+
+
+def _longest(proto: Any) -> int:
+    """The longest sum any node of the model computes: K of a matrix product, C kh kw of a
+    convolution, the reduced extent of a reduction or normalization (1 when shapes are
+    unknown). A bound, not an exact count."""
+    shapes = _shapes(proto)
+    longest = 1
+    for node in proto.graph.node:
+        first = shapes.get(node.input[0]) if node.input else None
+        if first is None:
+            continue
+        if node.op_type in ("MatMul", "Gemm") and first:
+            transposed = any(a.name == "transA" and a.i for a in node.attribute)
+            longest = max(longest, first[0] if transposed and len(first) == 2 else first[-1])
+        elif node.op_type == "Conv" and len(first) > 2:
+            weight = shapes.get(node.input[1])
+            longest = max(longest, prod(weight[1:]) if weight else prod(first[1:]))
+        elif node.op_type.startswith(("Reduce", "Softmax", "LogSoftmax", "Global")) or \
+                node.op_type.endswith("Normalization"):
+            longest = max(longest, prod(first[1:]) if len(first) > 1 else prod(first))
+    return longest
+
+
+def _shapes(proto: Any) -> dict[str, tuple[int, ...]]:
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # noqa: BLE001 - shapes only tighten the bound; without them it is loose
+        inferred = proto
+    shapes = {}
+    for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            shapes[value.name] = tuple(d.dim_value for d in dims)
+    for init in inferred.graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes
+
+
+def _host(value: Any) -> np.ndarray:
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+
+
+def _plain(attribute: Any) -> Any:
+    import onnx
+
+    value = onnx.helper.get_attribute_value(attribute)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, onnx.TensorProto):
+        return f"tensor{list(value.dims)}"
+    return value

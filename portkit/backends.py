@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib import metadata
 
-from portkit.abi import Backend, BackendUnavailable, CapabilityError, Device
+from portkit.abi import ABI_VERSION, Backend, BackendUnavailable, CapabilityError, Device
 
 GROUP = "portkit.backends"
 
@@ -22,6 +22,40 @@ _REFERENCE["interpreter"] = "portkit.abi.interpreter:backend"
 
 class BrokenBackend(BackendUnavailable):
     """A backend package that failed to import or load: a bug in it, not a missing driver."""
+
+
+def compatible(declared: str, implemented: str = ABI_VERSION) -> bool:
+    """Whether a backend written for ABI `declared` runs on portkit's ABI `implemented`: before
+    1.0 each minor version may break backends, so the major.minor must match; from 1.0 on,
+    the same major and a minor no newer than portkit's (minor versions only add)."""
+    try:
+        want = tuple(int(p) for p in declared.split(".")[:2])
+        have = tuple(int(p) for p in implemented.split(".")[:2])
+    except ValueError:
+        return False
+    if len(want) != 2 or have[0] == 0:
+        return want == have
+    return want[0] == have[0] and want[1] <= have[1]
+
+
+def contract_problem(name: str, backend: Backend) -> tuple[str, str] | None:
+    """(what is wrong, the fix) when the Backend an entry point serves breaks the contract:
+    a different name than the entry point's, or an ABI version portkit does not implement."""
+    if backend.name != name:
+        return (f"the entry point {name!r} serves a Backend named {backend.name!r}",
+                "give the entry point and Backend(...) the same name")
+    if not backend.abi_version:
+        what = f"backend {name!r} declares no ABI version"
+        fix = (f'pass abi_version="{ABI_VERSION}" to Backend(...) once it passes '
+               f"`portkit conform` on portkit's ABI {ABI_VERSION}")
+        return what, fix
+    if not compatible(backend.abi_version):
+        what = (f"backend {name!r} implements ABI {backend.abi_version}; this portkit "
+                f"implements ABI {ABI_VERSION}")
+        fix = (f"install a portkit whose ABI is {backend.abi_version}, or port the backend "
+               f"to ABI {ABI_VERSION} (docs/abi.md lists the changes) and declare it")
+        return what, fix
+    return None
 
 
 def entry_points() -> list[metadata.EntryPoint]:
@@ -81,6 +115,10 @@ def _attempt(name: str) -> Device | BackendUnavailable | CapabilityError:
         if not isinstance(backend, Backend):
             raise TypeError(f"entry point {point.value} is a {type(backend).__name__}, "
                             "not a portkit.abi.Backend")
+        problem = contract_problem(name, backend)
+        if problem:
+            package = point.dist.name if point.dist else point.module.split(".")[0]
+            return BrokenBackend(f"broken backend package {package}: {problem[0]}", problem[1])
         device = backend.load()
         if not isinstance(device, Device):
             raise TypeError(f"load() returned a {type(device).__name__}, "

@@ -112,7 +112,7 @@ def generate(name: str, output_dir: str | Path = ".", starter: str = "c",
                             "files in it, or choose another --output-dir")
     context = {"name": name, "starter": starter, "author": author,
                "description": description or f"portkit backend for the {name} accelerator",
-               "_portkit_version": __version__}
+               "_portkit_version": __version__, "_portkit_below": _next_minor(__version__)}
     with tempfile.TemporaryDirectory(prefix="portkit-new-backend-") as scratch:
         # Without these, cookiecutter keeps replay files and templates in the user's home.
         config = {"replay_dir": str(Path(scratch) / "replay"),
@@ -180,3 +180,10 @@ def _shown(path: Path) -> str:
         return f"./{path.resolve().relative_to(Path.cwd().resolve())}"
     except ValueError:
         return str(path.resolve())
+
+
+def _next_minor(version: str) -> str:
+    """The first release a package written against `version` must stay below ("0.1.0" ->
+    "0.2"): before 1.0 a minor release may change the ABI."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return f"{major}.{minor + 1}" if major == 0 else f"{major + 1}.0"

@@ -11,25 +11,25 @@ from portkit.abi import BackendUnavailable, CapabilityError, Device
 INTERPRETER = "portkit.abi.interpreter:backend"
 
 UNAVAILABLE = """
-from portkit.abi import Backend, BackendUnavailable
+from portkit.abi import ABI_VERSION, Backend, BackendUnavailable
 
 def _load():
     raise BackendUnavailable("no frobnicator driver", "apt-get install frobnicator")
 
-backend = Backend("frob", _load)
+backend = Backend("frob", _load, abi_version=ABI_VERSION)
 """
 
 LOAD_RAISES = """
-from portkit.abi import Backend
+from portkit.abi import ABI_VERSION, Backend
 
 def _load():
     raise RuntimeError("driver table corrupt")
 
-backend = Backend("bad", _load)
+backend = Backend("bad", _load, abi_version=ABI_VERSION)
 """
 
 COUNTED = """
-from portkit.abi import Backend, BackendUnavailable
+from portkit.abi import ABI_VERSION, Backend, BackendUnavailable
 
 calls = 0
 
@@ -38,19 +38,27 @@ def _load():
     calls += 1
     raise BackendUnavailable("no device")
 
-backend = Backend("counted", _load)
+backend = Backend("counted", _load, abi_version=ABI_VERSION)
 """
 
 NO_REQUIRED_OPS = """
 from dataclasses import replace
-from portkit.abi import Backend
+from portkit.abi import ABI_VERSION, Backend
 from portkit.abi.interpreter import backend as interpreter
 
 def _load():
     device = interpreter.load()
     return replace(device, capabilities=replace(device.capabilities, ops=frozenset()))
 
-backend = Backend("weak", _load)
+backend = Backend("weak", _load, abi_version=ABI_VERSION)
+"""
+
+
+VERSIONED = """
+from portkit.abi import Backend
+from portkit.abi.interpreter import backend as interpreter
+
+backend = Backend({name!r}, interpreter.load{version})
 """
 
 
@@ -77,7 +85,9 @@ def test_names_are_sorted(fake_backends):
 
 def test_first_registration_of_a_name_wins(monkeypatch, fake_backends, fake_backend_module):
     fake_backends({})
-    points = [EntryPoint("twice", INTERPRETER, backends.GROUP),
+    first = fake_backend_module(VERSIONED.format(name="twice",
+                                                 version=", abi_version=interpreter.abi_version"))
+    points = [EntryPoint("twice", first, backends.GROUP),
               EntryPoint("twice", fake_backend_module(LOAD_RAISES), backends.GROUP)]
     monkeypatch.setattr(backends, "entry_points", lambda: points)
     assert backends.names() == ["twice"]
@@ -106,7 +116,8 @@ def test_unavailable_backend_passes_its_reason_and_fix_through(fake_backends, fa
     ("raise ImportError('libfoo.so: cannot open shared object file')\n", "libfoo.so"),
     ("backend = 42\n", "is a int, not a portkit.abi.Backend"),
     (LOAD_RAISES, "RuntimeError: driver table corrupt"),
-    ("from portkit.abi import Backend\nbackend = Backend('x', lambda: 'nope')\n",
+    (("from portkit.abi import ABI_VERSION, Backend\n"
+     "backend = Backend('bad', lambda: 'nope', abi_version=ABI_VERSION)\n"),
      "load() returned a str, not a portkit.abi.Device"),
 ])
 def test_broken_package_is_reported_with_the_fix_never_raised_raw(
@@ -156,3 +167,35 @@ def test_failures_are_cached_so_a_missing_driver_is_probed_once(fake_backends, f
             backends.load("counted")
     assert backends.available() == {"counted": "no device"}
     assert sys.modules[point.split(":")[0]].calls == 1
+
+
+@pytest.mark.parametrize("name, version, problem, fix", [
+    ("acc", "", "backend 'acc' declares no ABI version", "pass abi_version="),
+    ("acc", ", abi_version='0.1'", "backend 'acc' implements ABI 0.1; this portkit implements",
+     "install a portkit whose ABI is 0.1, or port the backend"),
+    ("brokenaccel", ", abi_version=interpreter.abi_version",
+     "the entry point 'acc' serves a Backend named 'brokenaccel'", "the same name"),
+])
+def test_the_version_contract_refuses_with_both_sides_named(
+        fake_backends, fake_backend_module, name, version, problem, fix):
+    fake_backends({"acc": fake_backend_module(VERSIONED.format(name=name, version=version))})
+    with pytest.raises(backends.BrokenBackend) as caught:
+        backends.load("acc")
+    assert problem in caught.value.reason and fix in caught.value.fix
+
+
+def test_abi_versions_are_compatible_by_the_documented_rule():
+    assert backends.compatible("0.3", "0.3") and not backends.compatible("0.2", "0.3")
+    assert not backends.compatible("0.4", "0.3")          # before 1.0: exact major.minor
+    assert backends.compatible("1.0", "1.2") and not backends.compatible("1.3", "1.2")
+    assert not backends.compatible("2.0", "1.2") and not backends.compatible("one", "1.2")
+
+
+def test_the_scaffold_declares_the_abi_it_was_written_for():
+    import json
+
+    from portkit.abi import ABI_VERSION
+
+    template = json.loads((Path(__file__).parents[1] / "templates" / "backend" /
+                           "cookiecutter.json").read_text())
+    assert template["_abi_version"] == ABI_VERSION

@@ -5,12 +5,12 @@ from portkit import __version__
 from portkit.cli import main
 
 UNAVAILABLE = """
-from portkit.abi import Backend, BackendUnavailable
+from portkit.abi import ABI_VERSION, Backend, BackendUnavailable
 
 def _load():
     raise BackendUnavailable("no frobnicator driver [v2]", "apt-get install frobnicator")
 
-backend = Backend("frob", _load)
+backend = Backend("frob", _load, abi_version=ABI_VERSION)
 """
 
 
@@ -50,11 +50,11 @@ def test_backends_lists_available_unavailable_and_broken(fake_backends, fake_bac
 def test_backends_shows_invalid_capabilities(fake_backends, fake_backend_module, wide, capsys):
     weak = fake_backend_module("""
 from dataclasses import replace
-from portkit.abi import Backend
+from portkit.abi import ABI_VERSION, Backend
 from portkit.abi.interpreter import backend as interpreter
 
 backend = Backend("weak", lambda: replace(interpreter.load(), capabilities=replace(
-    interpreter.load().capabilities, ops=frozenset())))
+    interpreter.load().capabilities, ops=frozenset())), abi_version=ABI_VERSION)
 """)
     fake_backends({"weak": weak})
     assert main(["backends"]) == 0

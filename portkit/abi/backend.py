@@ -183,7 +183,8 @@ class Device:
 
 @dataclass(frozen=True)
 class Backend:
-    """What the `portkit.backends` entry point names: a name and how to load the device.
+    """What the `portkit.backends` entry point names: a name, how to load the device, and the
+    ABI version the backend implements ("0.3"; portkit refuses to load an incompatible one).
 
     `load()` returns the Device, or raises BackendUnavailable naming the fix.
     """
@@ -191,3 +192,4 @@ class Backend:
     name: str
     load: Callable[[], Device]
     description: str = ""
+    abi_version: str = ""

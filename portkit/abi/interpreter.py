@@ -13,7 +13,7 @@ from math import prod
 
 import numpy as np
 
-from portkit.abi import dtypes, spec
+from portkit.abi import ABI_VERSION, dtypes, spec
 from portkit.abi.backend import (
     Backend,
     Capabilities,
@@ -178,4 +178,5 @@ def _load() -> Device:
     return Device("interpreter", CAPABILITIES, HostAllocator(), _Renderer(), _Compiler(), _Program)
 
 
-backend = Backend("interpreter", _load, "numpy interpreter of ABI kernels (slow, exact)")
+backend = Backend("interpreter", _load, "numpy interpreter of ABI kernels (slow, exact)",
+                  abi_version=ABI_VERSION)

@@ -9,7 +9,17 @@ import dataclasses
 
 import numpy as np
 
-from portkit.abi import Backend, Device, Kernel, Node, Op, Renderer, dtypes, interpreter
+from portkit.abi import (
+    ABI_VERSION,
+    Backend,
+    Device,
+    Kernel,
+    Node,
+    Op,
+    Renderer,
+    dtypes,
+    interpreter,
+)
 
 
 def _rewrite(kernel: Kernel, op: Op, emit) -> Kernel:
@@ -98,6 +108,6 @@ def no_float16() -> Device:
         caps, dtypes=frozenset(caps.dtypes - lacking)))
 
 
-sin_backend = Backend("broken-sin", sin_off)
-max_backend = Backend("broken-max", max_nan)
-copyout_backend = Backend("broken-copyout", copyout_short)
+sin_backend = Backend("broken-sin", sin_off, abi_version=ABI_VERSION)
+max_backend = Backend("broken-max", max_nan, abi_version=ABI_VERSION)
+copyout_backend = Backend("broken-copyout", copyout_short, abi_version=ABI_VERSION)

@@ -5,7 +5,8 @@
     renderer.py      CPURenderer: C11, one `pk_launch` entry point per kernel
     runtime.py       CPUAllocator (host memory), CPUCompiler (clang or gcc), CPUProgram (dlopen)
 """
-from portkit.abi.backend import Backend
+from portkit.abi import ABI_VERSION, Backend
 from portkit.reference_backends.cpu.device import load
 
-backend = Backend("cpu", load, "C on the host CPU (clang or gcc, OpenMP)")
+backend = Backend("cpu", load, "C on the host CPU (clang or gcc, OpenMP)",
+                  abi_version=ABI_VERSION)

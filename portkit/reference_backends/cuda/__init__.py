@@ -9,7 +9,8 @@
 The renderer and the compiler need no driver, so CI compiles every kernel on machines without
 a GPU.
 """
-from portkit.abi.backend import Backend
+from portkit.abi import ABI_VERSION, Backend
 from portkit.reference_backends.cuda.device import load
 
-backend = Backend("cuda", load, "CUDA C through NVRTC and the CUDA driver API (cuda-python)")
+backend = Backend("cuda", load, "CUDA C through NVRTC and the CUDA driver API (cuda-python)",
+                  abi_version=ABI_VERSION)

@@ -9,7 +9,8 @@
 On any other system `load()` says "Metal needs macOS". Nothing here has run on a Mac yet: see
 docs/backends/metal.md for what is and is not verified.
 """
-from portkit.abi.backend import Backend
+from portkit.abi import ABI_VERSION, Backend
 from portkit.reference_backends.metal.device import load
 
-backend = Backend("metal", load, "Metal Shading Language through pyobjc (macOS only)")
+backend = Backend("metal", load, "Metal Shading Language through pyobjc (macOS only)",
+                  abi_version=ABI_VERSION)

@@ -6,7 +6,8 @@
     runtime.py       OpenCLAllocator (cl.Buffer), OpenCLCompiler (the driver's binaries),
                      OpenCLProgram (launches on an in-order queue)
 """
-from portkit.abi.backend import Backend
+from portkit.abi import ABI_VERSION, Backend
 from portkit.reference_backends.opencl.device import load
 
-backend = Backend("opencl", load, "OpenCL C through pyopencl (PoCL on a CPU)")
+backend = Backend("opencl", load, "OpenCL C through pyopencl (PoCL on a CPU)",
+                  abi_version=ABI_VERSION)

@@ -6,7 +6,8 @@
     runtime.py       WebGPUAllocator (storage buffers), WebGPUCompiler (validates the shader),
                      WebGPUProgram (one compute pass per launch)
 """
-from portkit.abi.backend import Backend
+from portkit.abi import ABI_VERSION, Backend
 from portkit.reference_backends.webgpu.device import load
 
-backend = Backend("webgpu", load, "WGSL through wgpu-py (Vulkan, Metal or D3D12)")
+backend = Backend("webgpu", load, "WGSL through wgpu-py (Vulkan, Metal or D3D12)",
+                  abi_version=ABI_VERSION)

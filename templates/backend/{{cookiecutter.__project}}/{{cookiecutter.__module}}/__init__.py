@@ -6,5 +6,7 @@ hardware and assembles its parts.
 from portkit.abi import Backend
 from {{ cookiecutter.__module }}.device import load
 
+# The ABI version this package implements: portkit refuses to load it under another one.
 backend = Backend("{{ cookiecutter.name }}", load,
-                  {{ cookiecutter.description | tojson }})
+                  {{ cookiecutter.description | tojson }},
+                  abi_version="{{ cookiecutter._abi_version }}")

@@ -84,6 +84,22 @@ def fused(ctx: Context, dtype: DType, n: int) -> KernelCase:
     return KernelCase(kernel, [a, b_, c, np.zeros(n, dtype.np)], [check])
 
 
+def unfused_multiply_add(ctx: Context, dtype: DType, n: int) -> KernelCase:
+    """out = a * b + c, with c = -(a * b rounded): exactly 0 when MUL and ADD round apart, as the
+    ABI says, and the product's rounding error where a compiler contracts them into an FMA."""
+    rng = ctx.rng(f"unfused-multiply-add/{dtype.name}")
+    a, b_ = (rng.uniform(1, 2, n).astype(dtype.np) for _ in range(2))
+    c = -(a * b_)                     # numpy rounds the product to dtype, as the ABI's MUL does
+    b = KernelBuilder(f"conform_unfused_madd_{dtype.name}")
+    pa, pb, pc, out = (b.param(dtype) for _ in range(4))
+    i = _lane(b)
+    gate = b.alu(Op.CMPLT, i, b.const(n))
+    product = b.alu(Op.MUL, b.load(pa, i, gate), b.load(pb, i, gate))
+    b.store(out, i, b.alu(Op.ADD, product, b.load(pc, i, gate)), gate)
+    check = Check(3, "exact", (np.zeros(n, dtype.np),), n, operands=(0, 1, 2))
+    return KernelCase(b.build(**_grid(n)), [a, b_, c, np.ones(n, dtype.np)], [check])
+
+
 def fused_int(ctx: Context, n: int) -> KernelCase:
     """out = ((a * 3) ^ b) >> 2 + a % 7 - max(a, b), on int32: wrapping, exact."""
     rng = ctx.rng("fused/int32")
@@ -289,6 +305,8 @@ def cases(ctx: Context) -> list[Case]:
     found = [_case(f"fused-elementwise/{d.name}", lambda d=d: fused(ctx, d, 1000), d)
              for d in floats]
     found.append(_case("fused-elementwise/int32", lambda: fused_int(ctx, 1000), dtypes.int32))
+    found += [_case(f"unfused-multiply-add/{d.name}", lambda d=d: unfused_multiply_add(ctx, d, 256),
+                    d) for d in (dtypes.float32, dtypes.float64) if d in caps.dtypes]
     for dtype in floats[:2] + [dtypes.int32]:
         for length in lengths:
             if dtype.is_float and length * _eps(dtype) >= 1:

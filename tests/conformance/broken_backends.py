@@ -52,6 +52,16 @@ def _max_ignores_nan(nodes: list[Node], node: Node) -> int:
     return len(nodes) - 1
 
 
+def _contracted(nodes: list[Node], node: Node) -> int:
+    # a * b + c as one fma: what C compilers do with -ffp-contract=fast, LLVM with `contract`.
+    product = nodes[node.src[0]]
+    if product.op is not Op.MUL:
+        nodes.append(node)
+        return len(nodes) - 1
+    nodes.append(Node(Op.MULACC, node.dtype, (*product.src, node.src[1])))
+    return len(nodes) - 1
+
+
 @dataclasses.dataclass
 class RewritingRenderer(Renderer):
     """The interpreter's renderer, after a buggy rewrite of one op."""
@@ -92,6 +102,11 @@ def sin_off() -> Device:
 def max_nan() -> Device:
     """MAX on floats returns a when b is NaN."""
     return _device("broken-max", renderer=RewritingRenderer(Op.MAX, _max_ignores_nan))
+
+
+def contracts() -> Device:
+    """Fuses every float a * b + c into an FMA, which the ABI forbids."""
+    return _device("contracts-fma", renderer=RewritingRenderer(Op.ADD, _contracted))
 
 
 def copyout_short() -> Device:

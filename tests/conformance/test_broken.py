@@ -101,3 +101,13 @@ def test_declared_lack_of_a_dtype_is_unsupported_not_failed(broken, tmp_path):
     assert "float16" in _result(report, "ops/ADD/float16").message
     assert statuses["ops/CAST/float16->float32"] is Status.UNSUPPORTED
     assert report.ok and Status.FAILED not in statuses.values()
+
+
+def test_contracting_a_multiply_add_into_an_fma_fails_the_unfused_case(broken, tmp_path):
+    report = _run(broken.contracts(), tmp_path, tiers=(2, 3))
+    for dtype in ("float32", "float64"):
+        result = _result(report, f"kernels/unfused-multiply-add/{dtype}")
+        assert result.status is Status.FAILED and "expected 0.0" in result.message
+    # Every op on its own is right: only the pair is contracted.
+    assert _result(report, "ops/MUL/float32").status is Status.PASSED
+    assert _result(report, "ops/ADD/float32").status is Status.PASSED

@@ -91,7 +91,8 @@ SPECS: dict[Op, OpSpec] = {
     Op.FDIV: OpSpec("a / b on floats. x/±0 = ±inf for x != 0; 0/0 = NaN.", np.divide,
                     ulp={"float16": 1, "bfloat16": 1, "float32": 2.5, "float64": 0}),
     Op.IDIV: OpSpec("a / b on integers, rounded toward zero (as in C). b = 0, and MIN / -1 for "
-                    "signed types, are undefined.", _idiv, _div_valid),
+                    "signed types, must not trap; their result is unspecified.", _idiv,
+                    _div_valid),
     Op.MOD: OpSpec("a - IDIV(a, b) * b: the remainder takes the sign of a (as C's %). Defined "
                    "where IDIV is.", _mod, _div_valid),
     Op.MAX: OpSpec("The larger of a and b; NaN if either is NaN. MAX(-0, +0) may be either.",

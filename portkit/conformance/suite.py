@@ -224,7 +224,7 @@ def run(target: Target, options: Options,
     `progress(result, done, total)` after each case that is run."""
     start = time.perf_counter()
     ctx = Context(target.capabilities, options.quick, options.seed,
-                  _reference(target, options), options.perf_min_ratio)
+                  reference_target(target, options), options.perf_min_ratio)
     cases, tiers = collect(ctx, options)
     chosen = shard(cases, options.shard)
     reported = {c.id for c in chosen}
@@ -257,7 +257,8 @@ def _precompiled(target: Target, cases: list[Case], jobs: int):
             yield case, kernel_cases.get(case.id)
 
 
-def _reference(target: Target, options: Options) -> Target | None:
+def reference_target(target: Target, options: Options) -> Target | None:
+    """The backend tier 6 compares timings with (`options.reference`), or None without it."""
     if 6 not in options.tiers or not options.reference:
         return None
     if options.reference == target.name:

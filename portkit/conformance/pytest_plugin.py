@@ -78,8 +78,8 @@ class Conformance:
 
     def pytest_report_header(self) -> list[str]:
         """The backend, its device, the number of cases and the tiers that do not run."""
-        lines = [f"portkit: backend {self.target.name} "
-                 f"({self.target.capabilities.device_name or '-'}), {len(self.cases)} cases"]
+        device = self.target.capabilities.device_name or "-"
+        lines = [f"portkit: backend {self.target.name} ({device}), {len(self.cases)} cases"]
         lines += [f"portkit: tier {t['tier']} ({name}) not run: {t['reason']}"
                   for name, t in self.tiers.items() if t["status"] != "run"]
         return lines

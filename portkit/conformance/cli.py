@@ -17,7 +17,7 @@ from rich.progress import (
 )
 
 from portkit.abi import PortkitError
-from portkit.conformance import replay, report, suite
+from portkit.conformance import compare, replay, report, suite
 from portkit.conformance.target import Target
 
 # The exit codes of `portkit conform`, pytest's where they mean the same thing.
@@ -66,6 +66,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     again.add_argument("file", help="a reproduction file named in a failure's replay line")
     again.add_argument("--backend", required=True, help="the backend to run it on")
     again.set_defaults(run=run_replay)
+
+    reports = subparsers.add_parser("report", help="merge shards' JSON reports, or compare "
+                                    "two runs").add_subparsers(dest="action", required=True)
+    merge = reports.add_parser(
+        "merge", help="join the JSON reports of one run's shards (or boards) into one",
+        description="Joins `portkit conform --shard I/N --json` reports into the report of the "
+                    "whole run, in its order.", epilog="exit codes: 0 the merged run passed, "
+                    "1 a case failed, 2 the reports cannot be merged")
+    merge.add_argument("reports", nargs="+", help="JSON reports of `portkit conform --json`")
+    merge.add_argument("--json", help="write the merged JSON report here")
+    merge.add_argument("--junit", help="write the merged JUnit XML here")
+    merge.add_argument("--html", help="write the merged HTML report here")
+    merge.set_defaults(run=run_merge)
+    change = reports.add_parser(
+        "diff", help="new failures, fixes and perf moves from an OLD run to a NEW one",
+        epilog="exit codes: 0 no regression, 1 a new failure or a benchmark slower beyond "
+               "--noise, 2 the reports cannot be read")
+    change.add_argument("old", help="the earlier JSON report (last night)")
+    change.add_argument("new", help="the later JSON report (tonight)")
+    change.add_argument("--noise", type=float, default=0.25,
+                        help="a benchmark moves only when its median time changes by more "
+                             "than this fraction (default 0.25)")
+    change.add_argument("--html", help="write the diff as an HTML page here")
+    change.set_defaults(run=run_diff)
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -183,3 +207,37 @@ def run_replay(args: argparse.Namespace) -> int:
         console.print("[green]passes[/]" if verdict.ok else
                       f"[red]fails[/]: {escape(verdict.message)}")
     return 0 if all(v.ok for v in verdicts) else 1
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    """`portkit report merge`: 0 when the merged run passed, 1 when a case failed, 2 when the
+    reports cannot be merged or written."""
+    console = Console()
+    try:
+        prepare_outputs([args.json, args.junit, args.html])
+        merged = compare.merge([compare.load(path) for path in args.reports], args.reports)
+    except (PortkitError, OSError) as error:
+        console.print(f"[red]{escape(str(error))}[/]")
+        return EXIT_USAGE
+    write_reports(merged, args)
+    counts = ", ".join(f"{v} {k}" for k, v in merged["summary"].items()
+                       if isinstance(v, int) and v and k != "total")
+    verdict = "[green]OK[/]" if merged["ok"] else "[bold red]FAILED[/]"
+    console.print(f"{verdict}: {len(args.reports)} reports, {counts or 'no cases'}")
+    return EXIT_OK if merged["ok"] else EXIT_FAILED
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """`portkit report diff OLD NEW`: 1 on a regression, 0 otherwise, 2 on unreadable input."""
+    console = Console()
+    try:
+        prepare_outputs([args.html])
+        old, new = compare.load(args.old), compare.load(args.new)
+    except (PortkitError, OSError) as error:
+        console.print(f"[red]{escape(str(error))}[/]")
+        return EXIT_USAGE
+    found = compare.diff(old, new, args.noise)
+    compare.print_diff(found, console)
+    if args.html:
+        compare.write_diff_html(found, old, new, args.html)
+    return EXIT_FAILED if found.regressed else EXIT_OK

@@ -15,6 +15,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
 
 from portkit.abi import PortkitError
 from portkit.conformance import compare, replay, report, suite
@@ -128,11 +129,7 @@ def run_conform(args: argparse.Namespace) -> int:
     except PortkitError as error:
         console.print(f"[red]cannot load backend {args.backend!r}: {escape(str(error))}[/]")
         return EXIT_USAGE
-    # The elapsed and remaining times come first so that a narrow terminal cuts the case name,
-    # not them.
-    with Progress(TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), BarColumn(),
-                  MofNCompleteColumn(), TextColumn("{task.description}"),
-                  console=console, transient=True) as progress:
+    with progress_bar(console) as progress:
         task = progress.add_task(f"conform {target.name}", total=None)
 
         def advance(result, done: int, total: int) -> None:
@@ -147,6 +144,16 @@ def run_conform(args: argparse.Namespace) -> int:
                       "(`portkit conform --help`)")
         return EXIT_NO_CASES
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def progress_bar(console: Console) -> Progress:
+    """The run's progress: elapsed, ETA, bar, cases done and the current case. The bar takes
+    what room is left, so that at 80 columns a case name is shown whole."""
+    return Progress(TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                    BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=5)),
+                    MofNCompleteColumn(),
+                    TextColumn("{task.description}", table_column=Column(no_wrap=True)),
+                    console=console, transient=True, expand=True)
 
 
 def prepare_outputs(paths: list[str | None]) -> None:

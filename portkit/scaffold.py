@@ -169,7 +169,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Writes portkit-NAME/: a Python package with a renderer, runtime, "
                     "capabilities, tests and a CI script, registered through the "
                     "portkit.backends entry point. Then: pip install ./portkit-NAME && "
-                    "portkit conform --backend NAME. Guide: docs/porting.md.")
+                    "portkit conform --backend NAME. Guide: docs/porting.md. Needs "
+                    "cookiecutter: pip install 'portkit[scaffold]'.",
+        epilog="exit codes: 0 written, 2 not written (bad or taken name, no answer at a "
+               "prompt, cookiecutter missing), 130 cancelled with Ctrl-C")
     command.add_argument("name", help="the backend's name, e.g. myaccel (lowercase letters, "
                          "digits and underscores, starting with a letter)")
     command.add_argument("--output-dir", default=".", help="where portkit-NAME/ is written "

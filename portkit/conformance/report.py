@@ -80,7 +80,7 @@ def to_dict(report: Report) -> dict[str, Any]:
                     "seed": options.seed, "xfail_file": options.xfail_file,
                     "perf_min_ratio": options.perf_min_ratio,
                     "shard": "{}/{}".format(*options.shard) if options.shard else None},
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started": report.started or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(report.seconds, 3), "ok": report.ok, "summary": summary,
         "tiers": report.tiers, "cases": cases,
         "perf": [{**r.perf, "case": r.case.id} for r in report.results if r.perf],

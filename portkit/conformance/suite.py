@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -98,6 +99,7 @@ class Report:
     tiers: dict[str, dict] = field(default_factory=dict)    # tier name -> status and reason
     seconds: float = 0.0
     order: dict[str, int] = field(default_factory=dict)    # case id -> place in the whole run
+    started: str = ""                                       # UTC, ISO 8601
 
     def counts(self) -> dict[str, int]:
         """How many results have each status (every status listed, zeros too)."""
@@ -223,6 +225,7 @@ def run(target: Target, options: Options,
     """Runs the selected tiers (the shard of them, if `options.shard`) on `target`;
     `progress(result, done, total)` after each case that is run."""
     start = time.perf_counter()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     ctx = Context(target.capabilities, options.quick, options.seed,
                   reference_target(target, options), options.perf_min_ratio)
     cases, tiers = collect(ctx, options)
@@ -232,7 +235,7 @@ def run(target: Target, options: Options,
         if tier_info["status"] == "run":
             tier_info["cases"] = sum(c.tier == tier_info["tier"] for c in chosen)
     report = Report(target.name, target.capabilities, options, tiers=tiers,
-                    order={c.id: i for i, c in enumerate(cases)})
+                    order={c.id: i for i, c in enumerate(cases)}, started=started)
     todo = with_prerequisites(chosen, cases)
     runner = Runner(target, options, cases)
     for done, (case, kc) in enumerate(_precompiled(target, todo, options.jobs), 1):

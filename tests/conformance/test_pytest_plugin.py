@@ -122,3 +122,14 @@ def test_the_plugin_is_registered_for_pytest():
     project = (ROOT / "pyproject.toml").read_text()
     assert ('[project.entry-points.pytest11]\nportkit = "portkit.conformance.pytest_plugin"'
             in project)
+
+
+def test_last_failed_reruns_only_the_failed_cases(broken, fake_backends, tmp_path):
+    fake_backends({"broken-sin": "broken_backends:sin_backend"})
+    args = ["-p", "cacheprovider", "-o", f"cache_dir={tmp_path / 'cache'}", "--portkit-backend",
+            "broken-sin", "--portkit-quick", "--portkit-tier=1", "--portkit-tier=2"]
+    code, first = _pytest(tmp_path, *args)
+    failed = {case for case, outcome in first.outcome.items() if outcome == "failed"}
+    assert code == 1 and "ops/SIN/float32" in failed
+    code, again = _pytest(tmp_path, *args, "--lf")
+    assert code == 1 and set(again.outcome) == failed

@@ -5,6 +5,8 @@ itself never changes. Starters: `c` (the cpu reference backend: passes `portkit 
 once), `opencl` (the opencl reference backend) and `blank` (every part raises
 NotImplementedError naming the section of docs/porting.md to read). cookiecutter renders the
 template; it writes only into the output folder and a temporary folder for its replay files.
+cookiecutter is the `scaffold` extra (`pip install 'portkit[scaffold]'`): users who never
+scaffold do not install it, and `new-backend` names the extra when it is missing.
 
 The `c` and `opencl` starters are not copies kept by hand: the template's post-generation hook
 writes the reference backend's device.py, capabilities.py, renderer.py and runtime.py with their
@@ -20,8 +22,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from cookiecutter.main import cookiecutter
 from rich.console import Console
+from rich.markup import escape
 from rich.prompt import Prompt
 
 from portkit import __version__, backends
@@ -43,6 +45,18 @@ PARTS = ("device", "capabilities", "renderer", "runtime")
 
 class ScaffoldError(PortkitError):
     """A backend package cannot be generated as asked; the message says what to change."""
+
+
+def _cookiecutter():
+    """cookiecutter's entry function; ScaffoldError naming the extra when it is missing."""
+    try:
+        from cookiecutter.main import cookiecutter
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != "cookiecutter":
+            raise
+        raise ScaffoldError("`portkit new-backend` renders its template with cookiecutter, "
+                            "which is not installed; pip install 'portkit[scaffold]'") from None
+    return cookiecutter
 
 
 def template_dir() -> Path:
@@ -77,26 +91,47 @@ def starter_files(starter: str, name: str) -> dict[str, str]:
     return files
 
 
+def _taken(force: bool) -> set[str]:
+    """Backend names in use: portkit's own always, other installed ones unless `force`."""
+    return {point.name for point in backends.entry_points()
+            if not force or point.value.startswith("portkit.")}
+
+
+def suggest_name(name: str, taken: set[str] = frozenset()) -> str:
+    """A valid backend name close to `name` and not in `taken`: My-Accel -> my_accel,
+    1npu -> accel_1npu, class -> class_accel, cpu (taken) -> cpu2, or cpu3 if that is too."""
+    base = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_") or "myaccel"
+    if not base[0].isalpha():
+        base = f"accel_{base}"
+    if keyword.iskeyword(base) or keyword.issoftkeyword(base):
+        base = f"{base}_accel"
+    if base not in taken:
+        return base
+    number = 2
+    while f"{base}{number}" in taken:
+        number += 1
+    return f"{base}{number}"
+
+
 def check_name(name: str, force: bool = False) -> None:
-    """Raises ScaffoldError, naming the rule and a valid example, unless `name` can be used.
+    """Raises ScaffoldError, naming the rule and a valid name to use instead, unless `name`
+    can be used.
 
     A name that an installed package already registers is refused too; with `force` only the
     reference backends' names are (regenerating your own installed backend is then allowed).
     """
+    taken = _taken(force)
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        hint = f"; try {name.replace('-', '_')!r}" if "-" in name else ""
-        raise ScaffoldError(f"invalid backend name {name!r}: {NAME_RULE}{hint}")
+        raise ScaffoldError(f"invalid backend name {name!r}: {NAME_RULE}; try "
+                            f"{suggest_name(name, taken)!r}")
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         raise ScaffoldError(f"invalid backend name {name!r}: it is a Python keyword, and "
-                            f"{NAME_RULE}")
-    # portkit's own backends are always taken; other installed ones unless `force`.
-    taken = {point.name for point in backends.entry_points()
-             if not force or point.value.startswith("portkit.")}
+                            f"{NAME_RULE}; try {suggest_name(name, taken)!r}")
     if name in taken:
         again = "" if force else " (or pass --force to regenerate your own installed backend)"
         raise ScaffoldError(f"backend name {name!r} is taken by an existing backend "
-                            f"({', '.join(sorted(taken))}); choose another, e.g. '{name}2' "
-                            f"or 'myaccel'{again}")
+                            f"({', '.join(sorted(taken))}); choose another, e.g. "
+                            f"{suggest_name(name, taken)!r} or 'myaccel'{again}")
 
 
 def generate(name: str, output_dir: str | Path = ".", starter: str = "c",
@@ -118,7 +153,7 @@ def generate(name: str, output_dir: str | Path = ".", starter: str = "c",
         config = {"replay_dir": str(Path(scratch) / "replay"),
                   "cookiecutters_dir": str(Path(scratch) / "cookiecutters")}
         try:
-            created = cookiecutter(str(template_dir()), no_input=True, extra_context=context,
+            created = _cookiecutter()(str(template_dir()), no_input=True, extra_context=context,
                                    output_dir=str(output_dir), overwrite_if_exists=force,
                                    default_config=config)
         except OSError as error:
@@ -134,7 +169,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Writes portkit-NAME/: a Python package with a renderer, runtime, "
                     "capabilities, tests and a CI script, registered through the "
                     "portkit.backends entry point. Then: pip install ./portkit-NAME && "
-                    "portkit conform --backend NAME. Guide: docs/porting.md.")
+                    "portkit conform --backend NAME. Guide: docs/porting.md. Needs "
+                    "cookiecutter: pip install 'portkit[scaffold]'.",
+        epilog="exit codes: 0 written, 2 not written (bad or taken name, no answer at a "
+               "prompt, cookiecutter missing), 130 cancelled with Ctrl-C")
     command.add_argument("name", help="the backend's name, e.g. myaccel (lowercase letters, "
                          "digits and underscores, starting with a letter)")
     command.add_argument("--output-dir", default=".", help="where portkit-NAME/ is written "
@@ -150,8 +188,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     command.set_defaults(run=run)
 
 
+# Exit codes: 2 for every "not written" the user can fix; 130 for Ctrl-C, as a shell reports it.
+EXIT_WRITTEN, EXIT_NOT_WRITTEN, EXIT_INTERRUPTED = 0, 2, 130
+
+
 def run(args: argparse.Namespace) -> int:
-    """`portkit new-backend`: 0 when the package was written, 2 when it was not."""
+    """`portkit new-backend`: 0 when the package was written, 2 when it was not (a bad name,
+    a prompt left without an answer), 130 when Ctrl-C cancelled it."""
     console = Console()
     starter, description, author = args.starter or "c", None, "Your Name"
     try:
@@ -164,8 +207,16 @@ def run(args: argparse.Namespace) -> int:
             author = Prompt.ask("author", default=author, console=console)
         created = generate(args.name, args.output_dir, starter, args.force, description, author)
     except ScaffoldError as error:
-        console.print(f"[red]{error}[/]", highlight=False)
-        return 2
+        console.print(f"[red]{escape(str(error))}[/]", highlight=False)
+        return EXIT_NOT_WRITTEN
+    except EOFError:
+        console.print("\n[red]no answer (end of input) at a prompt; nothing was written.[/] "
+                      "Answer the prompts, or pass --no-input with --from to use the defaults.",
+                      highlight=False)
+        return EXIT_NOT_WRITTEN
+    except KeyboardInterrupt:
+        console.print("\n[yellow]cancelled; nothing was written[/]", highlight=False)
+        return EXIT_INTERRUPTED
     folder = _shown(created)
     console.print(f"wrote {folder}/ (starter: {starter}). Next:\n"
                   f"  pip install {folder}\n"

@@ -69,3 +69,45 @@ def test_version_and_missing_command(capsys):
     with pytest.raises(SystemExit) as exited:
         main([])
     assert exited.value.code == 2 and "required: command" in capsys.readouterr().err
+
+
+def test_a_fix_with_an_extra_keeps_its_brackets(fake_backends, fake_backend_module, wide,
+                                                capsys):
+    # rich read `[cuda]` as a markup tag and printed `pip install 'portkit'`.
+    fake_backends({"cudaish": fake_backend_module(UNAVAILABLE.replace(
+        "apt-get install frobnicator", "pip install 'portkit[cuda]'"))})
+    assert main(["conform", "--backend", "cudaish"]) == 2
+    assert "pip install 'portkit[cuda]'" in capsys.readouterr().out
+    assert main(["backends"]) == 0
+    assert "pip install 'portkit[cuda]'" in capsys.readouterr().out
+
+
+def test_no_case_selected_exits_5(capsys):
+    assert main(["conform", "--backend", "interpreter", "--quick", "--tier", "1",
+                 "-k", "no-such-case"]) == 5
+    assert "no case selected" in capsys.readouterr().out
+
+
+def test_report_folders_are_made_before_the_run(tmp_path):
+    out = tmp_path / "nightly" / "2026-11-23"
+    args = ["conform", "--backend", "interpreter", "--quick", "--tier", "1",
+            "--json", str(out / "r.json"), "--junit", str(out / "xml" / "r.xml"),
+            "--html", str(out / "r.html")]
+    assert main(args) == 0
+    assert {p.name for p in out.rglob("r.*")} == {"r.json", "r.xml", "r.html"}
+
+
+def test_an_unwritable_report_path_is_refused_before_any_case_runs(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    assert main(["conform", "--backend", "interpreter", "--quick", "--tier", "1",
+                 "--html", str(tmp_path / "file" / "r.html")]) == 2
+    output = capsys.readouterr().out
+    assert "cannot write a report to" in output and "choose another path" in output
+    assert "passed" not in output and "Traceback" not in output
+
+
+@pytest.mark.parametrize("shard", ["0/2", "3/2", "x", "1/0"])
+def test_a_bad_shard_is_a_usage_error(shard, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["conform", "--backend", "interpreter", "--shard", shard])
+    assert exited.value.code == 2 and "write I/N" in capsys.readouterr().err

@@ -260,3 +260,52 @@ def test_starters_are_their_reference_backends_line_for_line(starter, reference,
         assert ours == theirs, f"{part}.py differs from reference_backends/{reference}"
     assert not (ROOT / "templates" / "backend" / "templates" / starter).exists(), (
         "a hand-kept copy of the starter; it is written from the reference backend")
+
+
+@pytest.mark.parametrize(("name", "suggested"), [
+    ("My-Accel", "my_accel"), ("my accel!", "my_accel"), ("1npu", "accel_1npu"),
+    ("class", "class_accel"), ("cpu", "cpu2"),
+])
+def test_suggested_names_are_valid_and_free(name, suggested):
+    with pytest.raises(ScaffoldError) as error:
+        check_name(name)
+    assert f"try {suggested!r}" in str(error.value) or f"e.g. {suggested!r}" in str(error.value)
+    check_name(suggested)       # the suggestion itself passes
+
+
+def test_a_taken_names_suggestion_skips_names_also_taken(fake_backends):
+    fake_backends({"cpu": "portkit.reference_backends.cpu:backend",
+                   "cpu2": "portkit_cpu2:backend", "cpu3": "portkit_cpu3:backend"})
+    with pytest.raises(ScaffoldError, match="e.g. 'cpu4'"):
+        check_name("cpu")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_end_of_input_at_a_prompt_is_a_clean_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", _Terminal("opencl\n"))   # then EOF at "description"
+    assert main(["new-backend", "npu", "--output-dir", str(tmp_path)]) == 2
+    output = capsys.readouterr().out
+    assert "no answer (end of input)" in output and "--no-input" in output
+    assert "Traceback" not in output and list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_at_a_prompt_cancels_with_130(tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys, "stdin", _Terminal(""))
+    monkeypatch.setattr(scaffold.Prompt, "ask", interrupted)
+    assert main(["new-backend", "npu", "--output-dir", str(tmp_path)]) == 130
+    assert "cancelled; nothing was written" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_cookiecutter_names_the_extra(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "cookiecutter.main", None)    # import fails as if absent
+    monkeypatch.setitem(sys.modules, "cookiecutter", None)
+    assert main(["new-backend", "npu", "--output-dir", str(tmp_path), "--no-input"]) == 2
+    assert "pip install 'portkit[scaffold]'" in capsys.readouterr().out

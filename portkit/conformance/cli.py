@@ -6,11 +6,26 @@ import os
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Column
 
 from portkit.abi import PortkitError
-from portkit.conformance import replay, report, suite
+from portkit.conformance import compare, replay, report, suite
 from portkit.conformance.target import Target
+
+# The exit codes of `portkit conform`, pytest's where they mean the same thing.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_CASES = 0, 1, 2, 5
+EXIT_CODES = ("exit codes: 0 nothing failed, 1 a case failed (or an xfail entry is stale), "
+              "2 usage error (bad option, backend not loadable, report path not writable), "
+              "5 no case selected")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     conform = subparsers.add_parser(
         "conform", help="check a backend against the ABI spec and the CPU reference",
         description="Runs the conformance tiers (1 runtime, 2 ABI ops, 3 kernels, 4 Tensor ops, "
-                    "5 models, 6 performance). Exit code 0 only when nothing failed.")
+                    "5 models, 6 performance).", epilog=EXIT_CODES)
     which = conform.add_mutually_exclusive_group(required=True)
     which.add_argument("--backend", help="the backend to check (see `portkit backends`)")
     which.add_argument("--available", action="store_true",
@@ -35,9 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     conform.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                          help="threads compiling kernels ahead of the run (cases themselves "
                               "run one at a time; default: one per CPU)")
-    conform.add_argument("--json", help="write the JSON report here")
-    conform.add_argument("--junit", help="write JUnit XML here")
-    conform.add_argument("--html", help="write a one-file HTML report here")
+    conform.add_argument("--shard", type=_shard, metavar="I/N",
+                         help="run only slice I of N (deterministic; `portkit report merge` "
+                              "joins the slices' --json reports)")
+    conform.add_argument("--json", help="write the JSON report here (folders are made)")
+    conform.add_argument("--junit", help="write JUnit XML here (folders are made)")
+    conform.add_argument("--html", help="write a one-file HTML report here (folders are made)")
     conform.add_argument("--xfail", help="expected failures: `CASE-PATTERN  reason` per line")
     conform.add_argument("--perf-min-ratio", type=float, help="fail a perf case whose speed "
                          "relative to the CPU reference is below this (default: only warn)")
@@ -50,6 +68,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     again.add_argument("--backend", required=True, help="the backend to run it on")
     again.set_defaults(run=run_replay)
 
+    reports = subparsers.add_parser("report", help="merge shards' JSON reports, or compare "
+                                    "two runs").add_subparsers(dest="action", required=True)
+    merge = reports.add_parser(
+        "merge", help="join the JSON reports of one run's shards (or boards) into one",
+        description="Joins `portkit conform --shard I/N --json` reports into the report of the "
+                    "whole run, in its order.", epilog="exit codes: 0 the merged run passed, "
+                    "1 a case failed, 2 the reports cannot be merged")
+    merge.add_argument("reports", nargs="+", help="JSON reports of `portkit conform --json`")
+    merge.add_argument("--json", help="write the merged JSON report here")
+    merge.add_argument("--junit", help="write the merged JUnit XML here")
+    merge.add_argument("--html", help="write the merged HTML report here")
+    merge.set_defaults(run=run_merge)
+    change = reports.add_parser(
+        "diff", help="new failures, fixes and perf moves from an OLD run to a NEW one",
+        epilog="exit codes: 0 no regression, 1 a new failure or a benchmark slower beyond "
+               "--noise, 2 the reports cannot be read")
+    change.add_argument("old", help="the earlier JSON report (last night)")
+    change.add_argument("new", help="the later JSON report (tonight)")
+    change.add_argument("--noise", type=float, default=0.25,
+                        help="a benchmark moves only when its median time changes by more "
+                             "than this fraction (default 0.25)")
+    change.add_argument("--html", help="write the diff as an HTML page here")
+    change.set_defaults(run=run_diff)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        return suite.parse_shard(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
 
 def options_from(args: argparse.Namespace) -> suite.Options:
     """The suite's options from parsed arguments."""
@@ -60,61 +109,93 @@ def options_from(args: argparse.Namespace) -> suite.Options:
         tiers=tuple(args.tier or sorted(suite.TIERS)), pattern=args.pattern,
         dtypes=tuple(args.dtype), quick=args.quick, seed=args.seed, jobs=args.jobs,
         xfail=xfail, xfail_file=args.xfail, perf_min_ratio=args.perf_min_ratio,
-        repro_dir=args.repro_dir)
+        repro_dir=args.repro_dir, shard=args.shard)
 
 
 def run_conform(args: argparse.Namespace) -> int:
-    """`portkit conform`: 0 when nothing failed, 1 when something did, 2 on a usage error."""
+    """`portkit conform`: 0 when nothing failed, 1 when something did, 2 on a usage error, 5
+    when no case was selected (the codes pytest uses)."""
     console = Console()
     try:
         options = options_from(args)
+        prepare_outputs([args.json, args.junit, args.html])
     except (OSError, ValueError) as error:
-        console.print(f"[red]{error}[/]")
-        return 2
+        console.print(f"[red]{escape(str(error))}[/]")
+        return EXIT_USAGE
     if args.available:
         return _run_available(options, console)
     try:
         target = Target.load(args.backend)
     except PortkitError as error:
-        console.print(f"[red]cannot load backend {args.backend!r}: {error}[/]")
-        return 2
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        console.print(f"[red]cannot load backend {args.backend!r}: {escape(str(error))}[/]")
+        return EXIT_USAGE
+    with progress_bar(console) as progress:
         task = progress.add_task(f"conform {target.name}", total=None)
 
         def advance(result, done: int, total: int) -> None:
             progress.update(task, completed=done, total=total,
-                            description=f"{target.name}: {result.case.id}")
+                            description=escape(f"{target.name}: {result.case.id}"))
 
         result = suite.run(target, options, advance)
     report.print_terminal(result, console)
-    _write(result, args)
-    return 0 if result.ok else 1
+    write_reports(report.to_dict(result), args)
+    if not result.results:
+        console.print("[yellow]no case selected[/]: check -k, --tier, --dtype and --shard "
+                      "(`portkit conform --help`)")
+        return EXIT_NO_CASES
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def progress_bar(console: Console) -> Progress:
+    """The run's progress: elapsed, ETA, bar, cases done and the current case. The bar takes
+    what room is left, so that at 80 columns a case name is shown whole."""
+    return Progress(TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                    BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=5)),
+                    MofNCompleteColumn(),
+                    TextColumn("{task.description}", table_column=Column(no_wrap=True)),
+                    console=console, transient=True, expand=True)
+
+
+def prepare_outputs(paths: list[str | None]) -> None:
+    """Makes the folders of the report files before a run, so that a path that cannot be
+    written is a usage error at once and not a traceback after an hour of cases."""
+    for path in filter(None, paths):
+        folder = Path(path).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise OSError(f"cannot write a report to {path}: {error.strerror or error} "
+                          f"({folder}); choose another path") from None
+        if Path(path).is_dir() or not os.access(folder, os.W_OK):
+            raise OSError(f"cannot write a report to {path}: it is a folder or {folder} is not "
+                          "writable; choose another path")
 
 
 def _run_available(options: suite.Options, console: Console) -> int:
     from portkit import backends
 
-    worst = 0
+    worst, ran = EXIT_OK, 0
     for name, reason in backends.available().items():
         if reason is not None:
-            console.print(f"{name:12} [dim]not available: {reason}[/]")
+            console.print(f"{name:12} [dim]not available: {escape(str(reason))}[/]")
             continue
         result = suite.run(Target.load(name), options)
+        ran += len(result.results)
         counts = ", ".join(f"{v} {k}" for k, v in result.counts().items() if v)
         verdict = "[green]OK[/]" if result.ok else "[bold red]FAILED[/]"
         console.print(f"{name:12} {verdict} {counts} ({result.seconds:.1f} s)")
-        worst = max(worst, 0 if result.ok else 1)
-    return worst
+        worst = max(worst, EXIT_OK if result.ok else EXIT_FAILED)
+    return worst if ran else EXIT_NO_CASES
 
 
-def _write(result: suite.Report, args: argparse.Namespace) -> None:
+def write_reports(data: dict, args: argparse.Namespace) -> None:
+    """Writes the JSON document `data` (report.to_dict) as each of --json, --junit, --html."""
     if args.json:
-        report.write_json(result, args.json)
+        report.write_json(data, args.json)
     if args.junit:
-        report.write_junit(result, args.junit)
+        report.write_junit(data, args.junit)
     if args.html:
-        report.write_html(result, args.html)
+        report.write_html(data, args.html)
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -125,10 +206,45 @@ def run_replay(args: argparse.Namespace) -> int:
         kc, meta = replay.load(args.file)
         verdicts = replay.replay(kc, target)
     except (PortkitError, OSError, ValueError) as error:
-        console.print(f"[red]{error}[/]")
-        return 2
-    console.print(f"case {meta['case']} (saved from backend {meta['backend']}), kernel "
-                  f"{kc.kernel.name}, on {target.name}:")
+        console.print(f"[red]{escape(str(error))}[/]")
+        return EXIT_USAGE
+    console.print(escape(f"case {meta['case']} (saved from backend {meta['backend']}), kernel "
+                         f"{kc.kernel.name}, on {target.name}:"))
     for verdict in verdicts:
-        console.print("[green]passes[/]" if verdict.ok else f"[red]fails[/]: {verdict.message}")
+        console.print("[green]passes[/]" if verdict.ok else
+                      f"[red]fails[/]: {escape(verdict.message)}")
     return 0 if all(v.ok for v in verdicts) else 1
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    """`portkit report merge`: 0 when the merged run passed, 1 when a case failed, 2 when the
+    reports cannot be merged or written."""
+    console = Console()
+    try:
+        prepare_outputs([args.json, args.junit, args.html])
+        merged = compare.merge([compare.load(path) for path in args.reports], args.reports)
+    except (PortkitError, OSError) as error:
+        console.print(f"[red]{escape(str(error))}[/]")
+        return EXIT_USAGE
+    write_reports(merged, args)
+    counts = ", ".join(f"{v} {k}" for k, v in merged["summary"].items()
+                       if isinstance(v, int) and v and k != "total")
+    verdict = "[green]OK[/]" if merged["ok"] else "[bold red]FAILED[/]"
+    console.print(f"{verdict}: {len(args.reports)} reports, {counts or 'no cases'}")
+    return EXIT_OK if merged["ok"] else EXIT_FAILED
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """`portkit report diff OLD NEW`: 1 on a regression, 0 otherwise, 2 on unreadable input."""
+    console = Console()
+    try:
+        prepare_outputs([args.html])
+        old, new = compare.load(args.old), compare.load(args.new)
+    except (PortkitError, OSError) as error:
+        console.print(f"[red]{escape(str(error))}[/]")
+        return EXIT_USAGE
+    found = compare.diff(old, new, args.noise)
+    compare.print_diff(found, console)
+    if args.html:
+        compare.write_diff_html(found, old, new, args.html)
+    return EXIT_FAILED if found.regressed else EXIT_OK

@@ -1,23 +1,26 @@
 """Reports of a conformance run: JSON (versioned schema), JUnit XML, one-file HTML, terminal.
 
-JSON schema, version 1 (fields are only ever added within a version):
-    schema_version, backend, abi_version, portkit_version, device, capabilities, options,
-    seconds, ok, summary {<status>: count for every status, total, not_run {tier: reason}},
-    tiers {name: {tier, status, reason, cases}},
-    cases [{id, tier, op, dtype, status, max_ulp, max_error, message, seconds, worst, replay,
-            repro_path, kernel (ABI JSON, failures only), source (failures only)}],
-    perf [{name, seconds, reference_seconds, ratio, value, unit, peak_fraction, warning}]
+The JSON document (`to_dict`) is the one form every other report is written from, so a report
+merged from shards (portkit.conformance.compare) writes the same HTML and JUnit as a run. Its
+schema is the file report.schema.json shipped beside this module (version 2; fields are only
+ever added within a version).
 """
 from __future__ import annotations
 
 import json
+import math
+import socket
 import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 import portkit
 from portkit.abi import ABI_VERSION, dtypes
@@ -42,8 +45,14 @@ def capabilities_dict(caps: Any) -> dict[str, Any]:
     }
 
 
+def schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of `to_dict`'s document, as shipped in the package."""
+    text = resources.files("portkit.conformance").joinpath("report.schema.json").read_text()
+    return json.loads(text)
+
+
 def to_dict(report: Report) -> dict[str, Any]:
-    """The run as the versioned JSON document described in this module's docstring."""
+    """The run as the versioned JSON document that report.schema.json describes."""
     summary: dict[str, Any] = report.counts()
     summary["total"] = len(report.results)
     summary["not_run"] = {name: t["reason"] for name, t in report.tiers.items()
@@ -52,7 +61,8 @@ def to_dict(report: Report) -> dict[str, Any]:
     for r in report.results:
         evidence = r.status in _EVIDENCE
         cases.append({
-            "id": r.case.id, "tier": r.case.tier, "op": r.case.op, "dtype": r.case.dtype,
+            "id": r.case.id, "index": report.order.get(r.case.id), "tier": r.case.tier,
+            "op": r.case.op, "dtype": r.case.dtype,
             "status": r.status.value, "max_ulp": r.max_ulp, "max_error": r.max_error,
             "message": r.message, "seconds": round(r.seconds, 6), "worst": r.worst,
             "replay": r.replay, "repro_path": r.repro_path,
@@ -68,69 +78,123 @@ def to_dict(report: Report) -> dict[str, Any]:
         "options": {"tiers": list(options.tiers), "pattern": options.pattern,
                     "dtypes": list(options.dtypes), "quick": options.quick,
                     "seed": options.seed, "xfail_file": options.xfail_file,
-                    "perf_min_ratio": options.perf_min_ratio},
+                    "perf_min_ratio": options.perf_min_ratio,
+                    "shard": "{}/{}".format(*options.shard) if options.shard else None},
+        "started": report.started or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(report.seconds, 3), "ok": report.ok, "summary": summary,
         "tiers": report.tiers, "cases": cases,
-        "perf": [r.perf for r in report.results if r.perf],
+        "perf": [{**r.perf, "case": r.case.id} for r in report.results if r.perf],
     }
 
 
-def write_json(report: Report, path: str | Path) -> None:
-    """Writes the JSON report."""
-    Path(path).write_text(json.dumps(to_dict(report), indent=1, default=_jsonable))
+def _document(report: Report | dict[str, Any]) -> dict[str, Any]:
+    return report if isinstance(report, dict) else to_dict(report)
+
+
+def write_json(report: Report | dict[str, Any], path: str | Path) -> None:
+    """Writes the JSON report (of a run, or a document from `to_dict`)."""
+    Path(path).write_text(json.dumps(_document(report), indent=1, default=_jsonable))
 
 
 def _jsonable(value: Any) -> Any:
     return float(value) if hasattr(value, "__float__") else str(value)
 
 
-def write_junit(report: Report, path: str | Path) -> None:
-    """Writes JUnit XML: a testsuite per tier; blocked, unsupported and xfail are skips."""
-    root = ET.Element("testsuites", name=f"portkit conform {report.backend}")
-    for name, tier in report.tiers.items():
-        results = [r for r in report.results if r.case.tier == tier["tier"]]
-        suite = ET.SubElement(root, "testsuite", name=f"{report.backend}.{name}",
-                              tests=str(max(len(results), 1)))
+def write_junit(report: Report | dict[str, Any], path: str | Path) -> None:
+    """Writes JUnit XML: a testsuite per tier with the attributes CI tools read (tests,
+    failures, errors, skipped, time, timestamp, hostname) and the run's facts as properties;
+    blocked, unsupported and xfail cases are skips, a tier not run is one skip with why."""
+    data = _document(report)
+    backend = data["backend"]
+    root = ET.Element("testsuites", name=f"portkit conform {backend}")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
+    for name, tier in data["tiers"].items():
+        cases = [c for c in data["cases"] if c["tier"] == tier["tier"]]
+        suite = ET.SubElement(root, "testsuite", name=f"{backend}.{name}",
+                              timestamp=data.get("started", ""), hostname=socket.gethostname())
+        properties = ET.SubElement(suite, "properties")
+        for key, value in (("backend", backend), ("device", data["device"]),
+                           ("abi_version", data["abi_version"]),
+                           ("portkit_version", data["portkit_version"]),
+                           ("seed", data["options"]["seed"]),
+                           ("quick", data["options"]["quick"]),
+                           ("shard", data["options"].get("shard"))):
+            ET.SubElement(properties, "property", name=key, value=str(value))
+        counts = {"tests": max(len(cases), 1), "failures": 0, "errors": 0, "skipped": 0,
+                  "time": sum(c["seconds"] for c in cases)}
         if tier["status"] != "run":
-            case = ET.SubElement(suite, "testcase", classname=suite.get("name"), name=name)
+            case = ET.SubElement(suite, "testcase", classname=suite.get("name"), name=name,
+                                 time="0")
             ET.SubElement(case, "skipped", message=f"not run: {tier['reason']}")
-            continue
-        failures = 0
-        for r in results:
-            case = ET.SubElement(suite, "testcase", classname=suite.get("name"), name=r.case.id,
-                                 time=f"{r.seconds:.6f}")
-            if r.status in (Status.FAILED, Status.XPASS):
-                failures += 1
-                failure = ET.SubElement(case, "failure", message=r.message[:500])
-                failure.text = "\n".join(filter(None, [r.message, r.replay, r.source]))
-            elif r.status is not Status.PASSED:
-                ET.SubElement(case, "skipped", message=f"{r.status.value}: {r.message}"[:500])
-        suite.set("failures", str(failures))
+            counts["skipped"] = 1
+        for c in cases:
+            case = ET.SubElement(suite, "testcase", classname=suite.get("name"), name=c["id"],
+                                 time=f"{c['seconds']:.6f}")
+            if c["status"] in ("failed", "xpass"):
+                counts["failures"] += 1
+                failure = ET.SubElement(case, "failure", message=c["message"][:500])
+                failure.text = "\n".join(filter(None, [c["message"], c["replay"], c["source"]]))
+            elif c["status"] != "passed":
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", message=f"{c['status']}: {c['message']}"[:500])
+        for key, value in counts.items():
+            suite.set(key, f"{value:.6f}" if key == "time" else str(value))
+            totals[key] += value
+    for key, value in totals.items():
+        root.set(key, f"{value:.6f}" if key == "time" else str(value))
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def grid(report: Report) -> dict[str, Any]:
+def grid(data: dict[str, Any]) -> dict[str, Any]:
     """Tier 2 as an op x dtype table of statuses (conversions: source->target in the cell)."""
     columns = [d.name for d in dtypes.ALL]
     rows: dict[str, dict[str, list[tuple[str, str]]]] = {}
-    for r in report.results:
-        if r.case.tier != 2:
+    for c in data["cases"]:
+        if c["tier"] != 2:
             continue
-        source, _, target = r.case.dtype.partition("->")
-        cell = rows.setdefault(r.case.op, {}).setdefault(source, [])
-        cell.append((target or r.case.dtype, r.status.value))
+        source, _, target = c["dtype"].partition("->")
+        cell = rows.setdefault(c["op"], {}).setdefault(source, [])
+        cell.append((target or c["dtype"], c["status"]))
     return {"columns": columns, "rows": rows}
 
 
-def write_html(report: Report, path: str | Path) -> None:
-    """Writes a single self-contained HTML page: summary, op x dtype grid, failures, perf."""
+def blocked_by_cause(data: dict[str, Any]) -> dict[str, list[str]]:
+    """Blocked case ids under the first case that blocked each (its id and status): one broken
+    part is one heading, however many cases it held up."""
+    causes: dict[str, list[str]] = {}
+    for c in data["cases"]:
+        if c["status"] == "blocked":
+            first = c["message"].removeprefix("blocked by ").split(", ")[0]
+            causes.setdefault(first, []).append(c["id"])
+    return dict(sorted(causes.items(), key=lambda item: -len(item[1])))
+
+
+def perf_bars(perf: list[dict[str, Any]], width: float = 400.0) -> dict[str, Any]:
+    """Where each perf ratio sits on a log scale (ratios spanning 1000x stay readable), and
+    where 1x (as fast as the CPU reference) is: {"bars": [(x, ...)], "one": x}."""
+    ratios = [p["ratio"] for p in perf if p.get("ratio")]
+    low = math.log10(min(ratios + [1.0])) - 0.1
+    high = math.log10(max(ratios + [1.0])) + 0.1
+
+    def x(ratio: float) -> float:
+        return round(width * (math.log10(ratio) - low) / (high - low), 1)
+
+    return {"bars": [{**p, "x": x(p["ratio"]) if p.get("ratio") else None} for p in perf],
+            "one": x(1.0), "low": 10 ** low, "high": 10 ** high}
+
+
+def write_html(report: Report | dict[str, Any], path: str | Path) -> None:
+    """Writes one self-contained HTML page: summary, the op x dtype grid, every tier's cases,
+    blocked cases by cause, failures with their evidence, and perf on a log scale."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("portkit.conformance", "templates"),
                              autoescape=True)
-    data = to_dict(report)
-    perf = data["perf"]
-    scale = max([p["ratio"] or 0 for p in perf] + [1.0])
+    data = _document(report)
+    by_tier = {}
+    for name, tier in data["tiers"].items():
+        by_tier[name] = [c for c in data["cases"] if c["tier"] == tier["tier"]]
     html = env.get_template("report.html.j2").render(
-        report=data, grid=grid(report), perf_scale=scale, styles=_STYLE,
+        report=data, grid=grid(data), perf=perf_bars(data["perf"]), styles=_STYLE,
+        by_tier=by_tier, blocked=blocked_by_cause(data),
         evidence=[c for c in data["cases"] if c["status"] in ("failed", "xfail", "xpass")])
     Path(path).write_text(html)
 
@@ -150,13 +214,15 @@ def print_terminal(report: Report, console: Console | None = None) -> None:
     console.print(tiers)
     for name, tier in report.tiers.items():
         if tier["status"] != "run":
-            console.print(f"[yellow]tier {tier['tier']} ({name}) not run:[/] {tier['reason']}")
+            console.print(f"[yellow]tier {tier['tier']} ({name}) not run:[/] "
+                          f"{escape(tier['reason'])}")
     shown = [r for r in report.results if r.status not in (Status.PASSED, Status.UNSUPPORTED)]
     if shown:
         table = Table("case", "status", "message", title="not passed", show_lines=True)
         for r in shown[:200]:
-            table.add_row(r.case.id, f"[{_STYLE[r.status.value]}]{r.status.value}[/]",
-                          r.message)
+            # Text: a message's brackets (arrays, `pip install 'x[extra]'`) are not markup.
+            table.add_row(Text(r.case.id), Text(r.status.value, style=_STYLE[r.status.value]),
+                          Text(r.message))
         console.print(table)
         if len(shown) > 200:
             console.print(f"... and {len(shown) - 200} more (see --json or --html)")
@@ -172,7 +238,7 @@ def print_terminal(report: Report, console: Console | None = None) -> None:
         for p in perf:
             table.add_row(p["name"], f"{p['value']:.4g} {p['unit']}", f"{p['seconds']:.3g}",
                           _fmt(p["reference_seconds"]), _fmt(p["ratio"], "{:.2f}x"),
-                          _fmt(p["peak_fraction"], "{:.0%}"), p["warning"] or "")
+                          _fmt(p["peak_fraction"], "{:.0%}"), Text(p["warning"] or ""))
         console.print(table)
     counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
     verdict = "[green]OK[/]" if report.ok else "[bold red]FAILED[/]"

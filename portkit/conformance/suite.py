@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -84,6 +85,7 @@ class Options:
     perf_min_ratio: float | None = None
     repro_dir: str = "reports/repro"
     reference: str | None = "cpu"       # the backend that tier 6 compares timings with
+    shard: tuple[int, int] | None = None    # (I, N): run only slice I of N (I from 1)
 
 
 @dataclass
@@ -96,6 +98,8 @@ class Report:
     results: list[Result] = field(default_factory=list)
     tiers: dict[str, dict] = field(default_factory=dict)    # tier name -> status and reason
     seconds: float = 0.0
+    order: dict[str, int] = field(default_factory=dict)    # case id -> place in the whole run
+    started: str = ""                                       # UTC, ISO 8601
 
     def counts(self) -> dict[str, int]:
         """How many results have each status (every status listed, zeros too)."""
@@ -156,34 +160,108 @@ def _selected(case: Case, options: Options) -> bool:
     return True
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """`I/N` (1 <= I <= N) as (I, N); ValueError naming the form otherwise."""
+    found = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not found or not 1 <= int(found[1]) <= int(found[2]):
+        raise ValueError(f"--shard {text!r}: write I/N with 1 <= I <= N, e.g. --shard 2/4 for "
+                         "the second of four slices")
+    return int(found[1]), int(found[2])
+
+
+def shard(cases: list[Case], which: tuple[int, int] | None) -> list[Case]:
+    """Slice I of N of `cases`, dealt round-robin so that every slice gets some of each tier;
+    the same selection always gives the same slices."""
+    if which is None:
+        return list(cases)
+    index, count = which
+    return list(cases[index - 1::count])
+
+
+def prerequisites(case: Case, pool: list[Case]) -> list[Case]:
+    """The cases of `pool` that `case` requires: lower tiers whose ids match its patterns,
+    pattern by pattern (the order a blocked case names its blockers in)."""
+    found: dict[str, Case] = {}
+    for pattern in case.requires:
+        found.update((c.id, c) for c in pool
+                     if c.tier < case.tier and fnmatch.fnmatchcase(c.id, pattern))
+    return list(found.values())
+
+
+def with_prerequisites(chosen: list[Case], pool: list[Case]) -> list[Case]:
+    """`chosen` and, transitively, everything in `pool` they require, in `pool`'s order. A shard
+    runs these too, unreported, so that its blocked cases are those of the whole run."""
+    wanted = {c.id for c in chosen}
+    frontier = list(chosen)
+    while frontier:
+        for needed in prerequisites(frontier.pop(), pool):
+            if needed.id not in wanted:
+                wanted.add(needed.id)
+                frontier.append(needed)
+    return [c for c in pool if c.id in wanted]
+
+
+class Runner:
+    """Runs cases of `pool` one at a time, each after its prerequisites (run on demand and
+    remembered), so that blocking is the same whatever order or subset is asked for: the
+    `portkit conform` loop, one shard, or one pytest item on one xdist worker."""
+
+    def __init__(self, target: Target, options: Options, pool: list[Case]):
+        self.target, self.options, self.pool = target, options, pool
+        self.results: dict[str, Result] = {}
+
+    def result(self, case: Case, kc: KernelCase | Exception | None = None) -> Result:
+        """The result of `case` (with its kernel case, if already made), running it if needed."""
+        if case.id not in self.results:
+            required = [self.result(c) for c in prerequisites(case, self.pool)]
+            if kc is None and case.make is not None:
+                kc = _made(case)
+            self.results[case.id] = _run_one(self.target, case, kc, required, self.options)
+        return self.results[case.id]
+
+
 def run(target: Target, options: Options,
         progress: Callable[[Result, int, int], None] | None = None) -> Report:
-    """Runs the selected tiers on `target`; `progress(result, done, total)` after each case."""
+    """Runs the selected tiers (the shard of them, if `options.shard`) on `target`;
+    `progress(result, done, total)` after each case that is run."""
     start = time.perf_counter()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     ctx = Context(target.capabilities, options.quick, options.seed,
-                  _reference(target, options), options.perf_min_ratio)
+                  reference_target(target, options), options.perf_min_ratio)
     cases, tiers = collect(ctx, options)
-    report = Report(target.name, target.capabilities, options, tiers=tiers)
-    by_id: dict[str, Result] = {}
-    done = 0
-    for tier in sorted({c.tier for c in cases}):
-        batch = [c for c in cases if c.tier == tier]
-        kernel_cases = {c.id: _made(c) for c in batch if c.make is not None}
-        target.precompile([kc.kernel for kc in kernel_cases.values() if kc is not None],
-                          options.jobs)
-        for case in batch:
-            result = _run_one(target, case, kernel_cases.get(case.id), by_id, options)
+    chosen = shard(cases, options.shard)
+    reported = {c.id for c in chosen}
+    for tier_info in tiers.values():
+        if tier_info["status"] == "run":
+            tier_info["cases"] = sum(c.tier == tier_info["tier"] for c in chosen)
+    report = Report(target.name, target.capabilities, options, tiers=tiers,
+                    order={c.id: i for i, c in enumerate(cases)}, started=started)
+    todo = with_prerequisites(chosen, cases)
+    runner = Runner(target, options, cases)
+    for done, (case, kc) in enumerate(_precompiled(target, todo, options.jobs), 1):
+        result = runner.result(case, kc)
+        if case.id in reported:
             report.results.append(result)
-            done += 1
-            if progress:
-                progress(result, done, len(cases))
-        for result in report.results[-len(batch):]:
-            by_id[result.case.id] = result
+        if progress:
+            progress(result, done, len(todo))
     report.seconds = time.perf_counter() - start
     return report
 
 
-def _reference(target: Target, options: Options) -> Target | None:
+def _precompiled(target: Target, cases: list[Case], jobs: int):
+    """Yields (case, its kernel case) tier by tier, compiling each tier's kernels on `jobs`
+    threads before the tier's first case runs."""
+    for tier in sorted({c.tier for c in cases}):
+        batch = [c for c in cases if c.tier == tier]
+        kernel_cases = {c.id: _made(c) for c in batch if c.make is not None}
+        target.precompile([kc.kernel for kc in kernel_cases.values()
+                           if isinstance(kc, KernelCase)], jobs)
+        for case in batch:
+            yield case, kernel_cases.get(case.id)
+
+
+def reference_target(target: Target, options: Options) -> Target | None:
+    """The backend tier 6 compares timings with (`options.reference`), or None without it."""
     if 6 not in options.tiers or not options.reference:
         return None
     if options.reference == target.name:
@@ -202,9 +280,8 @@ def _made(case: Case) -> KernelCase | Exception:
 
 
 def _run_one(target: Target, case: Case, kc: KernelCase | Exception | None,
-             done: dict[str, Result], options: Options) -> Result:
-    blockers = [r for pattern in case.requires for r in done.values()
-                if fnmatch.fnmatchcase(r.case.id, pattern) and r.status in _BLOCKING]
+             required: list[Result], options: Options) -> Result:
+    blockers = [r for r in required if r.status in _BLOCKING]
     if blockers:
         names = ", ".join(f"{r.case.id} ({r.status.value})" for r in blockers[:3])
         more = f" and {len(blockers) - 3} more" if len(blockers) > 3 else ""

@@ -145,3 +145,67 @@ def test_edge_values_cover_every_class_in_every_operand():
     assert "nan,inf" in labels and labels[-1] == "random"
     assert set(generate.edge_values(dtypes.int8)) == {"zero", "one", "min", "max"}
     assert generate.edge_values(dtypes.uint8)["min"][0] == 0
+
+
+def test_the_schema_file_is_valid_and_describes_the_report(broken_report, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = report.schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    data = report.to_dict(broken_report)
+    jsonschema.validate(data, schema)
+    data["cases"][0]["status"] = "flaky"        # not a status: the schema must say so
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, schema)
+    assert schema["properties"]["schema_version"]["const"] == report.SCHEMA_VERSION
+
+
+def test_junit_has_the_standard_attributes_and_properties(broken_report, tmp_path):
+    path = tmp_path / "r.xml"
+    report.write_junit(broken_report, path)
+    root = ET.parse(path).getroot()
+    counts = broken_report.counts()
+    skipped = counts["blocked"] + counts["unsupported"] + counts["xfail"] + 1   # + models
+    assert int(root.get("tests")) == len(broken_report.results) + 1
+    assert int(root.get("failures")) == counts["failed"] + counts["xpass"]
+    assert int(root.get("skipped")) == skipped and root.get("errors") == "0"
+    for tier in root:
+        assert {"tests", "failures", "errors", "skipped", "time", "timestamp",
+                "hostname"} <= set(tier.attrib)
+        properties = {p.get("name"): p.get("value") for p in tier.find("properties")}
+        assert properties["backend"] == "broken-sin" and properties["seed"] == "0"
+    ops = {s.get("name"): s for s in root}["broken-sin.ops"]
+    assert int(ops.get("skipped")) == len(ops.findall("testcase/skipped"))
+
+
+def test_html_shows_every_tier_blocked_by_cause_and_perf_on_a_log_scale(broken_report,
+                                                                       tmp_path):
+    path = tmp_path / "r.html"
+    report.write_html(broken_report, path)
+    html = path.read_text()
+    assert "Tier 4: tensor" in html and "Tier 6: perf" in html
+    assert "tensor/add/float32/fwd" in html
+    causes = report.blocked_by_cause(report.to_dict(broken_report))
+    assert causes and next(iter(causes)).startswith("ops/SIN/")
+    assert sum(map(len, causes.values())) == broken_report.counts()["blocked"]
+    assert f"<b>{next(iter(causes))}</b> blocked" in html
+    assert "log scale" in html
+
+
+def test_perf_bars_are_logarithmic():
+    bars = report.perf_bars([{"ratio": 0.01}, {"ratio": 1.0}, {"ratio": 100.0},
+                             {"ratio": None}], width=400)
+    x = [b["x"] for b in bars["bars"]]
+    assert x[3] is None and bars["one"] == x[1]
+    assert x[1] - x[0] == pytest.approx(x[2] - x[1])    # 100x either side: equal distances
+
+
+def test_progress_shows_an_eta_and_whole_case_names_at_80_columns():
+    from portkit.conformance import cli as conform_cli
+
+    progress = conform_cli.progress_bar(Console(width=80))
+    name = "opencl: tensor/cross_entropy/float32/bwd"
+    progress.update(progress.add_task(name, total=331), completed=50)
+    console = Console(width=80, record=True)
+    console.print(progress.make_tasks_table(progress.tasks))
+    shown = console.export_text()
+    assert "eta" in shown and "50/331" in shown and name in shown

@@ -50,6 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     conform.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                          help="threads compiling kernels ahead of the run (cases themselves "
                               "run one at a time; default: one per CPU)")
+    conform.add_argument("--model", metavar="FILE.onnx",
+                         help="run this ONNX model on the backend and on the CPU reference, "
+                              "and on a mismatch name the first diverging node")
+    conform.add_argument("--inputs", metavar="FILE.npz",
+                         help="the model's inputs by name (default: random, dynamic dims 1)")
     conform.add_argument("--shard", type=_shard, metavar="I/N",
                          help="run only slice I of N (deterministic; `portkit report merge` "
                               "joins the slices' --json reports)")
@@ -129,6 +134,8 @@ def run_conform(args: argparse.Namespace) -> int:
     except PortkitError as error:
         console.print(f"[red]cannot load backend {args.backend!r}: {escape(str(error))}[/]")
         return EXIT_USAGE
+    if args.model:
+        return _run_model(target, options, args, console)
     with progress_bar(console) as progress:
         task = progress.add_task(f"conform {target.name}", total=None)
 
@@ -143,6 +150,21 @@ def run_conform(args: argparse.Namespace) -> int:
         console.print("[yellow]no case selected[/]: check -k, --tier, --dtype and --shard "
                       "(`portkit conform --help`)")
         return EXIT_NO_CASES
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _run_model(target: Target, options: suite.Options, args: argparse.Namespace,
+               console: Console) -> int:
+    """`portkit conform --model`: each graph output is a case; exit codes as for the tiers."""
+    from portkit.conformance import model
+
+    try:
+        result = model.check(target, args.model, args.inputs, options)
+    except (PortkitError, OSError, ValueError, ImportError) as error:
+        console.print(f"[red]cannot run the model {args.model}: {escape(str(error))}[/]")
+        return EXIT_USAGE
+    report.print_terminal(result, console)
+    write_reports(report.to_dict(result), args)
     return EXIT_OK if result.ok else EXIT_FAILED
 
 

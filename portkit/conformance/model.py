@@ -12,6 +12,7 @@ bound is named: its op, attributes and input shapes, and a replay command for th
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from math import prod
@@ -91,7 +92,7 @@ def check(target: Target, path: str | Path, inputs: str | Path | None = None,
 
     from portkit.onnx import load
 
-    options = options or Options(tiers=(TIER,))
+    options = dataclasses.replace(options or Options(), tiers=(TIER,))
     start = time.perf_counter()
     proto = onnx.load(str(path))
     values = example_inputs(proto, inputs, options.seed)

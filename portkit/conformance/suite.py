@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from portkit.abi import CapabilityError
+from portkit.abi.ops import COMPUTE
 from portkit.conformance.case import (
     Case,
     CaseFailed,
@@ -348,10 +349,25 @@ def run_kernel_case(target: Target, kc: KernelCase) -> Outcome:
     ulps = [v.error for v in verdicts if v.unit == "ulp"]
     errors = [v.error for v in verdicts if v.unit != "ulp"]
     failed = [v for v in verdicts if not v.ok]
-    return Outcome(Status.FAILED if failed else Status.PASSED,
-                   "; ".join(v.message for v in failed),
+    message = "; ".join([v.message for v in failed] +
+                        ([rewritten(kc.kernel, kernel)] if failed else []))
+    return Outcome(Status.FAILED if failed else Status.PASSED, message.rstrip("; "),
                    max(ulps) if ulps else None, max(errors) if errors else None,
                    failed[0].worst if failed else None, kc, _source(target, kernel))
+
+
+def rewritten(original, prepared) -> str:
+    """What the device's decompositions put in a failing kernel (codegen/decompose.py): a
+    wrong op among those fails this case too, under another op's name. "" if none."""
+    def compute_ops(kernel) -> set[str]:
+        return {node.op.name for node in kernel.nodes if node.op in COMPUTE}
+
+    lacking = compute_ops(original) - compute_ops(prepared)
+    if not lacking:
+        return ""
+    added = sorted(compute_ops(prepared) - compute_ops(original)) or ["the ops it already had"]
+    return (f"this backend lacks {', '.join(sorted(lacking))}, so the kernel ran them "
+            f"decomposed into {', '.join(added)}: if those ops' own cases fail, fix them first")
 
 
 def _source(target: Target, kernel) -> str | None:

@@ -23,12 +23,13 @@ from portkit.abi import (
 
 
 def _rewrite(kernel: Kernel, op: Op, emit) -> Kernel:
-    """Replaces every `op` node by what `emit(nodes, node)` appends (returning its position)."""
+    """Replaces every `op` node on float operands by what `emit(nodes, node)` appends
+    (returning its position)."""
     nodes: list[Node] = []
     moved: list[int] = []
     for node in kernel.nodes:
         node = dataclasses.replace(node, src=tuple(moved[s] for s in node.src))
-        if node.op is op and node.dtype.is_float:
+        if node.op is op and nodes[node.src[0]].dtype.is_float:   # float operands
             moved.append(emit(nodes, node))
         else:
             nodes.append(node)
@@ -107,6 +108,23 @@ def max_nan() -> Device:
 def contracts() -> Device:
     """Fuses every float a * b + c into an FMA, which the ABI forbids."""
     return _device("contracts-fma", renderer=RewritingRenderer(Op.ADD, _contracted))
+
+
+def _cmpne_misses_nan(nodes: list[Node], node: Node) -> int:
+    # a != b computed as !(a == b) with an ordered ==: NaN != NaN comes out false.
+    a, b = node.src
+    nodes.append(Node(Op.CMPLT, dtypes.bool_, (a, b)))
+    nodes.append(Node(Op.CMPLT, dtypes.bool_, (b, a)))
+    nodes.append(Node(Op.OR, dtypes.bool_, (len(nodes) - 2, len(nodes) - 1)))
+    return len(nodes) - 1
+
+
+def cmpne_nan_without_max() -> Device:
+    """CMPNE is false when an operand is NaN, and MAX is left to the decomposition (which
+    detects NaN with CMPNE), so MAX fails too."""
+    caps = interpreter.CAPABILITIES
+    return _device("cmpne-nan", renderer=RewritingRenderer(Op.CMPNE, _cmpne_misses_nan),
+                   capabilities=dataclasses.replace(caps, ops=frozenset(caps.ops - {Op.MAX})))
 
 
 def copyout_short() -> Device:

@@ -112,3 +112,16 @@ def test_contracting_a_multiply_add_into_an_fma_fails_the_unfused_case(broken, t
     # Every op on its own is right: only the pair is contracted.
     assert _result(report, "ops/MUL/float32").status is Status.PASSED
     assert _result(report, "ops/ADD/float32").status is Status.PASSED
+
+
+def test_a_wrong_op_names_the_decompositions_that_spread_it(broken, tmp_path):
+    # CMPNE that says "equal" for NaN; and a device without MAX, which decomposes it through
+    # CMPNE: ops/MAX then fails too, and says why.
+    report = _run(broken.cmpne_nan_without_max(), tmp_path, tiers=(2,),
+                  pattern="ops/*/float32")
+    assert _result(report, "ops/CMPNE/float32").status is Status.FAILED
+    max_result = _result(report, "ops/MAX/float32")
+    assert max_result.status is Status.FAILED
+    assert "this backend lacks MAX, so the kernel ran them decomposed into" in max_result.message
+    assert "CMPNE" in max_result.message.split("decomposed into", 1)[1]
+    assert "decomposed" not in _result(report, "ops/CMPNE/float32").message

@@ -98,3 +98,22 @@ def test_inputs_from_a_file_must_name_every_input(tmp_path):
     np.savez(tmp_path / "bad.npz", y=np.ones(3))
     with pytest.raises(ValueError, match=r"lacks the model inputs \['x'\]"):
         model_conformance.check(Target.load("interpreter"), path, tmp_path / "bad.npz")
+
+
+def test_conform_model_on_the_command_line(broken, fake_backends, tmp_path, capsys, monkeypatch):
+    from portkit.cli import main
+
+    monkeypatch.setenv("COLUMNS", "250")
+    fake_backends({"broken-sin": "broken_backends:sin_backend",
+                   "interpreter": "portkit.abi.interpreter:backend",
+                   "cpu": "portkit.reference_backends.cpu:backend"})
+    path = sin_model(tmp_path / "m.onnx")
+    code = main(["conform", "--backend", "broken-sin", "--model", str(path),
+                 "--repro-dir", str(tmp_path / "repro"), "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert code == 1 and "first diverging node: #1 Sin 'wave'" in out
+    assert json.loads((tmp_path / "r.json").read_text())["options"]["tiers"] == [8]
+    replay = f"--model {tmp_path}/repro/node1-Sin.onnx --inputs {tmp_path}/repro/node1-Sin.npz"
+    assert main(["conform", "--backend", "interpreter", *replay.split()]) == 0
+    assert main(["conform", "--backend", "broken-sin", *replay.split()]) == 1
+    assert main(["conform", "--backend", "interpreter", "--model", str(tmp_path / "no.onnx")]) == 2

@@ -112,3 +112,18 @@ def test_no_adapter_names_the_driver_package(monkeypatch):
         webgpu.backend.load()
     assert error.value.fix == "apt-get install mesa-vulkan-drivers"
     assert "no WebGPU adapter" in error.value.reason
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_division_by_a_constant_zero_is_ieee(rt, dtype):
+    # lavapipe dropped the store of `x / 0.0f` (the output kept a freed buffer's contents) and
+    # read `-0.0f` as +0.
+    from portkit import Tensor
+    x = Tensor([1.0, -1.0, 0.0, 3.0], device="webgpu", dtype=dtype)
+    np.testing.assert_array_equal((x / 0.0).numpy().astype(np.float32), [np.inf, -np.inf,
+                                                                         np.nan, np.inf])
+    np.testing.assert_array_equal((x / -0.0).numpy().astype(np.float32), [-np.inf, np.inf,
+                                                                          np.nan, -np.inf])
+    zeros = Tensor([0.0, -0.0, 0.0, 0.0], device="webgpu", dtype=dtype)
+    np.testing.assert_array_equal((x / zeros).numpy().astype(np.float32), [np.inf, np.inf,
+                                                                           np.nan, np.inf])

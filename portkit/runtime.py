@@ -40,22 +40,25 @@ class BufferPool:
     """Device memory freed by buffers, kept for the next buffer of the same byte size.
 
     A training step allocates the same sizes every step; reusing them skips the driver.
+    `lock` is the device's: every call into the allocator holds it (see Runtime).
     """
 
     PER_SIZE = 8    # handles kept per byte size; more are freed at once
 
-    def __init__(self, allocator: Allocator):
+    def __init__(self, allocator: Allocator, lock: threading.RLock | None = None):
         self.allocator = allocator
+        self.lock = lock or threading.RLock()
         self._free: dict[int, list[Any]] = defaultdict(list)
 
     def take(self, nbytes: int) -> Any:
         """A handle of `nbytes` bytes: a freed one if there is one, else a new allocation."""
-        free = self._free.get(nbytes, [])
-        while free:
-            handle = free.pop()
-            if not gc.is_finalized(handle):     # see give
-                return handle
-        return self.allocator.alloc(nbytes)
+        with self.lock:
+            free = self._free.get(nbytes, [])
+            while free:
+                handle = free.pop()
+                if not gc.is_finalized(handle):     # see give
+                    return handle
+            return self.allocator.alloc(nbytes)
 
     def give(self, handle: Any, nbytes: int) -> None:
         """Keeps `handle` for reuse, or frees it when enough of its size are kept."""
@@ -63,10 +66,11 @@ class BufferPool:
         # own finalizer (a driver object releasing its memory) first: such a handle is gone.
         if gc.is_finalized(handle):
             return
-        if len(self._free[nbytes]) < self.PER_SIZE:
-            self._free[nbytes].append(handle)
-        else:
-            self.allocator.free(handle, nbytes)
+        with self.lock:
+            if len(self._free[nbytes]) < self.PER_SIZE:
+                self._free[nbytes].append(handle)
+            else:
+                self.allocator.free(handle, nbytes)
 
 
 class Buffer:
@@ -84,13 +88,15 @@ class Buffer:
             raise LaunchError(f"cannot copy a {array.dtype} array of {array.size} elements into "
                               f"a {self.dtype.name} buffer of {self.size}; pass "
                               f"array.astype({self.dtype.np.name!r}) of that size")
-        self._allocator.copyin(self.handle, memoryview(array.reshape(-1).view(np.uint8)))
+        with self._pool.lock:
+            self._allocator.copyin(self.handle, memoryview(array.reshape(-1).view(np.uint8)))
         return self
 
     def numpy(self) -> np.ndarray:
         """The buffer's contents as a new 1-D host array (waits for the device)."""
         out = np.empty(self.size, self.dtype.np)
-        self._allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
+        with self._pool.lock:
+            self._allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
         return out
 
     def __del__(self) -> None:
@@ -113,11 +119,18 @@ class Compiled:
 
 
 class Runtime:
-    """A loaded device with its caches and buffer pool. Get one with `get(name)`."""
+    """A loaded device with its caches and buffer pool. Get one with `get(name)`.
+
+    Thread-safe: every call into the device (allocate, copy, make a program, launch, wait)
+    holds `device_lock`, because drivers are not (an OpenCL kernel's arguments are set, then
+    enqueued: two threads interleave them; wgpu-core panicked on buffers freed by another
+    thread). Compiling runs outside it, so threads still compile in parallel.
+    """
 
     def __init__(self, name: str, device: Device):
         self.name, self.device = name, device
-        self.pool = BufferPool(device.allocator)
+        self.device_lock = threading.RLock()   # re-entrant: a Buffer may be freed inside a call
+        self.pool = BufferPool(device.allocator, self.device_lock)
         self._compiled: dict[str, Compiled] = {}
         self._lock = threading.Lock()     # conformance compiles on several threads
 
@@ -151,7 +164,8 @@ class Runtime:
             binary = cache.compile_cached(self.name, self.device.compiler, source)
         else:
             binary = self.device.compiler.compile(source)
-        program = self.device.program(kernel.name, binary)
+        with self.device_lock:
+            program = self.device.program(kernel.name, binary)
         return Compiled(kernel, source, program, time.perf_counter() - start)
 
     def compile(self, kernel: Kernel) -> Compiled:
@@ -173,8 +187,9 @@ class Runtime:
         kernel = compiled.kernel
         _check_arguments(kernel, buffers, scalars)
         level = debug_level()
-        seconds = compiled.program([b.handle for b in buffers], list(scalars), kernel.grid,
-                                   kernel.block, wait=wait or level >= 2)
+        with self.device_lock:
+            seconds = compiled.program([b.handle for b in buffers], list(scalars), kernel.grid,
+                                       kernel.block, wait=wait or level >= 2)
         if level >= 2:
             _print_launch(compiled, seconds, level)
         compiled.launched = True
@@ -195,7 +210,8 @@ class Runtime:
 
     def synchronize(self) -> None:
         """Waits until every launched kernel has finished."""
-        self.device.synchronize()
+        with self.device_lock:
+            self.device.synchronize()
 
 
 def default_device() -> str:

@@ -108,7 +108,7 @@ def test_threads_realizing_distinct_shapes_get_right_answers(device):
                 got = (Tensor(x, device=device) * 2 + 1).sum().numpy()
                 if got != (x * 2 + 1).sum():
                     wrong.append((thread, i, got))
-        except Exception as error:   # a raise in a thread would vanish; count it
+        except Exception as error:  # noqa: BLE001 - a raise in a thread would vanish
             errors.append(error)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]

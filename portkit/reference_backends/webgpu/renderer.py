@@ -40,7 +40,7 @@ fn pk_bf16(x: f32) -> f32 {  // round to nearest-even bfloat16, NaN kept
   return bitcast<f32>((u + 0x7fffu + ((u >> 16u) & 1u)) & 0xffff0000u);
 }
 fn pk_fdiv(a: f32, b: f32) -> f32 {  // WGSL leaves x / 0 undefined: spell out IEEE's answer
-  if (b != 0.0f) { return a / b; }
+  if ((bitcast<u32>(b) & 0x7fffffffu) != 0u) { return a / b; }   // NaN too: IEEE
   let inf = bitcast<f32>(((bitcast<u32>(a) ^ bitcast<u32>(b)) & 0x80000000u) | 0x7f800000u);
   return select(inf, bitcast<f32>(0x7fc00000u), a == 0.0f || pk_isnan(a));
 }

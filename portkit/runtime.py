@@ -36,6 +36,10 @@ class LaunchError(PortkitError, ValueError):
     """Buffers or scalars that do not match the kernel's arguments."""
 
 
+class OutOfBoundsError(LaunchError):
+    """PORTKIT_CHECK=1 found a LOAD or STORE outside its buffer before the launch."""
+
+
 class BufferPool:
     """Device memory freed by buffers, kept for the next buffer of the same byte size.
 
@@ -186,6 +190,8 @@ class Runtime:
         """Runs `compiled` on its own grid and block; with `wait`, returns the seconds it took."""
         kernel = compiled.kernel
         _check_arguments(kernel, buffers, scalars)
+        if checking():
+            _check_bounds(kernel, buffers, scalars)
         level = debug_level()
         with self.device_lock:
             seconds = compiled.program([b.handle for b in buffers], list(scalars), kernel.grid,
@@ -245,6 +251,24 @@ def debug_level() -> int:
     """PORTKIT_DEBUG as an int (0 when unset)."""
     value = os.environ.get("PORTKIT_DEBUG", "")
     return int(value) if value.isdigit() else 0
+
+
+def checking() -> bool:
+    """PORTKIT_CHECK=1: every launch is first run in the ABI interpreter on copies of its
+    buffers, so a LOAD or STORE out of bounds raises OutOfBoundsError instead of corrupting
+    memory. Slow (a debugging mode), the same on every backend."""
+    return os.environ.get("PORTKIT_CHECK", "") not in ("", "0")
+
+
+def _check_bounds(kernel: Kernel, buffers: list[Buffer], scalars: tuple[int, ...]) -> None:
+    from portkit.abi.interpreter import OutOfBounds, run
+
+    try:
+        run(kernel, [b.numpy() for b in buffers], scalars)
+    except OutOfBounds as error:
+        raise OutOfBoundsError(f"{error} (PORTKIT_CHECK=1 stopped the launch); the buffers "
+                               f"hold {[b.size for b in buffers]} elements: fix the kernel's "
+                               "index or the buffer sizes") from None
 
 
 def _check_arguments(kernel: Kernel, buffers: list[Buffer], scalars: tuple[int, ...]) -> None:

@@ -223,9 +223,18 @@ def upload(array: np.ndarray, device_name: str, dtype: DType) -> runtime.Buffer:
     return buffer
 
 
-# (device, structure) -> the ABI kernel, and the program compiled from it.
-_lowered: dict[tuple, Kernel] = {}
-_compiled: dict[tuple, runtime.Compiled] = {}
+# (device, structure) -> the ABI kernel, and the program compiled from it: the most recent
+# runtime.kernel_cache_size() of each, so that many distinct shapes do not grow memory forever.
+_lowered: runtime.LRU = runtime.LRU(runtime.kernel_cache_size())
+_compiled: runtime.LRU = runtime.LRU(runtime.kernel_cache_size())
+
+
+def _forget() -> None:
+    _lowered.clear()
+    _compiled.clear()
+
+
+runtime.on_clear(_forget)
 
 
 def _serial(rt: runtime.Runtime) -> bool:

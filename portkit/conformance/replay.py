@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from portkit.abi import Kernel, dtypes
-from portkit.abi.errors import PortkitError
+from portkit.abi.errors import InvalidKernel, PortkitError
 from portkit.abi.interpreter import OutOfBounds
 from portkit.abi.interpreter import run as interpret
 from portkit.conformance.case import Check, KernelCase, Verdict, judge
@@ -68,6 +68,9 @@ def load(path: str | Path) -> tuple[KernelCase, dict]:
     Raises ReplayError, in one line, for a file that is not one or is damaged."""
     try:
         return _load(path)
+    except InvalidKernel as error:
+        raise ReplayError(f"{path} holds a malformed kernel: {error}; save the case again with "
+                          "`portkit conform --repro-dir`") from None
     except (KeyError, TypeError, AttributeError, IndexError, binascii.Error,
             RecursionError) as error:
         what = f"missing key {error}" if isinstance(error, KeyError) else str(error)[:200]

@@ -18,7 +18,8 @@ import os
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,26 +37,79 @@ class LaunchError(PortkitError, ValueError):
     """Buffers or scalars that do not match the kernel's arguments."""
 
 
+class OutOfBoundsError(LaunchError):
+    """PORTKIT_CHECK=1 found a LOAD or STORE outside its buffer before the launch."""
+
+
+def _env_mb(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return (int(value) if value.isdigit() else default) << 20
+
+
+class LRU(OrderedDict):
+    """A dict that keeps its `size` most recently used entries (get and set both use one);
+    safe to share between threads."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+        self._guard = threading.RLock()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value of `key` (now the most recently used), or `default`."""
+        with self._guard:
+            if key not in self:
+                return default
+            self.move_to_end(key)
+            return self[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        with self._guard:
+            super().__setitem__(key, value)
+            self.move_to_end(key)
+            while len(self) > self.size:
+                self.popitem(last=False)
+
+
 class BufferPool:
     """Device memory freed by buffers, kept for the next buffer of the same byte size.
 
-    A training step allocates the same sizes every step; reusing them skips the driver.
+    A training step allocates the same sizes every step; reusing them skips the driver. At
+    most PER_SIZE handles per size and `max_bytes` in all (PORTKIT_POOL_MB, default 256) are
+    kept; the least recently freed go first. `lock` is the device's: every call into the
+    allocator holds it (see Runtime).
     """
 
     PER_SIZE = 8    # handles kept per byte size; more are freed at once
 
-    def __init__(self, allocator: Allocator):
+    def __init__(self, allocator: Allocator, lock: threading.RLock | None = None,
+                 max_bytes: int | None = None):
         self.allocator = allocator
-        self._free: dict[int, list[Any]] = defaultdict(list)
+        self.lock = lock or threading.RLock()
+        self.max_bytes = _env_mb("PORTKIT_POOL_MB", 256) if max_bytes is None else max_bytes
+        self.bytes = 0     # held by the pool now
+        self._free: OrderedDict[int, list[Any]] = OrderedDict()   # oldest size first
 
     def take(self, nbytes: int) -> Any:
         """A handle of `nbytes` bytes: a freed one if there is one, else a new allocation."""
-        free = self._free.get(nbytes, [])
-        while free:
-            handle = free.pop()
-            if not gc.is_finalized(handle):     # see give
-                return handle
-        return self.allocator.alloc(nbytes)
+        with self.lock:
+            free = self._free.get(nbytes, [])
+            while free:
+                handle = free.pop()
+                self.bytes -= nbytes
+                if not gc.is_finalized(handle):     # see give
+                    return handle
+            return self.allocator.alloc(nbytes)
+
+    def clear(self) -> None:
+        """Frees every handle the pool holds."""
+        with self.lock:
+            while self._free:
+                nbytes, handles = self._free.popitem(last=False)
+                for handle in handles:
+                    if not gc.is_finalized(handle):
+                        self.allocator.free(handle, nbytes)
+            self.bytes = 0
 
     def give(self, handle: Any, nbytes: int) -> None:
         """Keeps `handle` for reuse, or frees it when enough of its size are kept."""
@@ -63,10 +117,26 @@ class BufferPool:
         # own finalizer (a driver object releasing its memory) first: such a handle is gone.
         if gc.is_finalized(handle):
             return
-        if len(self._free[nbytes]) < self.PER_SIZE:
-            self._free[nbytes].append(handle)
-        else:
-            self.allocator.free(handle, nbytes)
+        with self.lock:
+            kept = self._free.setdefault(nbytes, [])
+            self._free.move_to_end(nbytes)
+            if len(kept) >= self.PER_SIZE or nbytes > self.max_bytes:
+                self.allocator.free(handle, nbytes)
+                return
+            while self.bytes + nbytes > self.max_bytes:
+                self._evict_oldest()
+            kept.append(handle)
+            self.bytes += nbytes
+
+    def _evict_oldest(self) -> None:
+        size, handles = next(iter(self._free.items()))
+        if handles:
+            handle = handles.pop(0)
+            self.bytes -= size
+            if not gc.is_finalized(handle):
+                self.allocator.free(handle, size)
+        if not handles:
+            del self._free[size]
 
 
 class Buffer:
@@ -84,13 +154,15 @@ class Buffer:
             raise LaunchError(f"cannot copy a {array.dtype} array of {array.size} elements into "
                               f"a {self.dtype.name} buffer of {self.size}; pass "
                               f"array.astype({self.dtype.np.name!r}) of that size")
-        self._allocator.copyin(self.handle, memoryview(array.reshape(-1).view(np.uint8)))
+        with self._pool.lock:
+            self._allocator.copyin(self.handle, memoryview(array.reshape(-1).view(np.uint8)))
         return self
 
     def numpy(self) -> np.ndarray:
         """The buffer's contents as a new 1-D host array (waits for the device)."""
         out = np.empty(self.size, self.dtype.np)
-        self._allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
+        with self._pool.lock:
+            self._allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
         return out
 
     def __del__(self) -> None:
@@ -113,12 +185,22 @@ class Compiled:
 
 
 class Runtime:
-    """A loaded device with its caches and buffer pool. Get one with `get(name)`."""
+    """A loaded device with its caches and buffer pool. Get one with `get(name)`.
+
+    Thread-safe: every call into the device (allocate, copy, make a program, launch, wait)
+    holds `device_lock`, because drivers are not (an OpenCL kernel's arguments are set, then
+    enqueued: two threads interleave them; wgpu-core panicked on buffers freed by another
+    thread). Compiling runs outside it, so threads still compile in parallel.
+    """
 
     def __init__(self, name: str, device: Device):
         self.name, self.device = name, device
-        self.pool = BufferPool(device.allocator)
-        self._compiled: dict[str, Compiled] = {}
+        self.device_lock = threading.RLock()   # re-entrant: a Buffer may be freed inside a call
+        self.pool = BufferPool(device.allocator, self.device_lock)
+        # Programs of the most recent kernels (PORTKIT_KERNEL_CACHE, default 1024): one per
+        # distinct shape otherwise grows without bound; an evicted program is unloaded when
+        # its last launch reference goes.
+        self._compiled: LRU = LRU(kernel_cache_size())
         self._lock = threading.Lock()     # conformance compiles on several threads
 
     @property
@@ -151,7 +233,8 @@ class Runtime:
             binary = cache.compile_cached(self.name, self.device.compiler, source)
         else:
             binary = self.device.compiler.compile(source)
-        program = self.device.program(kernel.name, binary)
+        with self.device_lock:
+            program = self.device.program(kernel.name, binary)
         return Compiled(kernel, source, program, time.perf_counter() - start)
 
     def compile(self, kernel: Kernel) -> Compiled:
@@ -167,14 +250,23 @@ class Runtime:
                 compiled = self._compiled.setdefault(key, compiled)
         return compiled
 
+    def clear(self) -> None:
+        """Forgets every compiled kernel and frees every pooled buffer."""
+        with self._lock:
+            self._compiled.clear()
+        self.pool.clear()
+
     def launch(self, compiled: Compiled, buffers: list[Buffer], scalars: tuple[int, ...] = (),
                wait: bool = False) -> float | None:
         """Runs `compiled` on its own grid and block; with `wait`, returns the seconds it took."""
         kernel = compiled.kernel
         _check_arguments(kernel, buffers, scalars)
+        if checking():
+            _check_bounds(kernel, buffers, scalars)
         level = debug_level()
-        seconds = compiled.program([b.handle for b in buffers], list(scalars), kernel.grid,
-                                   kernel.block, wait=wait or level >= 2)
+        with self.device_lock:
+            seconds = compiled.program([b.handle for b in buffers], list(scalars), kernel.grid,
+                                       kernel.block, wait=wait or level >= 2)
         if level >= 2:
             _print_launch(compiled, seconds, level)
         compiled.launched = True
@@ -195,7 +287,32 @@ class Runtime:
 
     def synchronize(self) -> None:
         """Waits until every launched kernel has finished."""
-        self.device.synchronize()
+        with self.device_lock:
+            self.device.synchronize()
+
+
+def kernel_cache_size() -> int:
+    """How many compiled kernels a runtime keeps: PORTKIT_KERNEL_CACHE (default 1024)."""
+    value = os.environ.get("PORTKIT_KERNEL_CACHE", "")
+    return int(value) if value.isdigit() and int(value) > 0 else 1024
+
+
+_on_clear: list[Callable[[], None]] = []
+
+
+def on_clear(forget: Callable[[], None]) -> None:
+    """Registers `forget`, called by `clear()`: layers above keep caches of their own."""
+    _on_clear.append(forget)
+
+
+def clear() -> None:
+    """Frees what portkit holds in memory: every runtime's compiled kernels and pooled
+    buffers, and the caches registered through `on_clear` (the scheduler's lowered kernels).
+    Tensors already realized keep their buffers."""
+    for forget in _on_clear:
+        forget()
+    for found in list(_runtimes.values()):
+        found.clear()
 
 
 def default_device() -> str:
@@ -229,6 +346,24 @@ def debug_level() -> int:
     """PORTKIT_DEBUG as an int (0 when unset)."""
     value = os.environ.get("PORTKIT_DEBUG", "")
     return int(value) if value.isdigit() else 0
+
+
+def checking() -> bool:
+    """PORTKIT_CHECK=1: every launch is first run in the ABI interpreter on copies of its
+    buffers, so a LOAD or STORE out of bounds raises OutOfBoundsError instead of corrupting
+    memory. Slow (a debugging mode), the same on every backend."""
+    return os.environ.get("PORTKIT_CHECK", "") not in ("", "0")
+
+
+def _check_bounds(kernel: Kernel, buffers: list[Buffer], scalars: tuple[int, ...]) -> None:
+    from portkit.abi.interpreter import OutOfBounds, run
+
+    try:
+        run(kernel, [b.numpy() for b in buffers], scalars)
+    except OutOfBounds as error:
+        raise OutOfBoundsError(f"{error} (PORTKIT_CHECK=1 stopped the launch); the buffers "
+                               f"hold {[b.size for b in buffers]} elements: fix the kernel's "
+                               "index or the buffer sizes") from None
 
 
 def _check_arguments(kernel: Kernel, buffers: list[Buffer], scalars: tuple[int, ...]) -> None:

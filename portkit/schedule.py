@@ -22,16 +22,17 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from math import prod
+from math import ceil, prod
 
 import numpy as np
 
 from portkit import graph, runtime
+from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.lower import check_dtypes, lower
+from portkit.codegen.lower import check_dtypes, lower, reduce_identity
 from portkit.graph import GraphOp, Lazy
 
 # Lowering (portkit/codegen/lower.py) recurses through a kernel's nodes, and fused chains get long.
@@ -63,8 +64,8 @@ def _unrealized(outs: list[Lazy]) -> list[Lazy]:
 def create_schedule(outs: list[Lazy], max_buffers: int | None = None) -> list[ScheduleItem]:
     """The kernels that realize `outs`, in the order they must run."""
     order = _unrealized(outs)
-    # every reduce is split first, then the graph is sorted again
-    if [n for n in order if n.op is GraphOp.REDUCE and _split_reduce(n)]:
+    # every long reduce is split first (its parts may split again), then the graph is sorted
+    while [n for n in order if n.op is GraphOp.REDUCE and _split_reduce(n)]:
         order = _unrealized(outs)
     if not order:
         return []
@@ -103,28 +104,56 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None) -> list[Sc
 
 
 # A reduce of at least _SPLIT_FROM elements per output, into fewer than _SPLIT_OUTPUTS outputs,
-# becomes up to _SPLIT_PARTS partial reduces of at least _SPLIT_LEAST elements each.
+# becomes up to _SPLIT_PARTS partial reduces of at least _SPLIT_LEAST elements each, so that
+# many workgroups share the long part.
 _SPLIT_FROM = 1 << 16
 _SPLIT_OUTPUTS = 256
 _SPLIT_PARTS = 256
 _SPLIT_LEAST = 4096
+# And no stage of any reduce runs more than _CHUNK elements per output: a float32 sum in one
+# lane stops growing at 2**24 (ones(20_000_001).sum() was 16777216), and some drivers stop a
+# shader's loops after 65,535 iterations in all (lavapipe), so a longer loop is a wrong answer.
+_CHUNK = 1 << 14
+
+
+def _piece(size: int, rest: int, outputs: int) -> int:
+    """The slice length a reduce axis of `size` (times `rest` other reduced elements per output,
+    into `outputs` outputs) is cut into; `size`: not cut."""
+    piece = size
+    if size * rest > _CHUNK:
+        # a power of two, so that equal partial sums (a sum of ones) add up exactly
+        piece = 1 << max(0, (_CHUNK // rest).bit_length() - 1)
+    if size * rest >= _SPLIT_FROM and outputs < _SPLIT_OUTPUTS:
+        wide = 1
+        while wide * 2 <= _SPLIT_PARTS and size // (wide * 2) >= _SPLIT_LEAST:
+            wide *= 2
+        if wide >= 4:
+            piece = min(piece, ceil(size / wide))
+    return piece
 
 
 def _split_reduce(node: Lazy) -> bool:
-    """Rewrites a long reduce with few outputs as two reduces, in place; True if it did."""
+    """Rewrites a long reduce as two reduces, in place; True if it did."""
     op, axes = node.arg
     src = node.src[0]
-    if prod(src.shape[a] for a in axes) < _SPLIT_FROM or node.size >= _SPLIT_OUTPUTS:
-        return False
     axis = max(axes, key=lambda a: src.shape[a])
-    size, parts = src.shape[axis], 1
-    while (parts * 2 <= _SPLIT_PARTS and size % (parts * 2) == 0
-           and size // (parts * 2) >= _SPLIT_LEAST):
-        parts *= 2
-    if parts < 4:
+    size = src.shape[axis]
+    piece = _piece(size, prod(src.shape[a] for a in axes) // max(size, 1), node.size)
+    if piece >= size:
         return False
-    # axis becomes (parts, size // parts): the first reduce keeps `parts`, the second sums it
-    split = src.view("reshape", src.shape[:axis] + (parts, size // parts) + src.shape[axis + 1:])
+    parts = ceil(size / piece)
+    if parts * piece != size:   # pad the axis with the reduce's identity to parts * piece
+        pad = tuple((0, parts * piece - size if a == axis else 0) for a in range(len(src.shape)))
+        padded = src.view("pad", pad)
+        if op is not Op.ADD:     # padding reads 0; a product or a max must see the identity
+            shape = padded.shape
+            inside = graph.iota(shape, axis, src.device).alu(
+                Op.CMPLT, graph.const(size, dtypes.int32, shape, src.device))
+            identity = graph.const(reduce_identity(op, src.dtype), src.dtype, shape, src.device)
+            padded = inside.alu(Op.WHERE, padded, identity)
+        src = padded
+    # axis becomes (parts, piece): the first reduce keeps `parts`, the second reduces it
+    split = src.view("reshape", src.shape[:axis] + (parts, piece) + src.shape[axis + 1:])
     inner = tuple(sorted(a + (a > axis) for a in axes if a != axis)) + (axis + 1,)
     whole = split.reduce(op, tuple(sorted(inner))).reduce(op, (axis,)).view("reshape",
                                                                           node.shape)
@@ -163,7 +192,9 @@ def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
     for node in graph.toposort([root], stop=lambda n: id(n) in number):
         number[id(node)] = len(entries)
-        entries.append((node.op, node.dtype, node.shape, node.arg,
+        # A float constant by its bits: -0.0 == 0.0 would share a kernel, NaN != NaN miss one.
+        arg = node.arg.hex() if isinstance(node.arg, float) else node.arg
+        entries.append((node.op, node.dtype, node.shape, arg,
                         tuple(number[id(s)] for s in node.src)))
     return tuple(entries)
 
@@ -192,9 +223,18 @@ def upload(array: np.ndarray, device_name: str, dtype: DType) -> runtime.Buffer:
     return buffer
 
 
-# (device, structure) -> the ABI kernel, and the program compiled from it.
-_lowered: dict[tuple, Kernel] = {}
-_compiled: dict[tuple, runtime.Compiled] = {}
+# (device, structure) -> the ABI kernel, and the program compiled from it: the most recent
+# runtime.kernel_cache_size() of each, so that many distinct shapes do not grow memory forever.
+_lowered: runtime.LRU = runtime.LRU(runtime.kernel_cache_size())
+_compiled: runtime.LRU = runtime.LRU(runtime.kernel_cache_size())
+
+
+def _forget() -> None:
+    _lowered.clear()
+    _compiled.clear()
+
+
+runtime.on_clear(_forget)
 
 
 def _serial(rt: runtime.Runtime) -> bool:

@@ -82,8 +82,27 @@ class Kernel:
 
     @staticmethod
     def from_json(text: str) -> Kernel:
-        """Parses `to_json` output back into an equal Kernel, and validates it."""
-        data = json.loads(text)
+        """Parses `to_json` output back into an equal Kernel, and validates it; InvalidKernel
+        (one line) for JSON that is not a kernel of this ABI version."""
+        from portkit.abi import ABI_VERSION
+
+        try:
+            data = json.loads(text)
+            kernel = Kernel._from_data(data)
+            if data.get("abi_version") != ABI_VERSION:
+                raise InvalidKernel(f"the kernel is for ABI {data.get('abi_version')!r}, this "
+                                    f"portkit reads {ABI_VERSION}; save it again with this "
+                                    "portkit")
+            return kernel
+        except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as error:
+            if isinstance(error, InvalidKernel):
+                raise
+            what = f"missing key {error}" if isinstance(error, KeyError) else str(error)[:200]
+            raise InvalidKernel(f"not a kernel's JSON ({type(error).__name__}: {what})"
+                                ) from None
+
+    @staticmethod
+    def _from_data(data: dict) -> Kernel:
         nodes = []
         for i, d in enumerate(data["nodes"]):
             try:
@@ -116,8 +135,10 @@ _MEMORY = (Op.PARAM, Op.LOCAL)
 def validate(kernel: Kernel) -> Kernel:
     """Checks every rule of the IR; raises InvalidKernel naming the first broken one."""
     nodes = kernel.nodes
+    if not isinstance(kernel.name, str) or not kernel.name:
+        raise InvalidKernel(f"a kernel's name must be a non-empty string, got {kernel.name!r}")
     for dims, what in ((kernel.grid, "grid"), (kernel.block, "block")):
-        if len(dims) != 3 or not all(isinstance(d, int) and d >= 1 for d in dims):
+        if len(dims) != 3 or not all(_is_int(d) and d >= 1 for d in dims):
             raise InvalidKernel(f"kernel {kernel.name!r}: {what} must be 3 positive ints, "
                                 f"got {dims}")
     scopes: list[int] = []          # positions of the open RANGE / IF nodes
@@ -126,7 +147,7 @@ def validate(kernel: Kernel) -> Kernel:
         fail = functools.partial(_failure, f"kernel {kernel.name!r}, node {i} ({node.op.name})")
 
         for s in node.src:
-            if not (isinstance(s, int) and 0 <= s < i):
+            if not (_is_int(s) and 0 <= s < i):
                 raise fail(f"source {s} is not an earlier node")
             if nodes[s].op in _NO_VALUE and node.op is not Op.ENDIF:
                 raise fail(f"source {s} is a {nodes[s].op.name}, which has no value")
@@ -153,7 +174,15 @@ def validate(kernel: Kernel) -> Kernel:
     names = kernel.vars
     if len(set(names)) != len(names):
         raise InvalidKernel(f"kernel {kernel.name!r}: VAR names repeat: {names}")
+    if not any(n.op is Op.STORE for n in nodes):
+        raise InvalidKernel(f"kernel {kernel.name!r} stores nothing; a kernel has at least one "
+                            "STORE")
     return kernel
+
+
+def _is_int(value: Any) -> bool:
+    # JSON's true and false are Python ints too: a PARAM numbered `true` is not position 1.
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _failure(where: str, message: str) -> InvalidKernel:
@@ -191,7 +220,7 @@ def _check_node(node: Node, src: list[Node], fail) -> None:
             raise fail(f"result dtype must be {want}, got {dtype}")
     elif op is Op.BITCAST and dtype.itemsize != src[0].dtype.itemsize:
         raise fail(f"cannot bitcast {src[0].dtype} to {dtype}: sizes differ")
-    elif op is Op.PARAM and not (isinstance(arg, int) and arg >= 0):
+    elif op is Op.PARAM and not (_is_int(arg) and arg >= 0):
         raise fail(f"arg must be the buffer's position (int >= 0), got {arg!r}")
     elif op is Op.VAR and (dtype != int32 or not isinstance(arg, str) or not arg.isidentifier()
                            or keyword.iskeyword(arg)):
@@ -216,7 +245,7 @@ def _check_node(node: Node, src: list[Node], fail) -> None:
         gate = src[2 if op is Op.LOAD else 3:]
         if gate and gate[0].dtype != bool_:
             raise fail(f"gate must be bool, got {gate[0].dtype}")
-    elif op is Op.LOCAL and not (isinstance(arg, int) and arg > 0):
+    elif op is Op.LOCAL and not (_is_int(arg) and arg > 0):
         raise fail(f"arg must be a positive element count, got {arg!r}")
     elif op is Op.ACC and src[0].dtype != dtype:
         raise fail(f"initial value is {src[0].dtype}, register is {dtype}")

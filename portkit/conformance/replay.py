@@ -7,17 +7,27 @@ generator nor the seed: `portkit replay FILE --backend NAME`.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 from pathlib import Path
 
 import numpy as np
 
 from portkit.abi import Kernel, dtypes
+from portkit.abi.errors import InvalidKernel, PortkitError
+from portkit.abi.interpreter import OutOfBounds
+from portkit.abi.interpreter import run as interpret
 from portkit.conformance.case import Check, KernelCase, Verdict, judge
 from portkit.conformance.target import Target
 
 FORMAT = "portkit-conformance-repro"
 VERSION = 1
+
+
+class ReplayError(PortkitError, ValueError):
+    """A reproduction file that cannot be replayed: malformed, or its kernel would touch
+    memory outside its buffers (undefined on a device: a native launch could corrupt the
+    process)."""
 
 
 def _encode(array: np.ndarray) -> dict:
@@ -27,8 +37,11 @@ def _encode(array: np.ndarray) -> dict:
 
 
 def _decode(data: dict) -> np.ndarray:
-    raw = base64.b64decode(data["data"])
-    return np.frombuffer(raw, dtypes.by_name(data["dtype"]).np).copy()
+    array = np.frombuffer(base64.b64decode(data["data"], validate=True),
+                          dtypes.by_name(data["dtype"]).np).copy()
+    if array.size != data["size"]:
+        raise ValueError(f"an array says it holds {data['size']} elements but holds {array.size}")
+    return array
 
 
 def save(path: str | Path, kc: KernelCase, case_id: str, backend: str) -> Path:
@@ -51,9 +64,29 @@ def save(path: str | Path, kc: KernelCase, case_id: str, backend: str) -> Path:
 
 
 def load(path: str | Path) -> tuple[KernelCase, dict]:
-    """Reads a reproduction file: the kernel case and its metadata (case id, backend)."""
+    """Reads a reproduction file: the kernel case and its metadata (case id, backend).
+    Raises ReplayError, in one line, for a file that is not one or is damaged."""
+    try:
+        return _load(path)
+    except InvalidKernel as error:
+        raise ReplayError(f"{path} holds a malformed kernel: {error}; save the case again with "
+                          "`portkit conform --repro-dir`") from None
+    except (KeyError, TypeError, AttributeError, IndexError, binascii.Error,
+            RecursionError) as error:
+        what = f"missing key {error}" if isinstance(error, KeyError) else str(error)[:200]
+        raise ReplayError(f"{path} is a malformed reproduction file ({type(error).__name__}: "
+                          f"{what}); save the case again with `portkit conform --repro-dir`"
+                          ) from None
+    except ValueError as error:
+        if isinstance(error, PortkitError):
+            raise
+        raise ReplayError(f"{path} is a malformed reproduction file: {str(error)[:200]}; "
+                          "save the case again with `portkit conform --repro-dir`") from None
+
+
+def _load(path: str | Path) -> tuple[KernelCase, dict]:
     data = json.loads(Path(path).read_text())
-    if data.get("format") != FORMAT:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a portkit conformance reproduction file; "
                          "pass a file from a failure's `portkit replay` line")
     checks = [Check(output=c["output"], kind=c["kind"], count=c["count"], op=c["op"],
@@ -68,8 +101,29 @@ def load(path: str | Path) -> tuple[KernelCase, dict]:
     return kc, {"case": data["case"], "backend": data["backend"]}
 
 
+def check_bounds(kc: KernelCase) -> None:
+    """Raises ReplayError unless the case's buffers fit its kernel: their number and dtypes,
+    and every LOAD and STORE inside them (found by running it in the ABI interpreter)."""
+    kernel = kc.kernel
+    if len(kc.inputs) != len(kernel.params) or len(kc.scalars) != len(kernel.vars):
+        raise ReplayError(f"kernel {kernel.name[:60]!r} takes {len(kernel.params)} buffers and "
+                          f"{len(kernel.vars)} scalars; the file holds {len(kc.inputs)} and "
+                          f"{len(kc.scalars)}")
+    for param, array in zip(kernel.params, kc.inputs):
+        if array.dtype != param.dtype.np:
+            raise ReplayError(f"kernel {kernel.name[:60]!r}: buffer {param.arg} must hold "
+                              f"{param.dtype.name}, the file has {array.dtype}")
+    try:
+        interpret(kernel, [a.copy() for a in kc.inputs], kc.scalars)
+    except OutOfBounds as error:
+        raise ReplayError(f"{error}; not launched natively (an out-of-bounds store corrupts "
+                          "the process): fix the kernel or the buffer sizes") from None
+
+
 def replay(kc: KernelCase, target: Target) -> list[Verdict]:
-    """Reruns a loaded case on `target`; one verdict per checked output."""
+    """Reruns a loaded case on `target`; one verdict per checked output. The buffers are
+    checked against the kernel first (check_bounds), so a bad file never launches."""
+    check_bounds(kc)
     kernel = target.prepare(kc.kernel)
     outputs = target.run(kernel, kc.inputs, kc.scalars)
     return [judge(check, outputs[check.output], kc.inputs) for check in kc.checks]

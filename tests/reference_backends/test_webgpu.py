@@ -112,3 +112,32 @@ def test_no_adapter_names_the_driver_package(monkeypatch):
         webgpu.backend.load()
     assert error.value.fix == "apt-get install mesa-vulkan-drivers"
     assert "no WebGPU adapter" in error.value.reason
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_division_by_a_constant_zero_is_ieee(rt, dtype):
+    # lavapipe dropped the store of `x / 0.0f` (the output kept a freed buffer's contents) and
+    # read `-0.0f` as +0.
+    from portkit import Tensor
+    x = Tensor([1.0, -1.0, 0.0, 3.0], device="webgpu", dtype=dtype)
+    np.testing.assert_array_equal((x / 0.0).numpy().astype(np.float32), [np.inf, -np.inf,
+                                                                         np.nan, np.inf])
+    np.testing.assert_array_equal((x / -0.0).numpy().astype(np.float32), [-np.inf, np.inf,
+                                                                          np.nan, -np.inf])
+    zeros = Tensor([0.0, -0.0, 0.0, 0.0], device="webgpu", dtype=dtype)
+    np.testing.assert_array_equal((x / zeros).numpy().astype(np.float32), [np.inf, np.inf,
+                                                                           np.nan, np.inf])
+
+
+def test_a_process_leaves_no_runtime_folder_behind(tmp_path):
+    # Each process used to leave an empty portkit-xdg-* folder in the temporary directory.
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    env["TMPDIR"] = str(tmp_path)
+    code = ("import os, portkit.reference_backends.webgpu.runtime as r; "
+            "print(os.environ['XDG_RUNTIME_DIR'])")
+    made = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert made.startswith(str(tmp_path)) and list(tmp_path.iterdir()) == []

@@ -6,7 +6,6 @@ are synchronous.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import shlex
@@ -44,8 +43,10 @@ class CPUCompiler(Compiler):
         self.command, self.openmp = command, openmp
         self.flags = FLAGS + (("-fopenmp",) if openmp else ())
         self.version = _run([*command, "--version"]).stdout.splitlines()[0]
-        # -march=native code only runs on the CPU type that built it, so the CPU is in the key.
-        self.cache_key = "|".join((self.version, " ".join(self.flags), cpu_model()))
+        # -march=native code only runs on the CPU type that built it, so the CPU is in the key;
+        # and the whole command, so PORTKIT_CC="gcc -fsanitize=address" is its own build.
+        self.cache_key = "|".join((self.version, shlex.join(command), " ".join(self.flags),
+                                   cpu_model()))
 
     def compile(self, source: str) -> bytes:
         with tempfile.TemporaryDirectory(prefix="portkit-cc-") as folder:
@@ -63,15 +64,12 @@ class CPUProgram(Program):
 
     def __init__(self, name: str, binary: bytes):
         self.name = name
-        # dlopen needs a file. Its name is the hash of its bytes: the loader reuses a library
-        # already open under the same name, which is then the same code.
-        path = cache.directory() / "cpu" / "lib" / f"{hashlib.sha256(binary).hexdigest()}.so"
-        if not path.exists() and not cache.write_atomic(path, binary):
-            path = Path(tempfile.mkdtemp(prefix="portkit-")) / path.name
-            path.write_bytes(binary)
+        # dlopen needs a file. Its name is the hash of its bytes (checked before loading): the
+        # loader reuses a library already open under the same name, which is then the same code.
         # Never closed: the OpenMP runtime it pulls in keeps worker threads that would crash
         # if the last library holding it went away.
-        self.library = _ffi.dlopen(str(path))
+        with cache.file_holding("cpu", binary, ".so") as path:
+            self.library = _ffi.dlopen(str(path))
         self.launch = self.library.pk_launch
 
     def __call__(self, buffers: list[np.ndarray], scalars: list[int], grid, block,

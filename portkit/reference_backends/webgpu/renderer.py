@@ -39,6 +39,11 @@ fn pk_bf16(x: f32) -> f32 {  // round to nearest-even bfloat16, NaN kept
   if ((u & 0x7fffffffu) > 0x7f800000u) { return bitcast<f32>((u | 0x00400000u) & 0xffff0000u); }
   return bitcast<f32>((u + 0x7fffu + ((u >> 16u) & 1u)) & 0xffff0000u);
 }
+fn pk_fdiv(a: f32, b: f32) -> f32 {  // WGSL leaves x / 0 undefined: spell out IEEE's answer
+  if ((bitcast<u32>(b) & 0x7fffffffu) != 0u) { return a / b; }   // NaN too: IEEE
+  let inf = bitcast<f32>(((bitcast<u32>(a) ^ bitcast<u32>(b)) & 0x80000000u) | 0x7f800000u);
+  return select(inf, bitcast<f32>(0x7fc00000u), a == 0.0f || pk_isnan(a));
+}
 """
 
 _TEMPLATE = """\
@@ -84,6 +89,9 @@ class WebGPURenderer(CStyleRenderer):
     template = _TEMPLATE
     code_for_op: ClassVar[dict[Op, Callable[..., str]]] = {
         **CStyleRenderer.code_for_op,
+        # lavapipe drops the store of `x / 0.0` when the zero is a constant
+        Op.FDIV: lambda a, b, dtype: (f"f16(pk_fdiv(f32({a}), f32({b})))"
+                                      if dtype == dtypes.float16 else f"pk_fdiv({a}, {b})"),
         Op.NEG: lambda a, dtype: f"(0u - {a})" if dtype.kind == "uint" else f"(-{a})",
         Op.MAX: lambda a, b, dtype: (
             f"select({b}, {a}, {a} > {b} || {_is_nan(a, dtype)})" if dtype.is_float
@@ -106,9 +114,12 @@ class WebGPURenderer(CStyleRenderer):
         return f"{'var' if mutable else 'let'} {name}: {type_name} = {expr};"
 
     def render_const(self, value: float, dtype: DType) -> str:
-        # inf and NaN cannot be WGSL literals; a bit pattern can.
-        if dtype.is_float and not math.isfinite(value):
-            bits = 0x7fc00000 if math.isnan(value) else 0x7f800000 | (value < 0) << 31
+        # inf and NaN cannot be WGSL literals; a bit pattern can. lavapipe reads `-0.0f` as +0.
+        if dtype.is_float and (
+                not math.isfinite(value) or (value == 0 and math.copysign(1, value) < 0)
+        ):
+            bits = (0x7fc00000 if math.isnan(value) else 0x80000000 if value == 0
+                    else 0x7f800000 | (value < 0) << 31)
             return self.cast(f"bitcast<f32>({bits:#x}u)", self.value_type(dtype))
         return super().render_const(value, dtype)
 

@@ -7,14 +7,19 @@ per kernel.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import time
 
 import numpy as np
 
-# Mesa warns on every start without it; set before wgpu loads the driver.
-os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="portkit-xdg-"))
+# Mesa warns on every start without it; set before wgpu loads the driver. Made only when
+# missing, and removed at exit, so that processes leave no empty folders behind.
+if not os.environ.get("XDG_RUNTIME_DIR"):
+    os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="portkit-xdg-")
+    atexit.register(shutil.rmtree, os.environ["XDG_RUNTIME_DIR"], ignore_errors=True)
 try:
     import wgpu
 except ImportError:   # device.find_device reports the backend unavailable, with the fix

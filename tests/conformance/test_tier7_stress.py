@@ -1,0 +1,51 @@
+"""Tier 7 (stress) passes on the reference backends and fails a backend with the faults it was
+written for (issue 11, "What to build" 2). Called directly: its registration in suite.TIERS is a
+one-line change in suite.py."""
+from __future__ import annotations
+
+import pytest
+
+from portkit import schedule
+from portkit.abi import BackendUnavailable
+from portkit.conformance import tier7_stress
+from portkit.conformance.case import Context, Status
+from portkit.conformance.suite import Tier, execute
+from portkit.conformance.target import Target
+
+
+def _target(name: str) -> Target:
+    try:
+        return Target.load(name)
+    except BackendUnavailable as error:
+        pytest.skip(f"{name} is not available here: {error}")
+
+
+def test_the_tier_is_a_tier():
+    assert isinstance(tier7_stress, Tier) and tier7_stress.TIER == 7
+    ids = [c.id for c in tier7_stress.cases(Context(_target("cpu").capabilities))]
+    assert len(ids) == len(set(ids)) and "stress/sum/20000001" in ids
+
+
+@pytest.mark.parametrize("backend", ["cpu", "webgpu", "opencl", "interpreter"])
+def test_the_quick_stress_tier_passes(backend):
+    target = _target(backend)
+    outcomes = {case.id: execute(target, case)
+                for case in tier7_stress.cases(Context(target.capabilities, quick=True))}
+    failed = {k: o.message for k, o in outcomes.items()
+              if o.status not in (Status.PASSED, Status.UNSUPPORTED)}
+    assert failed == {}
+    assert outcomes["stress/threads"].status is Status.PASSED
+
+
+def test_a_device_that_stops_long_loops_fails_it(monkeypatch):
+    # Before the scheduler cut reduces into short stages, lavapipe returned 65535 for a sum
+    # of 70001 ones; with the stages made long again, the tier must say so.
+    target = _target("webgpu")
+    monkeypatch.setattr(schedule, "_CHUNK", 1 << 30)
+    monkeypatch.setattr(schedule, "_SPLIT_FROM", 1 << 30)
+    monkeypatch.setattr(schedule, "_lowered", {})
+    monkeypatch.setattr(schedule, "_compiled", {})
+    (case,) = [c for c in tier7_stress.cases(Context(target.capabilities, quick=True))
+               if c.id == "stress/sum/70001"]
+    outcome = execute(target, case)
+    assert outcome.status is Status.FAILED and "65535" in outcome.message

@@ -1,0 +1,69 @@
+"""Bounded memory: the buffer pool keeps at most its byte cap, compiled and lowered kernels are
+kept for the most recent shapes only, and runtime.clear() frees it all (issue 11, item 7)."""
+from __future__ import annotations
+
+import numpy as np
+
+from portkit import Tensor, runtime, schedule
+from portkit.abi import dtypes
+from portkit.abi.backend import HostAllocator
+
+
+class _Counting(HostAllocator):
+    def __init__(self):
+        self.live = 0
+
+    def alloc(self, nbytes):
+        self.live += nbytes
+        return super().alloc(nbytes)
+
+    def free(self, buffer, nbytes):
+        self.live -= nbytes
+
+
+def test_the_pool_holds_at_most_its_byte_cap():
+    allocator = _Counting()
+    pool = runtime.BufferPool(allocator, max_bytes=10 * 4096)
+    for size in range(100):       # 100 freed buffers of distinct sizes, about 4 KiB each
+        runtime.Buffer(pool, dtypes.uint8, 4096 + size)
+    assert pool.bytes <= 10 * 4096 and allocator.live == pool.bytes
+    newest = runtime.Buffer(pool, dtypes.uint8, 4096 + 99)   # the most recent size stays
+    assert pool.bytes < 10 * 4096 and newest.handle.size == 4096 + 99
+    pool.clear()
+    assert pool.bytes == 0 and allocator.live == newest.nbytes
+
+
+def test_a_buffer_larger_than_the_cap_is_freed_at_once():
+    allocator = _Counting()
+    pool = runtime.BufferPool(allocator, max_bytes=100)
+    runtime.Buffer(pool, dtypes.uint8, 1000)
+    assert pool.bytes == 0 and allocator.live == 0
+
+
+def test_the_lru_keeps_the_most_recently_used():
+    cache = runtime.LRU(2)
+    cache["a"], cache["b"] = 1, 2
+    assert cache.get("a") == 1      # "a" is now the most recent
+    cache["c"] = 3
+    assert list(cache) == ["a", "c"] and cache.get("b") is None
+
+
+def test_many_shapes_keep_a_bounded_number_of_kernels(monkeypatch):
+    monkeypatch.setattr(schedule, "_lowered", runtime.LRU(8))
+    monkeypatch.setattr(schedule, "_compiled", runtime.LRU(8))
+    rt = runtime.get("cpu")
+    monkeypatch.setattr(rt, "_compiled", runtime.LRU(8))
+    for n in range(1, 30):
+        np.testing.assert_array_equal((Tensor.ones(n, device="cpu") * 3).numpy(),
+                                      np.full(n, 3, np.float32))
+    assert len(schedule._lowered) <= 8 and len(schedule._compiled) <= 8
+    assert len(rt._compiled) <= 8
+
+
+def test_clear_forgets_kernels_and_pooled_buffers():
+    (Tensor.ones(37, device="cpu") + 1).numpy()
+    rt = runtime.get("cpu")
+    runtime.clear()
+    assert len(schedule._lowered) == 0 and len(rt._compiled) == 0 and rt.pool.bytes == 0
+    np.testing.assert_array_equal((Tensor.ones(37, device="cpu") + 1).numpy(),
+                                  np.full(37, 2, np.float32))

@@ -9,12 +9,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from portkit import __version__, backends
+from portkit import __version__, backends, runtime
 from portkit.abi import BackendUnavailable, PortkitError
 
 # Modules with `register(subparsers)`: each adds its subcommands and sets `run(args) -> int`
 # as the parser default.
-SUBCOMMAND_MODULES = ("portkit.conformance.cli", "portkit.scaffold")
+SUBCOMMAND_MODULES = ("portkit.conformance.cli", "portkit.scaffold", "portkit.cache")
 
 
 def show_backends(args: argparse.Namespace) -> int:
@@ -58,6 +58,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line `argv` (default: sys.argv) and returns the exit code."""
     args = parser().parse_args(argv)
+    try:
+        runtime.debug_level()     # a bad PORTKIT_DEBUG is a usage error now, not mid-run
+    except ValueError as error:
+        Console(stderr=True).print(Text(f"portkit: {error}", style="red"))
+        return 2
     return args.run(args)
 
 

@@ -342,10 +342,18 @@ def register(runtime: Runtime) -> Runtime:
     return runtime
 
 
+_DEBUG_WORDS = {"": 0, "0": 0, "no": 0, "false": 0, "off": 0, "yes": 1, "true": 1, "on": 1}
+
+
 def debug_level() -> int:
-    """PORTKIT_DEBUG as an int (0 when unset)."""
-    value = os.environ.get("PORTKIT_DEBUG", "")
-    return int(value) if value.isdigit() else 0
+    """PORTKIT_DEBUG as a level 0-4: digits, or yes/true/on (1) and no/false/off (0); anything
+    else is a ValueError naming the accepted values (`portkit` reports it and exits 2)."""
+    value = os.environ.get("PORTKIT_DEBUG", "").strip().lower()
+    if value.isdigit():
+        return int(value)
+    if value not in _DEBUG_WORDS:
+        raise ValueError(f"PORTKIT_DEBUG={value!r} is not a level: use 0-4, or yes/no")
+    return _DEBUG_WORDS[value]
 
 
 def checking() -> bool:

@@ -75,7 +75,8 @@ def test_a_fix_with_an_extra_keeps_its_brackets(fake_backends, fake_backend_modu
                                                 capsys):
     # rich read `[cuda]` as a markup tag and printed `pip install 'portkit'`.
     fake_backends({"cudaish": fake_backend_module(UNAVAILABLE.replace(
-        "apt-get install frobnicator", "pip install 'portkit[cuda]'"))})
+        "apt-get install frobnicator", "pip install 'portkit[cuda]'").replace(
+        'Backend("frob"', 'Backend("cudaish"'))})
     assert main(["conform", "--backend", "cudaish"]) == 2
     assert "pip install 'portkit[cuda]'" in capsys.readouterr().out
     assert main(["backends"]) == 0
@@ -111,3 +112,18 @@ def test_a_bad_shard_is_a_usage_error(shard, capsys):
     with pytest.raises(SystemExit) as exited:
         main(["conform", "--backend", "interpreter", "--shard", shard])
     assert exited.value.code == 2 and "write I/N" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, level", [("yes", 1), ("TRUE", 1), ("off", 0), ("3", 3),
+                                          ("", 0)])
+def test_portkit_debug_reads_levels_and_words(monkeypatch, value, level):
+    from portkit import runtime
+
+    monkeypatch.setenv("PORTKIT_DEBUG", value)
+    assert runtime.debug_level() == level
+
+
+def test_a_bad_portkit_debug_is_a_usage_error_naming_the_values(monkeypatch, capsys):
+    monkeypatch.setenv("PORTKIT_DEBUG", "verbose")
+    assert main(["backends"]) == 2
+    assert "PORTKIT_DEBUG='verbose' is not a level: use 0-4, or yes/no" in capsys.readouterr().err

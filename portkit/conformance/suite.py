@@ -41,6 +41,7 @@ TIERS = {
     4: "portkit.conformance.tier4_tensor",
     5: "portkit.conformance.tier5_models",
     6: "portkit.conformance.tier6_perf",
+    7: "portkit.conformance.tier7_stress",
 }
 
 
@@ -75,7 +76,7 @@ _BLOCKING = (Status.FAILED, Status.BLOCKED, Status.XFAIL)
 class Options:
     """What to run: the command line's options."""
 
-    tiers: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+    tiers: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7)
     pattern: str | None = None
     dtypes: tuple[str, ...] = ()
     quick: bool = False

@@ -7,7 +7,7 @@ with the same fault fails it too:
   matmul with K = 70,001, through the Tensor stack, which must keep every loop short;
 - division by a constant and by a dynamic zero on every float dtype the backend declares
   (IEEE: ±inf and NaN; lavapipe dropped the store of `x / 0.0`), and integer division by zero,
-  undefined in the ABI, which must neither crash nor disturb the other elements;
+  which the ABI says must not trap (result unspecified), nor disturb the other elements;
 - launches from 4 threads at once, on distinct shapes (OpenCL's set-arguments-then-enqueue
   interleaved; wgpu-core panicked);
 - a kernel named by 10,000 characters (PoCL aborted) and grids of many workgroups.

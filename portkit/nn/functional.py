@@ -34,8 +34,8 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
     if cin != cin_g * groups or cout % groups:
         raise ValueError(f"conv2d: input shape {input.shape} and weight shape "
                          f"{weight.shape} do not match for groups={groups}")
-    stride, dilation = _pair(stride), _pair(dilation)
-    ph, pw = _pair(padding)
+    stride, dilation = _pair(stride), _pair(dilation, "dilation")
+    ph, pw = _pair(padding, "padding", 0)
     x = _windows(input.pad(((0, 0), (0, 0), (ph, ph), (pw, pw))), (kh, kw), stride, dilation)
     oh, ow = x.shape[2:4]
     per_group = cout // groups
@@ -49,24 +49,36 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
 def max_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
                padding: IntPair = 0, dilation: IntPair = 1) -> Tensor:
     """The maximum of each window over the last two dims (padding counts as -inf)."""
-    kernel = _pair(kernel_size)
-    ph, pw = _pair(padding)
-    x = input.pad(((0, 0),) * (input.ndim - 2) + ((ph, ph), (pw, pw)), float("-inf"))
-    return _windows(x, kernel, _pair(stride or kernel_size), _pair(dilation)).max((-2, -1))
+    kernel = _pair(kernel_size, "kernel_size")
+    ph, pw = _pair(padding, "padding", 0)
+    # padding never wins: -inf for floats, the dtype's minimum for integers (keeps the dtype)
+    lowest = float("-inf") if input.dtype.is_float else input.dtype.min
+    x = input.pad(((0, 0),) * (input.ndim - 2) + ((ph, ph), (pw, pw)), lowest)
+    return _windows(x, kernel, _pair(stride or kernel_size),
+                    _pair(dilation, "dilation")).max((-2, -1))
 
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
                padding: IntPair = 0) -> Tensor:
     """The mean of each window over the last two dims (padding counts as 0)."""
-    kernel = _pair(kernel_size)
-    ph, pw = _pair(padding)
+    kernel = _pair(kernel_size, "kernel_size")
+    ph, pw = _pair(padding, "padding", 0)
     x = input.pad(((0, 0),) * (input.ndim - 2) + ((ph, ph), (pw, pw)))
     return _windows(x, kernel, _pair(stride or kernel_size), (1, 1)).mean((-2, -1))
 
 
 def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
-    """Cross entropy of logits (N, C) against class indices (N,) or probabilities."""
+    """Cross entropy of logits (N, C) or (N, C, d...) against class indices (N,) / (N, d...) or
+    probabilities of the input's shape; the class axis is 1, as in PyTorch."""
+    if input.ndim > 2:
+        # classes on axis 1 (PyTorch): move them last, where the rest of this works
+        order = (0, *range(2, input.ndim), 1)
+        input = input.permute(order)
+        if target.dtype.is_float:
+            target = target.permute(order)
+    if not target.dtype.is_float:
+        _check_classes(target, input.shape[-1])
     logp = input.log_softmax(-1)
     if target.dtype.is_float:
         probs = target
@@ -79,6 +91,17 @@ def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
         probs = probs * (1 - label_smoothing) + label_smoothing / input.shape[-1]
     loss = -(logp * probs).sum(-1)
     return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
+
+
+def _check_classes(target: Tensor, classes: int) -> None:
+    """IndexError for class indices known on the host that are not in [0, classes)."""
+    if not target.lazy.realized or target.numel() == 0:
+        return
+    values = target.numpy()
+    bad = values[(values < 0) | (values >= classes)]
+    if bad.size:
+        raise IndexError(f"cross_entropy: target class {int(bad[0])} is out of bounds for "
+                         f"{classes} classes")
 
 
 def one_hot(input: Tensor, num_classes: int) -> Tensor:
@@ -106,8 +129,12 @@ def batchnorm(input: Tensor, weight: Tensor | None, bias: Tensor | None, mean: T
 def dropout(input: Tensor, p: float = 0.5, training: bool | None = None) -> Tensor:
     """Zeroes each element with probability p and scales the rest by 1 / (1 - p) when
     training (default: Tensor.training); else returns input itself."""
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout probability has to be between 0 and 1, got {p}")
     if not (training if training is not None else Tensor.training) or p == 0:
         return input
+    if p == 1:
+        return input * 0
     keep = Tensor.rand(*input.shape, device=input.device) >= p
     return keep.where(input, 0) * (1 / (1 - p))
 
@@ -164,8 +191,11 @@ def softplus(input: Tensor) -> Tensor:
 
 # -- sliding windows ----------------------------------------------------------------------------
 
-def _pair(v: IntPair) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
+def _pair(v: IntPair, name: str = "stride", minimum: int = 1) -> tuple[int, int]:
+    pair = (v, v) if isinstance(v, int) else tuple(v)
+    if len(pair) != 2 or any(not isinstance(p, int) or p < minimum for p in pair):
+        raise ValueError(f"{name} must be an int or a pair of ints >= {minimum}, got {v!r}")
+    return pair
 
 
 def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],

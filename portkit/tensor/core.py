@@ -28,6 +28,9 @@ from portkit.tensor.movement import MovementOps
 from portkit.tensor.random import RandomOps
 from portkit.tensor.reduce import ReduceOps
 
+# what a primitive gives where its input has no elements (the identity of a reduction)
+_EMPTY_INPUT = {"prod_reduce": 1}
+
 # a binary operator method: self OP other
 _Operator = Callable[["Tensor", "Tensor | Scalar"], "Tensor"]
 
@@ -182,6 +185,13 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, R
         inputs = (self,) + others
         rule = GRADIENTS[name]
         lazy = rule.forward(*(t.lazy for t in inputs), arg=arg)
+        if name != "copy" and (lazy.size == 0 or any(t.numel() == 0 for t in inputs)):
+            # a constant keeps zero-size views out of the scheduler's index math (which divides
+            # by the sizes): an empty result is any constant, a sum or pad of nothing is 0
+            if lazy.size and name == "max_reduce":
+                raise IndexError(f"max/min/argmax over a dimension of size 0 (shape "
+                                 f"{self.shape}): it has no elements to choose from")
+            lazy = graph.const(_EMPTY_INPUT.get(name, 0), lazy.dtype, lazy.shape, lazy.device)
         out = Tensor(lazy)
         if rule.backward is not None and autograd.grad_enabled() and any(
                 t.requires_grad for t in inputs):
@@ -239,6 +249,9 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, R
 
     def backward(self, gradient: Tensor | None = None) -> None:
         """Fills `.grad` of every leaf this tensor depends on (lazily: grads are graphs)."""
+        if self._ctx is autograd.FREED:
+            raise RuntimeError("backward() through the same graph a second time: its "
+                               "intermediate results were freed; compute the loss again")
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad: no input "
                                "was created with requires_grad=True")
@@ -266,9 +279,19 @@ def _to_numpy(data: Any, dtype: DType | None) -> np.ndarray:
         if array.dtype == np.float64 and dtype is None:
             array = array.astype(np.float32)
         elif array.dtype == np.int64 and dtype is None:
+            _check_fits(array, np.dtype(np.int32), "dtype=portkit.int64")
             array = array.astype(np.int32)
     if dtype is not None:
+        if array.dtype.kind in "iu" and dtype.is_int:
+            _check_fits(array, dtype.np, "a wider dtype")
         array = array.astype(dtype.np)
     elif array.dtype.kind not in "biuf" and array.dtype.name != "bfloat16":
         raise TypeError(f"cannot make a Tensor from numpy dtype {array.dtype}")
     return array
+
+
+def _check_fits(array: np.ndarray, dtype: np.dtype, fix: str) -> None:
+    """OverflowError (as PyTorch) if integer data do not fit `dtype`, instead of wrapping."""
+    if array.size and (array.min() < np.iinfo(dtype).min or array.max() > np.iinfo(dtype).max):
+        bad = array.max() if array.max() > np.iinfo(dtype).max else array.min()
+        raise OverflowError(f"value {int(bad)} does not fit {dtype.name}; pass {fix}")

@@ -32,6 +32,8 @@ _ERF_SERIES = tuple((-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in rever
 _ERFC_CHEBYSHEV = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
                    0.09678418, 0.37409196, 1.00002368, -1.26551223)
 
+_BOOL_ARITHMETIC = {"add": "or", "mul": "and"}
+
 
 class ElementwiseOps:
     """Tensor's elementwise ops; the operators (+, <, ...) in core.py call these."""
@@ -79,19 +81,25 @@ class ElementwiseOps:
                 dtype = default_float
             elif isinstance(other, int) and not isinstance(other, bool) and dtype == bool_:
                 dtype = int32
-            other = core.Tensor.full((), other, dtype, self.device)
+            other = core.Tensor.full((), _wrapped(other, dtype), dtype, self.device)
         a, b = _broadcast(self.cast(dtype), other.cast(dtype))
         return (b, a) if reverse else (a, b)
 
     def _binary(self: Tensor, name: str, other: Tensor | Scalar, reverse: bool = False
                 ) -> Tensor:
         a, b = self._operand(other, reverse)
+        if a.dtype == bool_:
+            # the ABI has no bool ADD/MUL; on bools they are or/and (PyTorch's results)
+            name = _BOOL_ARITHMETIC.get(name, name)
+            if name == "sub":
+                raise TypeError("subtraction of bool tensors is not supported (as in PyTorch); "
+                                "use ^ or logical_not() instead")
         return a._prim(name, b)
 
     # -- arithmetic ---------------------------------------------------------------------------
 
     def add(self: Tensor, other: Tensor | Scalar) -> Tensor:
-        """self + other."""
+        """self + other (logical or for two bools, as PyTorch)."""
         return self._binary("add", other)
 
     def sub(self: Tensor, other: Tensor | Scalar) -> Tensor:
@@ -99,7 +107,7 @@ class ElementwiseOps:
         return self._binary("sub", other)
 
     def mul(self: Tensor, other: Tensor | Scalar) -> Tensor:
-        """self * other."""
+        """self * other (logical and for two bools, as PyTorch)."""
         return self._binary("mul", other)
 
     def div(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
@@ -108,6 +116,7 @@ class ElementwiseOps:
         return a._float()._prim("div", b._float())
 
     def _floordiv(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        _check_int_divisor(self, other, reverse)
         a, b = self._operand(other, reverse)
         if a.dtype.is_float:
             return (a / b).floor()
@@ -117,6 +126,7 @@ class ElementwiseOps:
         return q - fix
 
     def _mod(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        _check_int_divisor(self, other, reverse)
         a, b = self._operand(other, reverse)
         if a.dtype.is_float:
             return a - (a / b).floor() * b
@@ -169,15 +179,20 @@ class ElementwiseOps:
 
     def sigmoid(self: Tensor) -> Tensor:
         """1 / (1 + e ** -self)."""
-        return 1 / (1 + (-self._float()).exp())
+        x = self._float()
+        # e ** -|x| never overflows, so neither the value nor the gradient meets inf * 0 (NaN)
+        positive = x >= 0
+        e = positive.where(-x, x).exp()
+        return (x >= 0).where(1 / (1 + e), e / (1 + e))
 
     def tanh(self: Tensor) -> Tensor:
         """The hyperbolic tangent."""
+        # 1 - 2 / (1 + e^2x) keeps its gradient finite where e^2x overflows
         return 2 * (2 * self._float()).sigmoid() - 1
 
     def relu(self: Tensor) -> Tensor:
-        """max(self, 0)."""
-        return (self > 0).where(self, 0)
+        """max(self, 0); NaN stays NaN, as PyTorch."""
+        return (self < 0).where(0, self)
 
     def erf(self: Tensor) -> Tensor:
         """The error function (absolute error below 2e-7 in float32)."""
@@ -290,9 +305,49 @@ class ElementwiseOps:
         odd = (f - (f * 0.5).floor() * 2) == 1
         return (d > 0.5).where(f + 1, (d < 0.5).where(f, odd.where(f + 1, f)))
 
+    def isnan(self: Tensor) -> Tensor:
+        """True where self is NaN (the one value unequal to itself)."""
+        return self._binary("ne", self) if self.dtype.is_float else self.zeros_like(bool_)
+
+    def isinf(self: Tensor) -> Tensor:
+        """True where self is +inf or -inf."""
+        if not self.dtype.is_float:
+            return self.zeros_like(bool_)
+        return (self == float("inf")) | (self == float("-inf"))
+
+    def isfinite(self: Tensor) -> Tensor:
+        """True where self is neither NaN nor infinite."""
+        return ~(self.isnan() | self.isinf())
+
     def logical_not(self: Tensor) -> Tensor:
         """True where self is zero or False."""
         return ~self.cast(bool_)
+
+
+def _wrapped(value: Scalar, dtype) -> Scalar:
+    """A Python int taken modulo an integer dtype's range, as PyTorch does with scalars."""
+    if not dtype.is_int or isinstance(value, bool) or not isinstance(value, int):
+        return value
+    span = 1 << dtype.bits
+    value %= span
+    return value - span if value > dtype.max else value
+
+
+def _check_int_divisor(x: Tensor, other: Tensor | Scalar, reverse: bool) -> None:
+    """Integer division by a zero known on the host raises, as PyTorch's does."""
+    divisor, dividend = (x, other) if reverse else (other, x)
+    if isinstance(dividend, float) or (isinstance(dividend, core.Tensor)
+                                       and dividend.dtype.is_float):
+        return
+    if isinstance(divisor, core.Tensor):
+        # read back only values the host already holds (a realized buffer), never a graph
+        zero = (not divisor.dtype.is_float and divisor.lazy.realized and divisor.numel()
+                and (divisor.numpy() == 0).any())
+    else:
+        zero = isinstance(divisor, int) and divisor == 0
+    if zero:
+        raise ZeroDivisionError("integer division or modulo by zero; cast to a float dtype "
+                                "for inf/NaN results")
 
 
 def _broadcast(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

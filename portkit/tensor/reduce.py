@@ -79,6 +79,10 @@ class ReduceOps:
         axis = as_axes(axis, self.ndim)[0]
         n = self.shape[axis]
         hit = self == self.max(axis, keepdim=True)
+        if self.dtype.is_float:
+            # a NaN is the maximum, as in PyTorch: where the axis has one, the first NaN wins
+            nan = self.isnan()
+            hit = nan.max(axis, keepdim=True).where(nan, hit)
         shape = [1] * self.ndim
         shape[axis] = n
         backwards = core.Tensor.arange(n - 1, -1, -1, device=self.device).reshape(shape)

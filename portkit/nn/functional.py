@@ -54,7 +54,7 @@ def max_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None =
     # padding never wins: -inf for floats, the dtype's minimum for integers (keeps the dtype)
     lowest = float("-inf") if input.dtype.is_float else input.dtype.min
     x = input.pad(((0, 0),) * (input.ndim - 2) + ((ph, ph), (pw, pw)), lowest)
-    return _windows(x, kernel, _pair(stride or kernel_size),
+    return _windows(x, kernel, _pair(kernel_size if stride is None else stride),
                     _pair(dilation, "dilation")).max((-2, -1))
 
 
@@ -64,7 +64,8 @@ def avg_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None =
     kernel = _pair(kernel_size, "kernel_size")
     ph, pw = _pair(padding, "padding", 0)
     x = input.pad(((0, 0),) * (input.ndim - 2) + ((ph, ph), (pw, pw)))
-    return _windows(x, kernel, _pair(stride or kernel_size), (1, 1)).mean((-2, -1))
+    stride = _pair(kernel_size if stride is None else stride)
+    return _windows(x, kernel, stride, (1, 1)).mean((-2, -1))
 
 
 def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
@@ -106,6 +107,9 @@ def _check_classes(target: Tensor, classes: int) -> None:
 
 def one_hot(input: Tensor, num_classes: int) -> Tensor:
     """int32 vectors with a 1 at each index of `input` (a new last dim of num_classes)."""
+    if num_classes < 0:
+        raise ValueError(f"one_hot: num_classes must be >= 0, got {num_classes} (PyTorch's -1, "
+                         "infer from the data, needs the values on the host: pass the count)")
     return (input.unsqueeze(-1) == Tensor.arange(num_classes, device=input.device)).cast(int32)
 
 
@@ -194,7 +198,7 @@ def softplus(input: Tensor) -> Tensor:
 def _pair(v: IntPair, name: str = "stride", minimum: int = 1) -> tuple[int, int]:
     pair = (v, v) if isinstance(v, int) else tuple(v)
     if len(pair) != 2 or any(not isinstance(p, int) or p < minimum for p in pair):
-        raise ValueError(f"{name} must be an int or a pair of ints >= {minimum}, got {v!r}")
+        raise RuntimeError(f"{name} must be an int or a pair of ints >= {minimum}, got {v!r}")
     return pair
 
 

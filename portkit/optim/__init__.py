@@ -14,6 +14,8 @@ class Optimizer:
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("optimizer got no tensors with requires_grad=True")
+        if not lr >= 0:
+            raise ValueError(f"invalid learning rate: {lr} (it must be >= 0)")
         self.lr = lr
 
     def zero_grad(self) -> None:
@@ -41,6 +43,11 @@ class SGD(Optimizer):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
         super().__init__(params, lr)
+        if momentum < 0 or weight_decay < 0:
+            raise ValueError(f"invalid momentum {momentum} or weight_decay {weight_decay}: "
+                             "both must be >= 0")
+        if nesterov and not momentum:
+            raise ValueError("nesterov momentum needs momentum > 0")
         self.momentum, self.weight_decay, self.nesterov = momentum, weight_decay, nesterov
         self.buffers: list[Tensor | None] = [None] * len(self.params)
 
@@ -66,6 +73,9 @@ class Adam(Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
         super().__init__(params, lr)
+        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or eps < 0 or weight_decay < 0:
+            raise ValueError(f"invalid Adam settings: betas {betas} must be in [0, 1), eps {eps} "
+                             f"and weight_decay {weight_decay} >= 0")
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
         self.m = [Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device) for p in self.params]
         self.v = [Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device) for p in self.params]

@@ -33,6 +33,7 @@ _ERFC_CHEBYSHEV = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807,
                    0.09678418, 0.37409196, 1.00002368, -1.26551223)
 
 _BOOL_ARITHMETIC = {"add": "or", "mul": "and"}
+_INTEGER_ONLY = frozenset({"and", "or", "xor", "shl", "shr"})
 
 
 class ElementwiseOps:
@@ -88,6 +89,9 @@ class ElementwiseOps:
     def _binary(self: Tensor, name: str, other: Tensor | Scalar, reverse: bool = False
                 ) -> Tensor:
         a, b = self._operand(other, reverse)
+        if a.dtype.is_float and name in _INTEGER_ONLY:
+            raise TypeError(f"{name} is defined on integer and bool tensors, not "
+                            f"{a.dtype.name}; cast with .int() first")
         if a.dtype == bool_:
             # the ABI has no bool ADD/MUL; on bools they are or/and (PyTorch's results)
             name = _BOOL_ARITHMETIC.get(name, name)
@@ -257,7 +261,9 @@ class ElementwiseOps:
 
     def clip(self: Tensor, min: Tensor | Scalar | None = None,
              max: Tensor | Scalar | None = None) -> Tensor:
-        """self limited to [min, max]; either bound may be None."""
+        """self limited to [min, max]; either bound may be None, not both."""
+        if min is None and max is None:
+            raise RuntimeError("clip: at least one of min and max must not be None")
         out = self
         if min is not None:
             out = (out < min).where(min, out)

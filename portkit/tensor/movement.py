@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from portkit.tensor import core
 from portkit.tensor.dtype import Scalar, bool_
-from portkit.tensor.shapes import AxisLike, ShapeLike, as_axes, as_shape
+from portkit.tensor.shapes import AxisLike, ShapeLike, as_axes, as_dim, as_shape
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -43,9 +43,11 @@ class MovementOps:
 
     def flatten(self: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         """Dims start_dim..end_dim (inclusive) merged into one."""
+        start, end = as_dim(start_dim, self.ndim), as_dim(end_dim, self.ndim)
         if self.ndim == 0:
             return self.reshape(1)
-        start, end = start_dim % self.ndim, end_dim % self.ndim
+        if start > end:
+            raise RuntimeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
         return self.reshape(self.shape[:start] + (-1,) + self.shape[end + 1:]) \
             if self.numel() else self.reshape(
                 self.shape[:start] + (math.prod(self.shape[start:end + 1]),) +
@@ -62,12 +64,12 @@ class MovementOps:
 
     def unsqueeze(self: Tensor, dim: int) -> Tensor:
         """A size-1 dim inserted at `dim`."""
-        dim = dim % (self.ndim + 1)
+        dim = as_dim(dim, self.ndim + 1)
         return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
 
     def permute(self: Tensor, *order: ShapeLike) -> Tensor:
         """The dims reordered: dim i of the result is dim order[i] of self."""
-        order = tuple(o % self.ndim for o in as_shape(order))
+        order = tuple(as_dim(o, self.ndim) for o in as_shape(order))
         if sorted(order) != list(range(self.ndim)):
             raise ValueError(f"permute order {order} is not a permutation of "
                              f"{self.ndim} dimensions")
@@ -149,8 +151,10 @@ class MovementOps:
 
     def split(self: Tensor, sizes: int | Sequence[int], dim: int = 0) -> list[Tensor]:
         """Pieces along `dim`: of the given sizes, or all of size `sizes` but the last."""
-        dim = dim % self.ndim
+        dim = as_dim(dim, self.ndim)
         n = self.shape[dim]
+        if isinstance(sizes, int) and sizes <= 0 and n:
+            raise RuntimeError(f"split: split_size must be positive, got {sizes}")
         if isinstance(sizes, int):
             sizes = [min(sizes, n - i) for i in range(0, n, sizes)] if n else [0]
         if sum(sizes) != n:
@@ -165,7 +169,9 @@ class MovementOps:
 
     def chunk(self: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
         """At most `chunks` pieces of equal size (the last may be smaller) along `dim`."""
-        n = self.shape[dim % self.ndim]
+        if chunks <= 0:
+            raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got {chunks}")
+        n = self.shape[as_dim(dim, self.ndim)]
         return self.split(max(1, math.ceil(n / chunks)), dim)
 
     def cat(self: Tensor, *others: Tensor, dim: int = 0) -> Tensor:
@@ -175,8 +181,10 @@ class MovementOps:
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Joins tensors along `dim`: each is padded to the full size and they are summed."""
+    if not tensors:
+        raise ValueError("cat needs at least one tensor")
     first = tensors[0]
-    dim = dim % first.ndim
+    dim = as_dim(dim, first.ndim)
     for t in tensors[1:]:
         if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(
                 zip(t.shape, first.shape)) if i != dim):
@@ -188,11 +196,15 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         padding = [(0, 0)] * t.ndim
         padding[dim] = (start, total - start - t.shape[dim])
         piece = t.pad(padding)
-        out = piece if out is None else out + piece
+        # the pieces never overlap, so or-ing joins bools (which have no ADD)
+        out = piece if out is None else out + piece if t.dtype != bool_ else out | piece
         start += t.shape[dim]
     return out
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Joins same-shaped tensors along a new dimension."""
+    if not tensors:
+        raise ValueError("stack needs at least one tensor")
+    dim = as_dim(dim, tensors[0].ndim + 1)
     return cat([t.unsqueeze(dim) for t in tensors], dim)

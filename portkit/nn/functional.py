@@ -47,25 +47,55 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
 
 
 def max_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
-               padding: IntPair = 0, dilation: IntPair = 1) -> Tensor:
-    """The maximum of each window over the last two dims (padding counts as -inf)."""
-    kernel = _pair(kernel_size, "kernel_size")
-    ph, pw = _pair(padding, "padding", 0)
-    # padding never wins: -inf for floats, the dtype's minimum for integers (keeps the dtype)
+               padding: IntPair = 0, dilation: IntPair = 1, ceil_mode: bool = False) -> Tensor:
+    """The maximum of each window over the last two dims (padding never wins)."""
+    kernel, stride, pads, dilation = _pool_args(input, kernel_size, stride, padding, dilation,
+                                                ceil_mode)
+    # -inf for floats, the dtype's minimum for integers (which keeps the dtype)
     lowest = float("-inf") if input.dtype.is_float else input.dtype.min
-    x = input.pad(((0, 0),) * (input.ndim - 2) + ((ph, ph), (pw, pw)), lowest)
-    return _windows(x, kernel, _pair(kernel_size if stride is None else stride),
-                    _pair(dilation, "dilation")).max((-2, -1))
+    x = input.pad(((0, 0),) * (input.ndim - 2) + pads, lowest)
+    return _windows(x, kernel, stride, dilation).max((-2, -1))
 
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
-               padding: IntPair = 0) -> Tensor:
-    """The mean of each window over the last two dims (padding counts as 0)."""
+               padding: IntPair = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """The mean of each window over the last two dims. Padding counts as 0 and, with
+    count_include_pad, in the divisor; windows that ceil_mode adds past the padding never do."""
+    kernel, stride, pads, _ = _pool_args(input, kernel_size, stride, padding, 1, ceil_mode)
+    x = input.cast(float_of(input.dtype)).pad(((0, 0),) * (input.ndim - 2) + pads)
+    total = _windows(x, kernel, stride, (1, 1)).sum((-2, -1))
+    (ph, _), (pw, _) = pads
+    if not count_include_pad:
+        ph = pw = 0
+    # the divisor of each window: how many of its elements are input (or counted padding)
+    h, w = input.shape[-2:]
+    counted = Tensor.ones(h + 2 * ph, w + 2 * pw, device=input.device)
+    counted = counted.pad(tuple((p - c, after - c) for (p, after), c in zip(pads, (ph, pw))))
+    count = _windows(counted, kernel, stride, (1, 1)).sum((-2, -1))
+    return total / count
+
+
+def _pool_args(input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
+               dilation: IntPair, ceil_mode: bool):
+    """kernel, stride, ((before, after) padding per spatial dim) and dilation of a 2-d pool;
+    ceil_mode pads the end so a last partial window fits, if it starts inside the input or the
+    padding before it (PyTorch's rule)."""
+    if input.ndim < 2:
+        raise RuntimeError(f"2-d pooling needs at least 2 dims, got shape {input.shape}")
     kernel = _pair(kernel_size, "kernel_size")
-    ph, pw = _pair(padding, "padding", 0)
-    x = input.pad(((0, 0),) * (input.ndim - 2) + ((ph, ph), (pw, pw)))
     stride = _pair(kernel_size if stride is None else stride)
-    return _windows(x, kernel, stride, (1, 1)).mean((-2, -1))
+    pad, dilation = _pair(padding, "padding", 0), _pair(dilation, "dilation")
+    if any(2 * p > k for p, k in zip(pad, kernel)):
+        raise RuntimeError(f"padding {pad} should be at most half of kernel size {kernel}")
+    pads = []
+    for size, k, s, p, d in zip(input.shape[-2:], kernel, stride, pad, dilation):
+        span = size + 2 * p - d * (k - 1) - 1
+        out = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (out - 1) * s >= size + p:
+            out -= 1
+        pads.append((p, p + max(0, (out - 1) * s + d * (k - 1) + 1 - (size + 2 * p))))
+    return kernel, stride, tuple(pads), dilation
 
 
 def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
@@ -187,10 +217,71 @@ def silu(input: Tensor) -> Tensor:
     return input * input.sigmoid()
 
 
-def softplus(input: Tensor) -> Tensor:
-    """log(1 + exp(x)), computed without overflow."""
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta * x)) / beta, computed without overflow; x itself where
+    beta * x > threshold (as torch)."""
+    x = input.cast(float_of(input.dtype)) * beta
+    smooth = (x.relu() + (1 + (-x.abs()).exp()).log()) * (1 / beta)
+    return (x > threshold).where(input.cast(x.dtype), smooth)
+
+
+def relu6(input: Tensor) -> Tensor:
+    """min(max(x, 0), 6)."""
+    return hardtanh(input, 0.0, 6.0)
+
+
+def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    """x limited to [min_val, max_val]."""
+    if min_val > max_val:
+        raise ValueError(f"hardtanh: min_val {min_val} is above max_val {max_val}")
+    return input.clip(min_val, max_val)
+
+
+def hardsigmoid(input: Tensor) -> Tensor:
+    """relu6(x + 3) / 6."""
+    return relu6(input + 3) * (1 / 6)
+
+
+def hardswish(input: Tensor) -> Tensor:
+    """x * relu6(x + 3) / 6."""
+    return input * hardsigmoid(input)
+
+
+def elu(input: Tensor, alpha: float = 1.0) -> Tensor:
+    """x where x > 0, else alpha * (exp(x) - 1)."""
     x = input.cast(float_of(input.dtype))
-    return x.relu() + (1 + (-x.abs()).exp()).log()
+    # exp of the negative part only: e^x of a large positive x would overflow the other branch
+    return (x > 0).where(x, alpha * (x.clip(max=0).exp() - 1))
+
+
+def selu(input: Tensor) -> Tensor:
+    """scale * elu(x, alpha) with the self-normalizing constants."""
+    return _SELU_SCALE * elu(input, _SELU_ALPHA)
+
+
+def celu(input: Tensor, alpha: float = 1.0) -> Tensor:
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    x = input.cast(float_of(input.dtype))
+    return (x > 0).where(x, alpha * ((x.clip(max=0) * (1 / alpha)).exp() - 1))
+
+
+def mish(input: Tensor) -> Tensor:
+    """x * tanh(softplus(x))."""
+    return input * softplus(input).tanh()
+
+
+def softsign(input: Tensor) -> Tensor:
+    """x / (1 + |x|)."""
+    return input / (1 + input.abs())
+
+
+def logsigmoid(input: Tensor) -> Tensor:
+    """log(sigmoid(x)) = -softplus(-x), without overflow."""
+    return -softplus(-input)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
 
 
 # -- sliding windows ----------------------------------------------------------------------------
@@ -231,6 +322,7 @@ def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
                      tuple(n + 2 * i for i in range(len(kernel))))
 
 
-__all__ = ["avg_pool2d", "batchnorm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
-           "layernorm", "leaky_relu", "linear", "max_pool2d", "one_hot",
-           "scaled_dot_product_attention", "silu", "softplus"]
+__all__ = ["avg_pool2d", "batchnorm", "celu", "conv2d", "cross_entropy", "dropout", "elu",
+           "embedding", "gelu", "hardsigmoid", "hardswish", "hardtanh", "layernorm", "leaky_relu",
+           "linear", "logsigmoid", "max_pool2d", "mish", "one_hot", "relu6",
+           "scaled_dot_product_attention", "selu", "silu", "softplus", "softsign"]

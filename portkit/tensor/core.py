@@ -27,6 +27,8 @@ from portkit.tensor.indexing import IndexingOps
 from portkit.tensor.movement import MovementOps
 from portkit.tensor.random import RandomOps
 from portkit.tensor.reduce import ReduceOps
+from portkit.tensor.scan import ScanOps
+from portkit.tensor.transcendental import TranscendentalOps
 
 # what a primitive gives where its input has no elements (the identity of a reduction)
 _EMPTY_INPUT = {"prod_reduce": 1}
@@ -51,8 +53,8 @@ def _primitive_operators(name: str) -> tuple[_Operator, _Operator]:
     return _operators(lambda a, b, reverse: a._binary(name, b, reverse))
 
 
-class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, ReduceOps,
-             FunctionalMethods):
+class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, MovementOps,
+             IndexingOps, ReduceOps, ScanOps, FunctionalMethods):
     """A lazy n-dimensional array on a device, with autograd.
 
     Integers default to int32 (Python ints, int64 numpy data, arange, argmax, randint), not
@@ -218,7 +220,8 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, R
         return self.pow(exponent)
 
     def __rpow__(self, base: Scalar) -> Tensor:
-        return Tensor.full((), base, self._float().dtype, self.device).pow(self)
+        dtype = self.dtype if isinstance(base, int) else self._float().dtype
+        return Tensor.full((), base, dtype, self.device).pow(self)
 
     def __neg__(self) -> Tensor:
         return self.neg()

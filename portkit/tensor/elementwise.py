@@ -114,8 +114,19 @@ class ElementwiseOps:
         """self * other (logical and for two bools, as PyTorch)."""
         return self._binary("mul", other)
 
-    def div(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        """self / other in floating point (other / self if reverse)."""
+    def div(self: Tensor, other: Tensor | Scalar, reverse: bool = False,
+            rounding_mode: str | None = None) -> Tensor:
+        """self / other in floating point (other / self if reverse); rounding_mode "trunc" or
+        "floor" rounds the quotient and keeps integer dtypes, as torch.div."""
+        if rounding_mode == "floor":
+            return self._floordiv(other, reverse)
+        if rounding_mode == "trunc":
+            _check_int_divisor(self, other, reverse)
+            a, b = self._operand(other, reverse)
+            return (a / b).trunc() if a.dtype.is_float else a._prim("idiv", b)
+        if rounding_mode is not None:
+            raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got "
+                             f"{rounding_mode!r}")
         a, b = self._operand(other, reverse)
         return a._float()._prim("div", b._float())
 
@@ -235,8 +246,11 @@ class ElementwiseOps:
             for _ in range(abs(exponent) - 1):
                 out = out * self
             return out.reciprocal() if exponent < 0 else out
-        if exponent == 0.5:
+        if isinstance(exponent, float) and exponent == 0.5:
             return self.sqrt()
+        if isinstance(exponent, core.Tensor) and not (self.dtype.is_float or
+                                                      exponent.dtype.is_float):
+            return self._int_pow(exponent)
         x, y = self._float()._operand(exponent)
         magnitude = (y * x.abs().log2()).exp2()
         odd = (y.abs() % 2) == 1
@@ -244,6 +258,18 @@ class ElementwiseOps:
         negative = x < 0
         signed = (negative & odd).where(-magnitude, magnitude)
         return (negative & ~is_int).where(float("nan"), signed)
+
+    def _int_pow(self: Tensor, exponent: Tensor) -> Tensor:
+        """Integer ** integer tensor by squaring (exact, wrapping like PyTorch's); negative
+        exponents give 0 except for bases 1 and -1."""
+        base, e = self._operand(exponent)
+        out, square = base.ones_like(), base
+        for _ in range(base.dtype.bits):
+            out = ((e & 1) == 1).where(out * square, out)
+            square, e = square * square, e >> 1
+        e = base._operand(exponent)[1]
+        negative = (e < 0) & ~((base == 1) | (base == -1))
+        return negative.where(0, out).cast(base.dtype)
 
     def maximum(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """The elementwise larger of self and other."""

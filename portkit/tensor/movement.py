@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from portkit.tensor import core
 from portkit.tensor.dtype import Scalar, bool_
-from portkit.tensor.shapes import AxisLike, ShapeLike, as_axes, as_dim, as_shape
+from portkit.tensor.shapes import AxisLike, ShapeLike, accepts_dim, as_axes, as_dim, as_shape
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -136,6 +136,7 @@ class MovementOps:
             return self
         return self._prim("shrink", arg=arg)
 
+    @accepts_dim
     def flip(self: Tensor, axis: AxisLike) -> Tensor:
         """The order of elements reversed along `axis` (None: every axis)."""
         axes = as_axes(axis, self.ndim)
@@ -208,3 +209,56 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         raise ValueError("stack needs at least one tensor")
     dim = as_dim(dim, tensors[0].ndim + 1)
     return cat([t.unsqueeze(dim) for t in tensors], dim)
+
+
+def meshgrid(*tensors: Tensor, indexing: str = "ij") -> list[Tensor]:
+    """Coordinate grids of 1-d tensors, as views: "ij" (matrix) or "xy" (Cartesian) indexing."""
+    if indexing not in ("ij", "xy"):
+        raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    if len(tensors) == 1 and isinstance(tensors[0], list | tuple):
+        tensors = tuple(tensors[0])
+    if any(t.ndim != 1 for t in tensors):
+        raise RuntimeError("meshgrid takes 1-d tensors")
+    sizes = [t.shape[0] for t in tensors]
+    order = list(range(len(tensors)))
+    if indexing == "xy" and len(tensors) >= 2:
+        order[0], order[1] = 1, 0            # Cartesian: the first input varies along columns
+    shape = tuple(sizes[i] for i in order)
+    out = []
+    for k, t in enumerate(tensors):
+        view = [1] * len(tensors)
+        view[order.index(k)] = sizes[k]
+        out.append(t.reshape(tuple(view)).expand(shape))
+    return out
+
+
+def einsum(equation: str, *operands: Tensor) -> Tensor:
+    """Einstein summation over letters without repeats within an operand and without "...":
+    each operand is aligned to every letter, multiplied, and summed over the letters not in
+    the output (e.g. "ij,jk->ik", "bij,bjk->bik", "i,i->", "ij->ji")."""
+    if len(operands) == 1 and isinstance(operands[0], list | tuple):
+        operands = tuple(operands[0])
+    equation = equation.replace(" ", "")
+    inputs, _, output = equation.partition("->")
+    terms = inputs.split(",")
+    if "." in equation or len(terms) != len(operands):
+        raise NotImplementedError(f"einsum {equation!r}: one term per operand, without '...'")
+    if "->" not in equation:      # the implicit output: letters seen once, alphabetical
+        output = "".join(sorted(c for c in set(inputs) - {","} if inputs.count(c) == 1))
+    letters = list(dict.fromkeys(output + inputs.replace(",", "")))
+    sizes: dict[str, int] = {}
+    product = None
+    for term, t in zip(terms, operands):
+        if len(term) != t.ndim or len(set(term)) != len(term):
+            raise NotImplementedError(f"einsum term {term!r} for shape {t.shape}: one distinct "
+                                      "letter per dim (no diagonals)")
+        for c, s in zip(term, t.shape):
+            if sizes.setdefault(c, s) != s and 1 not in (s, sizes[c]):
+                raise RuntimeError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s}")
+            sizes[c] = max(sizes[c], s)
+        aligned = t.permute([term.index(c) for c in letters if c in term])
+        aligned = aligned.reshape(tuple(t.shape[term.index(c)] if c in term else 1
+                                        for c in letters))
+        product = aligned if product is None else product * aligned
+    summed = tuple(range(len(output), len(letters)))
+    return product.sum(summed) if summed else product

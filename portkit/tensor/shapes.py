@@ -1,8 +1,9 @@
 """Shape and axis arguments as the Tensor API accepts them, made into tuples of ints."""
 from __future__ import annotations
 
+import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 ShapeLike = int | Sequence[int]
 AxisLike = int | Sequence[int] | None
@@ -44,3 +45,15 @@ def as_axes(axis: AxisLike, ndim: int) -> tuple[int, ...]:
         if not -max(ndim, 1) <= a < max(ndim, 1):
             raise IndexError(f"axis {a} is out of range for a tensor with {ndim} dimensions")
     return tuple(sorted({a % ndim for a in axes})) if ndim else ()
+
+
+def accepts_dim(method: Callable) -> Callable:
+    """Lets a method that takes `axis` also take PyTorch's name for it, `dim`."""
+    @functools.wraps(method)
+    def wrapper(self, *args, dim=None, **kwargs):
+        if dim is not None:
+            if args or "axis" in kwargs:
+                raise TypeError(f"{method.__name__}() got both axis and dim; pass one")
+            kwargs["axis"] = dim
+        return method(self, *args, **kwargs)
+    return wrapper

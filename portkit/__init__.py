@@ -20,6 +20,7 @@ __all__ = [
     "float16",
     "float32",
     "float64",
+    "from_dlpack",
     "int8",
     "int16",
     "int32",

@@ -24,6 +24,7 @@ from portkit.tensor.dtype import DTypeLike, Scalar, bool_, check_dtype, to_dtype
 from portkit.tensor.elementwise import ElementwiseOps
 from portkit.tensor.functional_methods import FunctionalMethods
 from portkit.tensor.indexing import IndexingOps
+from portkit.tensor.interop import InteropOps
 from portkit.tensor.movement import MovementOps
 from portkit.tensor.random import RandomOps
 from portkit.tensor.reduce import ReduceOps
@@ -54,7 +55,7 @@ def _primitive_operators(name: str) -> tuple[_Operator, _Operator]:
 
 
 class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, MovementOps,
-             IndexingOps, ReduceOps, ScanOps, FunctionalMethods):
+             IndexingOps, ReduceOps, ScanOps, FunctionalMethods, InteropOps):
     """A lazy n-dimensional array on a device, with autograd.
 
     Integers default to int32 (Python ints, int64 numpy data, arange, argmax, randint), not
@@ -119,10 +120,6 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
-
-    def __repr__(self) -> str:
-        grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"<Tensor {list(self.shape)} {self.dtype.name} on {self.device}{grad}>"
 
     def requires_grad_(self, flag: bool = True) -> Tensor:
         """Marks this (float) tensor as a leaf whose gradient backward() fills in."""

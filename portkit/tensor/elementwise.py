@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from portkit.tensor import core
 from portkit.tensor.dtype import (
     DTypeLike,
@@ -71,6 +73,8 @@ class ElementwiseOps:
     def _operand(self: Tensor, other: Tensor | Scalar, reverse: bool = False
                  ) -> tuple[Tensor, Tensor]:
         """self and other promoted to one dtype and broadcast to one shape (swapped if reverse)."""
+        if isinstance(other, np.ndarray | np.generic):
+            other = core.Tensor(other, device=self.device) if other.ndim else other.item()
         if isinstance(other, core.Tensor):
             dtype = promote(self.dtype, other.dtype)
             if other.device != self.device:

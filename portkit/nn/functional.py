@@ -99,9 +99,16 @@ def _pool_args(input: Tensor, kernel_size: IntPair, stride: IntPair | None, padd
 
 
 def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
-                  label_smoothing: float = 0.0) -> Tensor:
+                  label_smoothing: float = 0.0, weight: Tensor | None = None,
+                  ignore_index: int = -100) -> Tensor:
     """Cross entropy of logits (N, C) or (N, C, d...) against class indices (N,) / (N, d...) or
     probabilities of the input's shape; the class axis is 1, as in PyTorch."""
+    if not target.dtype.is_float and not label_smoothing:
+        return nll_loss(input.log_softmax(1 if input.ndim > 1 else 0), target, weight,
+                        ignore_index, reduction)
+    if weight is not None or ignore_index != -100:
+        raise NotImplementedError("cross_entropy: weight and ignore_index are supported with "
+                                  "class-index targets and no label smoothing")
     if input.ndim > 2:
         # classes on axis 1 (PyTorch): move them last, where the rest of this works
         order = (0, *range(2, input.ndim), 1)
@@ -124,12 +131,70 @@ def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
     return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
 
 
-def _check_classes(target: Tensor, classes: int) -> None:
+def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
+             ignore_index: int = -100, reduction: Reduction = "mean") -> Tensor:
+    """The negative log-probability of each target class: input (N, C) or (N, C, d...) of
+    log-probabilities, target (N,) or (N, d...) of class indices, optional per-class weights;
+    targets equal to ignore_index count for nothing (as torch's)."""
+    if target.dtype.is_float or target.dtype == bool_:
+        raise TypeError(f"nll_loss: target must hold integer class indices, got "
+                        f"{target.dtype.name}")
+    if input.ndim > 2:
+        input = input.permute((0, *range(2, input.ndim), 1))
+    if target.shape != input.shape[:-1]:
+        raise ValueError(f"nll_loss: target shape {target.shape} does not match input shape "
+                         f"{input.shape} (want {input.shape[:-1]})")
+    classes = input.shape[-1]
+    _check_classes(target, classes, ignore_index)
+    valid = target != ignore_index
+    safe = valid.where(target, 0)
+    picked = (one_hot(safe, classes).cast(bool_)).where(input, 0).sum(-1)
+    w = valid.cast(input.dtype)
+    if weight is not None:
+        w = w * weight.cast(input.dtype).index_select(0, safe)
+    loss = -picked * w
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / w.sum()
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                         reduction: Reduction = "mean") -> Tensor:
+    """-(t log p + (1 - t) log(1 - p)) of probabilities p; each log is at least -100 (torch)."""
+    logp, log1mp = input.log().clip(min=-100), (1 - input).log().clip(min=-100)
+    loss = -(target * logp + (1 - target) * log1mp)
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,
+                                     weight: Tensor | None = None,
+                                     reduction: Reduction = "mean",
+                                     pos_weight: Tensor | None = None) -> Tensor:
+    """binary_cross_entropy of sigmoid(input), computed from the logits without overflow."""
+    x = input.cast(float_of(input.dtype))
+    # log(1 + e^-x) for either sign of x: softplus(-x)
+    log_sig_neg = softplus(-x)
+    if pos_weight is None:
+        loss = (1 - target) * x + log_sig_neg
+    else:
+        loss = (1 - target) * x + (1 + (pos_weight - 1) * target) * log_sig_neg
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+def _reduce(loss: Tensor, reduction: Reduction) -> Tensor:
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
+
+
+def _check_classes(target: Tensor, classes: int, ignore_index: int | None = None) -> None:
     """IndexError for class indices known on the host that are not in [0, classes)."""
     if not target.lazy.realized or target.numel() == 0:
         return
     values = target.numpy()
-    bad = values[(values < 0) | (values >= classes)]
+    bad = values[((values < 0) | (values >= classes)) & (values != ignore_index)]
     if bad.size:
         raise IndexError(f"cross_entropy: target class {int(bad[0])} is out of bounds for "
                          f"{classes} classes")
@@ -322,7 +387,8 @@ def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
                      tuple(n + 2 * i for i in range(len(kernel))))
 
 
-__all__ = ["avg_pool2d", "batchnorm", "celu", "conv2d", "cross_entropy", "dropout", "elu",
+__all__ = ["avg_pool2d", "batchnorm", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+           "celu", "conv2d", "cross_entropy", "dropout", "elu",
            "embedding", "gelu", "hardsigmoid", "hardswish", "hardtanh", "layernorm", "leaky_relu",
-           "linear", "logsigmoid", "max_pool2d", "mish", "one_hot", "relu6",
+           "linear", "logsigmoid", "max_pool2d", "mish", "nll_loss", "one_hot", "relu6",
            "scaled_dot_product_attention", "selu", "silu", "softplus", "softsign"]

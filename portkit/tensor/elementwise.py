@@ -261,7 +261,8 @@ class ElementwiseOps:
         is_int = y.trunc() == y
         negative = x < 0
         signed = (negative & odd).where(-magnitude, magnitude)
-        return (negative & ~is_int).where(float("nan"), signed)
+        # a negative base to a fractional power is NaN, except -inf (PyTorch: inf or 0)
+        return (negative & ~is_int & (x != float("-inf"))).where(float("nan"), signed)
 
     def _int_pow(self: Tensor, exponent: Tensor) -> Tensor:
         """Integer ** integer tensor by squaring (exact, wrapping like PyTorch's); negative

@@ -145,3 +145,19 @@ def test_integer_division_by_a_host_zero_raises():
             op(Tensor([5, 3]))
     # float division by zero is inf/NaN, not an error (its values on webgpu are issue 11 item 4)
     assert (Tensor([5.0, -1.0]) // 0).shape == (2,)
+
+
+def test_negative_infinity_to_a_fractional_power_follows_pytorch():
+    x = np.array([-np.inf, -2.0, 0.0, np.inf], np.float32)
+    for exponent in (0.3, -0.3, 2.5):
+        np.testing.assert_array_equal((Tensor(x) ** exponent).numpy(),
+                                      (torch.tensor(x) ** exponent).numpy())
+
+
+def test_pytorch_dtype_names():
+    names = {"half": "float16", "float": "float32", "double": "float64", "short": "int16",
+             "int": "int32", "long": "int64", "bool": "bool", "bfloat16": "bfloat16"}
+    for torch_name, ours in names.items():
+        assert getattr(pk.dtypes, torch_name).name == ours == str(
+            getattr(torch, torch_name)).removeprefix("torch.")
+    assert Tensor([1, 2], dtype=pk.dtypes.float).dtype == pk.float32

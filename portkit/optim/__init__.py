@@ -19,10 +19,43 @@ class Optimizer:
         self.lr = lr
 
     def zero_grad(self) -> None:
+        """Drops every parameter's gradient."""
         for p in self.params:
             p.grad = None
 
+    def state_dict(self) -> dict:
+        """What a resumed run needs: the hyperparameters and, per parameter index, its state
+        as numpy arrays (torch's layout: {"state": {i: {...}}, "param_groups": [{...}]})."""
+        state = {i: {name: value.numpy() for name, value in tensors.items()
+                     if value is not None}
+                 for i, tensors in enumerate(self._state_tensors())}
+        group = {k: v for k, v in vars(self).items()
+                 if isinstance(v, int | float | tuple | bool)}
+        return {"state": state, "param_groups": [group]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores what state_dict() returned, into this optimizer's existing tensors."""
+        for name, value in state_dict["param_groups"][0].items():
+            setattr(self, name, value)
+        own = self._state_tensors()
+        for i, tensors in state_dict["state"].items():
+            p = self.params[int(i)]
+            for name, array in tensors.items():
+                loaded = Tensor(np.asarray(array), p.dtype, p.device)
+                if own[int(i)].get(name) is None:
+                    self._set_state(int(i), name, loaded)
+                else:
+                    own[int(i)][name].assign(loaded)
+
+    def _state_tensors(self) -> list[dict[str, Tensor | None]]:
+        """Per parameter, its state tensors by name (none for plain SGD)."""
+        return [{} for _ in self.params]
+
+    def _set_state(self, i: int, name: str, value: Tensor) -> None:
+        raise KeyError(f"{type(self).__name__} has no state {name!r}")
+
     def step(self) -> None:
+        """Applies every parameter's gradient, in one schedule."""
         updates: list[tuple[Tensor, Tensor]] = []
         for i, p in enumerate(self.params):
             if p.grad is None:
@@ -50,6 +83,14 @@ class SGD(Optimizer):
             raise ValueError("nesterov momentum needs momentum > 0")
         self.momentum, self.weight_decay, self.nesterov = momentum, weight_decay, nesterov
         self.buffers: list[Tensor | None] = [None] * len(self.params)
+
+    def _state_tensors(self):
+        return [{"momentum_buffer": b} for b in self.buffers]
+
+    def _set_state(self, i, name, value):
+        if name != "momentum_buffer":
+            super()._set_state(i, name, value)
+        self.buffers[i] = value
 
     def _update(self, i, p, g):
         if self.weight_decay:
@@ -82,8 +123,12 @@ class Adam(Optimizer):
         self.t = 0
 
     def step(self) -> None:
+        """One Adam step (the bias corrections count steps from 1)."""
         self.t += 1
         super().step()
+
+    def _state_tensors(self):
+        return [{"exp_avg": m, "exp_avg_sq": v} for m, v in zip(self.m, self.v)]
 
     def _update(self, i, p, g):
         b1, b2 = self.betas

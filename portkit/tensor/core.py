@@ -274,6 +274,9 @@ def realize(*tensors: Tensor) -> None:
 def _to_numpy(data: Any, dtype: DType | None) -> np.ndarray:
     if isinstance(data, np.ndarray):
         array = data
+        if array.dtype == np.int64 and dtype is None:      # the int32 default, as documented
+            _check_fits(array, np.dtype(np.int32), "dtype=portkit.int64")
+            array = array.astype(np.int32)
     else:
         array = np.asarray(data)
         if array.dtype == np.float64 and dtype is None:

@@ -161,3 +161,10 @@ def test_pytorch_dtype_names():
         assert getattr(pk.dtypes, torch_name).name == ours == str(
             getattr(torch, torch_name)).removeprefix("torch.")
     assert Tensor([1, 2], dtype=pk.dtypes.float).dtype == pk.float32
+
+
+def test_int64_numpy_data_becomes_int32_as_documented():
+    assert Tensor(np.arange(3)).dtype == pk.int32
+    np.testing.assert_array_equal(Tensor(np.arange(3)).numpy(), [0, 1, 2])
+    with pytest.raises(OverflowError, match="int64"):
+        Tensor(np.array([2 ** 40]))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from portkit.tensor import core
 from portkit.tensor.dtype import Scalar
+from portkit.tensor.elementwise import in_float32
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -31,6 +32,7 @@ class TranscendentalOps:
 
     __slots__ = ()
 
+    @in_float32
     def atan(self: Tensor) -> Tensor:
         """The arctangent, in (-pi/2, pi/2)."""
         x = self._float()
@@ -62,16 +64,19 @@ class TranscendentalOps:
         r = _signbit(x).where(math.pi - r, r)
         return _signbit(y).where(-r, r)
 
+    @in_float32
     def asin(self: Tensor) -> Tensor:
         """The arcsine, in [-pi/2, pi/2] (NaN outside [-1, 1])."""
         x = self._float()
         return x.atan2((1 - x * x).sqrt())
 
+    @in_float32
     def acos(self: Tensor) -> Tensor:
         """The arccosine, in [0, pi] (NaN outside [-1, 1])."""
         x = self._float()
         return (1 - x * x).sqrt().atan2(x)
 
+    @in_float32
     def sinh(self: Tensor) -> Tensor:
         """The hyperbolic sine (a Taylor series near 0, where e^x - e^-x cancels)."""
         x = self._float()
@@ -82,11 +87,13 @@ class TranscendentalOps:
         e = x.exp()
         return small.where(series, (e - 1 / e) * 0.5)
 
+    @in_float32
     def cosh(self: Tensor) -> Tensor:
         """The hyperbolic cosine."""
         e = self._float().exp()
         return (e + 1 / e) * 0.5
 
+    @in_float32
     def log10(self: Tensor) -> Tensor:
         """The base-10 logarithm."""
         return self.log2() * math.log10(2)

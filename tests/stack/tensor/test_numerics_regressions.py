@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import portkit as pk
+from portkit.abi.errors import UnsupportedDType
 from portkit.nn import functional as F
 from portkit.tensor import Tensor
 
@@ -168,3 +169,20 @@ def test_int64_numpy_data_becomes_int32_as_documented():
     np.testing.assert_array_equal(Tensor(np.arange(3)).numpy(), [0, 1, 2])
     with pytest.raises(OverflowError, match="int64"):
         Tensor(np.array([2 ** 40]))
+
+
+@pytest.mark.parametrize("name", ["exp", "sigmoid", "tanh", "log", "sin", "atan"])
+def test_float16_transcendentals_round_once_from_float32(name, capabilities):
+    x = np.linspace(-4, 4, 41).astype(np.float16)
+    x[20] = 0.001
+    if name == "log":
+        x = np.abs(x) + np.float16(0.01)
+    if pk.float16 not in capabilities.dtypes:
+        with pytest.raises(UnsupportedDType):
+            Tensor(x)
+        return
+    got = getattr(Tensor(x), name)().numpy().astype(np.float32)
+    want = getattr(torch, name)(torch.tensor(x)).numpy().astype(np.float32)
+    # one float16 ulp at most (PyTorch CPU also computes in float32 and rounds)
+    ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
+    assert np.all(np.abs(got - want) <= ulp), (x, got, want)

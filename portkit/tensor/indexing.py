@@ -175,6 +175,48 @@ class IndexingOps:
         hot = index.cast(int32).unsqueeze(-1) == core.Tensor.arange(n, device=self.device)
         return hot.where(x, 0).sum(-1).cast(self.dtype)
 
+    def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | float) -> Tensor:
+        """A copy of self with self[..., index[..., i, ...], ...] = src[..., i, ...] along `dim`
+        (torch.scatter)."""
+        hot, values = self._scatter_onehot(dim, index, src)
+        # where indices repeat, the last write wins (what PyTorch's CPU kernel does)
+        order = core.Tensor.arange(hot.shape[-1], device=self.device)
+        last = hot.where(order, -1).max(-1, keepdim=True)
+        picked = (hot & (order == last)).where(values, 0).sum(-1)
+        return (last >= 0).squeeze(-1).where(picked.cast(self.dtype), self)
+
+    def scatter_add(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+        """self plus src added at index along `dim` (torch.scatter_add); repeats accumulate."""
+        hot, values = self._scatter_onehot(dim, index, src)
+        return self + hot.where(values, 0).sum(-1).cast(self.dtype)
+
+    def _scatter_onehot(self: Tensor, dim: int, index: Tensor, src: Tensor | float):
+        """(hot, values) over a new last axis running over index's elements along `dim`:
+        hot[..., j, ..., i] says index's element i (along dim) writes to position j."""
+        if index.ndim != self.ndim:
+            raise ValueError(f"scatter: index has {index.ndim} dims, self {self.ndim}")
+        dim = as_axes(dim, self.ndim)[0]
+        n = self.shape[dim]
+        _check_known_index(index, n, dim, negative=False)
+        if not isinstance(src, core.Tensor):
+            src = index.full_like(src, self.dtype)
+        crop = [(0, s) for s in index.shape]
+        src = src.shrink(crop).cast(self.dtype)
+        pad = [(0, a - b) if d != dim else (0, 0)
+               for d, (a, b) in enumerate(zip(self.shape, index.shape))]
+        # positions of self outside index's extent (other dims) are never written
+        index_inside = index.cast(int32).pad(pad, -1)
+        src = src.pad(pad)
+        # move the scattered dim of index/src last, then compare with each position j of self
+        order = [d for d in range(self.ndim) if d != dim] + [dim]
+        idx, val = index_inside.permute(order), src.permute(order)
+        positions = core.Tensor.arange(n, device=self.device).reshape(
+            (1,) * dim + (n,) + (1,) * (self.ndim - dim - 1) + (1,))
+        shape = idx.shape[:dim] + (1,) + idx.shape[dim:]
+        hot = idx.reshape(shape) == positions
+        values = val.reshape(shape).expand(hot.shape[:dim] + (n,) + hot.shape[dim + 1:])
+        return hot, values
+
 
 def _checked_item(item: Any) -> Any:
     """One index item, with True as a new dim (numpy, PyTorch) and anything but an integer,

@@ -150,6 +150,11 @@ class MovementOps:
             tuple(d for r, s in zip(repeats, x.shape) for d in (r, s)))
         return expanded.reshape(tuple(r * s for r, s in zip(repeats, x.shape)))
 
+    def unflatten(self: Tensor, dim: int, sizes: Sequence[int]) -> Tensor:
+        """Dim `dim` split into dims of `sizes` (one may be -1), as torch.unflatten."""
+        dim = as_dim(dim, self.ndim)
+        return self.reshape(self.shape[:dim] + tuple(sizes) + self.shape[dim + 1:])
+
     def split(self: Tensor, sizes: int | Sequence[int], dim: int = 0) -> list[Tensor]:
         """Pieces along `dim`: of the given sizes, or all of size `sizes` but the last."""
         dim = as_dim(dim, self.ndim)

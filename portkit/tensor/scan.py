@@ -54,6 +54,14 @@ class ScanOps:
         picked = upto.where(other.expand(other.shape[:-2] + (n, n)), 1)
         return self._unpair(picked.prod(-1), dim)
 
+    def logcumsumexp(self: Tensor, dim: int) -> Tensor:
+        """log(cumsum(exp(self))) along `dim`, without overflow."""
+        dim = as_dim(dim, self.ndim)
+        _, other, n = self._pairs(dim)
+        upto = _iota(n, 1, self.device) <= _iota(n, 0, self.device)
+        picked = upto.where(other._float().expand(other.shape[:-2] + (n, n)), float("-inf"))
+        return self._unpair(picked.logsumexp(-1), dim)
+
     def sort(self: Tensor, dim: int = -1, descending: bool = False,
              stable: bool = True) -> SortResult:
         """(values, indices) sorted along `dim`; ties keep their order, NaN sorts as the

@@ -186,3 +186,25 @@ def test_einsum_and_meshgrid(check):
         theirs = torch.meshgrid(torch.tensor(x), torch.tensor(y), indexing=indexing)
         for o, t in zip(ours, theirs):
             np.testing.assert_array_equal(o.numpy(), t.numpy())
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_scatter_scatter_add_logcumsumexp_unflatten(dim, check):
+    x = RNG.standard_normal((3, 4, 2)).astype(np.float32)
+    src = RNG.standard_normal((2, 3, 2)).astype(np.float32)
+    index = RNG.integers(0, x.shape[dim], (2, 3, 2))
+
+    def as_index(t):
+        return Tensor(index.astype(np.int32)) if isinstance(t, Tensor) else torch.tensor(index)
+    check(lambda a, b: a.scatter_add(dim, as_index(a), b), x, src)
+    unique = np.argsort(RNG.random((2, 3, 2)), axis=dim)   # distinct along dim: defined
+    check(lambda a, b: a.scatter(dim, Tensor(unique.astype(np.int32)) if isinstance(
+        a, Tensor) else torch.tensor(unique), b), x, src)
+    check(lambda a: a.logcumsumexp(dim), x)
+    check(lambda a: a.unflatten(1, (2, -1)), x)
+
+
+def test_scatter_with_repeated_indices_keeps_the_last_write():
+    x = Tensor.zeros(3)
+    out = x.scatter(0, Tensor([1, 1, 2]), Tensor([5.0, 6.0, 7.0]))
+    np.testing.assert_array_equal(out.numpy(), [0.0, 6.0, 7.0])

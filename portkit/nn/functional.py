@@ -25,7 +25,10 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntPair = 1,
            padding: IntPair = 0, dilation: IntPair = 1, groups: int = 1) -> Tensor:
-    """2-d convolution, (N, C, H, W) x (O, C/groups, kh, kw)."""
+    """2-d convolution, (N, C, H, W) or unbatched (C, H, W) x (O, C/groups, kh, kw)."""
+    if input.ndim == 3 and weight.ndim == 4:
+        return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation,
+                      groups).squeeze(0)
     if input.ndim != 4 or weight.ndim != 4:
         raise ValueError(f"conv2d needs 4-d input and weight, got shapes {input.shape} "
                          f"and {weight.shape}")

@@ -71,3 +71,9 @@ def test_sequential_module_list_dropout_and_module_methods():
         "0.weight", "0.bias", "1.weight", "1.bias"]
     with pytest.raises(ValueError):
         nn.Dropout(1.5)
+
+
+def test_conv2d_takes_unbatched_input(check):
+    x = RNG.standard_normal((2, 5, 5)).astype(np.float32)
+    w = RNG.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    check(lambda a, b: (F if isinstance(a, Tensor) else TF).conv2d(a, b, padding=1), x, w)

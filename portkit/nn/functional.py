@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
+import numpy as np
+
 from portkit.tensor import Tensor
 from portkit.tensor.dtype import bool_, float_of, int32
 
@@ -148,7 +150,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
         raise ValueError(f"nll_loss: target shape {target.shape} does not match input shape "
                          f"{input.shape} (want {input.shape[:-1]})")
     classes = input.shape[-1]
-    _check_classes(target, classes, ignore_index)
+    known = _check_classes(target, classes, ignore_index)
     valid = target != ignore_index
     safe = valid.where(target, 0)
     picked = (one_hot(safe, classes).cast(bool_)).where(input, 0).sum(-1)
@@ -160,6 +162,10 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
         return loss
     if reduction == "sum":
         return loss.sum()
+    if weight is None and known is not None:
+        # the host knows how many targets count: one reduction fewer than dividing by w.sum()
+        count = int((known != ignore_index).sum())
+        return loss.sum() * (1 / count if count else float("nan"))
     return loss.sum() / w.sum()
 
 
@@ -192,15 +198,18 @@ def _reduce(loss: Tensor, reduction: Reduction) -> Tensor:
     return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
 
 
-def _check_classes(target: Tensor, classes: int, ignore_index: int | None = None) -> None:
-    """IndexError for class indices known on the host that are not in [0, classes)."""
+def _check_classes(target: Tensor, classes: int, ignore_index: int | None = None
+                   ) -> np.ndarray | None:
+    """The class indices, where the host holds them (else None); IndexError for any outside
+    [0, classes) but ignore_index."""
     if not target.lazy.realized or target.numel() == 0:
-        return
+        return None
     values = target.numpy()
     bad = values[((values < 0) | (values >= classes)) & (values != ignore_index)]
     if bad.size:
         raise IndexError(f"cross_entropy: target class {int(bad[0])} is out of bounds for "
                          f"{classes} classes")
+    return values
 
 
 def one_hot(input: Tensor, num_classes: int) -> Tensor:

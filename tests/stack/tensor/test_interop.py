@@ -21,7 +21,7 @@ def test_numpy_sees_values_and_operators_mix():
     out = np.ones(3, np.float32) * t          # numpy defers to Tensor
     assert isinstance(out, Tensor)
     np.testing.assert_array_equal(out.numpy(), X)
-    np.testing.assert_array_equal(torch.tensor(np.asarray(t)).numpy(), X)
+    np.testing.assert_array_equal(torch.tensor(t).numpy(), X)
 
 
 def test_dlpack_round_trip():

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 # erf(x) = 2/sqrt(pi) * x * sum of these times x**2n, highest power first (|x| < 0.5: 1e-8)
 _ERF_SERIES = tuple((-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in reversed(range(7)))
+# Cephes tanhf: tanh(x) = x + x * z * poly(z), z = x * x, for |x| < 0.625
+_TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
+              -3.33332819422e-1)
 # Numerical Recipes' erfcc: erfc(z) = t * exp(-z*z + poly(t)), t = 1 / (1 + z/2), z >= 0
 _ERFC_CHEBYSHEV = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
                    0.09678418, 0.37409196, 1.00002368, -1.26551223)
@@ -232,8 +235,17 @@ class ElementwiseOps:
     @in_float32
     def tanh(self: Tensor) -> Tensor:
         """The hyperbolic tangent."""
-        # 1 - 2 / (1 + e^2x) keeps its gradient finite where e^2x overflows
-        return 2 * (2 * self._float()).sigmoid() - 1
+        x = self._float()
+        # near 0, 2 * sigmoid(2x) - 1 cancels (tanh(1e-8) gave 0): Cephes' tanhf polynomial
+        # there, fed 0 where not selected so its large-x overflow yields no NaN gradient
+        small = x.abs() < 0.625
+        xs = small.where(x, 0.0)
+        z = xs * xs
+        poly = z * _TANH_POLY[0] + _TANH_POLY[1]
+        for c in _TANH_POLY[2:]:
+            poly = poly * z + c
+        # 2 * sigmoid(2x) - 1 keeps its gradient finite where e^2x overflows
+        return small.where(xs + xs * z * poly, 2 * (2 * x).sigmoid() - 1)
 
     def relu(self: Tensor) -> Tensor:
         """max(self, 0); NaN stays NaN, as PyTorch."""

@@ -186,3 +186,12 @@ def test_float16_transcendentals_round_once_from_float32(name, capabilities):
     # one float16 ulp at most (PyTorch CPU also computes in float32 and rounds)
     ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
     assert np.all(np.abs(got - want) <= ulp), (x, got, want)
+
+
+def test_tanh_keeps_relative_accuracy_near_zero(check):
+    x = np.array([1e-8, -1e-6, 1e-4, -1e-3, 0.1, 0.3, -0.6, 0.7, 2.0, -5.0], np.float32)
+    got = Tensor(x).tanh().numpy()
+    want = torch.tanh(torch.tensor(x)).numpy()
+    ulps = np.abs(got - want) / np.spacing(np.abs(want))
+    assert ulps.max() <= 2, ulps                     # it cancelled: tanh(1e-8) gave 0
+    check(lambda t: t.tanh(), x)

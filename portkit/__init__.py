@@ -16,13 +16,17 @@ __all__ = [
     "bfloat16",
     "bool_",
     "cat",
+    "dtypes",
+    "einsum",
     "float16",
     "float32",
     "float64",
+    "from_dlpack",
     "int8",
     "int16",
     "int32",
     "int64",
+    "meshgrid",
     "nn",
     "no_grad",
     "optim",
@@ -35,12 +39,14 @@ __all__ = [
     "uint32",
     "uint64",
 ]
-_STACK = frozenset(__all__) - {"__version__", "nn", "optim"}
+_STACK = frozenset(__all__) - {"__version__", "dtypes", "nn", "optim"}
 
 
 def __getattr__(name: str):
     if name in ("nn", "optim"):
         return importlib.import_module(f"portkit.{name}")
+    if name == "dtypes":
+        return importlib.import_module("portkit.tensor.dtype_names")
     if name in _STACK:
         return getattr(importlib.import_module("portkit.tensor"), name)
     raise AttributeError(f"module 'portkit' has no attribute {name!r}")

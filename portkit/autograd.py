@@ -8,6 +8,7 @@ Every other Tensor op is a composition of these primitives and needs no rule of 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -95,9 +96,6 @@ GRADIENTS: dict[str, Rule] = {
 }
 
 
-# The Tensor package still imports the table by its old name; remove once it reads GRADIENTS.
-
-
 def _max_grads(c: Context, g) -> tuple:
     x, y = (t.detach() for t in c.inputs)
     # ties split the gradient evenly, as torch.maximum does
@@ -127,32 +125,41 @@ def _prod_grad(c: Context, g) -> tuple:
 
 # -- recording and the backward pass --------------------------------------------------------
 
-_grad_enabled = True
+# per thread, as PyTorch's: one thread's no_grad() must not change what another records
+_state = threading.local()
+
+# what backward() leaves in `_ctx` of the tensors it walked: their graph is gone
+FREED = ("freed", None)
 
 
 def grad_enabled() -> bool:
-    """False inside `no_grad()`: ops then record nothing for backward."""
-    return _grad_enabled
+    """False inside `no_grad()` (in this thread): ops then record nothing for backward."""
+    return getattr(_state, "enabled", True)
 
 
 @contextmanager
 def no_grad():
-    """Inside this block no op records its inputs for backward."""
-    global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, False
+    """Inside this block no op of this thread records its inputs for backward."""
+    previous, _state.enabled = grad_enabled(), False
     try:
         yield
     finally:
-        _grad_enabled = previous
+        _state.enabled = previous
 
 
 def backward(root, grad) -> None:
     """Accumulates d(root)/d(leaf) * grad into `.grad` of every leaf that requires it."""
     # Tensors that recorded an op, sources first; a leaf (no record) ends the walk. Inputs are
     # walked right to left, the order gradients have always been summed in.
+    if root._ctx is None:       # a leaf (a 0-d sum or reshape of itself returns it)
+        root.grad = grad if root.grad is None else root.grad + grad
+        return
     order = graph.toposort(
-        [root], stop=lambda t: t._ctx is None,
+        [root], stop=lambda t: t._ctx is None or t._ctx is FREED,
         sources=lambda t: [p for p in t._ctx[1].inputs if p.requires_grad][::-1])
+    if any(t._ctx is FREED for t in order):
+        raise RuntimeError("backward() through a graph that an earlier backward() freed; "
+                           "compute the result again")
     grads = {id(root): grad}
     for t in reversed(order):
         g = grads.pop(id(t), None)
@@ -166,4 +173,4 @@ def backward(root, grad) -> None:
                 parent.grad = pg if parent.grad is None else parent.grad + pg
             else:
                 grads[id(parent)] = pg if id(parent) not in grads else grads[id(parent)] + pg
-        t._ctx = None
+        t._ctx = FREED

@@ -28,7 +28,17 @@ class Module:
         return out
 
     def parameters(self) -> list[Tensor]:
+        """The tensors that require gradients (what an optimizer updates)."""
         return [t for t in self.state_dict().values() if t.requires_grad]
+
+    def named_parameters(self) -> list[tuple[str, Tensor]]:
+        """(dotted name, tensor) of each parameter, as torch's named_parameters()."""
+        return [(n, t) for n, t in self.state_dict().items() if t.requires_grad]
+
+    def zero_grad(self) -> None:
+        """Drops every parameter's gradient (None, as torch's set_to_none default)."""
+        for t in self.parameters():
+            t.grad = None
 
     def load_state_dict(self, state: dict[str, Tensor | np.ndarray], strict: bool = True) -> None:
         """Copies values into this module's tensors; names and shapes must match."""
@@ -47,11 +57,13 @@ class Module:
             own[name].assign(Tensor(array, own[name].dtype, own[name].device))
 
     def train(self, mode: bool = True) -> Module:
+        """Sets training mode (dropout active, batch statistics) here and in every child."""
         for module in [self, *_modules(self)]:
             module.training = mode
         return self
 
     def eval(self) -> Module:
+        """train(False)."""
         return self.train(False)
 
     def __call__(self, *args, **kwargs) -> Tensor:
@@ -59,6 +71,7 @@ class Module:
 
 
 def _collect(value, name: str, out: dict) -> None:
+    # a module's tensors are found under its attribute's name, as torch names them
     if isinstance(value, Tensor):
         out[name] = value
     elif isinstance(value, Module):
@@ -204,5 +217,27 @@ def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     return out
 
 
-__all__ = ["BatchNorm2d", "Conv2d", "Embedding", "LayerNorm", "Linear", "Module",
+# after Module: the containers subclass it
+from portkit.nn.containers import (
+    ELU,
+    GELU,
+    Dropout,
+    Flatten,
+    Hardswish,
+    LeakyReLU,
+    Mish,
+    ModuleList,
+    ReLU,
+    ReLU6,
+    Sequential,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softplus,
+    Tanh,
+)
+
+__all__ = ["ELU", "GELU", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "Flatten",
+           "Hardswish", "LayerNorm", "LeakyReLU", "Linear", "Mish", "Module", "ModuleList", "ReLU",
+           "ReLU6", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "Tanh",
            "load_safetensors", "save_safetensors"]

@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
+import numpy as np
+
 from portkit.tensor import Tensor
 from portkit.tensor.dtype import bool_, float_of, int32
 
@@ -25,7 +27,10 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntPair = 1,
            padding: IntPair = 0, dilation: IntPair = 1, groups: int = 1) -> Tensor:
-    """2-d convolution, (N, C, H, W) x (O, C/groups, kh, kw)."""
+    """2-d convolution, (N, C, H, W) or unbatched (C, H, W) x (O, C/groups, kh, kw)."""
+    if input.ndim == 3 and weight.ndim == 4:
+        return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation,
+                      groups).squeeze(0)
     if input.ndim != 4 or weight.ndim != 4:
         raise ValueError(f"conv2d needs 4-d input and weight, got shapes {input.shape} "
                          f"and {weight.shape}")
@@ -34,8 +39,8 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
     if cin != cin_g * groups or cout % groups:
         raise ValueError(f"conv2d: input shape {input.shape} and weight shape "
                          f"{weight.shape} do not match for groups={groups}")
-    stride, dilation = _pair(stride), _pair(dilation)
-    ph, pw = _pair(padding)
+    stride, dilation = _pair(stride), _pair(dilation, "dilation")
+    ph, pw = _pair(padding, "padding", 0)
     x = _windows(input.pad(((0, 0), (0, 0), (ph, ph), (pw, pw))), (kh, kw), stride, dilation)
     oh, ow = x.shape[2:4]
     per_group = cout // groups
@@ -47,26 +52,76 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
 
 
 def max_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
-               padding: IntPair = 0, dilation: IntPair = 1) -> Tensor:
-    """The maximum of each window over the last two dims (padding counts as -inf)."""
-    kernel = _pair(kernel_size)
-    ph, pw = _pair(padding)
-    x = input.pad(((0, 0),) * (input.ndim - 2) + ((ph, ph), (pw, pw)), float("-inf"))
-    return _windows(x, kernel, _pair(stride or kernel_size), _pair(dilation)).max((-2, -1))
+               padding: IntPair = 0, dilation: IntPair = 1, ceil_mode: bool = False) -> Tensor:
+    """The maximum of each window over the last two dims (padding never wins)."""
+    kernel, stride, pads, dilation = _pool_args(input, kernel_size, stride, padding, dilation,
+                                                ceil_mode)
+    # -inf for floats, the dtype's minimum for integers (which keeps the dtype)
+    lowest = float("-inf") if input.dtype.is_float else input.dtype.min
+    x = input.pad(((0, 0),) * (input.ndim - 2) + pads, lowest)
+    return _windows(x, kernel, stride, dilation).max((-2, -1))
 
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
-               padding: IntPair = 0) -> Tensor:
-    """The mean of each window over the last two dims (padding counts as 0)."""
-    kernel = _pair(kernel_size)
-    ph, pw = _pair(padding)
-    x = input.pad(((0, 0),) * (input.ndim - 2) + ((ph, ph), (pw, pw)))
-    return _windows(x, kernel, _pair(stride or kernel_size), (1, 1)).mean((-2, -1))
+               padding: IntPair = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """The mean of each window over the last two dims. Padding counts as 0 and, with
+    count_include_pad, in the divisor; windows that ceil_mode adds past the padding never do."""
+    kernel, stride, pads, _ = _pool_args(input, kernel_size, stride, padding, 1, ceil_mode)
+    x = input.cast(float_of(input.dtype)).pad(((0, 0),) * (input.ndim - 2) + pads)
+    total = _windows(x, kernel, stride, (1, 1)).sum((-2, -1))
+    (ph, _), (pw, _) = pads
+    if not count_include_pad:
+        ph = pw = 0
+    # the divisor of each window: how many of its elements are input (or counted padding)
+    h, w = input.shape[-2:]
+    counted = Tensor.ones(h + 2 * ph, w + 2 * pw, device=input.device)
+    counted = counted.pad(tuple((p - c, after - c) for (p, after), c in zip(pads, (ph, pw))))
+    count = _windows(counted, kernel, stride, (1, 1)).sum((-2, -1))
+    return total / count
+
+
+def _pool_args(input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
+               dilation: IntPair, ceil_mode: bool):
+    """kernel, stride, ((before, after) padding per spatial dim) and dilation of a 2-d pool;
+    ceil_mode pads the end so a last partial window fits, if it starts inside the input or the
+    padding before it (PyTorch's rule)."""
+    if input.ndim < 2:
+        raise RuntimeError(f"2-d pooling needs at least 2 dims, got shape {input.shape}")
+    kernel = _pair(kernel_size, "kernel_size")
+    stride = _pair(kernel_size if stride is None else stride)
+    pad, dilation = _pair(padding, "padding", 0), _pair(dilation, "dilation")
+    if any(2 * p > k for p, k in zip(pad, kernel)):
+        raise RuntimeError(f"padding {pad} should be at most half of kernel size {kernel}")
+    pads = []
+    for size, k, s, p, d in zip(input.shape[-2:], kernel, stride, pad, dilation):
+        span = size + 2 * p - d * (k - 1) - 1
+        out = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (out - 1) * s >= size + p:
+            out -= 1
+        pads.append((p, p + max(0, (out - 1) * s + d * (k - 1) + 1 - (size + 2 * p))))
+    return kernel, stride, tuple(pads), dilation
 
 
 def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
-                  label_smoothing: float = 0.0) -> Tensor:
-    """Cross entropy of logits (N, C) against class indices (N,) or probabilities."""
+                  label_smoothing: float = 0.0, weight: Tensor | None = None,
+                  ignore_index: int = -100) -> Tensor:
+    """Cross entropy of logits (N, C) or (N, C, d...) against class indices (N,) / (N, d...) or
+    probabilities of the input's shape; the class axis is 1, as in PyTorch."""
+    if not target.dtype.is_float and not label_smoothing:
+        return nll_loss(input.log_softmax(1 if input.ndim > 1 else 0), target, weight,
+                        ignore_index, reduction)
+    if weight is not None or ignore_index != -100:
+        raise NotImplementedError("cross_entropy: weight and ignore_index are supported with "
+                                  "class-index targets and no label smoothing")
+    if input.ndim > 2:
+        # classes on axis 1 (PyTorch): move them last, where the rest of this works
+        order = (0, *range(2, input.ndim), 1)
+        input = input.permute(order)
+        if target.dtype.is_float:
+            target = target.permute(order)
+    if not target.dtype.is_float:
+        _check_classes(target, input.shape[-1])
     logp = input.log_softmax(-1)
     if target.dtype.is_float:
         probs = target
@@ -81,8 +136,87 @@ def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
     return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
 
 
+def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
+             ignore_index: int = -100, reduction: Reduction = "mean") -> Tensor:
+    """The negative log-probability of each target class: input (N, C) or (N, C, d...) of
+    log-probabilities, target (N,) or (N, d...) of class indices, optional per-class weights;
+    targets equal to ignore_index count for nothing (as torch's)."""
+    if target.dtype.is_float or target.dtype == bool_:
+        raise TypeError(f"nll_loss: target must hold integer class indices, got "
+                        f"{target.dtype.name}")
+    if input.ndim > 2:
+        input = input.permute((0, *range(2, input.ndim), 1))
+    if target.shape != input.shape[:-1]:
+        raise ValueError(f"nll_loss: target shape {target.shape} does not match input shape "
+                         f"{input.shape} (want {input.shape[:-1]})")
+    classes = input.shape[-1]
+    known = _check_classes(target, classes, ignore_index)
+    valid = target != ignore_index
+    safe = valid.where(target, 0)
+    picked = (one_hot(safe, classes).cast(bool_)).where(input, 0).sum(-1)
+    w = valid.cast(input.dtype)
+    if weight is not None:
+        w = w * weight.cast(input.dtype).index_select(0, safe)
+    loss = -picked * w
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if weight is None and known is not None:
+        # the host knows how many targets count: one reduction fewer than dividing by w.sum()
+        count = int((known != ignore_index).sum())
+        return loss.sum() * (1 / count if count else float("nan"))
+    return loss.sum() / w.sum()
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                         reduction: Reduction = "mean") -> Tensor:
+    """-(t log p + (1 - t) log(1 - p)) of probabilities p; each log is at least -100 (torch)."""
+    logp, log1mp = input.log().clip(min=-100), (1 - input).log().clip(min=-100)
+    loss = -(target * logp + (1 - target) * log1mp)
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,
+                                     weight: Tensor | None = None,
+                                     reduction: Reduction = "mean",
+                                     pos_weight: Tensor | None = None) -> Tensor:
+    """binary_cross_entropy of sigmoid(input), computed from the logits without overflow."""
+    x = input.cast(float_of(input.dtype))
+    # log(1 + e^-x) for either sign of x: softplus(-x)
+    log_sig_neg = softplus(-x)
+    if pos_weight is None:
+        loss = (1 - target) * x + log_sig_neg
+    else:
+        loss = (1 - target) * x + (1 + (pos_weight - 1) * target) * log_sig_neg
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+def _reduce(loss: Tensor, reduction: Reduction) -> Tensor:
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
+
+
+def _check_classes(target: Tensor, classes: int, ignore_index: int | None = None
+                   ) -> np.ndarray | None:
+    """The class indices, where the host holds them (else None); IndexError for any outside
+    [0, classes) but ignore_index."""
+    if not target.lazy.realized or target.numel() == 0:
+        return None
+    values = target.numpy()
+    bad = values[((values < 0) | (values >= classes)) & (values != ignore_index)]
+    if bad.size:
+        raise IndexError(f"cross_entropy: target class {int(bad[0])} is out of bounds for "
+                         f"{classes} classes")
+    return values
+
+
 def one_hot(input: Tensor, num_classes: int) -> Tensor:
     """int32 vectors with a 1 at each index of `input` (a new last dim of num_classes)."""
+    if num_classes < 0:
+        raise ValueError(f"one_hot: num_classes must be >= 0, got {num_classes} (PyTorch's -1, "
+                         "infer from the data, needs the values on the host: pass the count)")
     return (input.unsqueeze(-1) == Tensor.arange(num_classes, device=input.device)).cast(int32)
 
 
@@ -106,8 +240,12 @@ def batchnorm(input: Tensor, weight: Tensor | None, bias: Tensor | None, mean: T
 def dropout(input: Tensor, p: float = 0.5, training: bool | None = None) -> Tensor:
     """Zeroes each element with probability p and scales the rest by 1 / (1 - p) when
     training (default: Tensor.training); else returns input itself."""
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout probability has to be between 0 and 1, got {p}")
     if not (training if training is not None else Tensor.training) or p == 0:
         return input
+    if p == 1:
+        return input * 0
     keep = Tensor.rand(*input.shape, device=input.device) >= p
     return keep.where(input, 0) * (1 / (1 - p))
 
@@ -156,16 +294,80 @@ def silu(input: Tensor) -> Tensor:
     return input * input.sigmoid()
 
 
-def softplus(input: Tensor) -> Tensor:
-    """log(1 + exp(x)), computed without overflow."""
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta * x)) / beta, computed without overflow; x itself where
+    beta * x > threshold (as torch)."""
+    x = input.cast(float_of(input.dtype)) * beta
+    smooth = (x.relu() + (1 + (-x.abs()).exp()).log()) * (1 / beta)
+    return (x > threshold).where(input.cast(x.dtype), smooth)
+
+
+def relu6(input: Tensor) -> Tensor:
+    """min(max(x, 0), 6)."""
+    return hardtanh(input, 0.0, 6.0)
+
+
+def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    """x limited to [min_val, max_val]."""
+    if min_val > max_val:
+        raise ValueError(f"hardtanh: min_val {min_val} is above max_val {max_val}")
+    return input.clip(min_val, max_val)
+
+
+def hardsigmoid(input: Tensor) -> Tensor:
+    """relu6(x + 3) / 6."""
+    return relu6(input + 3) * (1 / 6)
+
+
+def hardswish(input: Tensor) -> Tensor:
+    """x * relu6(x + 3) / 6."""
+    return input * hardsigmoid(input)
+
+
+def elu(input: Tensor, alpha: float = 1.0) -> Tensor:
+    """x where x > 0, else alpha * (exp(x) - 1)."""
     x = input.cast(float_of(input.dtype))
-    return x.relu() + (1 + (-x.abs()).exp()).log()
+    # exp of the negative part only: e^x of a large positive x would overflow the other branch
+    return (x > 0).where(x, alpha * (x.clip(max=0).exp() - 1))
+
+
+def selu(input: Tensor) -> Tensor:
+    """scale * elu(x, alpha) with the self-normalizing constants."""
+    return _SELU_SCALE * elu(input, _SELU_ALPHA)
+
+
+def celu(input: Tensor, alpha: float = 1.0) -> Tensor:
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    x = input.cast(float_of(input.dtype))
+    return (x > 0).where(x, alpha * ((x.clip(max=0) * (1 / alpha)).exp() - 1))
+
+
+def mish(input: Tensor) -> Tensor:
+    """x * tanh(softplus(x))."""
+    return input * softplus(input).tanh()
+
+
+def softsign(input: Tensor) -> Tensor:
+    """x / (1 + |x|)."""
+    return input / (1 + input.abs())
+
+
+def logsigmoid(input: Tensor) -> Tensor:
+    """log(sigmoid(x)) = -softplus(-x), without overflow."""
+    return -softplus(-input)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
 
 
 # -- sliding windows ----------------------------------------------------------------------------
 
-def _pair(v: IntPair) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
+def _pair(v: IntPair, name: str = "stride", minimum: int = 1) -> tuple[int, int]:
+    pair = (v, v) if isinstance(v, int) else tuple(v)
+    if len(pair) != 2 or any(not isinstance(p, int) or p < minimum for p in pair):
+        raise RuntimeError(f"{name} must be an int or a pair of ints >= {minimum}, got {v!r}")
+    return pair
 
 
 def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
@@ -197,6 +399,8 @@ def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
                      tuple(n + 2 * i for i in range(len(kernel))))
 
 
-__all__ = ["avg_pool2d", "batchnorm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
-           "layernorm", "leaky_relu", "linear", "max_pool2d", "one_hot",
-           "scaled_dot_product_attention", "silu", "softplus"]
+__all__ = ["avg_pool2d", "batchnorm", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+           "celu", "conv2d", "cross_entropy", "dropout", "elu",
+           "embedding", "gelu", "hardsigmoid", "hardswish", "hardtanh", "layernorm", "leaky_relu",
+           "linear", "logsigmoid", "max_pool2d", "mish", "nll_loss", "one_hot", "relu6",
+           "scaled_dot_product_attention", "selu", "silu", "softplus", "softsign"]

@@ -14,13 +14,48 @@ class Optimizer:
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("optimizer got no tensors with requires_grad=True")
+        if not lr >= 0:
+            raise ValueError(f"invalid learning rate: {lr} (it must be >= 0)")
         self.lr = lr
 
     def zero_grad(self) -> None:
+        """Drops every parameter's gradient."""
         for p in self.params:
             p.grad = None
 
+    def state_dict(self) -> dict:
+        """What a resumed run needs: the hyperparameters and, per parameter index, its state
+        as numpy arrays (torch's layout: {"state": {i: {...}}, "param_groups": [{...}]})."""
+        state = {i: {name: value.numpy() for name, value in tensors.items()
+                     if value is not None}
+                 for i, tensors in enumerate(self._state_tensors())}
+        group = {k: v for k, v in vars(self).items()
+                 if isinstance(v, int | float | tuple | bool)}
+        return {"state": state, "param_groups": [group]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores what state_dict() returned, into this optimizer's existing tensors."""
+        for name, value in state_dict["param_groups"][0].items():
+            setattr(self, name, value)
+        own = self._state_tensors()
+        for i, tensors in state_dict["state"].items():
+            p = self.params[int(i)]
+            for name, array in tensors.items():
+                loaded = Tensor(np.asarray(array), p.dtype, p.device)
+                if own[int(i)].get(name) is None:
+                    self._set_state(int(i), name, loaded)
+                else:
+                    own[int(i)][name].assign(loaded)
+
+    def _state_tensors(self) -> list[dict[str, Tensor | None]]:
+        """Per parameter, its state tensors by name (none for plain SGD)."""
+        return [{} for _ in self.params]
+
+    def _set_state(self, i: int, name: str, value: Tensor) -> None:
+        raise KeyError(f"{type(self).__name__} has no state {name!r}")
+
     def step(self) -> None:
+        """Applies every parameter's gradient, in one schedule."""
         updates: list[tuple[Tensor, Tensor]] = []
         for i, p in enumerate(self.params):
             if p.grad is None:
@@ -41,8 +76,21 @@ class SGD(Optimizer):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
         super().__init__(params, lr)
+        if momentum < 0 or weight_decay < 0:
+            raise ValueError(f"invalid momentum {momentum} or weight_decay {weight_decay}: "
+                             "both must be >= 0")
+        if nesterov and not momentum:
+            raise ValueError("nesterov momentum needs momentum > 0")
         self.momentum, self.weight_decay, self.nesterov = momentum, weight_decay, nesterov
         self.buffers: list[Tensor | None] = [None] * len(self.params)
+
+    def _state_tensors(self):
+        return [{"momentum_buffer": b} for b in self.buffers]
+
+    def _set_state(self, i, name, value):
+        if name != "momentum_buffer":
+            super()._set_state(i, name, value)
+        self.buffers[i] = value
 
     def _update(self, i, p, g):
         if self.weight_decay:
@@ -66,14 +114,21 @@ class Adam(Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
         super().__init__(params, lr)
+        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or eps < 0 or weight_decay < 0:
+            raise ValueError(f"invalid Adam settings: betas {betas} must be in [0, 1), eps {eps} "
+                             f"and weight_decay {weight_decay} >= 0")
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
         self.m = [Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device) for p in self.params]
         self.v = [Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device) for p in self.params]
         self.t = 0
 
     def step(self) -> None:
+        """One Adam step (the bias corrections count steps from 1)."""
         self.t += 1
         super().step()
+
+    def _state_tensors(self):
+        return [{"exp_avg": m, "exp_avg_sq": v} for m, v in zip(self.m, self.v)]
 
     def _update(self, i, p, g):
         b1, b2 = self.betas

@@ -30,9 +30,11 @@ from portkit.tensor.dtype import (
     uint32,
     uint64,
 )
-from portkit.tensor.movement import cat, stack
+from portkit.tensor.interop import from_dlpack
+from portkit.tensor.movement import cat, einsum, meshgrid, stack
 from portkit.tensor.random import seed
 
 __all__ = ["DTypeLike", "Scalar", "Tensor", "bfloat16", "bool_", "cat", "default_float",
-           "float16", "float32", "float64", "int8", "int16", "int32", "int64", "no_grad",
-           "promote", "realize", "seed", "stack", "uint8", "uint16", "uint32", "uint64"]
+           "einsum", "float16", "float32", "float64", "from_dlpack", "int8", "int16", "int32",
+           "int64", "meshgrid", "no_grad", "promote", "realize", "seed", "stack", "uint8",
+           "uint16", "uint32", "uint64"]

@@ -24,9 +24,15 @@ from portkit.tensor.dtype import DTypeLike, Scalar, bool_, check_dtype, to_dtype
 from portkit.tensor.elementwise import ElementwiseOps
 from portkit.tensor.functional_methods import FunctionalMethods
 from portkit.tensor.indexing import IndexingOps
+from portkit.tensor.interop import InteropOps
 from portkit.tensor.movement import MovementOps
 from portkit.tensor.random import RandomOps
 from portkit.tensor.reduce import ReduceOps
+from portkit.tensor.scan import ScanOps
+from portkit.tensor.transcendental import TranscendentalOps
+
+# what a primitive gives where its input has no elements (the identity of a reduction)
+_EMPTY_INPUT = {"prod_reduce": 1}
 
 # a binary operator method: self OP other
 _Operator = Callable[["Tensor", "Tensor | Scalar"], "Tensor"]
@@ -48,8 +54,8 @@ def _primitive_operators(name: str) -> tuple[_Operator, _Operator]:
     return _operators(lambda a, b, reverse: a._binary(name, b, reverse))
 
 
-class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, ReduceOps,
-             FunctionalMethods):
+class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, MovementOps,
+             IndexingOps, ReduceOps, ScanOps, FunctionalMethods, InteropOps):
     """A lazy n-dimensional array on a device, with autograd.
 
     Integers default to int32 (Python ints, int64 numpy data, arange, argmax, randint), not
@@ -115,10 +121,6 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, R
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    def __repr__(self) -> str:
-        grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"<Tensor {list(self.shape)} {self.dtype.name} on {self.device}{grad}>"
-
     def requires_grad_(self, flag: bool = True) -> Tensor:
         """Marks this (float) tensor as a leaf whose gradient backward() fills in."""
         if flag and not self.dtype.is_float:
@@ -182,6 +184,13 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, R
         inputs = (self,) + others
         rule = GRADIENTS[name]
         lazy = rule.forward(*(t.lazy for t in inputs), arg=arg)
+        if name != "copy" and (lazy.size == 0 or any(t.numel() == 0 for t in inputs)):
+            # a constant keeps zero-size views out of the scheduler's index math (which divides
+            # by the sizes): an empty result is any constant, a sum or pad of nothing is 0
+            if lazy.size and name == "max_reduce":
+                raise IndexError(f"max/min/argmax over a dimension of size 0 (shape "
+                                 f"{self.shape}): it has no elements to choose from")
+            lazy = graph.const(_EMPTY_INPUT.get(name, 0), lazy.dtype, lazy.shape, lazy.device)
         out = Tensor(lazy)
         if rule.backward is not None and autograd.grad_enabled() and any(
                 t.requires_grad for t in inputs):
@@ -208,7 +217,8 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, R
         return self.pow(exponent)
 
     def __rpow__(self, base: Scalar) -> Tensor:
-        return Tensor.full((), base, self._float().dtype, self.device).pow(self)
+        dtype = self.dtype if isinstance(base, int) else self._float().dtype
+        return Tensor.full((), base, dtype, self.device).pow(self)
 
     def __neg__(self) -> Tensor:
         return self.neg()
@@ -239,6 +249,9 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, MovementOps, IndexingOps, R
 
     def backward(self, gradient: Tensor | None = None) -> None:
         """Fills `.grad` of every leaf this tensor depends on (lazily: grads are graphs)."""
+        if self._ctx is autograd.FREED:
+            raise RuntimeError("backward() through the same graph a second time: its "
+                               "intermediate results were freed; compute the loss again")
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad: no input "
                                "was created with requires_grad=True")
@@ -261,14 +274,27 @@ def realize(*tensors: Tensor) -> None:
 def _to_numpy(data: Any, dtype: DType | None) -> np.ndarray:
     if isinstance(data, np.ndarray):
         array = data
+        if array.dtype == np.int64 and dtype is None:      # the int32 default, as documented
+            _check_fits(array, np.dtype(np.int32), "dtype=portkit.int64")
+            array = array.astype(np.int32)
     else:
         array = np.asarray(data)
         if array.dtype == np.float64 and dtype is None:
             array = array.astype(np.float32)
         elif array.dtype == np.int64 and dtype is None:
+            _check_fits(array, np.dtype(np.int32), "dtype=portkit.int64")
             array = array.astype(np.int32)
     if dtype is not None:
+        if array.dtype.kind in "iu" and dtype.is_int:
+            _check_fits(array, dtype.np, "a wider dtype")
         array = array.astype(dtype.np)
     elif array.dtype.kind not in "biuf" and array.dtype.name != "bfloat16":
         raise TypeError(f"cannot make a Tensor from numpy dtype {array.dtype}")
     return array
+
+
+def _check_fits(array: np.ndarray, dtype: np.dtype, fix: str) -> None:
+    """OverflowError (as PyTorch) if integer data do not fit `dtype`, instead of wrapping."""
+    if array.size and (array.min() < np.iinfo(dtype).min or array.max() > np.iinfo(dtype).max):
+        bad = array.max() if array.max() > np.iinfo(dtype).max else array.min()
+        raise OverflowError(f"value {int(bad)} does not fit {dtype.name}; pass {fix}")

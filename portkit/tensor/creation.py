@@ -19,7 +19,7 @@ from portkit.tensor.dtype import (
     scalar_dtype,
     to_dtype,
 )
-from portkit.tensor.shapes import ShapeLike, as_shape
+from portkit.tensor.shapes import ShapeLike, as_sizes
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -34,7 +34,7 @@ class CreationOps:
     def full(shape: Sequence[int], value: Scalar, dtype: DTypeLike | None = None,
              device: str | None = None) -> Tensor:
         """A tensor of `shape` with every element `value` (a constant: no buffer, no kernel)."""
-        shape = as_shape(shape)
+        shape = as_sizes(shape)
         device = device or schedule.default_device()
         dtype = check_dtype(to_dtype(dtype) or scalar_dtype(value), device)
         return core.Tensor(graph.const(value, dtype, shape, device))
@@ -57,9 +57,15 @@ class CreationOps:
         """start, start + step, ... below stop (int32 when all three are ints)."""
         if stop is None:
             start, stop = 0, start
+        if step == 0:
+            raise RuntimeError("arange: step must be nonzero")
         dtype = to_dtype(dtype) or (int32 if all(isinstance(v, int) for v in (start, stop, step))
                                     else default_float)
         count = max(0, math.ceil((stop - start) / step))
+        if dtype.is_int and count and not (dtype.min <= start <= dtype.max and
+                                           dtype.min <= start + (count - 1) * step <= dtype.max):
+            raise OverflowError(f"arange({start}, {stop}, {step}) does not fit {dtype.name}; "
+                                f"pass dtype=portkit.int64 on a device that has it")
         index = core.Tensor(graph.iota((count,), 0, device or schedule.default_device()))
         return (index.cast(dtype) * step + start).cast(dtype)
 
@@ -67,6 +73,8 @@ class CreationOps:
     def linspace(start: float, stop: float, steps: int, dtype: DTypeLike | None = None,
                  device: str | None = None) -> Tensor:
         """`steps` evenly spaced values from start to stop, both included."""
+        if steps < 0:
+            raise RuntimeError(f"linspace: number of steps must be non-negative, got {steps}")
         index = core.Tensor(graph.iota((steps,), 0, device or schedule.default_device()))
         step = (stop - start) / (steps - 1) if steps > 1 else 0.0
         return (index.cast(default_float) * step + start).cast(to_dtype(dtype) or default_float)
@@ -76,6 +84,8 @@ class CreationOps:
             device: str | None = None) -> Tensor:
         """An n x m (default n x n) matrix with ones on the diagonal."""
         device = device or schedule.default_device()
+        if n < 0 or (m is not None and m < 0):
+            raise RuntimeError(f"eye: sizes must be >= 0, got n={n}, m={m}")
         rows = core.Tensor(graph.iota((n, m or n), 0, device))
         cols = core.Tensor(graph.iota((n, m or n), 1, device))
         return (rows == cols).cast(to_dtype(dtype) or default_float)

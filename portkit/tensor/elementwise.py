@@ -5,16 +5,22 @@ are; integer semantics follow Python and PyTorch where the ABI's follow C.
 """
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from portkit.tensor import core
 from portkit.tensor.dtype import (
     DTypeLike,
     Scalar,
+    bfloat16,
     bool_,
     check_dtype,
     default_float,
+    float16,
     float32,
     float_of,
     int32,
@@ -28,9 +34,28 @@ if TYPE_CHECKING:
 
 # erf(x) = 2/sqrt(pi) * x * sum of these times x**2n, highest power first (|x| < 0.5: 1e-8)
 _ERF_SERIES = tuple((-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in reversed(range(7)))
+# Cephes tanhf: tanh(x) = x + x * z * poly(z), z = x * x, for |x| < 0.625
+_TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
+              -3.33332819422e-1)
 # Numerical Recipes' erfcc: erfc(z) = t * exp(-z*z + poly(t)), t = 1 / (1 + z/2), z >= 0
 _ERFC_CHEBYSHEV = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
                    0.09678418, 0.37409196, 1.00002368, -1.26551223)
+
+
+
+def in_float32(method: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """A unary float function of a 16-bit float tensor computed in float32 and rounded once:
+    its approximations (polynomials, exp2 of a product) lose 10 to 2400 ulp in 16 bits."""
+    @functools.wraps(method)
+    def wrapper(self: Tensor) -> Tensor:
+        if self.dtype in (float16, bfloat16):
+            return method(self.cast(float32)).cast(self.dtype)
+        return method(self)
+    return wrapper
+
+
+_BOOL_ARITHMETIC = {"add": "or", "mul": "and"}
+_INTEGER_ONLY = frozenset({"and", "or", "xor", "shl", "shr"})
 
 
 class ElementwiseOps:
@@ -68,6 +93,8 @@ class ElementwiseOps:
     def _operand(self: Tensor, other: Tensor | Scalar, reverse: bool = False
                  ) -> tuple[Tensor, Tensor]:
         """self and other promoted to one dtype and broadcast to one shape (swapped if reverse)."""
+        if isinstance(other, np.ndarray | np.generic):
+            other = core.Tensor(other, device=self.device) if other.ndim else other.item()
         if isinstance(other, core.Tensor):
             dtype = promote(self.dtype, other.dtype)
             if other.device != self.device:
@@ -79,19 +106,28 @@ class ElementwiseOps:
                 dtype = default_float
             elif isinstance(other, int) and not isinstance(other, bool) and dtype == bool_:
                 dtype = int32
-            other = core.Tensor.full((), other, dtype, self.device)
+            other = core.Tensor.full((), _wrapped(other, dtype), dtype, self.device)
         a, b = _broadcast(self.cast(dtype), other.cast(dtype))
         return (b, a) if reverse else (a, b)
 
     def _binary(self: Tensor, name: str, other: Tensor | Scalar, reverse: bool = False
                 ) -> Tensor:
         a, b = self._operand(other, reverse)
+        if a.dtype.is_float and name in _INTEGER_ONLY:
+            raise TypeError(f"{name} is defined on integer and bool tensors, not "
+                            f"{a.dtype.name}; cast with .int() first")
+        if a.dtype == bool_:
+            # the ABI has no bool ADD/MUL; on bools they are or/and (PyTorch's results)
+            name = _BOOL_ARITHMETIC.get(name, name)
+            if name == "sub":
+                raise TypeError("subtraction of bool tensors is not supported (as in PyTorch); "
+                                "use ^ or logical_not() instead")
         return a._prim(name, b)
 
     # -- arithmetic ---------------------------------------------------------------------------
 
     def add(self: Tensor, other: Tensor | Scalar) -> Tensor:
-        """self + other."""
+        """self + other (logical or for two bools, as PyTorch)."""
         return self._binary("add", other)
 
     def sub(self: Tensor, other: Tensor | Scalar) -> Tensor:
@@ -99,15 +135,27 @@ class ElementwiseOps:
         return self._binary("sub", other)
 
     def mul(self: Tensor, other: Tensor | Scalar) -> Tensor:
-        """self * other."""
+        """self * other (logical and for two bools, as PyTorch)."""
         return self._binary("mul", other)
 
-    def div(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
-        """self / other in floating point (other / self if reverse)."""
+    def div(self: Tensor, other: Tensor | Scalar, reverse: bool = False,
+            rounding_mode: str | None = None) -> Tensor:
+        """self / other in floating point (other / self if reverse); rounding_mode "trunc" or
+        "floor" rounds the quotient and keeps integer dtypes, as torch.div."""
+        if rounding_mode == "floor":
+            return self._floordiv(other, reverse)
+        if rounding_mode == "trunc":
+            _check_int_divisor(self, other, reverse)
+            a, b = self._operand(other, reverse)
+            return (a / b).trunc() if a.dtype.is_float else a._prim("idiv", b)
+        if rounding_mode is not None:
+            raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got "
+                             f"{rounding_mode!r}")
         a, b = self._operand(other, reverse)
         return a._float()._prim("div", b._float())
 
     def _floordiv(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        _check_int_divisor(self, other, reverse)
         a, b = self._operand(other, reverse)
         if a.dtype.is_float:
             return (a / b).floor()
@@ -117,6 +165,7 @@ class ElementwiseOps:
         return q - fix
 
     def _mod(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        _check_int_divisor(self, other, reverse)
         a, b = self._operand(other, reverse)
         if a.dtype.is_float:
             return a - (a / b).floor() * b
@@ -139,46 +188,70 @@ class ElementwiseOps:
         """1 / sqrt(self)."""
         return self.sqrt().reciprocal()
 
+    @in_float32
     def exp(self: Tensor) -> Tensor:
         """e ** self."""
         return (self._float() * (1 / math.log(2)))._prim("exp2")
 
+    @in_float32
     def exp2(self: Tensor) -> Tensor:
         """2 ** self."""
         return self._float()._prim("exp2")
 
+    @in_float32
     def log(self: Tensor) -> Tensor:
         """The natural logarithm."""
         return self._float()._prim("log2") * math.log(2)
 
+    @in_float32
     def log2(self: Tensor) -> Tensor:
         """The base-2 logarithm."""
         return self._float()._prim("log2")
 
+    @in_float32
     def sin(self: Tensor) -> Tensor:
         """The sine (radians)."""
         return self._float()._prim("sin")
 
+    @in_float32
     def cos(self: Tensor) -> Tensor:
         """The cosine (radians)."""
         return (math.pi / 2 - self._float()).sin()
 
+    @in_float32
     def tan(self: Tensor) -> Tensor:
         """The tangent (radians)."""
         return self.sin() / self.cos()
 
+    @in_float32
     def sigmoid(self: Tensor) -> Tensor:
         """1 / (1 + e ** -self)."""
-        return 1 / (1 + (-self._float()).exp())
+        x = self._float()
+        # e ** -|x| never overflows, so neither the value nor the gradient meets inf * 0 (NaN)
+        positive = x >= 0
+        e = positive.where(-x, x).exp()
+        return (x >= 0).where(1 / (1 + e), e / (1 + e))
 
+    @in_float32
     def tanh(self: Tensor) -> Tensor:
         """The hyperbolic tangent."""
-        return 2 * (2 * self._float()).sigmoid() - 1
+        x = self._float()
+        # near 0, 2 * sigmoid(2x) - 1 cancels (tanh(1e-8) gave 0): Cephes' tanhf polynomial
+        # there, fed 0 where not selected so its large-x overflow yields no NaN gradient
+        small = x.abs() < 0.625
+        xs = small.where(x, 0.0)
+        z = xs * xs
+        poly = z * _TANH_POLY[0] + _TANH_POLY[1]
+        for c in _TANH_POLY[2:]:
+            poly = poly * z + c
+        # 2 * sigmoid(2x) - 1 keeps its gradient finite where e^2x overflows
+        return small.where(xs + xs * z * poly, 2 * (2 * x).sigmoid() - 1)
 
     def relu(self: Tensor) -> Tensor:
-        """max(self, 0)."""
-        return (self > 0).where(self, 0)
+        """max(self, 0); NaN stays NaN, as PyTorch."""
+        return (self < 0).where(0, self)
 
+    @in_float32
     def erf(self: Tensor) -> Tensor:
         """The error function (absolute error below 2e-7 in float32)."""
         x = self._float()
@@ -190,6 +263,7 @@ class ElementwiseOps:
         small = x * series * (2 / math.sqrt(math.pi))
         return (x.abs() < 0.5).where(small, 1 - x.erfc())
 
+    @in_float32
     def erfc(self: Tensor) -> Tensor:
         """1 - erf(x), accurate to a relative 1.2e-7 (Numerical Recipes' erfcc, Chebyshev)."""
         x = self._float()
@@ -216,15 +290,31 @@ class ElementwiseOps:
             for _ in range(abs(exponent) - 1):
                 out = out * self
             return out.reciprocal() if exponent < 0 else out
-        if exponent == 0.5:
+        if isinstance(exponent, float) and exponent == 0.5:
             return self.sqrt()
+        if isinstance(exponent, core.Tensor) and not (self.dtype.is_float or
+                                                      exponent.dtype.is_float):
+            return self._int_pow(exponent)
         x, y = self._float()._operand(exponent)
         magnitude = (y * x.abs().log2()).exp2()
         odd = (y.abs() % 2) == 1
         is_int = y.trunc() == y
         negative = x < 0
         signed = (negative & odd).where(-magnitude, magnitude)
-        return (negative & ~is_int).where(float("nan"), signed)
+        # a negative base to a fractional power is NaN, except -inf (PyTorch: inf or 0)
+        return (negative & ~is_int & (x != float("-inf"))).where(float("nan"), signed)
+
+    def _int_pow(self: Tensor, exponent: Tensor) -> Tensor:
+        """Integer ** integer tensor by squaring (exact, wrapping like PyTorch's); negative
+        exponents give 0 except for bases 1 and -1."""
+        base, e = self._operand(exponent)
+        out, square = base.ones_like(), base
+        for _ in range(base.dtype.bits):
+            out = ((e & 1) == 1).where(out * square, out)
+            square, e = square * square, e >> 1
+        e = base._operand(exponent)[1]
+        negative = (e < 0) & ~((base == 1) | (base == -1))
+        return negative.where(0, out).cast(base.dtype)
 
     def maximum(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """The elementwise larger of self and other."""
@@ -242,7 +332,9 @@ class ElementwiseOps:
 
     def clip(self: Tensor, min: Tensor | Scalar | None = None,
              max: Tensor | Scalar | None = None) -> Tensor:
-        """self limited to [min, max]; either bound may be None."""
+        """self limited to [min, max]; either bound may be None, not both."""
+        if min is None and max is None:
+            raise RuntimeError("clip: at least one of min and max must not be None")
         out = self
         if min is not None:
             out = (out < min).where(min, out)
@@ -290,9 +382,49 @@ class ElementwiseOps:
         odd = (f - (f * 0.5).floor() * 2) == 1
         return (d > 0.5).where(f + 1, (d < 0.5).where(f, odd.where(f + 1, f)))
 
+    def isnan(self: Tensor) -> Tensor:
+        """True where self is NaN (the one value unequal to itself)."""
+        return self._binary("ne", self) if self.dtype.is_float else self.zeros_like(bool_)
+
+    def isinf(self: Tensor) -> Tensor:
+        """True where self is +inf or -inf."""
+        if not self.dtype.is_float:
+            return self.zeros_like(bool_)
+        return (self == float("inf")) | (self == float("-inf"))
+
+    def isfinite(self: Tensor) -> Tensor:
+        """True where self is neither NaN nor infinite."""
+        return ~(self.isnan() | self.isinf())
+
     def logical_not(self: Tensor) -> Tensor:
         """True where self is zero or False."""
         return ~self.cast(bool_)
+
+
+def _wrapped(value: Scalar, dtype) -> Scalar:
+    """A Python int taken modulo an integer dtype's range, as PyTorch does with scalars."""
+    if not dtype.is_int or isinstance(value, bool) or not isinstance(value, int):
+        return value
+    span = 1 << dtype.bits
+    value %= span
+    return value - span if value > dtype.max else value
+
+
+def _check_int_divisor(x: Tensor, other: Tensor | Scalar, reverse: bool) -> None:
+    """Integer division by a zero known on the host raises, as PyTorch's does."""
+    divisor, dividend = (x, other) if reverse else (other, x)
+    if isinstance(dividend, float) or (isinstance(dividend, core.Tensor)
+                                       and dividend.dtype.is_float):
+        return
+    if isinstance(divisor, core.Tensor):
+        # read back only values the host already holds (a realized buffer), never a graph
+        zero = (not divisor.dtype.is_float and divisor.lazy.realized and divisor.numel()
+                and (divisor.numpy() == 0).any())
+    else:
+        zero = isinstance(divisor, int) and divisor == 0
+    if zero:
+        raise ZeroDivisionError("integer division or modulo by zero; cast to a float dtype "
+                                "for inf/NaN results")
 
 
 def _broadcast(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

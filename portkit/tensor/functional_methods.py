@@ -35,14 +35,17 @@ class FunctionalMethods:
         return _functional().conv2d(self, weight, bias, stride, padding, dilation, groups)
 
     def max_pool2d(self: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
-                   padding: IntPair = 0, dilation: IntPair = 1) -> Tensor:
+                   padding: IntPair = 0, dilation: IntPair = 1, ceil_mode: bool = False
+                   ) -> Tensor:
         """The maximum of each window over the last two dims."""
-        return _functional().max_pool2d(self, kernel_size, stride, padding, dilation)
+        return _functional().max_pool2d(self, kernel_size, stride, padding, dilation, ceil_mode)
 
     def avg_pool2d(self: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
-                   padding: IntPair = 0) -> Tensor:
+                   padding: IntPair = 0, ceil_mode: bool = False,
+                   count_include_pad: bool = True) -> Tensor:
         """The mean of each window over the last two dims."""
-        return _functional().avg_pool2d(self, kernel_size, stride, padding)
+        return _functional().avg_pool2d(self, kernel_size, stride, padding, ceil_mode,
+                                        count_include_pad)
 
     def cross_entropy(self: Tensor, target: Tensor, label_smoothing: float = 0.0,
                       reduction: Reduction = "mean") -> Tensor:
@@ -90,6 +93,6 @@ class FunctionalMethods:
         """x * sigmoid(x)."""
         return _functional().silu(self)
 
-    def softplus(self: Tensor) -> Tensor:
-        """log(1 + exp(x)), computed without overflow."""
-        return _functional().softplus(self)
+    def softplus(self: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+        """log(1 + exp(beta * x)) / beta, computed without overflow."""
+        return _functional().softplus(self, beta, threshold)

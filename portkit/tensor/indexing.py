@@ -6,12 +6,14 @@ become a one-hot comparison summed over the indexed dim, which every device can 
 from __future__ import annotations
 
 import math
+import operator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from portkit.tensor import core
 from portkit.tensor.dtype import bool_, int32
+from portkit.tensor.shapes import as_axes
 
 if TYPE_CHECKING:
     from types import EllipsisType
@@ -31,6 +33,7 @@ class IndexingOps:
     def __getitem__(self: Tensor, index: Index) -> Tensor:
         """numpy indexing: ints, slices (any step), None, Ellipsis and integer tensors/lists."""
         index = index if isinstance(index, tuple) else (index,)
+        index = tuple(_checked_item(i) for i in index)
         if sum(i is Ellipsis for i in index) > 1:
             raise IndexError("an index can only have a single ellipsis")
         used = sum(1 for i in index if i is not None and i is not Ellipsis)
@@ -61,7 +64,7 @@ class IndexingOps:
                 crop.append((0, size))
                 steps.append(1)
             else:
-                k = int(i)
+                k = i
                 if not -size <= k < size:
                     raise IndexError(f"index {k} is out of bounds for dimension {dim} "
                                      f"with size {size}")
@@ -98,12 +101,14 @@ class IndexingOps:
         """
         dims = [at for at, _ in gathers]
         sizes = [self.shape[d] for d in dims]
-        flat = None
+        flat, flat_dims = None, []
         for (_, i), n in zip(gathers, sizes):
             kind = i.dtype.kind if isinstance(i, core.Tensor) else np.asarray(i).dtype.kind
             if kind not in ("int", "uint", "i", "u"):
                 raise IndexError(f"tensors used as indices must be integer, got {kind} ones; "
                                  "cast them with .cast(portkit.int32)")
+            _check_known_index(i, n, dims[len(flat_dims)], negative=True)
+            flat_dims.append(None)
             i = i.cast(int32) if isinstance(i, core.Tensor) else core.Tensor(
                 np.asarray(i), int32, self.device)
             i = (i < 0).where(i + n, i)
@@ -135,7 +140,9 @@ class IndexingOps:
         end): the result has index's dims in place of `dim`."""
         if index.dtype.is_float or index.dtype == bool_:
             raise IndexError(f"tensors used as indices must be integer, got {index.dtype.name}")
+        dim = as_axes(dim, self.ndim)[0]
         n = self.shape[dim]
+        _check_known_index(index, n, dim, negative=True)
         index = index.cast(int32)
         index = (index < 0).where(index + n, index)
         before, after = self.shape[:dim], self.shape[dim + 1:]
@@ -149,10 +156,99 @@ class IndexingOps:
 
     def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
         """out[..., i, ...] = self[..., index[..., i, ...], ...] along `dim` (torch.gather)."""
-        dim = dim % self.ndim
+        if index.ndim != self.ndim:
+            raise ValueError(f"gather: index has {index.ndim} dims, input {self.ndim}; they "
+                             "must have the same number (torch.gather)")
+        if index.dtype.is_float or index.dtype == bool_:
+            raise TypeError(f"gather: index must be an integer tensor, got {index.dtype.name}")
+        dim = as_axes(dim, self.ndim)[0]
+        if any(i > s for d, (s, i) in enumerate(zip(self.shape, index.shape)) if d != dim):
+            raise ValueError(f"gather: index shape {index.shape} is larger than input shape "
+                             f"{self.shape} outside dim {dim}")
+        n = self.shape[dim]
+        _check_known_index(index, n, dim, negative=False)
         crop = [(0, s) if d == dim else (0, i) for d, (s, i) in
                 enumerate(zip(self.shape, index.shape))]
-        x = self.shrink(crop).unsqueeze(dim).transpose(dim + 1, -1)
-        n = self.shape[dim]
+        # self's `dim` moves to a new last axis, compared there with a one-hot of the index
+        order = [d for d in range(self.ndim + 1) if d != dim + 1] + [dim + 1]
+        x = self.shrink(crop).unsqueeze(dim).permute(order)
         hot = index.cast(int32).unsqueeze(-1) == core.Tensor.arange(n, device=self.device)
         return hot.where(x, 0).sum(-1).cast(self.dtype)
+
+    def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | float) -> Tensor:
+        """A copy of self with self[..., index[..., i, ...], ...] = src[..., i, ...] along `dim`
+        (torch.scatter)."""
+        hot, values = self._scatter_onehot(dim, index, src)
+        # where indices repeat, the last write wins (what PyTorch's CPU kernel does)
+        order = core.Tensor.arange(hot.shape[-1], device=self.device)
+        last = hot.where(order, -1).max(-1, keepdim=True)
+        picked = (hot & (order == last)).where(values, 0).sum(-1)
+        return (last >= 0).squeeze(-1).where(picked.cast(self.dtype), self)
+
+    def scatter_add(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+        """self plus src added at index along `dim` (torch.scatter_add); repeats accumulate."""
+        hot, values = self._scatter_onehot(dim, index, src)
+        return self + hot.where(values, 0).sum(-1).cast(self.dtype)
+
+    def _scatter_onehot(self: Tensor, dim: int, index: Tensor, src: Tensor | float):
+        """(hot, values) over a new last axis running over index's elements along `dim`:
+        hot[..., j, ..., i] says index's element i (along dim) writes to position j."""
+        if index.ndim != self.ndim:
+            raise ValueError(f"scatter: index has {index.ndim} dims, self {self.ndim}")
+        dim = as_axes(dim, self.ndim)[0]
+        n = self.shape[dim]
+        _check_known_index(index, n, dim, negative=False)
+        if not isinstance(src, core.Tensor):
+            src = index.full_like(src, self.dtype)
+        crop = [(0, s) for s in index.shape]
+        src = src.shrink(crop).cast(self.dtype)
+        pad = [(0, a - b) if d != dim else (0, 0)
+               for d, (a, b) in enumerate(zip(self.shape, index.shape))]
+        # positions of self outside index's extent (other dims) are never written
+        index_inside = index.cast(int32).pad(pad, -1)
+        src = src.pad(pad)
+        # move the scattered dim of index/src last, then compare with each position j of self
+        order = [d for d in range(self.ndim) if d != dim] + [dim]
+        idx, val = index_inside.permute(order), src.permute(order)
+        positions = core.Tensor.arange(n, device=self.device).reshape(
+            (1,) * dim + (n,) + (1,) * (self.ndim - dim - 1) + (1,))
+        shape = idx.shape[:dim] + (1,) + idx.shape[dim:]
+        hot = idx.reshape(shape) == positions
+        values = val.reshape(shape).expand(hot.shape[:dim] + (n,) + hot.shape[dim + 1:])
+        return hot, values
+
+
+def _checked_item(item: Any) -> Any:
+    """One index item, with True as a new dim (numpy, PyTorch) and anything but an integer,
+    slice, None, Ellipsis or index array refused where it is written."""
+    if item is True:
+        return None
+    if item is None or item is Ellipsis or isinstance(
+            item, slice | list | np.ndarray | core.Tensor):
+        return item
+    if isinstance(item, bool):
+        raise IndexError("indexing with False (an empty selection) is not supported")
+    try:
+        return operator.index(item)
+    except TypeError:
+        raise IndexError(f"only integers, slices, None, ... and integer tensors are valid "
+                         f"indices, got {type(item).__name__} {item!r}; use int() to index "
+                         f"with a number") from None
+
+
+def _check_known_index(index: Any, size: int, dim: int, negative: bool) -> None:
+    """IndexError naming the index and the size, for indices whose values the host holds (lists,
+    arrays, realized tensors); an index still to be computed on the device is not read back."""
+    if isinstance(index, core.Tensor):
+        if not index.lazy.realized or index.numel() == 0:
+            return
+        values = index.numpy()
+    else:
+        values = np.asarray(index)
+        if values.size == 0:
+            return
+    low = -size if negative else 0
+    bad = values[(values < low) | (values >= size)]
+    if bad.size:
+        raise IndexError(f"index {int(bad.flat[0])} is out of bounds for dimension {dim} with "
+                         f"size {size}")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from portkit.tensor import core
 from portkit.tensor.dtype import Scalar, bool_
-from portkit.tensor.shapes import AxisLike, ShapeLike, as_axes, as_shape
+from portkit.tensor.shapes import AxisLike, ShapeLike, accepts_dim, as_axes, as_dim, as_shape
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -43,9 +43,11 @@ class MovementOps:
 
     def flatten(self: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         """Dims start_dim..end_dim (inclusive) merged into one."""
+        start, end = as_dim(start_dim, self.ndim), as_dim(end_dim, self.ndim)
         if self.ndim == 0:
             return self.reshape(1)
-        start, end = start_dim % self.ndim, end_dim % self.ndim
+        if start > end:
+            raise RuntimeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
         return self.reshape(self.shape[:start] + (-1,) + self.shape[end + 1:]) \
             if self.numel() else self.reshape(
                 self.shape[:start] + (math.prod(self.shape[start:end + 1]),) +
@@ -62,12 +64,12 @@ class MovementOps:
 
     def unsqueeze(self: Tensor, dim: int) -> Tensor:
         """A size-1 dim inserted at `dim`."""
-        dim = dim % (self.ndim + 1)
+        dim = as_dim(dim, self.ndim + 1)
         return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
 
     def permute(self: Tensor, *order: ShapeLike) -> Tensor:
         """The dims reordered: dim i of the result is dim order[i] of self."""
-        order = tuple(o % self.ndim for o in as_shape(order))
+        order = tuple(as_dim(o, self.ndim) for o in as_shape(order))
         if sorted(order) != list(range(self.ndim)):
             raise ValueError(f"permute order {order} is not a permutation of "
                              f"{self.ndim} dimensions")
@@ -134,6 +136,7 @@ class MovementOps:
             return self
         return self._prim("shrink", arg=arg)
 
+    @accepts_dim
     def flip(self: Tensor, axis: AxisLike) -> Tensor:
         """The order of elements reversed along `axis` (None: every axis)."""
         axes = as_axes(axis, self.ndim)
@@ -147,10 +150,17 @@ class MovementOps:
             tuple(d for r, s in zip(repeats, x.shape) for d in (r, s)))
         return expanded.reshape(tuple(r * s for r, s in zip(repeats, x.shape)))
 
+    def unflatten(self: Tensor, dim: int, sizes: Sequence[int]) -> Tensor:
+        """Dim `dim` split into dims of `sizes` (one may be -1), as torch.unflatten."""
+        dim = as_dim(dim, self.ndim)
+        return self.reshape(self.shape[:dim] + tuple(sizes) + self.shape[dim + 1:])
+
     def split(self: Tensor, sizes: int | Sequence[int], dim: int = 0) -> list[Tensor]:
         """Pieces along `dim`: of the given sizes, or all of size `sizes` but the last."""
-        dim = dim % self.ndim
+        dim = as_dim(dim, self.ndim)
         n = self.shape[dim]
+        if isinstance(sizes, int) and sizes <= 0 and n:
+            raise RuntimeError(f"split: split_size must be positive, got {sizes}")
         if isinstance(sizes, int):
             sizes = [min(sizes, n - i) for i in range(0, n, sizes)] if n else [0]
         if sum(sizes) != n:
@@ -165,7 +175,9 @@ class MovementOps:
 
     def chunk(self: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
         """At most `chunks` pieces of equal size (the last may be smaller) along `dim`."""
-        n = self.shape[dim % self.ndim]
+        if chunks <= 0:
+            raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got {chunks}")
+        n = self.shape[as_dim(dim, self.ndim)]
         return self.split(max(1, math.ceil(n / chunks)), dim)
 
     def cat(self: Tensor, *others: Tensor, dim: int = 0) -> Tensor:
@@ -175,8 +187,10 @@ class MovementOps:
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Joins tensors along `dim`: each is padded to the full size and they are summed."""
+    if not tensors:
+        raise ValueError("cat needs at least one tensor")
     first = tensors[0]
-    dim = dim % first.ndim
+    dim = as_dim(dim, first.ndim)
     for t in tensors[1:]:
         if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(
                 zip(t.shape, first.shape)) if i != dim):
@@ -188,11 +202,68 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         padding = [(0, 0)] * t.ndim
         padding[dim] = (start, total - start - t.shape[dim])
         piece = t.pad(padding)
-        out = piece if out is None else out + piece
+        # the pieces never overlap, so or-ing joins bools (which have no ADD)
+        out = piece if out is None else out + piece if t.dtype != bool_ else out | piece
         start += t.shape[dim]
     return out
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Joins same-shaped tensors along a new dimension."""
+    if not tensors:
+        raise ValueError("stack needs at least one tensor")
+    dim = as_dim(dim, tensors[0].ndim + 1)
     return cat([t.unsqueeze(dim) for t in tensors], dim)
+
+
+def meshgrid(*tensors: Tensor, indexing: str = "ij") -> list[Tensor]:
+    """Coordinate grids of 1-d tensors, as views: "ij" (matrix) or "xy" (Cartesian) indexing."""
+    if indexing not in ("ij", "xy"):
+        raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    if len(tensors) == 1 and isinstance(tensors[0], list | tuple):
+        tensors = tuple(tensors[0])
+    if any(t.ndim != 1 for t in tensors):
+        raise RuntimeError("meshgrid takes 1-d tensors")
+    sizes = [t.shape[0] for t in tensors]
+    order = list(range(len(tensors)))
+    if indexing == "xy" and len(tensors) >= 2:
+        order[0], order[1] = 1, 0            # Cartesian: the first input varies along columns
+    shape = tuple(sizes[i] for i in order)
+    out = []
+    for k, t in enumerate(tensors):
+        view = [1] * len(tensors)
+        view[order.index(k)] = sizes[k]
+        out.append(t.reshape(tuple(view)).expand(shape))
+    return out
+
+
+def einsum(equation: str, *operands: Tensor) -> Tensor:
+    """Einstein summation over letters without repeats within an operand and without "...":
+    each operand is aligned to every letter, multiplied, and summed over the letters not in
+    the output (e.g. "ij,jk->ik", "bij,bjk->bik", "i,i->", "ij->ji")."""
+    if len(operands) == 1 and isinstance(operands[0], list | tuple):
+        operands = tuple(operands[0])
+    equation = equation.replace(" ", "")
+    inputs, _, output = equation.partition("->")
+    terms = inputs.split(",")
+    if "." in equation or len(terms) != len(operands):
+        raise NotImplementedError(f"einsum {equation!r}: one term per operand, without '...'")
+    if "->" not in equation:      # the implicit output: letters seen once, alphabetical
+        output = "".join(sorted(c for c in set(inputs) - {","} if inputs.count(c) == 1))
+    letters = list(dict.fromkeys(output + inputs.replace(",", "")))
+    sizes: dict[str, int] = {}
+    product = None
+    for term, t in zip(terms, operands):
+        if len(term) != t.ndim or len(set(term)) != len(term):
+            raise NotImplementedError(f"einsum term {term!r} for shape {t.shape}: one distinct "
+                                      "letter per dim (no diagonals)")
+        for c, s in zip(term, t.shape):
+            if sizes.setdefault(c, s) != s and 1 not in (s, sizes[c]):
+                raise RuntimeError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s}")
+            sizes[c] = max(sizes[c], s)
+        aligned = t.permute([term.index(c) for c in letters if c in term])
+        aligned = aligned.reshape(tuple(t.shape[term.index(c)] if c in term else 1
+                                        for c in letters))
+        product = aligned if product is None else product * aligned
+    summed = tuple(range(len(output), len(letters)))
+    return product.sum(summed) if summed else product

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from portkit.tensor import core
 from portkit.tensor.dtype import DTypeLike, bool_, int32, promote
-from portkit.tensor.shapes import AxisLike, as_axes
+from portkit.tensor.shapes import AxisLike, accepts_dim, as_axes
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -27,6 +27,7 @@ class ReduceOps:
             return out
         return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
+    @accepts_dim
     def sum(self: Tensor, axis: AxisLike = None, keepdim: bool = False,
             dtype: DTypeLike | None = None) -> Tensor:
         """The sum over `axis`; bool and small integers sum in int32 (where torch uses int64)."""
@@ -37,20 +38,28 @@ class ReduceOps:
             x = x.cast(int32)
         return x._reduce("sum", axis, keepdim)
 
+    @accepts_dim
     def max(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
         """The largest element over `axis`."""
         if self.dtype == bool_:
             return self.cast(int32).max(axis, keepdim).cast(bool_)
         return self._reduce("max_reduce", axis, keepdim)
 
+    @accepts_dim
     def min(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
         """The smallest element over `axis`."""
         return self._reversed().max(axis, keepdim)._reversed()
 
-    def prod(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
-        """The product over `axis`."""
-        return self._reduce("prod_reduce", axis, keepdim)
+    @accepts_dim
+    def prod(self: Tensor, axis: AxisLike = None, keepdim: bool = False,
+             dtype: DTypeLike | None = None) -> Tensor:
+        """The product over `axis`, computed in `dtype` if given."""
+        x = self if dtype is None else self.cast(dtype)
+        if x.dtype == bool_:
+            return (x == 0).max(axis, keepdim) == 0     # the ABI has no bool MUL
+        return x._reduce("prod_reduce", axis, keepdim)
 
+    @accepts_dim
     def mean(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
         """The mean over `axis` (NaN over no elements)."""
         axes = as_axes(axis, self.ndim)
@@ -58,6 +67,7 @@ class ReduceOps:
         total = self._float().sum(axis, keepdim)
         return total / count if count else total * float("nan")
 
+    @accepts_dim
     def var(self: Tensor, axis: AxisLike = None, keepdim: bool = False,
             correction: int = 1) -> Tensor:
         """The variance over `axis`, divided by count - correction (Bessel's by default)."""
@@ -67,11 +77,13 @@ class ReduceOps:
         centered = x - x.mean(axes, keepdim=True)
         return (centered * centered).sum(axes, keepdim) / max(count - correction, 0)
 
+    @accepts_dim
     def std(self: Tensor, axis: AxisLike = None, keepdim: bool = False,
             correction: int = 1) -> Tensor:
         """The square root of var()."""
         return self.var(axis, keepdim, correction).sqrt()
 
+    @accepts_dim
     def argmax(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """Index of the first maximum (int32)."""
         if axis is None:
@@ -79,15 +91,21 @@ class ReduceOps:
         axis = as_axes(axis, self.ndim)[0]
         n = self.shape[axis]
         hit = self == self.max(axis, keepdim=True)
+        if self.dtype.is_float:
+            # a NaN is the maximum, as in PyTorch: where the axis has one, the first NaN wins
+            nan = self.isnan()
+            hit = nan.max(axis, keepdim=True).where(nan, hit)
         shape = [1] * self.ndim
         shape[axis] = n
         backwards = core.Tensor.arange(n - 1, -1, -1, device=self.device).reshape(shape)
         return (n - 1) - (hit.where(backwards, -1)).max(axis, keepdim)
 
+    @accepts_dim
     def argmin(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """Index of the first minimum (int32)."""
         return self._reversed().argmax(axis, keepdim)
 
+    @accepts_dim
     def logsumexp(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
         """log(sum(exp(self))) over `axis`, without overflow."""
         m = self.max(axis, keepdim=True).detach()
@@ -96,11 +114,13 @@ class ReduceOps:
         return out if keepdim else out.reshape(
             tuple(s for i, s in enumerate(self.shape) if i not in as_axes(axis, self.ndim)))
 
+    @accepts_dim
     def softmax(self: Tensor, axis: int = -1) -> Tensor:
         """exp(self) normalized to sum to 1 over `axis`."""
         e = (self - self.max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
+    @accepts_dim
     def log_softmax(self: Tensor, axis: int = -1) -> Tensor:
         """log(softmax(self)), computed without the intermediate exp."""
         return self - self.logsumexp(axis, keepdim=True)

@@ -1,0 +1,80 @@
+"""numpy and DLPack interop, and repr with values.
+
+`np.asarray(t)` and `t + ndarray` work through `__array__` (numpy defers its operators to
+Tensor). DLPack: a tensor on a host-memory backend (cpu, interpreter: buffers are host arrays)
+is exported without a copy, so `torch.from_dlpack(t)` shares its memory; on a device backend
+the export is a host copy (the contract: `__dlpack_device__` is always the CPU, and a consumer
+that needs the device's memory should use the device's own API). `from_dlpack` copies into a
+new Tensor.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from portkit.tensor import core
+
+if TYPE_CHECKING:
+    from portkit.tensor.core import Tensor
+
+_DLPACK_CPU = 1          # DLDeviceType kDLCPU
+
+
+class _HostView:
+    """Holds the Buffer that a shared array reads, so the pool cannot reuse its memory while
+    a consumer (numpy, torch) still holds the array."""
+
+    def __init__(self, buffer: Any, array: np.ndarray):
+        self.buffer, self.array = buffer, array
+        self.__array_interface__ = array.__array_interface__
+
+
+class InteropOps:
+    """Tensor's __array__, __dlpack__, __dlpack_device__ and __repr__."""
+
+    __slots__ = ()
+    __array_ufunc__ = None      # ndarray + Tensor: numpy returns NotImplemented, Tensor answers
+
+    def __array__(self: Tensor, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """The values as a numpy array (np.asarray(t), np.array(t))."""
+        shared = self._host_array()
+        array = shared if shared is not None and copy is not True else self.numpy()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def _host_array(self: Tensor) -> np.ndarray | None:
+        """The realized values as an array sharing this tensor's host memory, or None where
+        the buffer is not host memory (a device backend) or not laid out as this shape."""
+        self.realize()
+        buffer = self.lazy.buffer
+        handle = getattr(buffer, "handle", None)
+        if not isinstance(handle, np.ndarray) or self.numel() == 0 or not self.lazy.realized:
+            return None
+        flat = handle[:self.numel() * self.dtype.itemsize].view(self.dtype.np)
+        return np.asarray(_HostView(buffer, flat.reshape(self.shape)))
+
+    def __dlpack__(self: Tensor, *, stream: Any = None, max_version: Any = None,
+                   dl_device: Any = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule: this tensor's memory on a host-memory backend, else a host copy."""
+        shared = self._host_array() if copy is not True else None
+        array = shared if shared is not None else self.numpy()
+        if copy is False and shared is None:
+            raise BufferError(f"a tensor on {self.device!r} cannot be shared without a copy; "
+                              "pass copy=None or True")
+        return array.__dlpack__()
+
+    def __dlpack_device__(self: Tensor) -> tuple[int, int]:
+        """(kDLCPU, 0): exports are host memory on every backend (see the module docstring)."""
+        return (_DLPACK_CPU, 0)
+
+    def __repr__(self: Tensor) -> str:
+        """The values, as PyTorch prints them, with dtype and device (runs the graph)."""
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        values = np.array2string(self.numpy(), separator=", ", prefix="Tensor(",
+                                 threshold=1000, edgeitems=3)
+        return f"Tensor({values}, dtype={self.dtype.name}, device={self.device!r}{grad})"
+
+
+def from_dlpack(source: Any, device: str | None = None) -> Tensor:
+    """A Tensor with the values of any DLPack producer (torch, numpy, jax...), copied."""
+    return core.Tensor(np.from_dlpack(source), device=device)

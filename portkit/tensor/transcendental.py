@@ -1,0 +1,145 @@
+"""Inverse trigonometric and hyperbolic functions, and the float helpers PyTorch code calls
+beside them (log10, logaddexp, fmod, copysign, lerp, isclose).
+
+The ABI has only EXP2, LOG2 and SIN, so these are compositions: Cephes' float32 argument
+reductions and polynomials. A branch that `where` does not select still gets a zero gradient,
+and 0 * inf is NaN, so each branch reads a safe stand-in wherever it is not selected.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from portkit.tensor import core
+from portkit.tensor.dtype import Scalar
+from portkit.tensor.elementwise import in_float32
+
+if TYPE_CHECKING:
+    from portkit.tensor.core import Tensor
+
+# Cephes atanf: atan(t) = t + t * z * poly(z), z = t * t, for |t| <= tan(pi / 8)
+_ATAN_POLY = (8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1)
+_TAN_PI_8 = math.tan(math.pi / 8)
+
+
+def _as_tensor(like: Tensor, value: Tensor | Scalar) -> Tensor:
+    return value if isinstance(value, core.Tensor) else like.full_like(value)
+
+
+class TranscendentalOps:
+    """Tensor's atan, atan2, asin, acos, sinh, cosh, log10, logaddexp, fmod, copysign, lerp,
+    isclose."""
+
+    __slots__ = ()
+
+    @in_float32
+    def atan(self: Tensor) -> Tensor:
+        """The arctangent, in (-pi/2, pi/2)."""
+        x = self._float()
+        a = _magnitude(x)
+        big, mid = a > 1 / _TAN_PI_8, a > _TAN_PI_8
+        # atan(a) = pi/2 - atan(1/a) = pi/4 + atan((a-1)/(a+1)) bring a to |t| <= tan(pi/8)
+        t = big.where(-1 / big.where(a, 1.0), mid.where(
+            (a - 1) / (mid.where(a, 0.0) + 1), a))
+        z = t * t
+        poly = z * _ATAN_POLY[0] + _ATAN_POLY[1]
+        for c in _ATAN_POLY[2:]:
+            poly = poly * z + c
+        base = big.where(math.pi / 2, mid.where(math.pi / 4, 0.0))
+        out = base + t + t * z * poly
+        return (x < 0).where(-out, out)
+
+    def atan2(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """The angle of the point (other, self), in [-pi, pi] (torch.atan2(self, other))."""
+        y, x = self._float()._operand(other)
+        ay, ax = _magnitude(y), _magnitude(x)
+        steep = ay > ax
+        hi = steep.where(ay, ax)
+        lo = steep.where(ax, ay)
+        # both infinite: the diagonal (ratio 1), where inf / inf would be NaN
+        both_inf = ax.isinf() & ay.isinf()
+        ratio = both_inf.where(1.0, both_inf.where(0.0, lo) / (hi == 0).where(1.0, hi))
+        r = ratio.atan()
+        r = steep.where(math.pi / 2 - r, r)
+        r = _signbit(x).where(math.pi - r, r)
+        return _signbit(y).where(-r, r)
+
+    @in_float32
+    def asin(self: Tensor) -> Tensor:
+        """The arcsine, in [-pi/2, pi/2] (NaN outside [-1, 1])."""
+        x = self._float()
+        return x.atan2((1 - x * x).sqrt())
+
+    @in_float32
+    def acos(self: Tensor) -> Tensor:
+        """The arccosine, in [0, pi] (NaN outside [-1, 1])."""
+        x = self._float()
+        return (1 - x * x).sqrt().atan2(x)
+
+    @in_float32
+    def sinh(self: Tensor) -> Tensor:
+        """The hyperbolic sine (a Taylor series near 0, where e^x - e^-x cancels)."""
+        x = self._float()
+        small = x.abs() < 0.5
+        xs = small.where(x, 0.0)
+        x2 = xs * xs
+        series = xs * (1 + x2 * (1 / 6 + x2 * (1 / 120 + x2 * (1 / 5040))))
+        e = x.exp()
+        return small.where(series, (e - 1 / e) * 0.5)
+
+    @in_float32
+    def cosh(self: Tensor) -> Tensor:
+        """The hyperbolic cosine."""
+        e = self._float().exp()
+        return (e + 1 / e) * 0.5
+
+    @in_float32
+    def log10(self: Tensor) -> Tensor:
+        """The base-10 logarithm."""
+        return self.log2() * math.log10(2)
+
+    def logaddexp(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """log(e^self + e^other), without overflow."""
+        a, b = self._float()._operand(other)
+        same = a == b                   # also both -inf or both +inf, where a - b is NaN
+        m = a.maximum(b)
+        d = same.where(0.0, a - b).abs()
+        return same.where((a + b) * 0.5 + math.log(2), m + (1 + (-d).exp()).log())
+
+    def fmod(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """The remainder of self / other with self's sign (C's fmod; % takes other's sign)."""
+        a, b = self._operand(other)
+        if not a.dtype.is_float:
+            return a._prim("mod", b)
+        return a - (a / b).trunc() * b
+
+    def copysign(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """|self| with the sign of other (-0.0 counts as negative)."""
+        a, b = self._float()._operand(other)
+        return _signbit(b).where(-a.abs(), a.abs())
+
+    def lerp(self: Tensor, end: Tensor | Scalar, weight: Tensor | Scalar) -> Tensor:
+        """self + weight * (end - self)."""
+        return self + (_as_tensor(self, end) - self) * weight
+
+    def isclose(self: Tensor, other: Tensor | Scalar, rtol: float = 1e-5, atol: float = 1e-8,
+                equal_nan: bool = False) -> Tensor:
+        """|self - other| <= atol + rtol * |other|, elementwise (infinities equal only
+        themselves)."""
+        a, b = self._operand(other)
+        if not a.dtype.is_float:
+            return a == b
+        finite = a.isfinite() & b.isfinite()
+        close = (a == b) | (finite & ((a - b).abs() <= atol + rtol * b.abs()))
+        return close | (a.isnan() & b.isnan()) if equal_nan else close
+
+
+def _magnitude(x: Tensor) -> Tensor:
+    """|x| whose gradient at 0 is 1, not abs()'s 0: atan and atan2 have slope there."""
+    return (x < 0).where(-x, x)
+
+
+def _signbit(x: Tensor) -> Tensor:
+    """True where x is negative, -0.0 included (1 / -0.0 is -inf)."""
+    zero = x == 0
+    return (x < 0) | (zero & (1 / zero.where(x, 1.0) < 0))

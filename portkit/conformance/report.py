@@ -170,16 +170,25 @@ def blocked_by_cause(data: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def perf_bars(perf: list[dict[str, Any]], width: float = 400.0) -> dict[str, Any]:
-    """Where each perf ratio sits on a log scale (ratios spanning 1000x stay readable), and
-    where 1x (as fast as the CPU reference) is: {"bars": [(x, ...)], "one": x}."""
+    """Where each perf ratio sits on a log scale (ratios spanning 1000x stay readable), with
+    the spread of its repeats (the reference's median over the slowest and fastest repeat),
+    and where 1x (as fast as the CPU reference) is: {"bars": [{x, low_x, high_x, ...}]}."""
+    def spread(p: dict[str, Any]) -> tuple[float, float] | None:
+        if not p.get("ratio") or not p.get("min_seconds") or not p.get("max_seconds"):
+            return None
+        return p["reference_seconds"] / p["max_seconds"], p["reference_seconds"] / p["min_seconds"]
+
     ratios = [p["ratio"] for p in perf if p.get("ratio")]
+    ratios += [r for p in perf if (s := spread(p)) for r in s]
     low = math.log10(min(ratios + [1.0])) - 0.1
     high = math.log10(max(ratios + [1.0])) + 0.1
 
     def x(ratio: float) -> float:
         return round(width * (math.log10(ratio) - low) / (high - low), 1)
 
-    return {"bars": [{**p, "x": x(p["ratio"]) if p.get("ratio") else None} for p in perf],
+    return {"bars": [{**p, "x": x(p["ratio"]) if p.get("ratio") else None,
+                      "spread_x": tuple(map(x, s)) if (s := spread(p)) else None}
+                     for p in perf],
             "one": x(1.0), "low": 10 ** low, "high": 10 ** high}
 
 

@@ -166,9 +166,9 @@ def conv(channels: int, size: int, rng: np.random.Generator) -> Workload:
                     "GFLOP/s", expected, 1.01 * c * 9 * _u() * magnitude)
 
 
-def _median_seconds(target: Target, workload: Workload, repeats: int) -> float:
+def _times(target: Target, workload: Workload, repeats: int) -> list[float]:
     kernel = target.prepare(workload.kernel)
-    return statistics.median(target.time(kernel, workload.inputs, repeats=repeats))
+    return list(target.time(kernel, workload.inputs, repeats=repeats))
 
 
 def _verify(target: Target, workload: Workload) -> None:
@@ -183,8 +183,10 @@ def _verify(target: Target, workload: Workload) -> None:
                          f"{actual[at]!r}; tiers 2-3 say which op or pattern is wrong")
 
 
-def _report(ctx: Context, target: Target, name: str, seconds: float,
+def _report(ctx: Context, target: Target, name: str, times: list[float],
             reference: float | None, value: float, unit: str) -> Outcome:
+    """The case's outcome and perf record: the median of `times`, and their spread."""
+    seconds = statistics.median(times)
     caps = target.capabilities
     peak = caps.peak_bandwidth_gbs if unit == "GB/s" else (
         caps.peak_gflops if unit == "GFLOP/s" else None)
@@ -194,7 +196,8 @@ def _report(ctx: Context, target: Target, name: str, seconds: float,
         warning = "no ratio: the CPU reference backend is not available here"
     elif ratio < 1 and ctx.reference is not target:
         warning = f"{ratio:.2f}x the CPU reference: slower"
-    perf = {"name": name, "seconds": seconds, "reference_seconds": reference, "ratio": ratio,
+    perf = {"name": name, "seconds": seconds, "min_seconds": min(times),
+            "max_seconds": max(times), "reference_seconds": reference, "ratio": ratio,
             "value": value, "unit": unit,
             "peak_fraction": value / peak if peak and unit != "us" else None,
             "warning": warning}
@@ -214,13 +217,14 @@ def _throughput(ctx: Context, name: str, build: Callable[[], Workload],
     def run(target: Target) -> Outcome:
         workload = build()
         _verify(target, workload)
-        seconds = _median_seconds(target, workload, repeats)
+        times = _times(target, workload, repeats)
+        seconds = statistics.median(times)
         reference = None
         if ctx.reference is not None:
-            reference = (seconds if ctx.reference is target
-                         else _median_seconds(ctx.reference, workload, repeats))
+            reference = (seconds if ctx.reference is target else
+                         statistics.median(_times(ctx.reference, workload, repeats)))
         value = workload.work / seconds / 1e9
-        return _report(ctx, target, name, seconds, reference, value, workload.unit)
+        return _report(ctx, target, name, times, reference, value, workload.unit)
     return run
 
 
@@ -231,16 +235,15 @@ def _tiny() -> Kernel:
 
 
 def _latency(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
-    def seconds_on(target: Target) -> float:
+    def seconds_on(target: Target) -> list[float]:
         kernel = target.prepare(_tiny())
-        return statistics.median(target.time(kernel, [np.zeros(1, np.float32)],
-                                             repeats=repeats, wall=True))
+        return list(target.time(kernel, [np.zeros(1, np.float32)], repeats=repeats, wall=True))
 
     return _against_reference(ctx, "launch-latency", seconds_on, 1e6, "us")
 
 
 def _compile_time(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
-    def seconds_on(target: Target) -> float:
+    def seconds_on(target: Target) -> list[float]:
         times = []
         for _ in range(repeats):
             # A value no cache has seen, so every repeat renders and compiles from scratch.
@@ -249,19 +252,20 @@ def _compile_time(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
             start = time.perf_counter()
             target.compile(target.prepare(b.build()), cached=False)
             times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        return times
 
     return _against_reference(ctx, "compile-time", seconds_on, 1e3, "ms")
 
 
-def _against_reference(ctx: Context, name: str, seconds_on: Callable[[Target], float],
+def _against_reference(ctx: Context, name: str, seconds_on: Callable[[Target], list[float]],
                        scale: float, unit: str) -> Callable[[Target], Outcome]:
     """A case measuring `seconds_on` the target and on the reference, shown in `unit`."""
     def run(target: Target) -> Outcome:
-        seconds = seconds_on(target)
+        times = seconds_on(target)
+        seconds = statistics.median(times)
         reference = None if ctx.reference is None else (
-            seconds if ctx.reference is target else seconds_on(ctx.reference))
-        return _report(ctx, target, name, seconds, reference, seconds * scale, unit)
+            seconds if ctx.reference is target else statistics.median(seconds_on(ctx.reference)))
+        return _report(ctx, target, name, times, reference, seconds * scale, unit)
     return run
 
 

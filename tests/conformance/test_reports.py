@@ -54,6 +54,7 @@ def test_json_report_has_the_versioned_schema(broken_report, tmp_path):
                      "launch-latency", "compile-time"}
     for p in data["perf"]:
         assert p["seconds"] > 0 and p["reference_seconds"] > 0 and p["ratio"] > 0
+        assert 0 < p["min_seconds"] <= p["seconds"] <= p["max_seconds"]
 
 
 def test_junit_counts_failures_and_skips_what_did_not_run(broken_report, tmp_path):
@@ -74,6 +75,8 @@ def test_html_report_is_one_file_with_grid_failures_and_a_perf_plot(broken_repor
     assert "<svg" in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")
     assert "ops/SIN/float32" in html and "portkit replay" in html
     assert 'class="failed">failed</td>' in html and "not run" in html
+    # Each benchmark's spread: a whisker from its slowest to its fastest repeat.
+    assert html.count('<line class="spread"') == len(report.to_dict(broken_report)["perf"]) > 0
 
 
 def test_terminal_summary_names_failures_and_replays(broken_report):

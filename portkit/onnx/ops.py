@@ -17,6 +17,7 @@ import numpy as np
 from portkit import runtime
 from portkit.abi import dtypes
 from portkit.abi.errors import UnsupportedDType
+from portkit.nn import functional as F
 from portkit.tensor import Tensor, cat
 
 Value = Any   # a Tensor, a numpy array (a host value) or None
@@ -96,10 +97,6 @@ CHECKS: dict[str, Check] = {}
 op = registrar(OPS)
 
 
-def _is_nan(x: Tensor) -> Tensor:
-    return x != x   # noqa: PLR0124 (NaN is the one value unequal to itself)
-
-
 def unary(name: str, fn: Callable[[Tensor, NodeArgs], Tensor]) -> None:
     OPS[name] = lambda ctx, node: [fn(ctx.tensor(node.inputs[0]), node)]
 
@@ -115,22 +112,21 @@ for _name, _fn in {
     "Erf": lambda x, n: x.erf(), "Floor": lambda x, n: x.floor(), "Ceil": lambda x, n: x.ceil(),
     "Round": lambda x, n: x.round(), "Sign": lambda x, n: x.sign(),
     "Softplus": lambda x, n: x.softplus(), "Not": lambda x, n: x.logical_not(),
-    "Identity": lambda x, n: x, "IsNaN": lambda x, n: _is_nan(x),
-    "Softsign": lambda x, n: x / (x.abs() + 1),
+    "Identity": lambda x, n: x, "IsNaN": lambda x, n: x.isnan(),
+    "Softsign": lambda x, n: F.softsign(x),
     "LeakyRelu": lambda x, n: x.leaky_relu(n.attr("alpha", 0.01)),
-    "Elu": lambda x, n: (x > 0).where(x, (x.exp() - 1) * n.attr("alpha", 1.0)),
-    "Celu": lambda x, n: x.relu() - ((x / n.attr("alpha", 1.0)).exp() - 1).clip(max=0).neg()
-    * n.attr("alpha", 1.0),
-    "Selu": lambda x, n: (x > 0).where(x, (x.exp() - 1) * n.attr("alpha", 1.6732632423543772))
+    "Elu": lambda x, n: F.elu(x, n.attr("alpha", 1.0)),
+    "Celu": lambda x, n: F.celu(x, n.attr("alpha", 1.0)),
+    "Selu": lambda x, n: F.elu(x, n.attr("alpha", 1.6732632423543772))
     * n.attr("gamma", 1.0507009873554805),
     "ThresholdedRelu": lambda x, n: (x > n.attr("alpha", 1.0)).where(x, 0.0),
     "HardSigmoid": lambda x, n: (x * n.attr("alpha", 0.2) + n.attr("beta", 0.5)).clip(0, 1),
-    "HardSwish": lambda x, n: x * (x / 6 + 0.5).clip(0, 1),
-    "Mish": lambda x, n: x * x.softplus().tanh(),
+    "HardSwish": lambda x, n: F.hardswish(x),
+    "Mish": lambda x, n: F.mish(x),
     "Gelu": lambda x, n: x.gelu(n.attr("approximate", "none")),
     "Swish": lambda x, n: x * (x * n.attr("alpha", 1.0)).sigmoid(),
-    "Sinh": lambda x, n: (x.exp() - (-x).exp()) * 0.5,
-    "Cosh": lambda x, n: (x.exp() + (-x).exp()) * 0.5,
+    "Sinh": lambda x, n: x.sinh(),
+    "Cosh": lambda x, n: x.cosh(),
     "Asinh": lambda x, n: (x + (x * x + 1).sqrt()).log(),
     "Acosh": lambda x, n: (x + (x * x - 1).sqrt()).log(),
     "Atanh": lambda x, n: ((1 + x) / (1 - x)).log() * 0.5,
@@ -138,9 +134,9 @@ for _name, _fn in {
     "Shrink": lambda x, n: (x < -n.attr("lambd", 0.5)).where(
         x + n.attr("bias", 0.0), (x > n.attr("lambd", 0.5)).where(x - n.attr("bias", 0.0), 0)
     ).cast(x.dtype),
-    "IsInf": lambda x, n: (x.abs() == float("inf")) & (
-        (x > 0) if not n.attr("detect_negative", 1) else
-        (x < 0) if not n.attr("detect_positive", 1) else ~_is_nan(x)),
+    "IsInf": lambda x, n: x.isinf() if n.attr("detect_negative", 1) and n.attr(
+        "detect_positive", 1) else x.isinf() & ((x > 0) if not n.attr("detect_negative", 1)
+                                                else (x < 0)),
 }.items():
     unary(_name, _fn)
 

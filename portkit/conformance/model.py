@@ -27,9 +27,11 @@ from portkit.conformance.suite import Options, Report
 from portkit.conformance.target import Target
 from portkit.conformance.tensor_ops import gamma
 from portkit.conformance.tier4_tensor import machine_eps, rounding_units, stack_device
+from portkit.onnx.ops import Context
 
 TIER = 8            # after the built-in tiers: it runs a file of the vendor's, not ours
 NAME = "model"
+_to_host = Context.host     # a Tensor read back, a host value as it is
 
 
 @dataclass
@@ -106,7 +108,7 @@ def check(target: Target, path: str | Path, inputs: str | Path | None = None,
     divergence: Divergence | None = None
     for name in ours.outputs:
         case = Case(f"model/{Path(path).stem}/{name}", TIER, op="model")
-        expected = _host(want[name])
+        expected = _to_host(want[name])
         error, bound = _distance(got[name], expected, _units(got[name]), _longest(proto))
         result = Result(case, Status.PASSED, max_error=error)
         if not error <= bound:
@@ -131,13 +133,13 @@ def first_divergence(proto: Any, device: str, reference: str, values: dict[str, 
                      repro_dir: Path, backend: str) -> Divergence | None:
     """The first node that, run alone on `device` with the reference's `values` of its inputs,
     leaves its bound; its single-node model and inputs are written to `repro_dir`."""
-    from portkit.onnx import load
+    from portkit.onnx import load, node_model
 
-    reference_values = {k: _host(v) for k, v in values.items() if v is not None}
+    reference_values = {k: _to_host(v) for k, v in values.items() if v is not None}
     for index, node in enumerate(proto.graph.node):
         if node.op_type in ("Constant", "Shape", "Size"):
             continue
-        single, feeds = node_model(proto, node, reference_values)
+        single, feeds = node_model(node, reference_values, proto.opset_import)
         got = load(single, device=device).run(dict(feeds))
         for output in node.output:
             if output not in reference_values or not output:
@@ -161,22 +163,6 @@ def first_divergence(proto: Any, device: str, reference: str, values: dict[str, 
                             f"--inputs {inputs_file}")
             return found
     return None
-
-
-def node_model(proto: Any, node: Any, values: dict[str, np.ndarray]) -> tuple[Any, dict]:
-    """A model of `node` alone whose inputs are its inputs (values from `values`), with the
-    graph's opset; and those inputs."""
-    import onnx
-
-    helper = onnx.helper
-    names = [i for i in node.input if i]
-    feeds = {n: np.asarray(values[n]) for n in names}
-    graph = helper.make_graph(
-        [node], f"{node.op_type}_alone",
-        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-         for n, a in feeds.items()],
-        [helper.make_tensor_value_info(o, 0, None) for o in node.output if o])
-    return helper.make_model(graph, opset_imports=list(proto.opset_import)), feeds
 
 
 def _oracle(proto: Any, values: dict[str, np.ndarray]) -> dict[str, tuple[str, np.ndarray]]:
@@ -206,7 +192,7 @@ def _units(value: Any) -> float:
 def _distance(value: Any, expected: np.ndarray, units: float, longest: int
               ) -> tuple[float, float]:
     """(max |value - expected|, the bound it must keep)."""
-    actual = _host(value)
+    actual = _to_host(value)
     if actual.shape != expected.shape:
         return float("inf"), 0.0
     if expected.dtype.kind not in "fc" and actual.dtype.kind not in "fc":
@@ -263,10 +249,6 @@ def _shapes(proto: Any) -> dict[str, tuple[int, ...]]:
     for init in inferred.graph.initializer:
         shapes[init.name] = tuple(init.dims)
     return shapes
-
-
-def _host(value: Any) -> np.ndarray:
-    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
 def _plain(attribute: Any) -> Any:

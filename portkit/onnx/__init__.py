@@ -24,7 +24,7 @@ from portkit.onnx import nn, ops
 from portkit.onnx.ops import Context, NodeArgs
 from portkit.tensor import Tensor
 
-__all__ = ["Model", "UnsupportedModel", "load"]
+__all__ = ["Model", "UnsupportedModel", "load", "node_model"]
 
 OPS = ops.OPS | nn.OPS
 CHECKS = ops.CHECKS | nn.CHECKS
@@ -120,12 +120,14 @@ class Model:
     def _on_host(self, index: int, node: Node, args: list) -> list[np.ndarray]:
         if index not in self._host:
             self._host[index] = _node_evaluator(node, args, self.opset)
-        return _run_on_host(self._host[index], args)
+        return _run_on_host(self._host[index], node, args)
 
 
-def _run_on_host(evaluator: Any, args: list) -> list[np.ndarray]:
-    feeds = {f"in{i}": a for i, a in enumerate(args) if a is not None}
-    return list(evaluator.run(None, feeds))
+def _run_on_host(evaluator: Any, node: Node, args: list) -> list[np.ndarray | None]:
+    """The node's outputs in order (None for an omitted optional one)."""
+    feeds = {name: a for name, a in zip(node.inputs, args) if name and a is not None}
+    results = iter(evaluator.run(None, feeds))
+    return [next(results) if name else None for name in node.outputs]
 
 
 def load(model: str | Path | Any, device: str | None = None) -> Model:
@@ -148,7 +150,7 @@ def load(model: str | Path | Any, device: str | None = None) -> Model:
     for node in nodes:   # constant folding: what depends on constants alone runs once, here
         args = [constants.get(name) for name in node.inputs]
         if all(name in constants or not name for name in node.inputs):
-            outputs = _run_on_host(_node_evaluator(node, args, opset), args)
+            outputs = _run_on_host(_node_evaluator(node, args, opset), node, args)
             constants.update(zip(node.outputs, outputs))
         else:
             kept.append(node)
@@ -190,19 +192,24 @@ def _attribute(attribute: Any) -> Any:
     return value
 
 
+def node_model(node: Any, values: dict[str, np.ndarray], opset_imports: Iterable[Any]
+               ) -> tuple[Any, dict[str, np.ndarray]]:
+    """A model of the NodeProto `node` alone, its inputs the graph inputs (dtypes and shapes
+    from `values`, by name), with these opsets; and its feeds."""
+    helper = _onnx().helper
+    feeds = {name: np.asarray(values[name]) for name in node.input if name}
+    graph = helper.make_graph(
+        [node], f"{node.op_type}_alone",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+         for n, a in feeds.items()],
+        [helper.make_tensor_value_info(o, 0, None) for o in node.output if o])
+    return helper.make_model(graph, opset_imports=list(opset_imports)), feeds
+
+
 def _node_evaluator(node: Node, args: list, opset: int):
     """An onnx.reference evaluator for one node with the model's opset."""
-    onnx = _onnx()
     from onnx.reference import ReferenceEvaluator
 
-    helper = onnx.helper
-    inputs = [f"in{i}" if a is not None else "" for i, a in enumerate(args)]
-    proto = helper.make_node(node.op, inputs, [f"out{i}" for i in range(len(node.outputs))])
-    proto.attribute.extend(node.proto.attribute)
-    graph = helper.make_graph(
-        [proto], "host",
-        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-         for n, a in zip(inputs, args) if a is not None],
-        [helper.make_tensor_value_info(o, 0, None) for o in proto.output])
-    return ReferenceEvaluator(helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", opset)]))
+    values = {name: a for name, a in zip(node.inputs, args) if name and a is not None}
+    model, _ = node_model(node.proto, values, [_onnx().helper.make_opsetid("", opset)])
+    return ReferenceEvaluator(model)

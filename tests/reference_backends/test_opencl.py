@@ -152,3 +152,36 @@ def test_a_kernel_with_a_10000_character_name_runs(device, tmp_path, monkeypatch
     rt = runtime.Runtime("opencl-long-names", device)
     (result,) = rt.run(k.build(grid=(4, 1, 1), block=(1, 1, 1)), np.zeros(4, np.float32))
     np.testing.assert_array_equal(result, np.full(4, 2.0, np.float32))
+
+
+def test_pocl_builds_hold_a_file_lock_beside_pocls_cache(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from portkit.reference_backends.opencl.runtime import POCL, driver_lock
+    monkeypatch.setenv("POCL_CACHE_DIR", str(tmp_path / "kcache"))
+    pocl = SimpleNamespace(platform=SimpleNamespace(name=POCL))
+    assert driver_lock(pocl).lock_file == str(tmp_path / "kcache" / "portkit.lock")
+    other = SimpleNamespace(platform=SimpleNamespace(name="NVIDIA CUDA"))
+    assert not hasattr(driver_lock(other), "lock_file")
+
+
+def test_a_build_waits_while_another_process_builds_in_pocls_cache(device):
+    """PoCL 3.1 crashed (SIGSEGV reading program binaries, SIGABRT loading one) when two
+    processes built into its cache at once, as two pytest-xdist workers did; builds now wait."""
+    import threading
+    import time
+
+    from filelock import FileLock
+    if device.compiler.device.platform.name != opencl.runtime.POCL:
+        pytest.skip("the lock is only taken on PoCL")
+    other = FileLock(device.compiler.lock.lock_file)   # another holder, as another process
+    finished = []
+    source = f"__kernel void k(__global int *a) {{ a[0] = {time.time_ns() % 1000003}; }}"
+    builder = threading.Thread(
+        target=lambda: finished.append((device.compiler.compile(source), time.monotonic())))
+    with other:
+        builder.start()
+        builder.join(1.0)
+        released = time.monotonic()
+    builder.join(60)
+    assert finished and finished[0][1] >= released and finished[0][0]

@@ -27,7 +27,7 @@ from portkit.reference_backends.opencl.runtime import (
 def find_device():
     """The first GPU of any platform, else the first device; BackendUnavailable if none."""
     if cl is None:
-        raise BackendUnavailable("pyopencl is not installed", "pip install portkit[opencl]")
+        raise BackendUnavailable("pyopencl or filelock is not installed", "pip install portkit[opencl]")
     fix = "apt-get install pocl-opencl-icd (or your vendor's OpenCL driver)"
     try:
         found = [d for p in cl.get_platforms() for d in p.get_devices()]

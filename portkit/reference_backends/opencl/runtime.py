@@ -4,13 +4,25 @@ All three go through pyopencl to the OpenCL driver. The Compiler builds a progra
 the driver's binary, which the disk cache keeps; loading a kernel rebuilds the program from that
 binary, so a warm cache skips the compiler. OpenCL's global size counts threads, not
 workgroups: global = grid * block.
+
+PoCL keeps a kernel cache of its own (POCL_CACHE_DIR, else ~/.cache/pocl), and PoCL 3.1 crashes
+when two processes touch one program's folder there at once (a segfault reading a program's
+binaries, an assertion loading one). On PoCL every build, load and first launch therefore holds
+a file lock beside that cache; other drivers need none.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+from pathlib import Path
+
 import numpy as np
+import platformdirs
 
 try:
     import pyopencl as cl
+    from filelock import FileLock
 except ImportError:   # device.find_device reports the backend unavailable, with the fix
     cl = None
 
@@ -21,6 +33,17 @@ from portkit.codegen.cstyle import function_name
 # No -cl-fast-relaxed-math or -cl-mad-enable: they change float results.
 # -w: warnings (e.g. `x || 0` from constant folding) are for hand-written code.
 OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt", "-w"]
+POCL = "Portable Computing Language"
+
+
+def driver_lock(device) -> contextlib.AbstractContextManager:
+    """Serializes, across threads and processes, what writes the driver's own kernel cache:
+    a file lock beside PoCL's cache on PoCL, nothing on other drivers."""
+    if device.platform.name != POCL:
+        return contextlib.nullcontext()
+    folder = Path(os.environ.get("POCL_CACHE_DIR") or platformdirs.user_cache_path("pocl"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return FileLock(folder / "portkit.lock")
 
 
 class OpenCLAllocator(Allocator):
@@ -50,30 +73,41 @@ class OpenCLCompiler(Compiler):
 
     def __init__(self, context, device):
         self.context, self.device = context, device
+        self.lock = driver_lock(device)
+        # "locked": binaries cached before the lock may have been read while half written
         self.cache_key = "|".join((device.platform.version, device.name, device.version,
-                                   device.driver_version, *OPTIONS))
+                                   device.driver_version, *OPTIONS, "locked"))
 
     def compile(self, source: str) -> bytes:
-        try:
-            program = cl.Program(self.context, source).build(OPTIONS, [self.device])
-        except cl.RuntimeError as error:
-            raise CompileError("the OpenCL compiler rejected the kernel (the source is in "
-                               ".source)", source, str(error)) from None
-        return program.binaries[0]
+        with self.lock:
+            try:
+                program = cl.Program(self.context, source).build(OPTIONS, [self.device])
+            except cl.RuntimeError as error:
+                raise CompileError("the OpenCL compiler rejected the kernel (the source is in "
+                                   ".source)", source, str(error)) from None
+            return program.binaries[0]
 
 
 class OpenCLProgram(Program):
     """A kernel loaded from a program binary, launched on the device's in-order queue."""
 
     def __init__(self, compiler: OpenCLCompiler, queue, name: str, binary: bytes):
-        self.queue = queue
-        program = cl.Program(compiler.context, [compiler.device], [binary]).build(OPTIONS)
-        self.kernel = cl.Kernel(program, function_name(name))
+        self.queue, self.lock, self.launched = queue, compiler.lock, False
+        with self.lock:
+            program = cl.Program(compiler.context, [compiler.device], [binary]).build(OPTIONS)
+            self.kernel = cl.Kernel(program, function_name(name))
 
     def __call__(self, buffers, scalars, grid, block, wait: bool = False) -> float | None:
         self.kernel.set_args(*buffers, *(np.int32(s) for s in scalars))
-        event = cl.enqueue_nd_range_kernel(
-            self.queue, self.kernel, [g * b for g, b in zip(grid, block)], list(block))
+        launch = functools.partial(cl.enqueue_nd_range_kernel, self.queue, self.kernel,
+                                   [g * b for g, b in zip(grid, block)], list(block))
+        if self.launched:
+            event = launch()
+        else:   # the first launch builds the work-group function into the driver's cache
+            with self.lock:
+                event = launch()
+                event.wait()
+            self.launched = True
         if not wait:
             return None
         event.wait()

@@ -106,6 +106,18 @@ def _load(name: str) -> Device | BackendUnavailable | CapabilityError:
     return _loaded[name]
 
 
+def entry_point(name: str) -> metadata.EntryPoint | None:
+    """The registration that backend `name` loads from (see `choose`), or None if there is
+    none or two packages claim the name."""
+    found = [point for point in entry_points() if point.name == name]
+    if not found:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BackendConflict)    # `load` has warned already
+        point, conflict = choose(found)
+    return None if conflict else point
+
+
 def _attempt(name: str) -> Device | BackendUnavailable | CapabilityError:
     found = [point for point in entry_points() if point.name == name]
     if not found:
@@ -194,14 +206,20 @@ class Probe:
     fix: str = ""
 
 
-def probe(timeout: float = 120.0) -> list[Probe]:
-    """Every registered backend, each loaded in a child process, so that a package that calls
+def probe(only: list[str] | None = None, timeout: float = 120.0) -> list[Probe]:
+    """Every registered backend (or those in `only`), each loaded in a child process, so that a
+    package that calls
     os._exit, crashes or hangs (past `timeout` seconds) while importing or loading is reported
     as broken instead of ending the caller. One child loads them all; it is replaced when it
     dies. Spawned, not forked, so no driver state of this process is shared."""
     results: dict[str, Probe] = {}
     todo: list[tuple[str, str]] = []
-    for name in names():
+    for name in only or names():
+        if name not in names():
+            results[name] = Probe(name, "unavailable", f"no backend named {name!r}",
+                                  f"use one of {', '.join(names()) or '(none)'}, or install "
+                                  "the package that provides it")
+            continue
         point, conflict = choose([p for p in entry_points() if p.name == name])
         if conflict:
             results[name] = Probe(name, "broken", conflict.reason, conflict.fix or "")
@@ -222,8 +240,8 @@ def probe(timeout: float = 120.0) -> list[Probe]:
                 why = (f"loading it took over {timeout:g} s" if hung
                        else f"loading it ended the process: {describe_exit(child.exitcode)}")
                 results[name] = Probe(name, "broken", f"broken backend package: {why}",
-                                      "report this to the package's author; "
-                                      "`portkit conform` cannot run it either")
+                                      "report this to the package's author, with the output "
+                                      "of `portkit backends`")
                 break
             found = ours.recv()
             results[found.name] = found

@@ -38,7 +38,7 @@ def test_json_report_has_the_versioned_schema(broken_report, tmp_path):
     for key in ("schema_version", "backend", "abi_version", "portkit_version", "device",
                 "capabilities", "summary", "cases", "perf", "tiers"):
         assert key in data
-    assert data["schema_version"] == 2 and data["backend"] == "broken-sin"
+    assert data["schema_version"] == 3 and data["backend"] == "broken-sin"
     assert data["summary"]["failed"] >= 1 and data["summary"]["total"] == len(data["cases"])
     assert set(data["summary"]["not_run"]) == {"models"}
     assert data["tiers"]["models"]["status"] == "not run"

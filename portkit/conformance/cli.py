@@ -20,6 +20,7 @@ from rich.table import Column
 from portkit import backends
 from portkit.abi import BackendUnavailable, PortkitError
 from portkit.conformance import compare, replay, report, suite
+from portkit.conformance.case import Unsupported
 from portkit.conformance.isolate import WorkerError
 from portkit.conformance.target import Target
 
@@ -81,6 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     again = subparsers.add_parser("replay", help="rerun one saved failing conformance case")
     again.add_argument("file", help="a reproduction file named in a failure's replay line")
     again.add_argument("--backend", required=True, help="the backend to run it on")
+    again.add_argument("--show", action="store_true",
+                       help="first print the kernel as the backend runs it (after its "
+                            "decompositions) and the source it renders")
     again.set_defaults(run=run_replay)
 
     reports = subparsers.add_parser("report", help="merge shards' JSON reports, or compare "
@@ -259,8 +263,12 @@ def run_replay(args: argparse.Namespace) -> int:
     try:
         target = Target.load(args.backend)
         kc, meta = replay.load(args.file)
+        if args.show:       # before the launch, which may crash this process
+            replay.check_bounds(kc)
+            console.print(replay.describe(kc, target), markup=False, highlight=False,
+                          soft_wrap=True)
         verdicts = replay.replay(kc, target)
-    except (PortkitError, OSError, ValueError) as error:
+    except (PortkitError, OSError, ValueError, Unsupported) as error:
         console.print(f"[red]{escape(str(error))}[/]")
         return EXIT_USAGE
     console.print(escape(f"case {meta['case']} (saved from backend {meta['backend']}), kernel "

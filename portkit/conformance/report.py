@@ -231,7 +231,16 @@ def print_terminal(report: Report, console: Console | None = None) -> None:
         if tier["status"] != "run":
             console.print(f"[yellow]tier {tier['tier']} ({name}) not run:[/] "
                           f"{escape(tier['reason'])}")
-    shown = [r for r in report.results if r.status not in (Status.PASSED, Status.UNSUPPORTED)]
+    shown = [r for r in report.results
+             if r.status not in (Status.PASSED, Status.UNSUPPORTED, Status.BLOCKED)]
+    blocked = blocked_by_cause({"cases": [{"id": r.case.id, "status": r.status.value,
+                                           "message": r.message} for r in report.results]})
+    if blocked:     # one row per broken part, however many cases it held up
+        table = Table("blocked by", "cases", "for example", title="blocked")
+        for cause, ids in blocked.items():
+            more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
+            table.add_row(Text(cause), str(len(ids)), Text(", ".join(ids[:3]) + more))
+        console.print(table)
     if shown:
         table = Table("case", "status", "message", title="not passed", show_lines=True)
         for r in shown[:200]:

@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 
 from portkit.abi import CapabilityError
 from portkit.abi.ops import COMPUTE
+from portkit.conformance import replay
 from portkit.conformance.case import (
     EVIDENCE,
     FAILING,
@@ -334,17 +335,17 @@ def _run_one(target: Target, case: Case, kc: KernelCase | Exception | None,
     result = Result(case, outcome.status, outcome.message, outcome.max_ulp, outcome.max_error,
                     time.perf_counter() - start, outcome.worst, outcome.source,
                     perf=outcome.perf, replay=outcome.replay)
+    path = Path(options.repro_dir) / (re.sub(r"[^\w.-]+", "_", case.id) + ".json")
     if outcome.repro is not None:
         result.kernel_json = outcome.repro.kernel.to_json()
         if outcome.status in EVIDENCE:
-            from portkit.conformance import replay
-
-            path = Path(options.repro_dir) / (re.sub(r"[^\w.-]+", "_", case.id) + ".json")
             replay.save(path, outcome.repro, case.id, target.name)
             result.repro_path = str(path)
             result.replay = f"portkit replay {path} --backend {target.name}"
     elif outcome.status in (Status.CRASHED, Status.TIMEOUT) and not result.replay:
         result.replay = f"portkit conform --backend {target.name} -k '{case.id}'"
+    if outcome.status is Status.PASSED and case.make is not None:
+        replay.forget(path, target.name)     # fixed: its old reproduction file is stale
     return _apply_xfail(result, options)
 
 

@@ -169,3 +169,4 @@ def crashing() -> Device:
 
 
 crashing_backend = Backend("crashy", crashing, abi_version=ABI_VERSION)
+cmpne_backend = Backend("cmpne-nan", cmpne_nan_without_max, abi_version=ABI_VERSION)

@@ -233,7 +233,13 @@ def probe(only: list[str] | None = None, timeout: float = 120.0) -> list[Probe]:
         theirs.close()
         while todo:
             hung = not connection.wait([ours, child.sentinel], timeout)
-            if hung or not ours.poll():
+            found = None
+            if not hung and ours.poll():    # a message, or the end of a dead child's pipe
+                try:
+                    found = ours.recv()
+                except (EOFError, OSError):
+                    found = None
+            if found is None:
                 child.kill()
                 child.join()
                 name = todo.pop(0)[0]
@@ -243,7 +249,6 @@ def probe(only: list[str] | None = None, timeout: float = 120.0) -> list[Probe]:
                                       "report this to the package's author, with the output "
                                       "of `portkit backends`")
                 break
-            found = ours.recv()
             results[found.name] = found
             todo = [t for t in todo if t[0] != found.name]
         ours.close()

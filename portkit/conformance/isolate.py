@@ -127,8 +127,11 @@ class _Worker:
                 pass
         if not ready:
             if hasattr(signal, "SIGUSR1"):     # the fault handler writes where it is stuck
-                os.kill(self.process.pid, signal.SIGUSR1)
-                time.sleep(0.5)
+                try:
+                    os.kill(self.process.pid, signal.SIGUSR1)
+                    time.sleep(0.5)
+                except ProcessLookupError:
+                    pass
             where = self._where(offset)
             self.stop()
             return "timeout", f"ran past the {limit:g} s limit (--timeout) and was killed{where}"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from portkit.abi import CapabilityError
 from portkit.abi.ops import COMPUTE
@@ -36,6 +36,9 @@ from portkit.conformance.case import (
     judge,
 )
 from portkit.conformance.target import Target
+
+if TYPE_CHECKING:
+    from portkit.conformance.isolate import Isolated
 
 TIERS = {
     1: "portkit.conformance.tier1_runtime",
@@ -231,7 +234,7 @@ class InProcess:
         """Nothing to release in this process."""
 
 
-def executor(target: Target, options: Options) -> InProcess:
+def executor(target: Target, options: Options) -> InProcess | Isolated:
     """Where cases run: in a worker process (portkit.conformance.isolate) when
     `options.isolate` is "process", or "auto" and the backend was loaded by name; else here."""
     if options.isolate == "none" or (options.isolate == "auto" and target.origin is None):
@@ -247,7 +250,7 @@ class Runner:
     `portkit conform` loop, one shard, or one pytest item on one xdist worker."""
 
     def __init__(self, target: Target, options: Options, pool: list[Case],
-                 runs: InProcess | None = None):
+                 runs: InProcess | Isolated | None = None):
         self.target, self.options, self.pool = target, options, pool
         self.runs = runs or InProcess(target, options)
         self.results: dict[str, Result] = {}
@@ -324,7 +327,7 @@ def make_case(case: Case) -> KernelCase | Exception:
 
 
 def _run_one(target: Target, case: Case, kc: KernelCase | Exception | None,
-             required: list[Result], options: Options, runs: InProcess) -> Result:
+             required: list[Result], options: Options, runs: InProcess | Isolated) -> Result:
     blockers = [r for r in required if r.status in _BLOCKING]
     if blockers:
         names = ", ".join(f"{r.case.id} ({r.status.value})" for r in blockers[:3])

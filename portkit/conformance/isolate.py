@@ -79,6 +79,8 @@ class Isolated:
         self._stop()
 
     def _ask(self, request: tuple[str, Any], limit: float) -> tuple[str, Any]:
+        if self.worker is not None and not self.worker.process.is_alive():
+            self._stop()    # it died after its last answer: no case of this request's to blame
         if self.worker is None:
             self.worker = _Worker(self.target.name, self.target.origin, self.options)
         return self.worker.ask(request, limit)

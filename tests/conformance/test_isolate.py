@@ -89,9 +89,7 @@ def test_a_device_handed_in_cannot_be_isolated(broken):
         suite.run(Target(broken.crashing()), suite.Options(tiers=(2,), isolate="process"))
 
 
-def test_conform_survives_a_backend_that_exits_while_loading(fake_backends, fake_backend_module,
-                                                             capsys):
-    fake_backends({"quits": fake_backend_module("""
+QUITS = """
 import os
 from portkit.abi import ABI_VERSION, Backend
 
@@ -99,9 +97,24 @@ def _load():
     os._exit(9)
 
 backend = Backend("quits", _load, abi_version=ABI_VERSION)
-""")})
+"""
+
+
+def test_conform_survives_a_backend_that_exits_while_loading(fake_backends, fake_backend_module,
+                                                             capsys):
+    fake_backends({"quits": fake_backend_module(QUITS)})
     assert main(["conform", "--backend", "quits", "--tier", "1"]) == 2
     assert "ended the process: exit code 9" in " ".join(capsys.readouterr().out.split())
+
+
+def test_conform_available_lists_a_backend_that_exits_and_checks_the_rest(
+        fake_backends, fake_backend_module, capsys):
+    fake_backends({"quits": fake_backend_module(QUITS),
+                   "interpreter": "portkit.abi.interpreter:backend"})
+    assert main(["conform", "--available", "--quick", "--tier", "1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "quits not available: broken backend package: loading it ended the process" in out
+    assert "interpreter OK" in out
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "soon"])

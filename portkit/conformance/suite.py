@@ -237,6 +237,8 @@ class InProcess:
 def executor(target: Target, options: Options) -> InProcess | Isolated:
     """Where cases run: in a worker process (portkit.conformance.isolate) when
     `options.isolate` is "process", or "auto" and the backend was loaded by name; else here."""
+    if options.isolate not in ("auto", "process", "none"):
+        raise ValueError(f"isolate={options.isolate!r}: use 'auto', 'process' or 'none'")
     if options.isolate == "none" or (options.isolate == "auto" and target.origin is None):
         return InProcess(target, options)
     from portkit.conformance.isolate import Isolated

@@ -82,6 +82,8 @@ def test_auto_isolates_a_backend_loaded_by_name_and_none_does_not(crashy, broken
     assert type(suite.executor(target, suite.Options(isolate="none"))) is suite.InProcess
     handed_in = Target(broken.crashing())
     assert type(suite.executor(handed_in, suite.Options())) is suite.InProcess
+    with pytest.raises(ValueError, match="'auto', 'process' or 'none'"):
+        suite.executor(target, suite.Options(isolate="fork"))
 
 
 def test_a_device_handed_in_cannot_be_isolated(broken):

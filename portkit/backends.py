@@ -7,7 +7,12 @@ message names the fix.
 """
 from __future__ import annotations
 
+import multiprocessing
+import signal
+import warnings
+from dataclasses import dataclass
 from importlib import metadata
+from multiprocessing import connection
 
 from portkit.abi import ABI_VERSION, Backend, BackendUnavailable, CapabilityError, Device
 
@@ -101,15 +106,68 @@ def _load(name: str) -> Device | BackendUnavailable | CapabilityError:
     return _loaded[name]
 
 
+def entry_point(name: str) -> metadata.EntryPoint | None:
+    """The registration that backend `name` loads from (see `choose`), or None if there is
+    none or two packages claim the name."""
+    found = [point for point in entry_points() if point.name == name]
+    if not found:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BackendConflict)    # `load` has warned already
+        point, conflict = choose(found)
+    return None if conflict else point
+
+
 def _attempt(name: str) -> Device | BackendUnavailable | CapabilityError:
-    points = {}
-    for point in entry_points():
-        points.setdefault(point.name, point)
-    if name not in points:
+    found = [point for point in entry_points() if point.name == name]
+    if not found:
+        known = ", ".join(names()) or "(none)"
         return BackendUnavailable(f"no backend named {name!r}",
-                                  f"use one of {', '.join(sorted(points)) or '(none)'}, "
-                                  "or install the package that provides it")
-    point = points[name]
+                                  f"use one of {known}, or install the package that provides it")
+    point, conflict = choose(found)
+    if conflict:
+        return conflict
+    return load_point(point)
+
+
+class BackendConflict(UserWarning):
+    """Another package registers the name of one of portkit's reference backends; the
+    reference is kept."""
+
+
+def distribution(point: metadata.EntryPoint) -> str:
+    """The name of the package that registered `point` (its module's top level if unknown)."""
+    return point.dist.name if point.dist else point.module.split(".")[0]
+
+
+def choose(points: list[metadata.EntryPoint]) -> tuple[metadata.EntryPoint, BrokenBackend | None]:
+    """The registration to load among `points` (all of one name), and the error to report
+    instead when two packages claim it. A reference backend's name always means portkit's own
+    (the other package is named in a BackendConflict warning), so no package can replace the
+    reference silently; two other packages with one name are both named, and neither loads."""
+    unique = list({(p.value, distribution(p)): p for p in points}.values())
+    if len(unique) == 1:
+        return unique[0], None
+    name = unique[0].name
+    ours = [p for p in unique if p.value == _REFERENCE.get(name)]
+    others = ", ".join(sorted({distribution(p) for p in unique if p not in ours}))
+    if ours:
+        warnings.warn(f"{others} registers backend {name!r}, the name of portkit's reference "
+                      f"backend; portkit's is used. Rename {others}'s entry point in the "
+                      f"{GROUP!r} group", BackendConflict, stacklevel=3)
+        return ours[0], None
+    return unique[0], BrokenBackend(
+        f"backend {name!r} is registered by {len(unique)} packages: "
+        + ", ".join(f"{distribution(p)} ({p.value})" for p in unique),
+        "uninstall all but one of them, or rename the others' entry points")
+
+
+def load_point(point: metadata.EntryPoint) -> Device | BackendUnavailable | CapabilityError:
+    """Imports and loads the backend that `point` names; every failure, even a SystemExit or
+    another BaseException raised while importing or loading, comes back as a typed error.
+    (KeyboardInterrupt still stops the caller; os._exit cannot be caught: `portkit backends`
+    probes in a subprocess for that, portkit.conformance in its worker.)"""
+    name = point.name
     try:
         backend = point.load()
         if not isinstance(backend, Backend):
@@ -117,8 +175,8 @@ def _attempt(name: str) -> Device | BackendUnavailable | CapabilityError:
                             "not a portkit.abi.Backend")
         problem = contract_problem(name, backend)
         if problem:
-            package = point.dist.name if point.dist else point.module.split(".")[0]
-            return BrokenBackend(f"broken backend package {package}: {problem[0]}", problem[1])
+            return BrokenBackend(f"broken backend package {distribution(point)}: {problem[0]}",
+                                 problem[1])
         device = backend.load()
         if not isinstance(device, Device):
             raise TypeError(f"load() returned a {type(device).__name__}, "
@@ -127,8 +185,97 @@ def _attempt(name: str) -> Device | BackendUnavailable | CapabilityError:
         return device
     except (BackendUnavailable, CapabilityError) as error:
         return error
-    except Exception as error:  # noqa: BLE001 - a third-party bug must not crash the caller
-        package = point.dist.name if point.dist else point.module.split(".")[0]
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # noqa: BLE001 - a third-party bug must not end the caller
+        package = distribution(point)
+        how = " (it called sys.exit)" if isinstance(error, SystemExit) else ""
         return BrokenBackend(f"broken backend package {package}: "
-                             f"{type(error).__name__}: {error}",
+                             f"{type(error).__name__}: {error}{how}",
                              f"reinstall {package}, or report this error to its author")
+
+
+@dataclass
+class Probe:
+    """How one backend fared when loaded in a probe process: its status ("available",
+    "unavailable", "broken" or "invalid"), the device name or the reason, and the fix."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def probe(only: list[str] | None = None, timeout: float = 120.0) -> list[Probe]:
+    """Every registered backend (or those in `only`), each loaded in a child process, so that a
+    package that calls
+    os._exit, crashes or hangs (past `timeout` seconds) while importing or loading is reported
+    as broken instead of ending the caller. One child loads them all; it is replaced when it
+    dies. Spawned, not forked, so no driver state of this process is shared."""
+    results: dict[str, Probe] = {}
+    todo: list[tuple[str, str]] = []
+    for name in only or names():
+        if name not in names():
+            results[name] = Probe(name, "unavailable", f"no backend named {name!r}",
+                                  f"use one of {', '.join(names()) or '(none)'}, or install "
+                                  "the package that provides it")
+            continue
+        point, conflict = choose([p for p in entry_points() if p.name == name])
+        if conflict:
+            results[name] = Probe(name, "broken", conflict.reason, conflict.fix or "")
+        else:
+            todo.append((name, point.value))
+    context = multiprocessing.get_context("spawn")
+    while todo:
+        ours, theirs = context.Pipe()
+        child = context.Process(target=_probe_child, args=(theirs, todo), daemon=True)
+        child.start()
+        theirs.close()
+        while todo:
+            hung = not connection.wait([ours, child.sentinel], timeout)
+            found = None
+            if not hung and ours.poll():    # a message, or the end of a dead child's pipe
+                try:
+                    found = ours.recv()
+                except (EOFError, OSError):
+                    found = None
+            if found is None:
+                child.kill()
+                child.join()
+                name = todo.pop(0)[0]
+                why = (f"loading it took over {timeout:g} s" if hung
+                       else f"loading it ended the process: {describe_exit(child.exitcode)}")
+                results[name] = Probe(name, "broken", f"broken backend package: {why}",
+                                      "report this to the package's author, with the output "
+                                      "of `portkit backends`")
+                break
+            results[found.name] = found
+            todo = [t for t in todo if t[0] != found.name]
+        ours.close()
+        child.join()
+    return [results[name] for name in sorted(results)]
+
+
+def _probe_child(pipe: connection.Connection, todo: list[tuple[str, str]]) -> None:
+    for name, value in todo:
+        found = load_point(metadata.EntryPoint(name, value, GROUP))
+        if isinstance(found, Device):
+            report = Probe(name, "available", found.capabilities.device_name or "-")
+        elif isinstance(found, BackendUnavailable):
+            status = "broken" if isinstance(found, BrokenBackend) else "unavailable"
+            report = Probe(name, status, found.reason, found.fix or "")
+        else:
+            report = Probe(name, "invalid", str(found))
+        pipe.send(report)
+
+
+def describe_exit(code: int | None) -> str:
+    """How a child process ended, from its exit code: the signal by name, or the code."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name} (signal {-code})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code} (os._exit, exit() or a fatal error in native code)"

@@ -10,7 +10,6 @@ from rich.table import Table
 from rich.text import Text
 
 from portkit import __version__, backends, runtime
-from portkit.abi import BackendUnavailable, PortkitError
 
 # Modules with `register(subparsers)`: each adds its subcommands and sets `run(args) -> int`
 # as the parser default.
@@ -18,20 +17,13 @@ SUBCOMMAND_MODULES = ("portkit.conformance.cli", "portkit.scaffold", "portkit.ca
 
 
 def show_backends(args: argparse.Namespace) -> int:
-    """Prints each backend with its device, or the reason it cannot run here and the fix."""
+    """Prints each backend with its device, or the reason it cannot run here and the fix.
+    Each is loaded in a probe process (backends.probe), so no package can end this one."""
     table = Table("backend", "status", "device, or why not and how to fix it")
-    for name in backends.names():
-        try:
-            device = backends.load(name)
-        except BackendUnavailable as error:
-            status = "broken" if isinstance(error, backends.BrokenBackend) else "unavailable"
-            detail = f"{error.reason}\nfix: {error.fix}" if error.fix else error.reason
-            table.add_row(name, Text(status, style="red"), Text(detail))
-        except PortkitError as error:
-            table.add_row(name, Text("invalid", style="red"), Text(str(error)))
-        else:
-            table.add_row(name, Text("available", style="green"),
-                          Text(device.capabilities.device_name or "-"))
+    for found in backends.probe():
+        style = "green" if found.status == "available" else "red"
+        detail = f"{found.detail}\nfix: {found.fix}" if found.fix else found.detail
+        table.add_row(found.name, Text(found.status, style=style), Text(detail))
     Console().print(table)
     return 0
 

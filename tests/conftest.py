@@ -11,9 +11,11 @@ from portkit import backends
 
 @pytest.fixture
 def fake_backends(monkeypatch):
-    """Call with {name: "module:attribute"}: those become the only registered backends."""
-    def install(points: dict[str, str]) -> None:
-        registered = [EntryPoint(name, value, backends.GROUP) for name, value in points.items()]
+    """Call with {name: "module:attribute"} (or a list of such pairs, to register one name
+    twice): those become the only registered backends."""
+    def install(points: dict[str, str] | list[tuple[str, str]]) -> None:
+        pairs = points.items() if isinstance(points, dict) else points
+        registered = [EntryPoint(name, value, backends.GROUP) for name, value in pairs]
         monkeypatch.setattr(backends, "entry_points", lambda: registered)
         # A private cache, so that devices loaded by other tests stay the same objects.
         monkeypatch.setattr(backends, "_loaded", {})

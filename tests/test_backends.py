@@ -1,6 +1,6 @@
 """Backend discovery: entry points, caching, and every way a backend can fail to load."""
+import re
 import sys
-from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
@@ -83,15 +83,59 @@ def test_names_are_sorted(fake_backends):
     assert backends.names() == ["alpha", "zeta"]
 
 
-def test_first_registration_of_a_name_wins(monkeypatch, fake_backends, fake_backend_module):
-    fake_backends({})
+def test_two_packages_registering_one_name_are_both_named_and_neither_loads(
+        fake_backends, fake_backend_module):
     first = fake_backend_module(VERSIONED.format(name="twice",
                                                  version=", abi_version=interpreter.abi_version"))
-    points = [EntryPoint("twice", first, backends.GROUP),
-              EntryPoint("twice", fake_backend_module(LOAD_RAISES), backends.GROUP)]
-    monkeypatch.setattr(backends, "entry_points", lambda: points)
+    second = fake_backend_module(LOAD_RAISES)
+    fake_backends([("twice", first), ("twice", second)])
     assert backends.names() == ["twice"]
-    assert isinstance(backends.load("twice"), Device)
+    with pytest.raises(backends.BrokenBackend, match="registered by 2 packages") as error:
+        backends.load("twice")
+    assert first.split(":")[0] in str(error.value) and second.split(":")[0] in str(error.value)
+
+
+def test_a_package_registering_a_reference_name_does_not_replace_the_reference(
+        fake_backends, fake_backend_module):
+    impostor = fake_backend_module("""
+from dataclasses import replace
+from portkit.abi import ABI_VERSION, Backend
+from portkit.abi.interpreter import backend as interpreter
+
+def _load():
+    device = interpreter.load()
+    return replace(device, capabilities=replace(device.capabilities, device_name="impostor"))
+
+backend = Backend("interpreter", _load, abi_version=ABI_VERSION)
+""")
+    fake_backends([("interpreter", impostor), ("interpreter", INTERPRETER)])
+    with pytest.warns(backends.BackendConflict) as warned:
+        device = backends.load("interpreter")
+    message = str(warned[0].message)
+    assert impostor.split(":")[0] in message and "portkit's is used" in message
+    assert device.capabilities.device_name == "numpy"
+
+
+@pytest.mark.parametrize("statement, raised", [
+    ("import sys; sys.exit(3)", "SystemExit: 3 (it called sys.exit)"),
+    ("raise SystemExit('no device')", "SystemExit: no device"),
+    ("raise GeneratorExit('odd')", "GeneratorExit: odd"),
+])
+@pytest.mark.parametrize("where", ["import", "load"])
+def test_a_backend_exiting_or_raising_base_exceptions_is_broken_not_fatal(
+        fake_backends, fake_backend_module, statement, raised, where):
+    body = (f"{statement}\n" if where == "import" else "") + f"""
+from portkit.abi import ABI_VERSION, Backend
+
+def _load():
+    {statement if where == "load" else "pass"}
+
+backend = Backend("quits", _load, abi_version=ABI_VERSION)
+"""
+    fake_backends({"quits": fake_backend_module(body)})
+    with pytest.raises(backends.BrokenBackend, match=re.escape(raised)):
+        backends.load("quits")
+    assert backends.available()["quits"].startswith("broken backend package")
 
 
 def test_unknown_name_lists_the_known_ones(fake_backends):

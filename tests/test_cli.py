@@ -127,3 +127,56 @@ def test_a_bad_portkit_debug_is_a_usage_error_naming_the_values(monkeypatch, cap
     monkeypatch.setenv("PORTKIT_DEBUG", "verbose")
     assert main(["backends"]) == 2
     assert "PORTKIT_DEBUG='verbose' is not a level: use 0-4, or yes/no" in capsys.readouterr().err
+
+
+EXITS = """
+import os
+from portkit.abi import ABI_VERSION, Backend
+
+def _load():
+    os._exit(7)
+
+backend = Backend("exits", _load, abi_version=ABI_VERSION)
+"""
+
+SEGFAULTS_ON_IMPORT = """
+import ctypes
+ctypes.string_at(0)
+"""
+
+HANGS = """
+import time
+from portkit.abi import ABI_VERSION, Backend
+
+def _load():
+    time.sleep(600)
+
+backend = Backend("hangs", _load, abi_version=ABI_VERSION)
+"""
+
+
+def test_backends_survives_a_package_that_ends_the_process(fake_backends, fake_backend_module,
+                                                           wide, capsys):
+    fake_backends({"exits": fake_backend_module(EXITS),
+                   "crashes": fake_backend_module(SEGFAULTS_ON_IMPORT),
+                   "interpreter": "portkit.abi.interpreter:backend",
+                   "frob": fake_backend_module(UNAVAILABLE)})
+    assert main(["backends"]) == 0
+    table = rows(capsys.readouterr().out)
+    assert table["exits"].startswith("exits|broken|broken backend package: loading it ended "
+                                     "the process: exit code 7")
+    assert table["crashes"].startswith("crashes|broken|broken backend package: loading it "
+                                       "ended the process: killed by SIGSEGV")
+    assert table["interpreter"] == "interpreter|available|numpy"
+    assert table["frob"] == "frob|unavailable|no frobnicator driver [v2]"
+
+
+def test_a_backend_that_hangs_while_loading_is_broken_after_the_probe_timeout(
+        fake_backends, fake_backend_module):
+    from portkit import backends
+
+    fake_backends({"hangs": fake_backend_module(HANGS),
+                   "interpreter": "portkit.abi.interpreter:backend"})
+    found = {p.name: p for p in backends.probe(timeout=3)}
+    assert found["hangs"].status == "broken" and "took over 3 s" in found["hangs"].detail
+    assert found["interpreter"].status == "available"

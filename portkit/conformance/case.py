@@ -29,6 +29,14 @@ class Status(str, Enum):
     UNSUPPORTED = "unsupported"    # the backend declares it lacks a dtype or feature
     XFAIL = "xfail"                # failed, and listed in the xfail file with a reason
     XPASS = "xpass"                # listed in the xfail file, yet passed: update the list
+    CRASHED = "crashed"            # the worker process died running it (a signal, an exit)
+    TIMEOUT = "timeout"            # ran past the per-case limit; the worker was killed
+
+
+# The statuses that make a run fail (its exit code) and block the cases that require them.
+FAILING = (Status.FAILED, Status.XPASS, Status.CRASHED, Status.TIMEOUT)
+# The statuses whose results carry their evidence: message, kernel, source, replay line.
+EVIDENCE = (Status.FAILED, Status.XFAIL, Status.XPASS, Status.CRASHED, Status.TIMEOUT)
 
 
 class Unsupported(Exception):

@@ -17,8 +17,11 @@ from rich.progress import (
 )
 from rich.table import Column
 
-from portkit.abi import PortkitError
+from portkit import backends
+from portkit.abi import BackendUnavailable, PortkitError
 from portkit.conformance import compare, replay, report, suite
+from portkit.conformance.case import Unsupported
+from portkit.conformance.isolate import WorkerError
 from portkit.conformance.target import Target
 
 # The exit codes of `portkit conform`, pytest's where they mean the same thing.
@@ -58,6 +61,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     conform.add_argument("--shard", type=_shard, metavar="I/N",
                          help="run only slice I of N (deterministic; `portkit report merge` "
                               "joins the slices' --json reports)")
+    conform.add_argument("--isolate", choices=("auto", "process", "none"), default="auto",
+                         help="process: run the cases in a worker process, restarted after a "
+                              "crash or a hang, so that one costs one case; none: in this "
+                              "process (a crash ends the run); auto (default): process for "
+                              "every backend loaded by name")
+    conform.add_argument("--timeout", type=_seconds, default=suite.Options.timeout,
+                         metavar="SECONDS", help="a case running longer in the worker is "
+                         "killed and reported `timeout` (default %(default)g)")
     conform.add_argument("--json", help="write the JSON report here (folders are made)")
     conform.add_argument("--junit", help="write JUnit XML here (folders are made)")
     conform.add_argument("--html", help="write a one-file HTML report here (folders are made)")
@@ -71,6 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     again = subparsers.add_parser("replay", help="rerun one saved failing conformance case")
     again.add_argument("file", help="a reproduction file named in a failure's replay line")
     again.add_argument("--backend", required=True, help="the backend to run it on")
+    again.add_argument("--show", action="store_true",
+                       help="first print the kernel as the backend runs it (after its "
+                            "decompositions) and the source it renders")
     again.set_defaults(run=run_replay)
 
     reports = subparsers.add_parser("report", help="merge shards' JSON reports, or compare "
@@ -105,6 +119,17 @@ def _shard(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"--timeout {text!r}: write a number of seconds "
+                                         "above 0, e.g. --timeout 60")
+    return seconds
+
+
 def options_from(args: argparse.Namespace) -> suite.Options:
     """The suite's options from parsed arguments."""
     xfail = {}
@@ -114,7 +139,8 @@ def options_from(args: argparse.Namespace) -> suite.Options:
         tiers=tuple(args.tier or sorted(suite.TIERS)), pattern=args.pattern,
         dtypes=tuple(args.dtype), quick=args.quick, seed=args.seed, jobs=args.jobs,
         xfail=xfail, xfail_file=args.xfail, perf_min_ratio=args.perf_min_ratio,
-        repro_dir=args.repro_dir, shard=args.shard)
+        repro_dir=args.repro_dir, shard=args.shard, isolate=args.isolate,
+        timeout=args.timeout)
 
 
 def run_conform(args: argparse.Namespace) -> int:
@@ -130,6 +156,10 @@ def run_conform(args: argparse.Namespace) -> int:
     if args.available:
         return _run_available(options, console)
     try:
+        if options.isolate != "none":     # a backend that ends the process ends only a probe
+            found = backends.probe([args.backend])[0]
+            if found.status != "available":
+                raise BackendUnavailable(found.detail, found.fix)
         target = Target.load(args.backend)
     except PortkitError as error:
         console.print(f"[red]cannot load backend {args.backend!r}: {escape(str(error))}[/]")
@@ -143,7 +173,11 @@ def run_conform(args: argparse.Namespace) -> int:
             progress.update(task, completed=done, total=total,
                             description=escape(f"{target.name}: {result.case.id}"))
 
-        result = suite.run(target, options, advance)
+        try:
+            result = suite.run(target, options, advance)
+        except WorkerError as error:
+            console.print(f"[red]{escape(str(error))}[/]")
+            return EXIT_USAGE
     report.print_terminal(result, console)
     write_reports(report.to_dict(result), args)
     if not result.results:
@@ -194,18 +228,21 @@ def prepare_outputs(paths: list[str | None]) -> None:
 
 
 def _run_available(options: suite.Options, console: Console) -> int:
-    from portkit import backends
-
     worst, ran = EXIT_OK, 0
-    for name, reason in backends.available().items():
-        if reason is not None:
-            console.print(f"{name:12} [dim]not available: {escape(str(reason))}[/]")
+    for found in backends.probe():     # in a child: a backend that ends it is only listed
+        if found.status != "available":
+            console.print(f"{found.name:12} [dim]not available: {escape(found.detail)}[/]")
             continue
-        result = suite.run(Target.load(name), options)
+        try:
+            result = suite.run(Target.load(found.name), options)
+        except PortkitError as error:
+            console.print(f"{found.name:12} [bold red]FAILED[/] {escape(str(error))}")
+            worst = EXIT_FAILED
+            continue
         ran += len(result.results)
         counts = ", ".join(f"{v} {k}" for k, v in result.counts().items() if v)
         verdict = "[green]OK[/]" if result.ok else "[bold red]FAILED[/]"
-        console.print(f"{name:12} {verdict} {counts} ({result.seconds:.1f} s)")
+        console.print(f"{found.name:12} {verdict} {counts} ({result.seconds:.1f} s)")
         worst = max(worst, EXIT_OK if result.ok else EXIT_FAILED)
     return worst if ran else EXIT_NO_CASES
 
@@ -226,8 +263,12 @@ def run_replay(args: argparse.Namespace) -> int:
     try:
         target = Target.load(args.backend)
         kc, meta = replay.load(args.file)
+        if args.show:       # before the launch, which may crash this process
+            replay.check_bounds(kc)
+            console.print(replay.describe(kc, target), markup=False, highlight=False,
+                          soft_wrap=True)
         verdicts = replay.replay(kc, target)
-    except (PortkitError, OSError, ValueError) as error:
+    except (PortkitError, OSError, ValueError, Unsupported) as error:
         console.print(f"[red]{escape(str(error))}[/]")
         return EXIT_USAGE
     console.print(escape(f"case {meta['case']} (saved from backend {meta['backend']}), kernel "

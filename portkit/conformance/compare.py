@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from portkit.abi import PortkitError
+from portkit.conformance.case import FAILING as FAILING_STATUSES
 from portkit.conformance.case import Status
-from portkit.conformance.report import SCHEMA_VERSION
+from portkit.conformance.report import READABLE_VERSIONS, SCHEMA_VERSION
 
 # Statuses that make a run fail (the exit code's rule, as Report.ok).
-FAILING = (Status.FAILED.value, Status.XPASS.value)
+FAILING = tuple(status.value for status in FAILING_STATUSES)
 # Options that must agree for reports to be one run's slices; the shard is what differs.
 _SAME_RUN = ("tiers", "pattern", "dtypes", "quick", "seed", "xfail_file", "perf_min_ratio")
 
@@ -31,9 +32,10 @@ def load(path: str | Path) -> dict[str, Any]:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as error:
         raise ReportError(f"cannot read report {path}: {error}") from None
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+    if not isinstance(data, dict) or data.get("schema_version") not in READABLE_VERSIONS:
         found = data.get("schema_version") if isinstance(data, dict) else None
-        raise ReportError(f"{path}: not a JSON report of schema version {SCHEMA_VERSION} "
+        versions = " or ".join(map(str, READABLE_VERSIONS))
+        raise ReportError(f"{path}: not a JSON report of schema version {versions} "
                           f"(found {found!r}); write it with this portkit's "
                           "`portkit conform --json`")
     return data
@@ -70,8 +72,8 @@ def merge(documents: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]
                 merged.update(status="run", reason="")
                 merged["cases"] = merged.get("cases", 0) + tier["cases"]
     devices = list(dict.fromkeys(d["device"] for d in documents))
-    result = {**first, "device": ", ".join(devices), "options": {**first["options"],
-                                                                 "shard": None},
+    result = {**first, "schema_version": SCHEMA_VERSION, "device": ", ".join(devices),
+              "options": {**first["options"], "shard": None},
               "started": min(d.get("started", "") for d in documents),
               "seconds": max(d["seconds"] for d in documents),
               "tiers": dict(sorted(tiers.items(), key=lambda item: item[1]["tier"])),

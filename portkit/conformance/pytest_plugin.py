@@ -20,7 +20,7 @@ import pytest
 
 from portkit.abi import PortkitError
 from portkit.conformance import suite
-from portkit.conformance.case import Case, Context, Result, Status
+from portkit.conformance.case import FAILING, Case, Result, Status
 from portkit.conformance.target import Target
 
 
@@ -70,10 +70,8 @@ class Conformance:
             quick=option("portkit_quick"), seed=option("portkit_seed"), xfail=xfail,
             xfail_file=xfail_file, perf_min_ratio=option("portkit_perf_min_ratio"),
             repro_dir=option("portkit_repro_dir"))
-        ctx = Context(self.target.capabilities, self.options.quick, self.options.seed,
-                      suite.reference_target(self.target, self.options),
-                      self.options.perf_min_ratio)
-        self.cases, self.tiers = suite.collect(ctx, self.options)
+        self.cases, self.tiers = suite.collect(suite.context(self.target, self.options),
+                                               self.options)
         self.runner = suite.Runner(self.target, self.options, self.cases)
 
     def pytest_report_header(self) -> list[str]:
@@ -118,7 +116,7 @@ class CaseItem(pytest.Item):
         """Runs the case (after its prerequisites) and maps its status onto pytest's."""
         result = self.conformance.runner.result(self.case)
         self.user_properties.append(("portkit_status", result.status.value))
-        if result.status in (Status.FAILED, Status.XPASS):
+        if result.status in FAILING:
             raise CaseFailure(result)
         if result.status is Status.XFAIL:
             pytest.xfail(result.message)

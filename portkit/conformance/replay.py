@@ -120,6 +120,46 @@ def check_bounds(kc: KernelCase) -> None:
                           "the process): fix the kernel or the buffer sizes") from None
 
 
+def listing(kernel: Kernel) -> str:
+    """`kernel` one node per line: position, op, dtype, sources and argument."""
+    lines = [f"kernel {kernel.name} grid {kernel.grid} block {kernel.block}"]
+    for number, node in enumerate(kernel.nodes):
+        dtype = node.dtype.name if node.dtype else "-"
+        source = " ".join(f"%{s}" for s in node.src)
+        argument = "" if node.arg is None else f"  {node.arg!r}"
+        lines.append(f"  %{number:<4} {node.op.name:8} {dtype:9} {source}{argument}".rstrip())
+    return "\n".join(lines)
+
+
+def describe(kc: KernelCase, target: Target) -> str:
+    """What `target` makes of the case's kernel before it launches: the kernel after its
+    decompositions (and which ops they replaced), and the source its renderer writes."""
+    from portkit.conformance.suite import rendered, rewritten
+
+    prepared = target.prepare(kc.kernel)
+    note = rewritten(kc.kernel, prepared) or f"{target.name} runs every op of it natively"
+    source = rendered(target, prepared) or "(the renderer raised an error)"
+    return (f"{listing(prepared)}\n({note})\n\nsource rendered by {target.name}:\n"
+            f"{source.rstrip()}")
+
+
+def forget(path: str | Path, backend: str) -> bool:
+    """Removes the reproduction file at `path` if it was saved from `backend` (its case passes
+    there now, so the file is stale); True if it did. Files of other backends stay."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT or \
+            saved.get("backend") != backend:
+        return False
+    path.unlink(missing_ok=True)
+    return True
+
+
 def replay(kc: KernelCase, target: Target) -> list[Verdict]:
     """Reruns a loaded case on `target`; one verdict per checked output. The buffers are
     checked against the kernel first (check_bounds), so a bad file never launches."""

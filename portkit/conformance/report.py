@@ -2,7 +2,7 @@
 
 The JSON document (`to_dict`) is the one form every other report is written from, so a report
 merged from shards (portkit.conformance.compare) writes the same HTML and JUnit as a run. Its
-schema is the file report.schema.json shipped beside this module (version 2; fields are only
+schema is the file report.schema.json shipped beside this module (version 3; fields are only
 ever added within a version).
 """
 from __future__ import annotations
@@ -24,13 +24,14 @@ from rich.text import Text
 
 import portkit
 from portkit.abi import ABI_VERSION, dtypes
-from portkit.conformance.case import Status
+from portkit.conformance.case import EVIDENCE, Status
 from portkit.conformance.suite import Report
 
-SCHEMA_VERSION = 2   # 2: capabilities lost fixed_block (ABI 0.2)
-_EVIDENCE = (Status.FAILED, Status.XFAIL, Status.XPASS)
+SCHEMA_VERSION = 3   # 3: statuses crashed and timeout; 2: capabilities lost fixed_block
+READABLE_VERSIONS = (2, 3)    # 3 only added to 2, so a version 2 report still reads
 _STYLE = {"passed": "green", "failed": "bold red", "blocked": "yellow", "unsupported": "dim",
-          "xfail": "magenta", "xpass": "bold magenta"}
+          "xfail": "magenta", "xpass": "bold magenta", "crashed": "bold red reverse",
+          "timeout": "bold red reverse"}
 
 
 def capabilities_dict(caps: Any) -> dict[str, Any]:
@@ -59,7 +60,7 @@ def to_dict(report: Report) -> dict[str, Any]:
                           if t["status"] != "run"}
     cases = []
     for r in report.results:
-        evidence = r.status in _EVIDENCE
+        evidence = r.status in EVIDENCE
         cases.append({
             "id": r.case.id, "index": report.order.get(r.case.id), "tier": r.case.tier,
             "op": r.case.op, "dtype": r.case.dtype,
@@ -79,6 +80,7 @@ def to_dict(report: Report) -> dict[str, Any]:
                     "dtypes": list(options.dtypes), "quick": options.quick,
                     "seed": options.seed, "xfail_file": options.xfail_file,
                     "perf_min_ratio": options.perf_min_ratio,
+                    "isolate": options.isolate, "timeout": options.timeout,
                     "shard": "{}/{}".format(*options.shard) if options.shard else None},
         "started": report.started or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(report.seconds, 3), "ok": report.ok, "summary": summary,
@@ -130,9 +132,13 @@ def write_junit(report: Report | dict[str, Any], path: str | Path) -> None:
         for c in cases:
             case = ET.SubElement(suite, "testcase", classname=suite.get("name"), name=c["id"],
                                  time=f"{c['seconds']:.6f}")
-            if c["status"] in ("failed", "xpass"):
-                counts["failures"] += 1
-                failure = ET.SubElement(case, "failure", message=c["message"][:500])
+            if c["status"] in ("failed", "xpass", "crashed", "timeout"):
+                # A crash or a hang is a JUnit error (the test could not finish), the rest
+                # a failure (it finished with a wrong answer).
+                kind = "error" if c["status"] in ("crashed", "timeout") else "failure"
+                counts["errors" if kind == "error" else "failures"] += 1
+                failure = ET.SubElement(case, kind, message=c["message"][:500],
+                                        type=c["status"])
                 failure.text = "\n".join(filter(None, [c["message"], c["replay"], c["source"]]))
             elif c["status"] != "passed":
                 counts["skipped"] += 1
@@ -204,7 +210,7 @@ def write_html(report: Report | dict[str, Any], path: str | Path) -> None:
     html = env.get_template("report.html.j2").render(
         report=data, grid=grid(data), perf=perf_bars(data["perf"]), styles=_STYLE,
         by_tier=by_tier, blocked=blocked_by_cause(data),
-        evidence=[c for c in data["cases"] if c["status"] in ("failed", "xfail", "xpass")])
+        evidence=[c for c in data["cases"] if c["status"] in {s.value for s in EVIDENCE}])
     Path(path).write_text(html)
 
 
@@ -225,7 +231,16 @@ def print_terminal(report: Report, console: Console | None = None) -> None:
         if tier["status"] != "run":
             console.print(f"[yellow]tier {tier['tier']} ({name}) not run:[/] "
                           f"{escape(tier['reason'])}")
-    shown = [r for r in report.results if r.status not in (Status.PASSED, Status.UNSUPPORTED)]
+    shown = [r for r in report.results
+             if r.status not in (Status.PASSED, Status.UNSUPPORTED, Status.BLOCKED)]
+    blocked = blocked_by_cause({"cases": [{"id": r.case.id, "status": r.status.value,
+                                           "message": r.message} for r in report.results]})
+    if blocked:     # one row per broken part, however many cases it held up
+        table = Table("blocked by", "cases", "for example", title="blocked")
+        for cause, ids in blocked.items():
+            more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
+            table.add_row(Text(cause), str(len(ids)), Text(", ".join(ids[:3]) + more))
+        console.print(table)
     if shown:
         table = Table("case", "status", "message", title="not passed", show_lines=True)
         for r in shown[:200]:

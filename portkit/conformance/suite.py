@@ -16,11 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from portkit.abi import CapabilityError
 from portkit.abi.ops import COMPUTE
+from portkit.conformance import replay
 from portkit.conformance.case import (
+    EVIDENCE,
+    FAILING,
     Case,
     CaseFailed,
     Context,
@@ -33,6 +36,9 @@ from portkit.conformance.case import (
     judge,
 )
 from portkit.conformance.target import Target
+
+if TYPE_CHECKING:
+    from portkit.conformance.isolate import Isolated
 
 TIERS = {
     1: "portkit.conformance.tier1_runtime",
@@ -69,7 +75,7 @@ def tier(number: int) -> Tier:
 
 
 # A prerequisite with one of these statuses blocks the cases that require it.
-_BLOCKING = (Status.FAILED, Status.BLOCKED, Status.XFAIL)
+_BLOCKING = (Status.FAILED, Status.BLOCKED, Status.XFAIL, Status.CRASHED, Status.TIMEOUT)
 
 
 @dataclass
@@ -88,6 +94,8 @@ class Options:
     repro_dir: str = "reports/repro"
     reference: str | None = "cpu"       # the backend that tier 6 compares timings with
     shard: tuple[int, int] | None = None    # (I, N): run only slice I of N (I from 1)
+    isolate: str = "auto"       # "process": cases run in a worker process; "none": in this one
+    timeout: float = 300.0      # seconds a case may run in a worker before it is killed
 
 
 @dataclass
@@ -113,7 +121,7 @@ class Report:
     @property
     def ok(self) -> bool:
         """True when nothing failed and no xfail entry is stale (the exit code's rule)."""
-        return not any(r.status in (Status.FAILED, Status.XPASS) for r in self.results)
+        return not any(r.status in FAILING for r in self.results)
 
 
 def parse_xfail(text: str, source: str = "xfail file") -> dict[str, str]:
@@ -203,34 +211,75 @@ def with_prerequisites(chosen: list[Case], pool: list[Case]) -> list[Case]:
     return [c for c in pool if c.id in wanted]
 
 
+class InProcess:
+    """Runs cases in this process: no start-up cost, but a crash in the backend ends the run
+    and a hang stops it (`--isolate none`)."""
+
+    def __init__(self, target: Target, options: Options):
+        self.target, self.options = target, options
+
+    def precompile(self, cases: list[Case]) -> dict[str, KernelCase | Exception]:
+        """Makes the kernel cases of `cases` and compiles their kernels on `options.jobs`
+        threads, so that running them later only launches: case id -> its kernel case."""
+        made = {c.id: make_case(c) for c in cases if c.make is not None}
+        self.target.precompile([kc.kernel for kc in made.values()
+                                if isinstance(kc, KernelCase)], self.options.jobs)
+        return made
+
+    def outcome(self, case: Case, kc: KernelCase | Exception | None) -> Outcome:
+        """Runs `case` (with its kernel case, if made) and returns what it produced."""
+        return execute(self.target, case, kc)
+
+    def close(self) -> None:
+        """Nothing to release in this process."""
+
+
+def executor(target: Target, options: Options) -> InProcess | Isolated:
+    """Where cases run: in a worker process (portkit.conformance.isolate) when
+    `options.isolate` is "process", or "auto" and the backend was loaded by name; else here."""
+    if options.isolate not in ("auto", "process", "none"):
+        raise ValueError(f"isolate={options.isolate!r}: use 'auto', 'process' or 'none'")
+    if options.isolate == "none" or (options.isolate == "auto" and target.origin is None):
+        return InProcess(target, options)
+    from portkit.conformance.isolate import Isolated
+
+    return Isolated(target, options)
+
+
 class Runner:
     """Runs cases of `pool` one at a time, each after its prerequisites (run on demand and
     remembered), so that blocking is the same whatever order or subset is asked for: the
     `portkit conform` loop, one shard, or one pytest item on one xdist worker."""
 
-    def __init__(self, target: Target, options: Options, pool: list[Case]):
+    def __init__(self, target: Target, options: Options, pool: list[Case],
+                 runs: InProcess | Isolated | None = None):
         self.target, self.options, self.pool = target, options, pool
+        self.runs = runs or InProcess(target, options)
         self.results: dict[str, Result] = {}
 
     def result(self, case: Case, kc: KernelCase | Exception | None = None) -> Result:
         """The result of `case` (with its kernel case, if already made), running it if needed."""
         if case.id not in self.results:
             required = [self.result(c) for c in prerequisites(case, self.pool)]
-            if kc is None and case.make is not None:
-                kc = _made(case)
-            self.results[case.id] = _run_one(self.target, case, kc, required, self.options)
+            self.results[case.id] = _run_one(self.target, case, kc, required, self.options,
+                                             self.runs)
         return self.results[case.id]
+
+
+def context(target: Target, options: Options) -> Context:
+    """What the tiers build their cases from, for a run of `options` on `target`."""
+    return Context(target.capabilities, options.quick, options.seed,
+                   reference_target(target, options), options.perf_min_ratio)
 
 
 def run(target: Target, options: Options,
         progress: Callable[[Result, int, int], None] | None = None) -> Report:
     """Runs the selected tiers (the shard of them, if `options.shard`) on `target`;
-    `progress(result, done, total)` after each case that is run."""
+    `progress(result, done, total)` after each case that is run. Each tier's kernels are
+    compiled ahead, on `options.jobs` threads, before its first case runs."""
     start = time.perf_counter()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    ctx = Context(target.capabilities, options.quick, options.seed,
-                  reference_target(target, options), options.perf_min_ratio)
-    cases, tiers = collect(ctx, options)
+    cases, tiers = collect(context(target, options), options)
     chosen = shard(cases, options.shard)
     reported = {c.id for c in chosen}
     for tier_info in tiers.values():
@@ -239,27 +288,23 @@ def run(target: Target, options: Options,
     report = Report(target.name, target.capabilities, options, tiers=tiers,
                     order={c.id: i for i, c in enumerate(cases)}, started=started)
     todo = with_prerequisites(chosen, cases)
-    runner = Runner(target, options, cases)
-    for done, (case, kc) in enumerate(_precompiled(target, todo, options.jobs), 1):
-        result = runner.result(case, kc)
-        if case.id in reported:
-            report.results.append(result)
-        if progress:
-            progress(result, done, len(todo))
+    runner = Runner(target, options, cases, executor(target, options))
+    done = 0
+    try:
+        for number in sorted({c.tier for c in todo}):
+            batch = [c for c in todo if c.tier == number]
+            made = runner.runs.precompile(batch)
+            for case in batch:
+                result = runner.result(case, made.get(case.id))
+                done += 1
+                if case.id in reported:
+                    report.results.append(result)
+                if progress:
+                    progress(result, done, len(todo))
+    finally:
+        runner.runs.close()
     report.seconds = time.perf_counter() - start
     return report
-
-
-def _precompiled(target: Target, cases: list[Case], jobs: int):
-    """Yields (case, its kernel case) tier by tier, compiling each tier's kernels on `jobs`
-    threads before the tier's first case runs."""
-    for tier in sorted({c.tier for c in cases}):
-        batch = [c for c in cases if c.tier == tier]
-        kernel_cases = {c.id: _made(c) for c in batch if c.make is not None}
-        target.precompile([kc.kernel for kc in kernel_cases.values()
-                           if isinstance(kc, KernelCase)], jobs)
-        for case in batch:
-            yield case, kernel_cases.get(case.id)
 
 
 def reference_target(target: Target, options: Options) -> Target | None:
@@ -274,7 +319,9 @@ def reference_target(target: Target, options: Options) -> Target | None:
         return None
 
 
-def _made(case: Case) -> KernelCase | Exception:
+def make_case(case: Case) -> KernelCase | Exception:
+    """The kernel case `case.make()` builds, or the exception it raised (the case's failure,
+    reported when it runs)."""
     try:
         return case.make()
     except Exception as error:  # noqa: BLE001 - reported as the case's failure when it runs
@@ -282,26 +329,28 @@ def _made(case: Case) -> KernelCase | Exception:
 
 
 def _run_one(target: Target, case: Case, kc: KernelCase | Exception | None,
-             required: list[Result], options: Options) -> Result:
+             required: list[Result], options: Options, runs: InProcess | Isolated) -> Result:
     blockers = [r for r in required if r.status in _BLOCKING]
     if blockers:
         names = ", ".join(f"{r.case.id} ({r.status.value})" for r in blockers[:3])
         more = f" and {len(blockers) - 3} more" if len(blockers) > 3 else ""
         return Result(case, Status.BLOCKED, f"blocked by {names}{more}")
     start = time.perf_counter()
-    outcome = execute(target, case, kc)
+    outcome = runs.outcome(case, kc)
     result = Result(case, outcome.status, outcome.message, outcome.max_ulp, outcome.max_error,
                     time.perf_counter() - start, outcome.worst, outcome.source,
                     perf=outcome.perf, replay=outcome.replay)
+    path = Path(options.repro_dir) / (re.sub(r"[^\w.-]+", "_", case.id) + ".json")
     if outcome.repro is not None:
         result.kernel_json = outcome.repro.kernel.to_json()
-        if outcome.status is Status.FAILED:
-            from portkit.conformance import replay
-
-            path = Path(options.repro_dir) / (re.sub(r"[^\w.-]+", "_", case.id) + ".json")
+        if outcome.status in EVIDENCE:
             replay.save(path, outcome.repro, case.id, target.name)
             result.repro_path = str(path)
             result.replay = f"portkit replay {path} --backend {target.name}"
+    elif outcome.status in (Status.CRASHED, Status.TIMEOUT) and not result.replay:
+        result.replay = f"portkit conform --backend {target.name} -k '{case.id}'"
+    if outcome.status is Status.PASSED and case.make is not None:
+        replay.forget(path, target.name)     # fixed: its old reproduction file is stale
     return _apply_xfail(result, options)
 
 
@@ -310,9 +359,10 @@ def _apply_xfail(result: Result, options: Options) -> Result:
     if not reasons:
         return result
     where = options.xfail_file or "the xfail list"
-    if result.status is Status.FAILED:
+    if result.status in (Status.FAILED, Status.CRASHED, Status.TIMEOUT):
+        how = "" if result.status is Status.FAILED else f"{result.status.value}: "
         result.status = Status.XFAIL
-        result.message = f"expected failure ({reasons[0]}): {result.message}"
+        result.message = f"expected failure ({reasons[0]}): {how}{result.message}"
     elif result.status is Status.PASSED:
         result.status = Status.XPASS
         result.message = (f"listed as xfail ({reasons[0]}) but PASSED: remove it from "
@@ -343,7 +393,7 @@ def run_kernel_case(target: Target, kc: KernelCase) -> Outcome:
     try:
         outputs = target.run(kernel, kc.inputs, kc.scalars)
     except Exception as error:  # noqa: BLE001 - keep the kernel to replay the crash
-        source = _source(target, kernel)
+        source = rendered(target, kernel)
         return Outcome(Status.FAILED, f"{type(error).__name__}: {error}", repro=kc,
                        source=source)
     verdicts = [judge(check, outputs[check.output], kc.inputs) for check in kc.checks]
@@ -354,7 +404,7 @@ def run_kernel_case(target: Target, kc: KernelCase) -> Outcome:
                         ([rewritten(kc.kernel, kernel)] if failed else []))
     return Outcome(Status.FAILED if failed else Status.PASSED, message.rstrip("; "),
                    max(ulps) if ulps else None, max(errors) if errors else None,
-                   failed[0].worst if failed else None, kc, _source(target, kernel))
+                   failed[0].worst if failed else None, kc, rendered(target, kernel))
 
 
 def rewritten(original, prepared) -> str:
@@ -371,7 +421,8 @@ def rewritten(original, prepared) -> str:
             f"decomposed into {', '.join(added)}: if those ops' own cases fail, fix them first")
 
 
-def _source(target: Target, kernel) -> str | None:
+def rendered(target: Target, kernel) -> str | None:
+    """`kernel`'s source as `target` renders it, or None if its renderer fails."""
     try:
         return target.device.renderer.render(kernel)
     except Exception:  # noqa: BLE001 - the failure's own message already says why

@@ -24,17 +24,22 @@ from portkit.runtime import Runtime, get
 class Target:
     """A loaded device and the Runtime that compiles for it (its cache keyed by kernel JSON)."""
 
-    def __init__(self, device: Device, name: str | None = None, runtime: Runtime | None = None):
+    def __init__(self, device: Device, name: str | None = None, runtime: Runtime | None = None,
+                 origin: str | None = None):
         self.runtime = runtime or Runtime(name or device.name, device)
         self.device = device
         self.name = self.runtime.name
         self.capabilities = device.capabilities
+        # The entry point ("module:attribute") the backend was loaded from, so that a worker
+        # process can load it again; None for a Device handed in directly.
+        self.origin = origin
 
     @classmethod
     def load(cls, name: str) -> Target:
         """The backend registered as `name`; raises BackendUnavailable with the fix."""
         found = get(name)
-        return cls(found.device, name, found)
+        point = backends.entry_point(name)
+        return cls(found.device, name, found, point.value if point else None)
 
     def prepare(self, kernel: Kernel) -> Kernel:
         """`kernel` as this device can run it: ops it lacks decomposed, limits checked."""

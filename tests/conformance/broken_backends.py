@@ -144,3 +144,29 @@ def no_float16() -> Device:
 sin_backend = Backend("broken-sin", sin_off, abi_version=ABI_VERSION)
 max_backend = Backend("broken-max", max_nan, abi_version=ABI_VERSION)
 copyout_backend = Backend("broken-copyout", copyout_short, abi_version=ABI_VERSION)
+
+
+class CrashingProgram(interpreter._Program):
+    """A program that, on float32 kernels using SIN, EXP2 or LOG2, segfaults, aborts or spins
+    forever: the three ways new hardware's native code takes a process down."""
+
+    def __call__(self, buffers, scalars, grid, block, wait=False):
+        ops = {node.op for node in self.kernel.nodes if node.dtype is dtypes.float32}
+        if Op.SIN in ops:
+            import ctypes
+            ctypes.string_at(0)
+        if Op.EXP2 in ops:
+            import os
+            os.abort()
+        while Op.LOG2 in ops:
+            pass
+        return super().__call__(buffers, scalars, grid, block, wait)
+
+
+def crashing() -> Device:
+    """Segfaults on float32 SIN, aborts on float32 EXP2, hangs on float32 LOG2."""
+    return _device("crashy", program=CrashingProgram)
+
+
+crashing_backend = Backend("crashy", crashing, abi_version=ABI_VERSION)
+cmpne_backend = Backend("cmpne-nan", cmpne_nan_without_max, abi_version=ABI_VERSION)

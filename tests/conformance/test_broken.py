@@ -125,3 +125,35 @@ def test_a_wrong_op_names_the_decompositions_that_spread_it(broken, tmp_path):
     assert "this backend lacks MAX, so the kernel ran them decomposed into" in max_result.message
     assert "CMPNE" in max_result.message.split("decomposed into", 1)[1]
     assert "decomposed" not in _result(report, "ops/CMPNE/float32").message
+
+
+def test_replay_show_prints_the_decomposed_kernel_and_its_source(broken, tmp_path,
+                                                                 fake_backends, capsys):
+    report = _run(broken.cmpne_nan_without_max(), tmp_path, tiers=(2,),
+                  pattern="ops/MAX/float32")
+    path = _result(report, "ops/MAX/float32").repro_path
+    kc, _ = replay.load(path)
+    text = replay.describe(kc, Target(broken.cmpne_nan_without_max()))
+    assert "this backend lacks MAX, so the kernel ran them decomposed into" in text
+    assert " CMPNE " in text and " MAX " not in text      # the listing is the decomposed one
+    assert "source rendered by cmpne-nan:" in text
+    fake_backends({"cmpne-nan": "broken_backends:cmpne_backend"})
+    assert cli.main(["replay", path, "--backend", "cmpne-nan", "--show"]) == 1
+    out = capsys.readouterr().out
+    assert out.index("source rendered by cmpne-nan:") < out.index("fails")
+    assert f"kernel {kc.kernel.name} grid" in out
+
+
+def test_a_case_that_passes_again_removes_its_stale_reproduction_file(broken, tmp_path):
+    from portkit.abi import interpreter
+
+    _run(broken.sin_off(), tmp_path, tiers=(2,), pattern="ops/SIN/float32")
+    stale = tmp_path / "ops_SIN_float32.json"
+    assert stale.is_file()
+    _run(interpreter.backend.load(), tmp_path, tiers=(2,), pattern="ops/SIN/float32")
+    assert stale.is_file()      # another backend's file stays
+    fixed = Target(interpreter.backend.load(), name="broken-sin")
+    report = run(fixed, Options(tiers=(2,), quick=True, pattern="ops/SIN/float32",
+                                repro_dir=str(tmp_path)))
+    assert _result(report, "ops/SIN/float32").status is Status.PASSED
+    assert not stale.exists()

@@ -26,7 +26,7 @@ def _store_at_group(size: int, grid: int) -> KernelCase:
 
 class _Args:
     def __init__(self, file, backend="cpu"):
-        self.file, self.backend = str(file), backend
+        self.file, self.backend, self.show = str(file), backend, False
 
 
 def test_an_out_of_bounds_store_is_refused_before_a_native_launch(tmp_path, capsys):

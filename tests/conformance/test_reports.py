@@ -38,7 +38,7 @@ def test_json_report_has_the_versioned_schema(broken_report, tmp_path):
     for key in ("schema_version", "backend", "abi_version", "portkit_version", "device",
                 "capabilities", "summary", "cases", "perf", "tiers"):
         assert key in data
-    assert data["schema_version"] == 2 and data["backend"] == "broken-sin"
+    assert data["schema_version"] == 3 and data["backend"] == "broken-sin"
     assert data["summary"]["failed"] >= 1 and data["summary"]["total"] == len(data["cases"])
     assert set(data["summary"]["not_run"]) == {"models"}
     assert data["tiers"]["models"]["status"] == "not run"
@@ -86,6 +86,22 @@ def test_terminal_summary_names_failures_and_replays(broken_report):
     assert "ops/SIN/float32" in text and "FAILED" in text
     assert "tier 5 (models) not run" in text and "performance (median)" in text
     assert "  portkit replay " in text
+
+
+def test_terminal_shows_blocked_cases_once_per_cause(broken, tmp_path):
+    # copyout drops a byte: the round trips fail, and every case above them is blocked.
+    run_ = run(Target(broken.copyout_short()), Options(tiers=(1, 2), quick=True,
+                                                       repro_dir=str(tmp_path)))
+    console = Console(record=True, width=200)
+    report.print_terminal(run_, console)
+    lines = console.export_text().splitlines()
+    blocked = [r for r in run_.results if r.status is Status.BLOCKED]
+    assert len(blocked) > 200
+    assert not any(r.case.id in line for r in blocked[3:] for line in lines)
+    causes = report.blocked_by_cause(report.to_dict(run_))
+    for cause, ids in causes.items():
+        [row] = [line for line in lines if line.startswith(f"│ {cause} ")]
+        assert f"│ {len(ids)} " in row and f"and {len(ids) - 3} more" in row
 
 
 def test_perf_min_ratio_turns_slowness_into_a_failure(tmp_path):

@@ -67,10 +67,14 @@ def reduce_identity(op: Op, dtype: DType) -> float | int | bool:
     return float("-inf") if dtype.is_float else dtype.min
 
 
-def launch_shape(size: int, caps: Capabilities, serial: bool, work: int = 1
-                 ) -> tuple[int, int, int]:
+def serial(caps: Capabilities) -> bool:
+    """True for a device that runs one thread per workgroup best: its threads are loops."""
+    return caps.threads_are_loops or caps.max_block_threads == 1
+
+
+def launch_shape(size: int, caps: Capabilities, work: int = 1) -> tuple[int, int, int]:
     """(groups, threads per group, items per thread) covering `size` items of `work` each."""
-    if serial or caps.max_block_threads == 1:
+    if serial(caps):
         groups = max(1, min(size, size * work // _MIN_WORK, _MAX_GROUPS, caps.max_grid[0]))
         per_thread = ceil(size / groups)
         return ceil(size / per_thread), 1, per_thread
@@ -380,14 +384,12 @@ def check_dtypes(nodes: list[Lazy], caps: Capabilities, device: str) -> None:
                 f".cast(portkit.float32) or pick a device that has it")
 
 
-def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, serial: bool,
-          name: str = "kernel") -> Kernel:
+def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kernel") -> Kernel:
     """The ABI kernel storing `root` contiguously into PARAM 0, reading `inputs` as PARAM 1...."""
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    serial = serial or caps.max_block_threads == 1
-    tiling = plan(root, inputs, SERIAL if serial else THREADED)
+    tiling = plan(root, inputs, SERIAL if serial(caps) else THREADED)
     lowerer = _Lowerer(name, inputs, tiling)
     b = lowerer.b
     out = b.param(root.dtype)
@@ -396,7 +398,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, serial: bool,
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)
-    groups, block, per_thread = launch_shape(tiles, caps, serial, prod(amounts) * tiling.work)
+    groups, block, per_thread = launch_shape(tiles, caps, prod(amounts) * tiling.work)
     thread = b.special("group", 0)
     if block == 1:
         # A no-op for the grid it runs on, but it tells a C compiler the range of every index,

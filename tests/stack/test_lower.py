@@ -28,7 +28,7 @@ def test_matmul_tile_spans_the_contiguous_axis_and_a_reused_one():
     tiling = plan(item.root, item.inputs)
     # columns: B is contiguous along them and A ignores them; rows: B ignores them
     assert dict(tiling.upcast) == {1: 32, 0: 4}
-    kernel = lower(item.root, item.inputs, CAPABILITIES, serial=True)
+    kernel = lower(item.root, item.inputs, dataclasses.replace(CAPABILITIES, threads_are_loops=True))
     assert _accumulators(kernel) == 128
     assert kernel.grid[0] * 128 <= 64 * 96
 
@@ -67,7 +67,7 @@ def test_tiled_kernels_run_on_a_device_with_many_threads_per_group():
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((12, 40), np.float32), rng.standard_normal((40, 64), np.float32)
     item = _only_item(Tensor(x) @ Tensor(y))
-    kernel = validate(lower(item.root, item.inputs, CAPABILITIES, serial=False))
+    kernel = validate(lower(item.root, item.inputs, CAPABILITIES))
     CAPABILITIES.check_launch(kernel)
     assert kernel.block[0] > 1
     out, *_ = runtime.get("interpreter").run(kernel, np.zeros(12 * 64, np.float32), x, y)
@@ -77,15 +77,15 @@ def test_tiled_kernels_run_on_a_device_with_many_threads_per_group():
 def test_small_block_limit_is_respected():
     caps = dataclasses.replace(CAPABILITIES, max_block_threads=8, max_block=(8, 8, 8))
     item = _only_item(Tensor(np.ones((16, 32), np.float32)).sum(axis=0))
-    kernel = lower(item.root, item.inputs, caps, serial=False)
+    kernel = lower(item.root, item.inputs, caps)
     caps.check_launch(kernel)
     assert kernel.block[0] <= 8
 
 
 def test_serial_launch_gives_every_core_several_chunks_of_groups():
     caps = runtime.get("cpu").capabilities
-    groups, block, per_thread = launch_shape(1 << 24, caps, serial=True)
+    groups, block, per_thread = launch_shape(1 << 24, caps)
     # the CPU backend hands groups to cores 64 at a time: 1024 groups = 16 chunks
     assert block == 1 and groups >= 256 and groups * per_thread >= 1 << 24
-    assert launch_shape(10, caps, serial=True) == (1, 1, 10)
-    assert launch_shape(64, caps, serial=True, work=1 << 20)[0] == 64
+    assert launch_shape(10, caps) == (1, 1, 10)
+    assert launch_shape(64, caps, work=1 << 20)[0] == 64

@@ -8,7 +8,8 @@ written by hand with KernelBuilder, and their results are checked before they ar
 The reference time is the CPU backend's best kernel for the same work, not the same kernel:
 the tiled matmul's barriers make the CPU run its threads as coroutines (0.02 GFLOP/s), which
 made a vendor's ratio read 567x. A result whose repeats spread over more than half their median
-is flagged noisy: rerun it on a quiet machine before reading the ratio.
+(or whose reference's repeats do) is flagged noisy: rerun it on a quiet machine before reading
+the ratio.
 """
 from __future__ import annotations
 
@@ -206,10 +207,18 @@ def _verify(target: Target, workload: Workload) -> None:
                          f"{actual[at]!r}; tiers 2-3 say which op or pattern is wrong")
 
 
+def _spread(times: list[float]) -> float:
+    """(slowest - fastest) / median."""
+    median = statistics.median(times)
+    return (max(times) - min(times)) / median if median else 0.0
+
+
 def _report(ctx: Context, target: Target, name: str, times: list[float],
-            reference: float | None, value: float, unit: str) -> Outcome:
-    """The case's outcome and perf record: the median of `times`, and their spread."""
+            reference_times: list[float] | None, value: float, unit: str) -> Outcome:
+    """The case's outcome and perf record: the median of `times`, and their spread; noisy if
+    the target's or the reference's repeats spread wide."""
     seconds = statistics.median(times)
+    reference = statistics.median(reference_times) if reference_times else None
     caps = target.capabilities
     peak = caps.peak_bandwidth_gbs if unit == "GB/s" else (
         caps.peak_gflops if unit == "GFLOP/s" else None)
@@ -219,7 +228,7 @@ def _report(ctx: Context, target: Target, name: str, times: list[float],
         warnings.append("no ratio: the CPU reference backend is not available here")
     elif ratio < 1 and ctx.reference is not target:
         warnings.append(f"{ratio:.2f}x the CPU reference: slower")
-    spread = (max(times) - min(times)) / seconds if seconds else 0.0
+    spread = max(_spread(times), _spread(reference_times) if reference_times else 0.0)
     if spread > NOISY:
         warnings.append(f"noisy: the repeats spread over {spread:.0%} of the median; rerun "
                         "on a quiet machine")
@@ -252,11 +261,11 @@ def _throughput(ctx: Context, name: str, build: Callable[[], Workload], repeats:
         seconds = statistics.median(times)
         reference = None
         if ctx.reference is target:
-            reference = seconds
+            reference = times
         elif ctx.reference is not None:
             candidates = [workload] + [other(ctx.reference) for other in others]
-            reference = min(statistics.median(_times(ctx.reference, w, repeats))
-                            for w in candidates)
+            reference = min((_times(ctx.reference, w, repeats) for w in candidates),
+                            key=statistics.median)
         value = workload.work / seconds / 1e9
         return _report(ctx, target, name, times, reference, value, workload.unit)
     return run
@@ -298,7 +307,7 @@ def _against_reference(ctx: Context, name: str, seconds_on: Callable[[Target], l
         times = seconds_on(target)
         seconds = statistics.median(times)
         reference = None if ctx.reference is None else (
-            seconds if ctx.reference is target else statistics.median(seconds_on(ctx.reference)))
+            times if ctx.reference is target else seconds_on(ctx.reference))
         return _report(ctx, target, name, times, reference, seconds * scale, unit)
     return run
 

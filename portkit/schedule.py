@@ -237,11 +237,6 @@ def _forget() -> None:
 runtime.on_clear(_forget)
 
 
-def _serial(rt: runtime.Runtime) -> bool:
-    # A CPU runs one thread per workgroup best: long contiguous chunks per group.
-    return rt.name == "cpu" or rt.capabilities.max_block_threads == 1
-
-
 def _key(item: ScheduleItem) -> tuple:
     return item.root.device, structure_key(item.root, item.inputs)
 
@@ -251,7 +246,7 @@ def _lower(item: ScheduleItem, key: tuple) -> Kernel:
     if kernel is None:
         rt = device(item.root.device)
         check_dtypes([item.root, *item.inputs], rt.capabilities, rt.name)
-        kernel = _lowered[key] = lower(item.root, item.inputs, rt.capabilities, _serial(rt),
+        kernel = _lowered[key] = lower(item.root, item.inputs, rt.capabilities,
                                        name=_name(item.root, item.inputs))
     return kernel
 

@@ -37,6 +37,9 @@ class Capabilities:
     local_memory_bytes: int                 # workgroup memory (LOCAL) per workgroup; 0: none
     max_buffers: int                        # PARAMs one kernel may take
     denormals: Literal["preserve", "flush"] = "preserve"   # for float16/float32 results
+    # True where a workgroup's threads run one after another (a CPU, a simulator): codegen then
+    # gives each group one thread and a long contiguous chunk that the compiler vectorizes.
+    threads_are_loops: bool = False
     peak_gflops: float | None = None        # float32, for the performance tier
     peak_bandwidth_gbs: float | None = None
     device_name: str = ""
@@ -184,7 +187,7 @@ class Device:
 @dataclass(frozen=True)
 class Backend:
     """What the `portkit.backends` entry point names: a name, how to load the device, and the
-    ABI version the backend implements ("0.3"; portkit refuses to load an incompatible one).
+    ABI version the backend implements ("0.4"; portkit refuses to load an incompatible one).
 
     `load()` returns the Device, or raises BackendUnavailable naming the fix.
     """

@@ -17,12 +17,17 @@ accumulators and the contiguous axis becomes independent lanes a C compiler turn
 instructions; a reduce over a contiguous axis keeps several partial accumulators ("unroll"),
 combined pairwise at the end, which breaks the chain of dependent additions. Both reorder a
 float sum, within the gamma_n * sum|x| bound reductions are tested against.
+
+Accuracy: a long float sum is blocked (each block of about sqrt(n) terms sums into fresh
+registers, then into the total), and a float16/bfloat16 sum accumulates in float32 (a product
+inside it, a matmul's, is formed in float32 too), as torch does; the result is rounded once.
+Both show in the ABI kernel at PORTKIT_DEBUG=3: a RANGE around the reduce loop, float32 ACCs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import product
-from math import ceil, prod
+from math import ceil, isqrt, prod
 
 from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
@@ -41,10 +46,14 @@ _MAX_GROUPS = 1 << 16
 # Tiling limits for a device that runs one thread per group (a CPU): outputs per thread along
 # the contiguous axis (two 512-bit vectors of float32), along an axis where an input is
 # broadcast (its loads are reused), partial sums of a contiguous reduce, and the most
-# accumulators one thread keeps (they must fit in registers). Measured on a 2-core AVX-512
-# machine: 32 x 4 and 16 x 8 matmul tiles tie, 4 x 16 runs at half speed. A device with many
-# threads per group gets small tiles: its registers are shared by the group's threads (PoCL
-# runs out of resources with 128 accumulators per thread in 256-thread groups).
+# accumulators one thread keeps (16 AVX-512 registers of float32). Measured on a 2-core
+# AVX-512 machine, one thread, the kernel alone: 8 x 32 matmul tiles run matmul 1024 at 1.5x
+# and 2048 at 1.2x the speed of 4 x 32 (512: 0.93x); 4 x 16 runs at half speed. `gather`:
+# outputs along a strided axis when no output axis is contiguous (x @ W.T, both operands
+# contiguous along the reduce): 16 x 16 such tiles vectorize with gathers at 6x the speed of
+# 16 partial sums per output, which clang leaves scalar (0 = never). A device with many threads
+# per group gets small tiles: its registers are shared by the group's threads (PoCL runs out
+# of resources with 128 accumulators per thread in 256-thread groups).
 @dataclass(frozen=True)
 class Limits:
     """Largest tile sizes one thread may take."""
@@ -53,11 +62,16 @@ class Limits:
     reuse: int
     unroll: int
     accumulators: int
+    gather: int = 0
 
 
-SERIAL = Limits(vector=32, reuse=4, unroll=16, accumulators=128)
+SERIAL = Limits(vector=32, reuse=8, unroll=16, accumulators=256, gather=16)
 THREADED = Limits(vector=4, reuse=4, unroll=4, accumulators=16)
 _MIN_REDUCE = 8
+# A long float sum adds about sqrt(n), at most _BLOCK, terms into fresh registers before they
+# join the running total (blocked summation): the error of 10**6 additions of 0.1 in float32
+# falls from 6e-5 to 3e-7 of the result, for one extra add per block.
+_BLOCK = 64
 
 
 def reduce_identity(op: Op, dtype: DType) -> float | int | bool:
@@ -67,10 +81,14 @@ def reduce_identity(op: Op, dtype: DType) -> float | int | bool:
     return float("-inf") if dtype.is_float else dtype.min
 
 
-def launch_shape(size: int, caps: Capabilities, serial: bool, work: int = 1
-                 ) -> tuple[int, int, int]:
+def serial(caps: Capabilities) -> bool:
+    """True for a device that runs one thread per workgroup best: its threads are loops."""
+    return caps.threads_are_loops or caps.max_block_threads == 1
+
+
+def launch_shape(size: int, caps: Capabilities, work: int = 1) -> tuple[int, int, int]:
     """(groups, threads per group, items per thread) covering `size` items of `work` each."""
-    if serial or caps.max_block_threads == 1:
+    if serial(caps):
         groups = max(1, min(size, size * work // _MIN_WORK, _MAX_GROUPS, caps.max_grid[0]))
         per_thread = ceil(size / groups)
         return ceil(size / per_thread), 1, per_thread
@@ -120,13 +138,22 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     upcast: dict[int, int] = {}
     unroll = None
     vector = [a for a in outputs if vectorizes(f"o{a}")]
+    # a contraction whose every output axis is ignored by some load (x @ W.T): no contiguous
+    # output axis, but a strided one still makes independent lanes
+    shared = [a for a in outputs if reused(f"o{a}")]
+    wide = [a for a in shared if _divisor(root.shape[a], limits.gather) == limits.gather > 0]
     if vector:
         upcast[vector[-1]] = _divisor(root.shape[vector[-1]], limits.vector)
+    elif len(shared) >= 2 and wide:
+        upcast[wide[-1]] = limits.gather
+        other = [a for a in shared if a != wide[-1]][-1]
+        upcast[other] = _divisor(root.shape[other], limits.accumulators // limits.gather)
     else:
         contiguous = [a for a in axes
                       if src.shape[a] >= 2 * limits.unroll and vectorizes(f"r{a}")]
         if contiguous:
-            unroll = (contiguous[-1], _divisor(src.shape[contiguous[-1]], limits.unroll))
+            # any length: `reduce` sums the last size % unroll terms in a tail loop
+            unroll = (contiguous[-1], limits.unroll)
     for axis in reversed(outputs):
         used = prod(upcast.values()) * (unroll[1] if unroll else 1)
         if axis not in upcast and reused(f"o{axis}") and used * 2 <= limits.accumulators:
@@ -332,39 +359,101 @@ class _Lowerer:
         b = self.b
         op, axes = node.arg
         src = node.src[0]
-        unroll = self.plan.unroll if self.plan.reduce == id(node) else None
-        copies = unroll[1] if unroll else 1
-        identity = self.const(reduce_identity(op, node.dtype), node.dtype)
+        unrolled, copies = (self.plan.unroll if self.plan.reduce == id(node) else None) or (
+            None, 1)
+        wide = dtypes.float32 if node.dtype.is_float and node.dtype.itemsize == 2 else None
+        dtype = wide or node.dtype
+        identity = self.const(reduce_identity(op, dtype), dtype)
         accs = [[b.acc(identity) for _ in range(copies)] for _ in idxs]
-        counters, inner = [], {}
-        for axis in axes:
-            size = src.shape[axis]
-            step = copies if unroll and unroll[0] == axis else 1
-            counter = b.add(Op.RANGE, dtypes.int32, (self.const(0), self.const(size // step)))
+        # (first, end, step) of each reduced axis: the unrolled one steps by `copies`
+        spans = [(0, src.shape[a] // copies, copies) if a == unrolled else (0, src.shape[a], 1)
+                 for a in axes]
+        trips = [end for _, end, _ in spans]
+        block = _block(trips) if op is Op.ADD and dtype.is_float else None
+        if block is None:
+            self.accumulate(node, idxs, gates, spans, accs, wide)
+        else:
+            # blocked summation: each block of the first axis sums into fresh registers, then
+            # into the running total, so no register adds more than about _BLOCK terms
+            outer = b.add(Op.RANGE, dtypes.int32, (self.const(0),
+                                                   self.const(ceil(trips[0] / block))))
             self.scopes.append({})
-            counters.append(counter)
-            inner[axis] = self.new_var("r", 0, max(size // step - 1, 0), counter) * step
+            sums = [[b.acc(identity) for _ in row] for row in accs]
+            self.accumulate(node, idxs, gates, spans, sums, wide, (outer, block))
+            for row, partial in zip(accs, sums):
+                for acc, part in zip(row, partial):
+                    b.assign(acc, b.alu(op, acc, part))
+            b.add(Op.END, None, (outer,))
+            self.scopes.pop()
+        if unrolled is not None and src.shape[unrolled] % copies:
+            tail = src.shape[unrolled] - src.shape[unrolled] % copies
+            spans = [(tail, src.shape[a], 1) if a == unrolled else (0, src.shape[a], 1)
+                     for a in axes]
+            self.accumulate(node, idxs, gates, spans, [row[:1] for row in accs], wide)
+        out = []
+        for row in accs:            # pairwise, so the partial sums stay balanced
+            while len(row) > 1:
+                row = [b.alu(op, row[k], row[k + 1]) for k in range(0, len(row), 2)]
+            out.append(b.cast(row[0], node.dtype) if wide else row[0])
+        return out
+
+    def accumulate(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None],
+                   spans: list[tuple[int, int, int]], accs: list[list[int]],
+                   wide: DType | None, block: tuple[int, int] | None = None) -> None:
+        """One loop per reduced axis over `spans` (first, end, step), adding the terms into
+        `accs` (per index, one register per unrolled copy). With `block` (outer counter,
+        iterations), the first axis runs only that block of its iterations."""
+        b = self.b
+        op, axes = node.arg
+        counters, inner = [], {}
+        for k, (axis, (first, end, step)) in enumerate(zip(axes, spans)):
+            bounds = (self.const(first), self.const(end))
+            if k == 0 and block is not None:
+                outer, size = block
+                start = b.alu(Op.MUL, outer, self.const(size))
+                stop = b.alu(Op.ADD, start, self.const(size))
+                if end % size:
+                    stop = b.alu(Op.WHERE, b.alu(Op.CMPLT, stop, self.const(end)), stop,
+                                 self.const(end))
+                bounds = (start, stop)
+            counters.append(b.add(Op.RANGE, dtypes.int32, bounds))
+            self.scopes.append({})
+            inner[axis] = self.new_var("r", first, max(end - 1, first), counters[-1]) * step
         inner_idxs, inner_gates = [], []
         for idx, gate in zip(idxs, gates):
-            for copy in range(copies):
+            for copy in range(len(accs[0])):
                 at = [inner.get(a, i) for a, i in enumerate(idx)]
-                if unroll:
-                    at[unroll[0]] = at[unroll[0]] + copy
+                at = [i + copy if a in inner and spans[axes.index(a)][2] > 1 else i
+                      for a, i in enumerate(at)]
                 inner_idxs.append(at)
                 inner_gates.append(gate)
-        values = iter(self.lower(src, inner_idxs, inner_gates))
+        src = node.src[0]
+        values = iter(self.terms(src, inner_idxs, inner_gates, op is Op.ADD) if wide
+                      else self.lower(src, inner_idxs, inner_gates))
         for row in accs:
             for acc in row:
                 b.assign(acc, b.alu(op, acc, next(values)))
         for counter in reversed(counters):
             b.add(Op.END, None, (counter,))
             self.scopes.pop()
-        out = []
-        for row in accs:            # pairwise, so the partial sums stay balanced
-            while len(row) > 1:
-                row = [b.alu(op, row[k], row[k + 1]) for k in range(0, len(row), 2)]
-            out.append(row[0])
-        return out
+
+    def terms(self, src: Lazy, idxs: list[list[Lin]], gates: list[int | None], products: bool
+              ) -> list[int]:
+        """The terms of a 16-bit float reduce in float32, as torch accumulates them: with
+        `products`, a product's factors are widened before they multiply (a matmul)."""
+        b, wide = self.b, dtypes.float32
+        if products and src.op is Op.MUL:
+            factors = [self.lower(s, idxs, gates) for s in src.src]
+            return [b.alu(Op.MUL, b.cast(x, wide), b.cast(y, wide)) for x, y in zip(*factors)]
+        return [b.cast(x, wide) for x in self.lower(src, idxs, gates)]
+
+
+def _block(trips: list[int]) -> int | None:
+    """Iterations of the first reduce axis per block of a blocked float sum; None: no blocks."""
+    rest = prod(trips[1:])
+    # about sqrt(trips) terms per block balances the error of the blocks and of the total
+    block = max(1, min(_BLOCK, max(8, isqrt(prod(trips)))) // max(rest, 1))
+    return block if prod(trips) > _BLOCK and trips[0] >= 2 * block else None
 
 
 def _zero(dtype: DType):
@@ -380,14 +469,12 @@ def check_dtypes(nodes: list[Lazy], caps: Capabilities, device: str) -> None:
                 f".cast(portkit.float32) or pick a device that has it")
 
 
-def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, serial: bool,
-          name: str = "kernel") -> Kernel:
+def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kernel") -> Kernel:
     """The ABI kernel storing `root` contiguously into PARAM 0, reading `inputs` as PARAM 1...."""
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    serial = serial or caps.max_block_threads == 1
-    tiling = plan(root, inputs, SERIAL if serial else THREADED)
+    tiling = plan(root, inputs, SERIAL if serial(caps) else THREADED)
     lowerer = _Lowerer(name, inputs, tiling)
     b = lowerer.b
     out = b.param(root.dtype)
@@ -396,7 +483,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, serial: bool,
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)
-    groups, block, per_thread = launch_shape(tiles, caps, serial, prod(amounts) * tiling.work)
+    groups, block, per_thread = launch_shape(tiles, caps, prod(amounts) * tiling.work)
     thread = b.special("group", 0)
     if block == 1:
         # A no-op for the grid it runs on, but it tells a C compiler the range of every index,

@@ -22,4 +22,5 @@ def capabilities(compiler: CPUCompiler) -> Capabilities:
         dtypes=frozenset(dtypes.ALL), ops=frozenset(COMPUTE), max_block_threads=1024,
         max_block=(1024, 1024, 64), max_grid=(2**31 - 1, 65535, 65535),
         local_memory_bytes=64 * 1024, max_buffers=64, denormals="preserve",
+        threads_are_loops=True,
         device_name=f"{cpu_model()} ({cores}; {compiler.version})")

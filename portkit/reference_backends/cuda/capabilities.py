@@ -23,6 +23,7 @@ def capabilities(context: CUDAContext, compiler: CUDACompiler) -> Capabilities:
         local_memory_bytes=a("MAX_SHARED_MEMORY_PER_BLOCK"),
         max_buffers=256,   # 8-byte pointers in the 4 KiB of kernel parameters, with room
         denormals="preserve",   # -ftz=false
+        threads_are_loops=False,   # threads are hardware lanes
         peak_bandwidth_gbs=a("GLOBAL_MEMORY_BUS_WIDTH") / 8 * a("MEMORY_CLOCK_RATE") * 2 / 1e6,
         device_name=f"{name} (compute capability {major}.{minor}; {compiler.version} "
                     f"-arch={compiler.arch})")

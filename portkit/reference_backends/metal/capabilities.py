@@ -20,4 +20,5 @@ def capabilities(max_block: Dim3 = (1024, 1024, 1024), local_memory_bytes: int =
         max_grid=(2**31 - 1, 65535, 65535), local_memory_bytes=local_memory_bytes,
         max_buffers=31,              # [[buffer(0..30)]], scalars included: see `check_launch`
         denormals="flush",           # MSL lets float32 denormals be flushed to zero
+        threads_are_loops=False,     # threads are hardware lanes
         device_name=device_name)

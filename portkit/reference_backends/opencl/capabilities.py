@@ -37,4 +37,6 @@ def capabilities(device) -> Capabilities:
         # half the argument space for buffer pointers, the rest for scalars
         max_buffers=device.max_parameter_size // (device.address_bits // 8) // 2,
         denormals="preserve" if denormal else "flush",
+        # work-items are hardware lanes, or (PoCL) loops the driver itself vectorizes
+        threads_are_loops=False,
         device_name=f"{device.name} ({device.platform.name})")

@@ -26,4 +26,5 @@ def capabilities(adapter) -> Capabilities:
         max_grid=(limits["max-compute-workgroups-per-dimension"],) * 3,
         local_memory_bytes=limits["max-compute-workgroup-storage-size"],
         max_buffers=limits["max-storage-buffers-per-shader-stage"],
+        threads_are_loops=False,   # invocations are lanes (lavapipe vectorizes them itself)
         device_name=f"{info['device']} ({info['backend_type']})")

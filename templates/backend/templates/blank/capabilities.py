@@ -19,4 +19,5 @@ def capabilities() -> Capabilities:
         max_grid=(65535, 65535, 65535),                 # workgroups per axis
         local_memory_bytes=0,      # no workgroup memory (LOCAL) yet
         max_buffers=8,
+        threads_are_loops=False,   # True if a workgroup's threads run one after another
         device_name="{{ cookiecutter.name }} (blank starter: nothing implemented yet)")

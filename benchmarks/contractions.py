@@ -1,0 +1,71 @@
+"""Sum 16M, matmul 1024 and the MLP's forward matmuls (x @ W.T) on the CPU backend, beside numpy
+and torch in one run: median [slowest-fastest] of `--repeat` runs after one warm-up.
+
+    PYTHONPATH=. env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/contractions.py
+
+With OMP_NUM_THREADS=1 every library runs on one thread (steadier on a shared machine).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import torch
+
+from portkit import runtime
+from portkit.tensor import Tensor
+
+
+def spread(fn, repeat: int) -> tuple[float, float, float]:
+    """(median, fastest, slowest) seconds of `repeat` runs of fn after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), min(times), max(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=9)
+    args = parser.parse_args()
+    if os.environ.get("OMP_NUM_THREADS") == "1":
+        torch.set_num_threads(1)
+    sync = runtime.get("cpu").synchronize
+    rng = np.random.default_rng(0)
+    rows = []
+
+    def add(name, work, ours, theirs_np, theirs_torch):
+        rows.append((name, work, lambda: (ours().realize(), sync()), theirs_np, theirs_torch))
+
+    a = rng.random(1 << 24, np.float32)
+    pa, ta = Tensor(a).realize(), torch.from_numpy(a)
+    add("sum 16M, GB/s", 4 << 24, pa.sum, a.sum, ta.sum)
+    m, m2 = rng.random((1024, 1024), np.float32), rng.random((1024, 1024), np.float32)
+    pm, pm2, tm, tm2 = Tensor(m).realize(), Tensor(m2).realize(), torch.from_numpy(m), \
+        torch.from_numpy(m2)
+    add("matmul 1024, GFLOP/s", 2 * 1024 ** 3, lambda: pm @ pm2, lambda: m @ m2,
+        lambda: tm @ tm2)
+    for batch, k, n in ((64, 784, 512), (64, 512, 512)):
+        x, w = rng.random((batch, k), np.float32), rng.random((n, k), np.float32)
+        px, pw, tx, tw = Tensor(x).realize(), Tensor(w).realize(), torch.from_numpy(x), \
+            torch.from_numpy(w)
+        add(f"x @ W.T {batch}x{k}x{n}, GFLOP/s", 2 * batch * k * n,
+            lambda px=px, pw=pw: px @ pw.T, lambda x=x, w=w: x @ w.T,
+            lambda tx=tx, tw=tw: tx @ tw.T)
+    print("workload | portkit | numpy | torch   (median [slowest-fastest])")
+    for name, work, *fns in rows:
+        cells = []
+        for fn in fns:
+            median, fastest, slowest = spread(fn, args.repeat)
+            cells.append(f"{work / median / 1e9:.1f} [{work / slowest / 1e9:.1f}-"
+                         f"{work / fastest / 1e9:.1f}]")
+        print(f"{name} | " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Tier 6 is honest: the CPU reference's best kernel for the work, and noisy figures flagged."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from portkit.conformance import tier6_perf
+from portkit.conformance.case import Context, Status
+from portkit.conformance.target import Target
+
+
+@pytest.fixture(scope="module")
+def cpu() -> Target:
+    return Target.load("cpu")
+
+
+def test_the_codegen_matmul_is_right_on_the_reference(cpu):
+    workload = tier6_perf.lowered_matmul(64, np.random.default_rng(0), cpu)
+    tier6_perf._verify(cpu, workload)        # raises CaseFailed on a wrong element
+    assert workload.kernel.block == (1, 1, 1)   # the CPU's threads-as-loops lowering
+
+
+def test_the_reference_keeps_its_fastest_kernel_for_the_work(cpu, monkeypatch):
+    # A barrier-tiled matmul runs as coroutines on the CPU; the ratio must not be taken to it.
+    seconds = {"perf_matmul_tiled": 1.0, "perf_matmul": 0.5, "perf_matmul_codegen": 0.01}
+    monkeypatch.setattr(tier6_perf, "_times", lambda target, workload, repeats: [
+        seconds[workload.kernel.name] * (2 if target is not cpu else 1)] * repeats)
+    vendor = Target.load("interpreter")
+    ctx = Context(cpu.capabilities, quick=True, reference=cpu)
+    rng = np.random.default_rng(1)
+    case = tier6_perf._throughput(
+        ctx, "matmul", lambda: tier6_perf.matmul(16, rng, True), 3,
+        (lambda ref: tier6_perf.matmul(16, rng, False),
+         lambda ref: tier6_perf.lowered_matmul(16, rng, ref)))
+    outcome = case(vendor)
+    assert outcome.perf["reference_seconds"] == 0.01
+    assert outcome.perf["ratio"] == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize("times, reference, noisy", [
+    ([1.0, 1.1, 1.2], [1.0, 1.0, 1.1], False),
+    ([1.0, 1.2, 3.0], [1.0, 1.0, 1.1], True),
+    ([1.0, 1.1, 1.2], [0.5, 1.0, 9.0], True),     # the reference's repeats were disturbed
+])
+def test_a_wide_spread_is_flagged_noisy(cpu, times, reference, noisy):
+    ctx = Context(cpu.capabilities, reference=cpu)
+    outcome = tier6_perf._report(ctx, Target.load("interpreter"), "copy", times, reference,
+                                 1.0, "GB/s")
+    assert outcome.status is Status.PASSED and outcome.perf["noisy"] is noisy
+    assert ("noisy" in (outcome.perf["warning"] or "")) is noisy

@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 
 from portkit.abi.errors import PortkitError
-from portkit.onnx import nn, ops
+from portkit.onnx import attention, nn, ops
 from portkit.onnx.ops import Context, NodeArgs
 from portkit.tensor import Tensor
 
 __all__ = ["Model", "UnsupportedModel", "load", "node_model"]
 
-OPS = ops.OPS | nn.OPS
-CHECKS = ops.CHECKS | nn.CHECKS
+OPS = ops.OPS | nn.OPS | attention.OPS
+CHECKS = ops.CHECKS | nn.CHECKS | attention.CHECKS
 
 
 class UnsupportedModel(PortkitError):

@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 
 from portkit.abi.errors import PortkitError
-from portkit.onnx import attention, nn, ops
+from portkit.onnx import attention, indexing, nn, ops
 from portkit.onnx.ops import Context, NodeArgs
 from portkit.tensor import Tensor
 
 __all__ = ["Model", "UnsupportedModel", "load", "node_model"]
 
-OPS = ops.OPS | nn.OPS | attention.OPS
-CHECKS = ops.CHECKS | nn.CHECKS | attention.CHECKS
+OPS = ops.OPS | nn.OPS | attention.OPS | indexing.OPS
+CHECKS = ops.CHECKS | nn.CHECKS | attention.CHECKS | indexing.CHECKS
 
 
 class UnsupportedModel(PortkitError):

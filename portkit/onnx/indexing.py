@@ -53,8 +53,7 @@ def _neutral(dtype, reduction: str):
         return _COMBINE[reduction][2]
     if dtype.is_float:
         return float("-inf") if reduction == "max" else float("inf")
-    info = np.iinfo(np.dtype(dtype.np))
-    return int(info.min if reduction == "max" else info.max)
+    return int(dtype.min if reduction == "max" else dtype.max)
 
 
 def _sent(hot: Tensor, updates: Tensor, axis: int, dtype, reduction: str

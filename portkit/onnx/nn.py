@@ -222,7 +222,7 @@ def _lp_norm(ctx: Context, node: NodeArgs) -> list[Value]:
     x = ctx.tensor(node.inputs[0])
     axis, p = node.attr("axis", -1), node.attr("p", 2)
     norm = x.abs().sum(axis, keepdim=True) if p == 1 else (x * x).sum(axis, keepdim=True).sqrt()
-    return [x / norm]
+    return [(norm == 0).where(0.0, x / norm).cast(x.dtype)]    # a zero vector stays zero
 
 
 CHECKS["LpNormalization"] = lambda a, n: a.get("p", 2) not in (1, 2) and f"p={a['p']}"
@@ -375,5 +375,7 @@ def _depth_to_space(ctx: Context, node: NodeArgs) -> list[Value]:
 def _space_to_depth(ctx: Context, node: NodeArgs) -> list[Value]:
     x = ctx.tensor(node.inputs[0])
     b, (n, c, h, w) = node.attr("blocksize"), x.shape
-    y = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+    y = x.reshape(n, c, h // b, b, w // b, b)
+    y = y.permute(0, 3, 5, 1, 2, 4) if node.attr("mode", "DCR") == "DCR" else y.permute(
+        0, 1, 3, 5, 2, 4)
     return [y.reshape(n, c * b * b, h // b, w // b)]

@@ -171,16 +171,31 @@ def _div(ctx: Context, node: NodeArgs) -> list[Value]:
 @op("BitShift")
 def _bit_shift(ctx: Context, node: NodeArgs) -> list[Value]:
     x, y = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
-    return [x << y if node.attr("direction") == "LEFT" else x >> y]
+    left = node.attr("direction") == "LEFT"
+    shifted = x << y if left else x >> y
+    # A shift by the width or more, or by a negative count, empties the value (a right shift
+    # of a negative signed value fills it with ones); C leaves these undefined.
+    out_of_range = (y < 0) | (y >= x.dtype.bits)
+    emptied = 0 if left or x.dtype.kind != "int" else (x < 0).where(-1, 0)
+    return [out_of_range.where(emptied, shifted).cast(x.dtype)]
+
+
+def _fmod(a: Tensor, b: Tensor) -> Tensor:
+    """C's fmod for floats, including a finite value over an infinite one (the value)."""
+    return (b.isinf() & ~a.isinf()).where(a, a - b * (a / b).trunc())
 
 
 @op("Mod")
 def _mod(ctx: Context, node: NodeArgs) -> list[Value]:
     a, b = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    if a.dtype.is_float:
+        rest = _fmod(a, b)
+        if node.attr("fmod", 0):
+            return [rest]
+        # numpy's mod: the sign of the divisor, so -3 mod inf is inf
+        return [((rest != 0) & ((rest < 0) ^ (b < 0))).where(rest + b, rest)]
     if not node.attr("fmod", 0):
         return [a % b]                       # the sign of the divisor, as Python
-    if a.dtype.is_float:
-        return [a - b * (a / b).trunc()]     # the sign of the dividend, as C's fmod
     rest = a % b
     return [((rest != 0) & ((a < 0) ^ (b < 0))).where(rest - b, rest)]
 

@@ -379,3 +379,40 @@ def _space_to_depth(ctx: Context, node: NodeArgs) -> list[Value]:
     y = y.permute(0, 3, 5, 1, 2, 4) if node.attr("mode", "DCR") == "DCR" else y.permute(
         0, 1, 3, 5, 2, 4)
     return [y.reshape(n, c * b * b, h // b, w // b)]
+
+
+# -- losses ------------------------------------------------------------------------------------
+
+def _nll(ctx: Context, node: NodeArgs, log_prob: Tensor, target: Tensor,
+         weight: Value) -> Tensor:
+    """NegativeLogLikelihoodLoss of log-probabilities (N, C, ...) at integer targets (N, ...)."""
+    ignore = node.attr("ignore_index")
+    ignored = None if ignore is None else target == ignore
+    if ignored is not None:       # an ignored target may be no class at all: read class 0
+        target = ignored.where(0, target).cast(target.dtype)
+    picked = -log_prob.gather(1, target.unsqueeze(1)).squeeze(1)
+    weights = None if weight is None else ctx.tensor(weight)[target.reshape(-1)].reshape(
+        *target.shape)
+    if ignored is not None:
+        zero = Tensor.zeros(1, dtype=log_prob.dtype, device=log_prob.device)
+        weights = ignored.where(zero, 1.0 if weights is None else weights).cast(log_prob.dtype)
+    loss = picked if weights is None else picked * weights
+    reduction = node.attr("reduction", "mean")
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.mean() if weights is None else loss.sum() / weights.sum()
+
+
+@op("NegativeLogLikelihoodLoss")
+def _nll_loss(ctx: Context, node: NodeArgs) -> list[Value]:
+    return [_nll(ctx, node, ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1]),
+                 node.input(2))]
+
+
+@op("SoftmaxCrossEntropyLoss")
+def _softmax_cross_entropy(ctx: Context, node: NodeArgs) -> list[Value]:
+    log_prob = ctx.tensor(node.inputs[0]).log_softmax(1)
+    loss = _nll(ctx, node, log_prob, ctx.tensor(node.inputs[1]), node.input(2))
+    return [loss, log_prob][:node.outputs]

@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 
 from portkit.abi.errors import PortkitError
-from portkit.onnx import attention, indexing, nn, ops
+from portkit.onnx import attention, indexing, nn, ops, resize
 from portkit.onnx.ops import Context, NodeArgs
 from portkit.tensor import Tensor
 
 __all__ = ["Model", "UnsupportedModel", "load", "node_model"]
 
-OPS = ops.OPS | nn.OPS | attention.OPS | indexing.OPS
-CHECKS = ops.CHECKS | nn.CHECKS | attention.CHECKS | indexing.CHECKS
+OPS = ops.OPS | nn.OPS | attention.OPS | indexing.OPS | resize.OPS
+CHECKS = ops.CHECKS | nn.CHECKS | attention.CHECKS | indexing.CHECKS | resize.CHECKS
 
 
 class UnsupportedModel(PortkitError):
@@ -103,7 +103,8 @@ class Model:
     def run(self, values: dict[str, Any], upto: int | None = None) -> dict[str, Any]:
         """Every value the graph computes from `values` (the first `upto` nodes only, if given),
         as numpy arrays (host values) or Tensors."""
-        ctx = Context(self.device, self.opset, self._uploaded)
+        ctx = Context(self.device, self.opset, self._uploaded,
+                      {id(v): v for v in self.constants.values()})
         env: dict[str, Any] = dict(self.constants)
         env[""] = None
         for name, value in values.items():

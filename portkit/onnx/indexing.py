@@ -25,8 +25,7 @@ def _wrapped(indices: Tensor, size: int) -> Tensor:
 
 def _along(x: Tensor, axis: int, index: Value, ctx: Context) -> Tensor:
     """x[..., index, ...] with `index` (1-d) on `axis`."""
-    return x[(slice(None),) * axis + (ctx.tensor(np.asarray(index)) if not isinstance(
-        index, Tensor) else index,)]
+    return x[(slice(None),) * axis + (ctx.tensor(index),)]
 
 
 @op("TopK")

@@ -8,7 +8,7 @@ value portkit cannot honour is reported at load time by `unsupported_attributes`
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
@@ -25,17 +25,23 @@ Value = Any   # a Tensor, a numpy array (a host value) or None
 
 @dataclass
 class Context:
-    """What every op may need: the device, the model's opset, and uploaded host constants."""
+    """What every op may need: the device, the model's opset, and the model's constants (by
+    id) with the Tensors they were uploaded to."""
 
     device: str | None
     opset: int
     uploaded: dict[int, Tensor]
+    constants: dict[int, np.ndarray] = field(default_factory=dict)
 
     def tensor(self, value: Value) -> Tensor:
-        """`value` on the device; int64 is narrowed to int32 where every value fits."""
+        """`value` on the device; int64 is narrowed to int32 where every value fits. A model
+        constant is uploaded once; any other array (an input, a value computed on the host)
+        every time, since its id may be another array's by the next run."""
         if isinstance(value, Tensor):
             return value
         key = id(value)
+        if self.constants.get(key) is not value:
+            return Tensor(self._narrowed(np.asarray(value)), device=self.device)
         if key not in self.uploaded:
             self.uploaded[key] = Tensor(self._narrowed(np.asarray(value)), device=self.device)
         return self.uploaded[key]

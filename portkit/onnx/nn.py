@@ -79,17 +79,78 @@ def _ceil_extra(size: int, before: int, after: int, kernel: int, stride: int,
     return max((windows - 1) * stride + span - (size + before + after), 0)
 
 
+def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, strides, dilations,
+          groups: int) -> Tensor:
+    """An unpadded 1-, 2- or 3-d convolution through the Tensor API's conv2d: 1-d as 2-d with
+    a height of 1, 3-d as a sum over the kernel's depth of 2-d convolutions of depth slices."""
+    strides, dilations = tuple(strides), tuple(dilations)
+    if x.ndim == 3:
+        out = x.unsqueeze(2).conv2d(weight.unsqueeze(2), bias, stride=(1, *strides),
+                                    dilation=(1, *dilations), groups=groups)
+        return out.squeeze(2)
+    if x.ndim == 4:
+        return x.conv2d(weight, bias, stride=strides, dilation=dilations, groups=groups)
+    n, c, depth = x.shape[:3]
+    step, reach = strides[0], dilations[0]
+    kernel = weight.shape[2]
+    count = (depth - (kernel - 1) * reach - 1) // step + 1
+    out = None
+    for k in range(kernel):
+        start = k * reach
+        slab = x[:, :, start:start + (count - 1) * step + 1:step].transpose(1, 2)
+        part = slab.reshape(n * count, c, *x.shape[3:]).conv2d(
+            weight[:, :, k], None, stride=strides[1:], dilation=dilations[1:], groups=groups)
+        out = part if out is None else out + part
+    out = out.reshape(n, count, *out.shape[1:]).transpose(1, 2)
+    return out if bias is None else out + bias.reshape(1, -1, 1, 1, 1)
+
+
 @op("Conv")
-def _conv(ctx: Context, node: NodeArgs) -> list[Value]:
+def _conv_op(ctx: Context, node: NodeArgs) -> list[Value]:
     x, weight = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
     bias = None if node.input(2) is None else ctx.tensor(node.inputs[2])
     strides, dilations, pads = _window(node, x, weight.shape[2:])
-    x = x.pad(((0, 0), (0, 0), *pads))
-    one_d = x.ndim == 3
-    out = _as_2d(x).conv2d(_as_2d(weight), bias, stride=((1,) + strides) if one_d else strides,
-                           dilation=((1,) + dilations) if one_d else dilations,
-                           groups=node.attr("group", 1))
-    return [out.squeeze(2) if one_d else out]
+    return [_conv(x.pad(((0, 0), (0, 0), *pads)), weight, bias, strides, dilations,
+                  node.attr("group", 1))]
+
+
+@op("ConvTranspose")
+def _conv_transpose(ctx: Context, node: NodeArgs) -> list[Value]:
+    """A convolution of the input spread out by the strides (zeros between its elements) and
+    padded by the kernel's reach, with the kernel flipped and its channel axes swapped."""
+    x, weight = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    spatial, groups = x.ndim - 2, node.attr("group", 1)
+    kernel = weight.shape[2:]
+    strides = node.attr("strides", [1] * spatial)
+    dilations = node.attr("dilations", [1] * spatial)
+    extra = node.attr("output_padding", [0] * spatial)
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    full = [s * (n - 1) + e + span for s, n, e, span in zip(strides, x.shape[2:], extra, spans)]
+    wanted = node.attr("output_shape")
+    if node.attr("pads") is None and node.attr("auto_pad", "NOTSET") in ("SAME_UPPER",
+                                                                        "SAME_LOWER"):
+        wanted = wanted or [n * s for n, s in zip(x.shape[2:], strides)]
+        totals = [f - w for f, w in zip(full, wanted)]
+        upper = node.attr("auto_pad") == "SAME_UPPER"
+        pads = [(t // 2, t - t // 2) if upper else (t - t // 2, t // 2) for t in totals]
+    else:
+        flat = node.attr("pads", [0] * 2 * spatial)
+        pads = list(zip(flat[:spatial], flat[spatial:]))
+        if wanted is not None:      # the output is cut (or extended) at the end to this size
+            pads = [(b, f - b - w) for (b, _), f, w in zip(pads, full, wanted)]
+    # zeros between the input's elements, then the kernel's reach less the padding
+    for axis, s in enumerate(strides, start=2):
+        if s > 1:
+            x = x.unsqueeze(axis + 1).pad(((0, 0),) * (axis + 1) + ((0, s - 1),))
+            x = x.reshape(*x.shape[:axis], x.shape[axis] * s, *x.shape[axis + 2:])
+            x = x.pad(((0, 0),) * axis + ((0, 1 - s),))
+    x = x.pad(((0, 0), (0, 0), *((span - 1 - b, span - 1 - e + p)
+                                 for span, (b, e), p in zip(spans, pads, extra))))
+    c_in, c_out = weight.shape[0], weight.shape[1] * groups
+    weight = weight.reshape(groups, c_in // groups, c_out // groups, *kernel).transpose(1, 2)
+    weight = weight.reshape(c_out, c_in // groups, *kernel).flip(tuple(range(2, 2 + spatial)))
+    bias = None if node.input(2) is None else ctx.tensor(node.inputs[2])
+    return [_conv(x, weight, bias, [1] * spatial, dilations, groups)]
 
 
 def _pool(x: Tensor, node: NodeArgs, fill: float, reduce: str) -> Tensor:
@@ -145,7 +206,8 @@ def _global_max_pool(ctx: Context, node: NodeArgs) -> list[Value]:
 
 
 CHECKS.update(
-    Conv=lambda a, n: len(a.get("kernel_shape", [0, 0])) > 2 and "3-d and larger",
+    Conv=lambda a, n: len(a.get("kernel_shape", [0, 0])) > 3 and "4-d and larger",
+    ConvTranspose=lambda a, n: len(a.get("kernel_shape", [0, 0])) > 3 and "4-d and larger",
     MaxPool=lambda a, n: (len(a["kernel_shape"]) > 2 and "3-d and larger") or (
         n > 1 and "the Indices output"),
     AveragePool=lambda a, n: (len(a["kernel_shape"]) > 2 and "3-d and larger") or (

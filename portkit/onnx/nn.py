@@ -156,15 +156,37 @@ def _conv_transpose(ctx: Context, node: NodeArgs) -> list[Value]:
 def _pool(x: Tensor, node: NodeArgs, fill: float, reduce: str) -> Tensor:
     kernel = tuple(node.attr("kernel_shape"))
     strides, dilations, pads = _window(node, x, kernel)
-    one_d = x.ndim == 3
-    x = _as_2d(x.pad(((0, 0), (0, 0), *pads), fill))
-    kernel, strides, dilations = ((1,) + kernel, (1,) + strides, (1,) + dilations) if one_d \
-        else (kernel, strides, dilations)
-    if reduce == "max":
-        out = x.max_pool2d(kernel, strides, 0, dilations)
-    else:
-        out = x.avg_pool2d(kernel, strides, 0)
-    return out.squeeze(2) if one_d else out
+    return _pool_nd(x.pad(((0, 0), (0, 0), *pads), fill), kernel, strides, dilations, reduce)
+
+
+def _pool_nd(x: Tensor, kernel, strides, dilations, reduce: str) -> Tensor:
+    """An unpadded 1-, 2- or 3-d pool through the Tensor API's 2-d pools (as _conv does); a
+    dilated average is a convolution of each channel with a uniform kernel."""
+    if reduce == "avg" and any(d != 1 for d in dilations):
+        channels = x.shape[1]
+        weight = Tensor.full((channels, 1, *kernel), 1 / prod(kernel), dtype=x.dtype,
+                             device=x.device)
+        return _conv(x, weight, None, strides, dilations, channels)
+    if x.ndim == 3:
+        return _pool_nd(x.unsqueeze(2), (1, *kernel), (1, *strides), (1, *dilations),
+                        reduce).squeeze(2)
+    if x.ndim == 4:
+        if reduce == "max":
+            return x.max_pool2d(kernel, strides, 0, dilations)
+        return x.avg_pool2d(kernel, strides, 0)
+    n, c, depth = x.shape[:3]
+    count = (depth - (kernel[0] - 1) * dilations[0] - 1) // strides[0] + 1
+    parts = []
+    for k in range(kernel[0]):
+        start = k * dilations[0]
+        slab = x[:, :, start:start + (count - 1) * strides[0] + 1:strides[0]].transpose(1, 2)
+        part = _pool_nd(slab.reshape(n * count, c, *x.shape[3:]), kernel[1:], strides[1:],
+                        dilations[1:], reduce)
+        parts.append(part.reshape(n, count, c, *part.shape[2:]).transpose(1, 2))
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.maximum(part) if reduce == "max" else out + part
+    return out if reduce == "max" else out / kernel[0]
 
 
 @op("MaxPool")
@@ -176,11 +198,20 @@ def _max_pool(ctx: Context, node: NodeArgs) -> list[Value]:
 def _average_pool(ctx: Context, node: NodeArgs) -> list[Value]:
     x = ctx.tensor(node.inputs[0])
     total = _pool(x, node, 0.0, "avg")
-    if node.attr("count_include_pad", 0) or not any(node.attr("pads", [])) and node.attr(
-            "auto_pad", "NOTSET") in ("NOTSET", "VALID") and not node.attr("ceil_mode", 0):
+    include_pad, ceil_mode = node.attr("count_include_pad", 0), node.attr("ceil_mode", 0)
+    if include_pad and not ceil_mode or not any(node.attr("pads", [])) and node.attr(
+            "auto_pad", "NOTSET") in ("NOTSET", "VALID") and not ceil_mode:
         return [total]
-    # Padding is left out of each window's count: divide by the share of real elements.
+    # Divide by the share of each window that counts: the real elements, and the padding too
+    # under count_include_pad, but never what ceil mode adds past the padding.
     ones = Tensor.ones(*x.shape, dtype=x.dtype, device=x.device)
+    if include_pad:
+        kernel = tuple(node.attr("kernel_shape"))
+        strides, dilations, pads = _window(node, x, kernel)
+        given = _spatial_pads(node, x.shape[2:], kernel, strides, dilations)
+        ones = ones.pad(((0, 0), (0, 0), *given), 1.0).pad(
+            ((0, 0), (0, 0), *((0, e - g) for (_, e), (_, g) in zip(pads, given))))
+        return [total / _pool_nd(ones, kernel, strides, dilations, "avg")]
     return [total / _pool(ones, node, 0.0, "avg")]
 
 
@@ -208,12 +239,10 @@ def _global_max_pool(ctx: Context, node: NodeArgs) -> list[Value]:
 CHECKS.update(
     Conv=lambda a, n: len(a.get("kernel_shape", [0, 0])) > 3 and "4-d and larger",
     ConvTranspose=lambda a, n: len(a.get("kernel_shape", [0, 0])) > 3 and "4-d and larger",
-    MaxPool=lambda a, n: (len(a["kernel_shape"]) > 2 and "3-d and larger") or (
+    MaxPool=lambda a, n: (len(a["kernel_shape"]) > 3 and "4-d and larger") or (
         n > 1 and "the Indices output"),
-    AveragePool=lambda a, n: (len(a["kernel_shape"]) > 2 and "3-d and larger") or (
-        any(d != 1 for d in a.get("dilations", [])) and "dilations"),
-    LpPool=lambda a, n: (len(a["kernel_shape"]) > 2 and "3-d and larger") or (
-        any(d != 1 for d in a.get("dilations", [])) and "dilations"),
+    AveragePool=lambda a, n: len(a["kernel_shape"]) > 3 and "4-d and larger",
+    LpPool=lambda a, n: len(a["kernel_shape"]) > 3 and "4-d and larger",
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from portkit.abi import dtypes
+from portkit.onnx.nn import conv, matmul
 from portkit.onnx.ops import Check, Context, NodeArgs, Op, Value, registrar
 from portkit.tensor import Tensor, cat
 
@@ -83,7 +84,7 @@ def _attention(ctx: Context, node: NodeArgs) -> list[Value]:
     if q.shape[1] != k.shape[1]:       # grouped heads: each key/value head serves several
         k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
-    scores = (q * scale) @ (k * scale).transpose(2, 3)
+    scores = matmul(q * scale, (k * scale).transpose(2, 3))
     softcap = node.attr("softcap", 0.0)
     if softcap > 0:
         scores = (scores / softcap).tanh() * softcap
@@ -101,8 +102,88 @@ def _attention(ctx: Context, node: NodeArgs) -> list[Value]:
     weights = all_masked.where(0.0, with_bias.softmax(-1)).cast(q.dtype)
     if mode == 3:
         qk_out = weights
-    out = weights @ v
+    out = matmul(weights, v)
     if three_d:
         out = out.permute(0, 2, 1, 3)
         out = out.reshape(out.shape[0], out.shape[1], -1)
     return [out, present_key, present_value, qk_out.cast(q.dtype)][:node.outputs]
+
+
+@op("RotaryEmbedding")
+def _rotary_embedding(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, cos, sin = (ctx.tensor(node.inputs[i]) for i in range(3))
+    shape = x.shape
+    # as (batch, sequence, heads, head size)
+    x = x.transpose(1, 2) if x.ndim == 4 else x.reshape(*shape[:2], node.attr("num_heads"), -1)
+    dim = node.attr("rotary_embedding_dim", 0) or x.shape[3]
+    if node.input(3) is not None:
+        positions = ctx.tensor(node.inputs[3])
+        cos = cos[positions.reshape(-1)].reshape(*positions.shape, -1)
+        sin = sin[positions.reshape(-1)].reshape(*positions.shape, -1)
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    rotated, kept = x[..., :dim], x[..., dim:]
+    if node.attr("interleaved", 0):
+        first, second = rotated[..., 0::2], rotated[..., 1::2]
+    else:
+        first, second = rotated[..., :dim // 2], rotated[..., dim // 2:]
+    real, imaginary = cos * first - sin * second, sin * first + cos * second
+    if node.attr("interleaved", 0):
+        rotated = cat([real.unsqueeze(-1), imaginary.unsqueeze(-1)], -1).reshape(*rotated.shape)
+    else:
+        rotated = cat([real, imaginary], -1)
+    out = cat([rotated, kept], -1) if dim < x.shape[3] else rotated
+    return [out.reshape(*shape) if len(shape) == 3 else out.transpose(1, 2)]
+
+
+@op("CausalConvWithState")
+def _causal_conv_with_state(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, weight = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    batch, channels, _ = x.shape
+    reach = weight.shape[2] - 1
+    past = node.input(3)
+    past = Tensor.zeros(batch, channels, reach, dtype=x.dtype, device=x.device) \
+        if past is None else ctx.tensor(past)
+    padded = cat([past, x], 2)
+    bias = None if node.input(2) is None else ctx.tensor(node.inputs[2])
+    out = conv(padded, weight, bias, [1], [1], channels)
+    if node.attr("activation", "none") in ("silu", "swish"):
+        wide = out.cast(dtypes.float32)
+        out = (wide * wide.sigmoid()).cast(x.dtype)
+    return [out, padded[:, :, padded.shape[2] - reach:]][:node.outputs]
+
+
+@op("LinearAttention")
+def _linear_attention(ctx: Context, node: NodeArgs) -> list[Value]:
+    """The recurrence token by token, in float32: decay the state, correct the value by what
+    the state already holds (delta rules), add key x value, read with the query."""
+    f32 = dtypes.float32
+    query, key, value = (ctx.tensor(node.inputs[i]) for i in range(3))
+    past, decay, beta = (None if node.input(i) is None else ctx.tensor(node.input(i))
+                         for i in range(3, 6))
+    q_heads, kv_heads = node.attr("q_num_heads"), node.attr("kv_num_heads")
+    batch, steps, _ = query.shape
+    q, k, v = (_heads(t, h).cast(f32) for t, h in ((query, q_heads), (key, kv_heads),
+                                                      (value, kv_heads)))
+    d_k, d_v = q.shape[3], v.shape[3]
+    if decay is not None:
+        decay = (decay.reshape(batch, steps, kv_heads, 1).transpose(1, 2)
+                 if decay.shape[-1] == kv_heads else _heads(decay, kv_heads)).cast(f32)
+    if beta is not None:
+        beta = beta.reshape(batch, steps, beta.shape[-1], 1).transpose(1, 2).cast(f32)
+    state = Tensor.zeros(batch, kv_heads, d_k, d_v, dtype=f32, device=query.device) \
+        if past is None else past.cast(f32)
+    scale = node.attr("scale", 0.0) or 1 / np.sqrt(d_k)
+    outputs = []
+    for t in range(steps):
+        k_t, v_t = k[:, :, t], v[:, :, t]
+        if decay is not None:
+            state = state * decay[:, :, t].exp().unsqueeze(-1)
+        if beta is not None:
+            held = (state * k_t.unsqueeze(-1)).sum(2)
+            v_t = beta[:, :, t] * (v_t - held)
+        state = state + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
+        read = state.repeat_interleave(q_heads // kv_heads, 1) if q_heads != kv_heads else state
+        outputs.append(((q[:, :, t].unsqueeze(-1) * read).sum(2) * scale).unsqueeze(2))
+    out = cat(outputs, 2).transpose(1, 2).reshape(batch, steps, q_heads * d_v)
+    return [out.cast(query.dtype), state.cast(query.dtype if past is None else past.dtype)
+            ][:node.outputs]

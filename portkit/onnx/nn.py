@@ -15,9 +15,17 @@ CHECKS: dict[str, Check] = {}
 op = registrar(OPS)
 
 
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b; half-precision products accumulate in float32, as the ONNX reference (numpy)
+    and onnxruntime do, and are rounded once."""
+    if a.dtype in (dtypes.float16, dtypes.bfloat16) and b.dtype == a.dtype:
+        return (a.cast(dtypes.float32) @ b.cast(dtypes.float32)).cast(a.dtype)
+    return a @ b
+
+
 @op("MatMul")
 def _matmul(ctx: Context, node: NodeArgs) -> list[Value]:
-    return [ctx.tensor(node.inputs[0]) @ ctx.tensor(node.inputs[1])]
+    return [matmul(ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1]))]
 
 
 @op("Gemm")
@@ -25,7 +33,8 @@ def _gemm(ctx: Context, node: NodeArgs) -> list[Value]:
     a, b = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
     a = a.transpose(0, 1) if node.attr("transA", 0) else a
     b = b.transpose(0, 1) if node.attr("transB", 0) else b
-    out = (a @ b) * node.attr("alpha", 1.0) if node.attr("alpha", 1.0) != 1 else a @ b
+    out = matmul(a, b)
+    out = out * node.attr("alpha", 1.0) if node.attr("alpha", 1.0) != 1 else out
     if node.input(2) is not None:
         beta = node.attr("beta", 1.0)
         c = ctx.tensor(node.inputs[2])
@@ -79,11 +88,17 @@ def _ceil_extra(size: int, before: int, after: int, kernel: int, stride: int,
     return max((windows - 1) * stride + span - (size + before + after), 0)
 
 
-def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, strides, dilations,
+def conv(x: Tensor, weight: Tensor, bias: Tensor | None, strides, dilations,
           groups: int) -> Tensor:
     """An unpadded 1-, 2- or 3-d convolution through the Tensor API's conv2d: 1-d as 2-d with
-    a height of 1, 3-d as a sum over the kernel's depth of 2-d convolutions of depth slices."""
+    a height of 1, 3-d as a sum over the kernel's depth of 2-d convolutions of depth slices.
+    Half-precision inputs accumulate in float32, as the ONNX reference and onnxruntime do."""
     strides, dilations = tuple(strides), tuple(dilations)
+    if x.dtype in (dtypes.float16, dtypes.bfloat16):
+        wide = conv(x.cast(dtypes.float32), weight.cast(dtypes.float32),
+                     None if bias is None else bias.cast(dtypes.float32), strides, dilations,
+                     groups)
+        return wide.cast(x.dtype)
     if x.ndim == 3:
         out = x.unsqueeze(2).conv2d(weight.unsqueeze(2), bias, stride=(1, *strides),
                                     dilation=(1, *dilations), groups=groups)
@@ -110,7 +125,7 @@ def _conv_op(ctx: Context, node: NodeArgs) -> list[Value]:
     x, weight = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
     bias = None if node.input(2) is None else ctx.tensor(node.inputs[2])
     strides, dilations, pads = _window(node, x, weight.shape[2:])
-    return [_conv(x.pad(((0, 0), (0, 0), *pads)), weight, bias, strides, dilations,
+    return [conv(x.pad(((0, 0), (0, 0), *pads)), weight, bias, strides, dilations,
                   node.attr("group", 1))]
 
 
@@ -150,7 +165,7 @@ def _conv_transpose(ctx: Context, node: NodeArgs) -> list[Value]:
     weight = weight.reshape(groups, c_in // groups, c_out // groups, *kernel).transpose(1, 2)
     weight = weight.reshape(c_out, c_in // groups, *kernel).flip(tuple(range(2, 2 + spatial)))
     bias = None if node.input(2) is None else ctx.tensor(node.inputs[2])
-    return [_conv(x, weight, bias, [1] * spatial, dilations, groups)]
+    return [conv(x, weight, bias, [1] * spatial, dilations, groups)]
 
 
 def _pool(x: Tensor, node: NodeArgs, fill: float, reduce: str) -> Tensor:
@@ -160,13 +175,13 @@ def _pool(x: Tensor, node: NodeArgs, fill: float, reduce: str) -> Tensor:
 
 
 def _pool_nd(x: Tensor, kernel, strides, dilations, reduce: str) -> Tensor:
-    """An unpadded 1-, 2- or 3-d pool through the Tensor API's 2-d pools (as _conv does); a
+    """An unpadded 1-, 2- or 3-d pool through the Tensor API's 2-d pools (as conv does); a
     dilated average is a convolution of each channel with a uniform kernel."""
     if reduce == "avg" and any(d != 1 for d in dilations):
         channels = x.shape[1]
         weight = Tensor.full((channels, 1, *kernel), 1 / prod(kernel), dtype=x.dtype,
                              device=x.device)
-        return _conv(x, weight, None, strides, dilations, channels)
+        return conv(x, weight, None, strides, dilations, channels)
     if x.ndim == 3:
         return _pool_nd(x.unsqueeze(2), (1, *kernel), (1, *strides), (1, *dilations),
                         reduce).squeeze(2)

@@ -74,7 +74,7 @@ def run_case(case, device: str) -> Result:
             with np.errstate(all="ignore"):
                 got = list(model(*inputs).values())
         except (PortkitError, ValueError, TypeError, IndexError, NotImplementedError,
-                KeyError, AssertionError, RuntimeError) as error:
+                KeyError, AssertionError, RuntimeError, ArithmeticError) as error:
             return Result(case.name, op, "error", f"{type(error).__name__}: {error}"[:200])
         for want, value in zip(expected, got):
             value = np.asarray(value)

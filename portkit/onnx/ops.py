@@ -41,10 +41,14 @@ class Context:
             return value
         key = id(value)
         if self.constants.get(key) is not value:
-            return Tensor(self._narrowed(np.asarray(value)), device=self.device)
+            return self._upload(np.asarray(value))
         if key not in self.uploaded:
-            self.uploaded[key] = Tensor(self._narrowed(np.asarray(value)), device=self.device)
+            self.uploaded[key] = self._upload(np.asarray(value))
         return self.uploaded[key]
+
+    def _upload(self, array: np.ndarray) -> Tensor:
+        array = self._narrowed(array)
+        return Tensor(array, dtype=dtypes.from_numpy(array.dtype), device=self.device)
 
     def _narrowed(self, array: np.ndarray) -> np.ndarray:
         if array.dtype.kind in "iu" and array.dtype.itemsize == 8:
@@ -159,9 +163,22 @@ for _name, _fn in {
     "And": lambda a, b: a & b, "Or": lambda a, b: a | b, "Xor": lambda a, b: a ^ b,
     "BitwiseAnd": lambda a, b: a & b, "BitwiseOr": lambda a, b: a | b,
     "BitwiseXor": lambda a, b: a ^ b,
-    "SwiGLU": lambda a, b: a * a.sigmoid() * b,
 }.items():
     OPS[_name] = _binary(_fn)
+
+
+@op("SwiGLU")
+def _swiglu(ctx: Context, node: NodeArgs) -> list[Value]:
+    a, b = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    return [a * (a * node.attr("alpha", 1.0)).sigmoid() * b]
+
+
+@op("BitCast")
+def _bitcast(ctx: Context, node: NodeArgs) -> list[Value]:
+    import onnx
+
+    target = dtypes.from_numpy(onnx.helper.tensor_dtype_to_np_dtype(node.attr("to")))
+    return [ctx.tensor(node.inputs[0]).bitcast(target)]
 
 
 @op("Div")
@@ -419,7 +436,35 @@ def _pad(ctx: Context, node: NodeArgs) -> list[Value]:
     pairs = [(0, 0)] * x.ndim
     for k, axis in enumerate(axes):
         pairs[axis % x.ndim] = (pads[k], pads[k + len(pads) // 2])
-    return [x.pad(tuple(pairs), value)]
+    mode = node.attr("mode", "constant")
+    if mode == "constant":
+        return [x.pad(tuple(pairs), value)]
+    for axis, (before, after) in enumerate(pairs):   # a gather of mirrored or wrapped rows
+        if before or after:
+            size = x.shape[axis]
+            source = np.arange(-before, size + after)
+            if mode == "edge":
+                source = np.clip(source, 0, size - 1)
+            elif mode == "wrap":
+                source = source % size
+            else:       # reflect: mirrored about the first and last element
+                period = 2 * (size - 1) or 1
+                source = source % period
+                source = np.where(source >= size, period - source, source)
+            x = x[(slice(None),) * axis + (ctx.tensor(source.astype(np.int32)),)]
+    return [x]
+
+
+@op("CenterCropPad")
+def _center_crop_pad(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    axes = node.attr("axes", range(x.ndim))
+    pairs = [(0, 0)] * x.ndim
+    for axis, size in zip(axes, ctx.ints(node.inputs[1])):
+        grow = size - x.shape[axis % x.ndim]   # negative: crop; the odd one at the end
+        half = grow // 2 if grow >= 0 else -((-grow) // 2)
+        pairs[axis % x.ndim] = (half, grow - half)
+    return [x.pad(tuple(pairs))]
 
 
 @op("Constant")
@@ -447,8 +492,6 @@ def _range(ctx: Context, node: NodeArgs) -> list[Value]:
 
 
 CHECKS.update(
-    SwiGLU=lambda a, n: a.get("alpha", 1.0) != 1.0 and "alpha",
-    Pad=lambda a, n: a.get("mode", "constant") != "constant" and f"mode={a['mode']}",
     Gelu=lambda a, n: a.get("approximate", "none") not in ("none", "tanh") and "approximate",
     Constant=lambda a, n: not ({"value", "value_float", "value_floats", "value_int",
                                 "value_ints"} & set(a)) and f"attribute {sorted(a)}",

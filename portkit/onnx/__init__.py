@@ -20,14 +20,17 @@ from typing import Any
 import numpy as np
 
 from portkit.abi.errors import PortkitError
-from portkit.onnx import attention, indexing, nn, ops, resize
+from portkit.onnx import attention, indexing, nn, ops, resize, training
 from portkit.onnx.ops import Context, NodeArgs
 from portkit.tensor import Tensor
 
 __all__ = ["Model", "UnsupportedModel", "load", "node_model"]
 
-OPS = ops.OPS | nn.OPS | attention.OPS | indexing.OPS | resize.OPS
-CHECKS = ops.CHECKS | nn.CHECKS | attention.CHECKS | indexing.CHECKS | resize.CHECKS
+_MODULES = (ops, nn, attention, indexing, resize, training)
+OPS = {name: fn for module in _MODULES for name, fn in module.OPS.items()}
+CHECKS = {name: fn for module in _MODULES for name, fn in module.CHECKS.items()}
+# the domains whose ops OPS holds (training: the optimizer steps)
+DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training")
 
 
 class UnsupportedModel(PortkitError):
@@ -162,7 +165,7 @@ def load(model: str | Path | Any, device: str | None = None) -> Model:
 def _check_supported(nodes: Iterable[Any]) -> None:
     missing: dict[str, int] = {}
     for node in nodes:
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in DOMAINS:
             key = f"{node.domain}.{node.op_type}"
         elif node.op_type not in OPS:
             key = node.op_type

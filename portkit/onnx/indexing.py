@@ -184,3 +184,67 @@ def _einsum_check(attrs: dict, outputs: int):
 
 
 CHECKS["Einsum"] = _einsum_check
+
+
+@op("Unique")
+def _unique(ctx: Context, node: NodeArgs) -> list[Value]:
+    """Read back: which values are distinct decides the output's shape."""
+    x = ctx.host(node.inputs[0])
+    axis = node.attr("axis")
+    values, first, inverse, counts = np.unique(x, True, True, True, axis=axis, equal_nan=False)
+    if not node.attr("sorted", 1):      # in the order of first occurrence
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        values = np.take(values, order, axis=0 if axis is None else axis)
+        first, counts, inverse = first[order], counts[order], rank[inverse.reshape(-1)]
+    outputs = [values] + [a.reshape(-1).astype(np.int64) for a in (first, inverse, counts)]
+    return [outputs[0] if isinstance(node.inputs[0], np.ndarray) else ctx.tensor(outputs[0]),
+            *outputs[1:]][:node.outputs]
+
+
+@op("ReverseSequence")
+def _reverse_sequence(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, lengths = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    batch_axis, time_axis = node.attr("batch_axis", 1), node.attr("time_axis", 0)
+    steps = x.shape[time_axis]
+    time = Tensor.arange(steps, device=x.device).reshape(1, steps)
+    length = lengths.reshape(-1, 1).cast(time.dtype)
+    source = (time < length).where(length - 1 - time, time)       # (batch, time)
+    if batch_axis > time_axis:
+        source = source.transpose(0, 1)
+    shape = [1] * x.ndim
+    shape[batch_axis], shape[time_axis] = x.shape[batch_axis], steps
+    return [x.gather(time_axis, source.reshape(*shape).expand(*x.shape))]
+
+
+@op("TensorScatter")
+def _tensor_scatter(ctx: Context, node: NodeArgs) -> list[Value]:
+    past, update = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    axis = node.attr("axis", -2) % past.ndim
+    size, count = past.shape[axis], update.shape[axis]
+    positions = Tensor.arange(size, device=past.device).reshape(1, size)
+    start = Tensor.zeros(past.shape[0], 1, dtype=positions.dtype, device=past.device) \
+        if node.input(2) is None else ctx.tensor(node.inputs[2]).reshape(-1, 1).cast(
+            positions.dtype)
+    offset = positions - start           # (batch, size): which update row lands here
+    if node.attr("mode", "linear") == "circular":
+        offset = offset % size
+    written = (offset >= 0) & (offset < count)
+    shape = [1] * past.ndim
+    shape[0], shape[axis] = past.shape[0], size
+    source = written.where(offset, 0).cast(offset.dtype).reshape(*shape)
+    gather_shape = list(update.shape)
+    gather_shape[axis] = size
+    taken = update.gather(axis, source.expand(*gather_shape))
+    return [written.reshape(*shape).where(taken, past)]
+
+
+@op("OptionalHasElement")
+def _optional_has_element(ctx: Context, node: NodeArgs) -> list[Value]:
+    return [np.array(node.input(0) is not None)]
+
+
+@op("OptionalGetElement")
+def _optional_get_element(ctx: Context, node: NodeArgs) -> list[Value]:
+    return [node.inputs[0]]

@@ -522,3 +522,15 @@ def _softmax_cross_entropy(ctx: Context, node: NodeArgs) -> list[Value]:
     log_prob = ctx.tensor(node.inputs[0]).log_softmax(1)
     loss = _nll(ctx, node, log_prob, ctx.tensor(node.inputs[1]), node.input(2))
     return [loss, log_prob][:node.outputs]
+
+
+@op("LRN")
+def _lrn(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, size = ctx.tensor(node.inputs[0]), node.attr("size")
+    square = (x * x).pad(((0, 0), ((size - 1) // 2, size // 2)) + ((0, 0),) * (x.ndim - 2))
+    channels = x.shape[1]
+    total = square[:, :channels]
+    for shift in range(1, size):      # the sum over each channel's window of neighbours
+        total = total + square[:, shift:shift + channels]
+    scale = total * (node.attr("alpha", 1e-4) / size) + node.attr("bias", 1.0)
+    return [x / scale.pow(node.attr("beta", 0.75))]

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 
 from portkit.abi.errors import PortkitError
-from portkit.onnx import attention, indexing, nn, ops, resize, training
+from portkit.onnx import attention, indexing, nn, ops, quantize, resize, training
 from portkit.onnx.ops import Context, NodeArgs
 from portkit.tensor import Tensor
 
 __all__ = ["Model", "UnsupportedModel", "load", "node_model"]
 
-_MODULES = (ops, nn, attention, indexing, resize, training)
+_MODULES = (ops, nn, attention, indexing, quantize, resize, training)
 OPS = {name: fn for module in _MODULES for name, fn in module.OPS.items()}
 CHECKS = {name: fn for module in _MODULES for name, fn in module.CHECKS.items()}
 # the domains whose ops OPS holds (training: the optimizer steps)

@@ -32,6 +32,7 @@ class Context:
     opset: int
     uploaded: dict[int, Tensor]
     constants: dict[int, np.ndarray] = field(default_factory=dict)
+    scope: dict[str, Any] = field(default_factory=dict)     # the running graph's values
 
     def tensor(self, value: Value) -> Tensor:
         """`value` on the device; int64 is narrowed to int32 where every value fits. A model

@@ -76,3 +76,81 @@ def _affine_grid(ctx: Context, node: NodeArgs) -> list[Value]:
     points = np.stack([m.reshape(-1) for m in mesh[::-1]] + [np.ones(mesh[0].size)], -1)
     grid = ctx.tensor(points.astype(np.dtype(theta.dtype.np))).unsqueeze(0) @ theta.transpose(1, 2)
     return [grid.reshape(size[0], *spatial, len(spatial))]
+
+
+def _reflect(x: Tensor, low: float, high: float) -> Tensor:
+    """x mirrored at `low` and `high` until it lies between them."""
+    span = high - low
+    if span <= 0:
+        return x.clip(low, high)
+    below, distance = x < low, (x < low).where(low - x, x - high)
+    folds = (distance / span).trunc()
+    rest = distance - folds * span
+    even = (folds % 2) == 0
+    folded = below.where(even.where(low + rest, high - rest), even.where(high - rest, low + rest))
+    return ((x < low) | (x > high)).where(folded, x).cast(x.dtype)
+
+
+def _cubic(t: Tensor) -> list[Tensor]:
+    a = -0.75
+    s, u = t + 1, 2 - t
+    return [((a * s - 5 * a) * s + 8 * a) * s - 4 * a, ((a + 2) * t - (a + 3)) * t * t + 1,
+            ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+            ((a * u - 5 * a) * u + 8 * a) * u - 4 * a]
+
+
+@op("GridSample")
+def _grid_sample(ctx: Context, node: NodeArgs) -> list[Value]:
+    """Each output point is a weighted sum of gathered input points (1, 2**r or 4**r taps):
+    coordinates are unnormalized, folded by the padding mode, then split into taps."""
+    x, grid = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(node.attr("mode", "linear"),
+                                                         node.attr("mode", "linear"))
+    padding, align = node.attr("padding_mode", "zeros"), node.attr("align_corners", 0)
+    n, c, sizes = x.shape[0], x.shape[1], x.shape[2:]
+    out_shape, rank = grid.shape[1:-1], len(sizes)
+    points = grid.reshape(n, -1, rank)
+    per_axis = []          # per spatial axis: [(index, weight, inside)] of its taps
+    for axis, size in enumerate(sizes):
+        g = points[..., rank - 1 - axis]        # the grid lists x (the last axis) first
+        pos = (g + 1) / 2 * (size - 1) if align else ((g + 1) * size - 1) / 2
+        if mode == "nearest":
+            pos = pos.round()
+        low, high = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        if padding == "border":
+            pos = pos.clip(0, size - 1)
+        elif padding == "reflection":
+            pos = _reflect(pos, low, high)
+        if mode == "nearest":
+            taps = [(pos.trunc(), None)]
+        else:
+            base = pos.floor()
+            frac = pos - base
+            weights = [1 - frac, frac] if mode == "linear" else _cubic(frac)
+            first = 0 if mode == "linear" else -1
+            taps = [(base + first + k, w) for k, w in enumerate(weights)]
+        fetched = []
+        for index, weight in taps:
+            if padding == "reflection" and mode != "nearest":
+                index = _reflect(index, low, high).trunc()
+            inside = (index >= 0) & (index <= size - 1)
+            index = index.clip(0, size - 1).cast("int32")
+            fetched.append((index, weight, inside if padding == "zeros" else None))
+        per_axis.append(fetched)
+    flat = x.reshape(n, c, -1)
+    total = None
+    strides = [int(np.prod(sizes[a + 1:])) for a in range(rank)]
+    for combo in np.ndindex(*(len(t) for t in per_axis)):
+        index, weight, inside = None, None, None
+        for axis, k in enumerate(combo):
+            i, w, m = per_axis[axis][k]
+            index = i * strides[axis] if index is None else index + i * strides[axis]
+            weight = w if weight is None else (weight if w is None else weight * w)
+            inside = m if inside is None else (inside if m is None else inside & m)
+        taken = flat.gather(2, index.unsqueeze(1).expand(n, c, index.shape[1]))
+        if weight is not None:
+            taken = taken * weight.unsqueeze(1)
+        if inside is not None:
+            taken = inside.unsqueeze(1).where(taken, 0.0).cast(x.dtype)
+        total = taken if total is None else total + taken
+    return [total.reshape(n, c, *out_shape)]

@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 
 from portkit.abi.errors import PortkitError
-from portkit.onnx import (attention, control, indexing, nn, ops, quantize, resize, signal,
-                          training)
+from portkit.onnx import (attention, control, indexing, nn, ops, quantize, resize, rnn,
+                          signal, training)
 from portkit.onnx.ops import Context, NodeArgs
 from portkit.tensor import Tensor
 
 __all__ = ["Model", "UnsupportedModel", "load", "node_model"]
 
-_MODULES = (ops, nn, attention, control, indexing, quantize, resize, signal, training)
+_MODULES = (ops, nn, attention, control, indexing, quantize, resize, rnn, signal, training)
 OPS = {name: fn for module in _MODULES for name, fn in module.OPS.items()}
 CHECKS = {name: fn for module in _MODULES for name, fn in module.CHECKS.items()}
 # the domains whose ops OPS holds (training: the optimizer steps)

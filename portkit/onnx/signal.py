@@ -38,6 +38,12 @@ def _dft(ctx: Context, node: NodeArgs) -> list[Value]:
     length = node.input(1)
     length = ctx.ints(length)[0] if length is not None else (
         2 * (x.shape[axis] - 1) if inverse and onesided else x.shape[axis])
+    return [_spectrum(ctx, x, axis, length, inverse, onesided)]
+
+
+def _spectrum(ctx: Context, x: Tensor, axis: int, length: int, inverse: bool, onesided: bool
+              ) -> Tensor:
+    """The DFT of x (real or complex in its last axis) along `axis`, `length` points."""
     real = x[..., 0]
     imag = x[..., 1] if x.shape[-1] == 2 else None
     if inverse and onesided:      # a one-sided spectrum in, a real signal out (irfft)
@@ -48,7 +54,7 @@ def _dft(ctx: Context, node: NodeArgs) -> list[Value]:
         out = _along(_fit(real, axis, count), axis, np.cos(angle) * weight, ctx)
         if imag is not None:
             out = out - _along(_fit(imag, axis, count), axis, np.sin(angle) * weight, ctx)
-        return [out.unsqueeze(-1)]
+        return out.unsqueeze(-1)
     count = length // 2 + 1 if onesided and not inverse else length
     angle = 2 * np.pi * np.outer(np.arange(count), np.arange(length)) / length
     cos, sin = np.cos(angle), np.sin(angle) * (1 if inverse else -1)
@@ -60,7 +66,19 @@ def _dft(ctx: Context, node: NodeArgs) -> list[Value]:
         imag = _fit(imag, axis, length)
         out_real = out_real - _along(imag, axis, sin, ctx)
         out_imag = out_imag + _along(imag, axis, cos, ctx)
-    return [cat([out_real.unsqueeze(-1), out_imag.unsqueeze(-1)], -1)]
+    return cat([out_real.unsqueeze(-1), out_imag.unsqueeze(-1)], -1)
+
+
+@op("STFT")
+def _stft(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, step = ctx.tensor(node.inputs[0]), ctx.ints(node.inputs[1])[0]
+    window = None if node.input(2) is None else ctx.tensor(node.inputs[2])
+    length = ctx.ints(node.inputs[3])[0] if node.input(3) is not None else window.shape[0]
+    count = (x.shape[1] - length) // step + 1
+    frames = cat([x[:, k * step:k * step + length].unsqueeze(1) for k in range(count)], 1)
+    if window is not None:
+        frames = frames * window.reshape(1, 1, length, 1)
+    return [_spectrum(ctx, frames, 2, length, False, bool(node.attr("onesided", 1)))]
 
 
 @op("AffineGrid")

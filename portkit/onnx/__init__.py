@@ -30,8 +30,8 @@ __all__ = ["Model", "UnsupportedModel", "load", "node_model"]
 _MODULES = (ops, nn, attention, control, indexing, quantize, resize, rnn, signal, training)
 OPS = {name: fn for module in _MODULES for name, fn in module.OPS.items()}
 CHECKS = {name: fn for module in _MODULES for name, fn in module.CHECKS.items()}
-# the domains whose ops OPS holds (training: the optimizer steps)
-DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training")
+# the domains whose ops OPS holds (some of each: the optimizer steps, two of ai.onnx.ml)
+DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training", "ai.onnx.ml")
 
 
 class UnsupportedModel(PortkitError):

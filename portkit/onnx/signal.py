@@ -1,5 +1,6 @@
-"""ONNX's signal and grid ops as Tensor operations (see ops.py for the conventions): DFT as
-a product with cosine and sine matrices made on the host, and AffineGrid."""
+"""ONNX's signal and image ops as Tensor operations (see ops.py for the conventions): DFT and
+STFT as products with cosine and sine matrices made on the host, AffineGrid, GridSample,
+Col2Im, and the two elementwise ops of ai.onnx.ml (Binarizer, ArrayFeatureExtractor)."""
 from __future__ import annotations
 
 import numpy as np
@@ -172,3 +173,53 @@ def _grid_sample(ctx: Context, node: NodeArgs) -> list[Value]:
             taken = inside.unsqueeze(1).where(taken, 0.0).cast(x.dtype)
         total = taken if total is None else total + taken
     return [total.reshape(n, c, *out_shape)]
+
+
+def _spread(x: Tensor, axis: int, stride: int) -> Tensor:
+    """x with stride - 1 zeros between its elements along `axis`."""
+    if stride == 1:
+        return x
+    x = x.unsqueeze(axis + 1).pad(((0, 0),) * (axis + 1) + ((0, stride - 1),))
+    x = x.reshape(*x.shape[:axis], x.shape[axis] * stride, *x.shape[axis + 2:])
+    return x.pad(((0, 0),) * axis + ((0, 1 - stride),))
+
+
+@op("Col2Im")
+def _col2im(ctx: Context, node: NodeArgs) -> list[Value]:
+    """Each block's column added into the image at its place: spread by the strides, shifted
+    by the offset within the block, summed, and the padding cut off."""
+    x = ctx.tensor(node.inputs[0])
+    image, block = ctx.ints(node.inputs[1]), ctx.ints(node.inputs[2])
+    rank = len(image)
+    strides = node.attr("strides", [1] * rank)
+    dilations = node.attr("dilations", [1] * rank)
+    pads = node.attr("pads", [0] * 2 * rank)
+    padded = [n + pads[i] + pads[rank + i] for i, n in enumerate(image)]
+    counts = [(p - (d * (k - 1) + 1)) // s + 1
+              for p, k, s, d in zip(padded, block, strides, dilations)]
+    batch, channels = x.shape[0], x.shape[1] // int(np.prod(block))
+    columns = x.reshape(batch, channels, -1, *counts)
+    total = None
+    for k, offset in enumerate(np.ndindex(*block)):
+        part = columns[:, :, k]
+        for axis in range(rank):
+            part = _spread(part, axis + 2, strides[axis])
+        start = [o * d for o, d in zip(offset, dilations)]
+        part = part.pad(((0, 0), (0, 0), *((b, p - b - n) for b, p, n in
+                                           zip(start, padded, part.shape[2:]))))
+        total = part if total is None else total + part
+    return [total[(slice(None), slice(None), *(slice(pads[i], pads[i] + n)
+                                               for i, n in enumerate(image)))]]
+
+
+@op("Binarizer")
+def _binarizer(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    return [(x > node.attr("threshold", 0.0)).cast(x.dtype)]
+
+
+@op("ArrayFeatureExtractor")
+def _array_feature_extractor(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    picked = x[..., ctx.tensor(node.inputs[1]).reshape(-1)]
+    return [picked.reshape(1, -1) if x.ndim == 1 else picked]

@@ -20,16 +20,27 @@ from typing import Any
 import numpy as np
 
 from portkit.abi.errors import PortkitError
-from portkit.onnx import (attention, control, indexing, nn, ops, quantize, resize, rnn,
-                          signal, training)
+from portkit.onnx import (
+    attention,
+    control,
+    indexing,
+    nn,
+    ops,
+    quantize,
+    resize,
+    rnn,
+    signal,
+    training,
+)
 from portkit.onnx.ops import Context, NodeArgs
 from portkit.tensor import Tensor
 
-__all__ = ["Model", "UnsupportedModel", "load", "node_model"]
+__all__ = ["MODULES", "Model", "UnsupportedModel", "load", "node_model"]
 
-_MODULES = (ops, nn, attention, control, indexing, quantize, resize, rnn, signal, training)
-OPS = {name: fn for module in _MODULES for name, fn in module.OPS.items()}
-CHECKS = {name: fn for module in _MODULES for name, fn in module.CHECKS.items()}
+# the op tables, one module per concern (the node-test page counts passes by module)
+MODULES = (ops, nn, attention, control, indexing, quantize, resize, rnn, signal, training)
+OPS = {name: fn for module in MODULES for name, fn in module.OPS.items()}
+CHECKS = {name: fn for module in MODULES for name, fn in module.CHECKS.items()}
 # the domains whose ops OPS holds (some of each: the optimizer steps, two of ai.onnx.ml)
 DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training", "ai.onnx.ml")
 

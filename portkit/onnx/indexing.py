@@ -180,7 +180,7 @@ def _einsum(ctx: Context, node: NodeArgs) -> list[Value]:
 def _einsum_check(attrs: dict, outputs: int):
     terms = attrs["equation"].replace(" ", "").split("->")[0].split(",")
     return ("..." in attrs["equation"] or any(len(set(t)) != len(t) for t in terms)) and \
-        "'...' or a repeated letter"
+        "an ellipsis or a repeated letter"
 
 
 CHECKS["Einsum"] = _einsum_check

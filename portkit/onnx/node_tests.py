@@ -59,6 +59,13 @@ def op_under_test(name: str) -> str:
     return parts[0]
 
 
+def category(op: str) -> str:
+    """The portkit.onnx module that maps `op`, or "unmapped"."""
+    from portkit.onnx import MODULES
+
+    return next((m.__name__.rsplit(".", 1)[1] for m in MODULES if op in m.OPS), "unmapped")
+
+
 def run_case(case, device: str) -> Result:
     """Loads and runs one node test on `device`, comparing with its expected outputs."""
     from portkit.onnx import UnsupportedModel, load
@@ -112,7 +119,14 @@ def markdown(results: list[Result], device: str) -> str:
     lines = [(f"{len(results)} standard-dtype node tests on `{device}`: "
               f"**{counts['passed']} passed ({rate:.1%})**, {counts['failed']} failed, "
               f"{counts['error']} errors, {counts['unsupported']} unsupported."), "",
-             "| op | tests | passed | not passed, and why (first one) |", "|---|---|---|---|"]
+             "| category (module of portkit/onnx) | tests | passed | rate |", "|---|---|---|---|"]
+    by_category: dict[str, list[Result]] = {}
+    for result in results:
+        by_category.setdefault(category(result.op), []).append(result)
+    for name, group in sorted(by_category.items()):
+        passed = sum(r.status == "passed" for r in group)
+        lines.append(f"| {name} | {len(group)} | {passed} | {passed / len(group):.1%} |")
+    lines += ["", "| op | tests | passed | not passed, and why (first one) |", "|---|---|---|---|"]
     by_op: dict[str, list[Result]] = {}
     for result in results:
         by_op.setdefault(result.op, []).append(result)

@@ -48,8 +48,9 @@ class Context:
         return self.uploaded[key]
 
     def _upload(self, array: np.ndarray) -> Tensor:
-        array = self._narrowed(array)
-        return Tensor(array, dtype=dtypes.from_numpy(array.dtype), device=self.device)
+        array = self._narrowed(array)      # still int64: values beyond int32, kept as int64
+        wide = array.dtype == np.int64
+        return Tensor(array, dtype=dtypes.int64 if wide else None, device=self.device)
 
     def _narrowed(self, array: np.ndarray) -> np.ndarray:
         if array.dtype.kind in "iu" and array.dtype.itemsize == 8:

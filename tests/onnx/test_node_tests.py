@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("onnx", reason="pip install 'portkit[onnx]'")
 
-from portkit.onnx.node_tests import op_under_test, run_case, standard_cases
+from portkit.onnx.node_tests import op_of, run_case, standard_cases
 
 PAGE = Path(__file__).parents[2] / "docs" / "onnx-node-tests.md"
 ROW = re.compile(r"^\| (test_\w+) \| (failed|error|unsupported) \| (.*) \|$")
@@ -28,7 +28,7 @@ def documented() -> dict[str, tuple[str, str]]:
 CASES = standard_cases()
 BY_OP: dict[str, list] = {}
 for _case in CASES:
-    BY_OP.setdefault(op_under_test(_case.name), []).append(_case)
+    BY_OP.setdefault(op_of(_case), []).append(_case)
 
 
 def test_the_page_counts_every_test():

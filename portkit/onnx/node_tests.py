@@ -13,6 +13,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 from rich.console import Console
 from rich.progress import track
@@ -100,9 +101,22 @@ def run_case(case, device: str) -> Result:
                 return Result(case.name, op, "failed", f"shape {value.shape}, want {want.shape}")
             if not np.allclose(value.astype(np.float64), want.astype(np.float64), rtol, atol,
                                equal_nan=True):
-                worst = np.nanmax(np.abs(value.astype(np.float64) - want.astype(np.float64)))
-                return Result(case.name, op, "failed", f"max abs error {worst:.3g}")
+                return Result(case.name, op, "failed", _error(value, want))
     return Result(case.name, op, "passed")
+
+
+def _error(value: np.ndarray, want: np.ndarray) -> str:
+    """The largest error, and for a half-precision output how many units in the last place
+    of the expected value it is (1 or 2: a rounding difference, not a wrong formula)."""
+    error = np.abs(value.astype(np.float64) - want.astype(np.float64))
+    worst = np.nanmax(error)
+    text = f"max abs error {worst:.3g}"
+    if want.dtype.kind == "f" and want.dtype.itemsize == 2 or want.dtype.name == "bfloat16":
+        expected = abs(float(want.reshape(-1)[np.nanargmax(error)]))
+        if expected > 0:
+            ulp = 2.0 ** np.floor(np.log2(expected)) * float(ml_dtypes.finfo(want.dtype).eps)
+            text += f" ({worst / ulp:.3g} ulp of {want.dtype.name})"
+    return text
 
 
 def run(device: str = "cpu", pattern: str | None = None, progress: bool = True

@@ -8,7 +8,7 @@ import numpy as np
 
 from portkit.abi import dtypes
 from portkit.onnx.ops import Check, Context, NodeArgs, Op, Value, registrar
-from portkit.tensor import Tensor
+from portkit.tensor import Tensor, cat
 
 OPS: dict[str, Op] = {}
 CHECKS: dict[str, Check] = {}
@@ -206,7 +206,49 @@ def _pool_nd(x: Tensor, kernel, strides, dilations, reduce: str) -> Tensor:
 
 @op("MaxPool")
 def _max_pool(ctx: Context, node: NodeArgs) -> list[Value]:
-    return [_pool(ctx.tensor(node.inputs[0]), node, float("-inf"), "max")]
+    x = ctx.tensor(node.inputs[0])
+    if node.outputs == 1:
+        return [_pool(x, node, float("-inf"), "max")]
+    # With the Indices output: each window's elements stacked on a new first axis, the first
+    # largest one taken, and its place in the input counted in x's flat (N, C, H, W) order.
+    kernel = tuple(node.attr("kernel_shape"))
+    strides, dilations, pads = _window(node, x, kernel)
+    padded = x.pad(((0, 0), (0, 0), *pads), float("-inf"))
+    counts = [(n - (k - 1) * d - 1) // s + 1
+              for n, k, s, d in zip(padded.shape[2:], kernel, strides, dilations)]
+    offsets = list(np.ndindex(*kernel))
+    stacked = cat([padded[(slice(None), slice(None), *(
+        slice(o * d, o * d + (c - 1) * s + 1, s)
+        for o, d, c, s in zip(offset, dilations, counts, strides)))].unsqueeze(0)
+        for offset in offsets], 0)
+    chosen = stacked.argmax(0)
+    (height, width), (rows, cols) = x.shape[2:], counts
+    row = Tensor.arange(rows, device=x.device).reshape(rows, 1) * strides[0] - pads[0][0]
+    col = Tensor.arange(cols, device=x.device).reshape(1, cols) * strides[1] - pads[1][0]
+    row = row + (chosen // kernel[1]) * dilations[0]
+    col = col + (chosen % kernel[1]) * dilations[1]
+    plane = Tensor.arange(x.shape[0] * x.shape[1], device=x.device).reshape(
+        x.shape[0], x.shape[1], 1, 1) * (height * width)
+    place = row * width + col if not node.attr("storage_order", 0) else row + col * height
+    return [stacked.max(0), place + plane]
+
+
+@op("MaxUnpool")
+def _max_unpool(ctx: Context, node: NodeArgs) -> list[Value]:
+    """Zeros with each value written at its index (MaxPool's flat Indices output)."""
+    x, indices = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    kernel, spatial = node.attr("kernel_shape"), x.ndim - 2
+    strides = node.attr("strides", [1] * spatial)
+    pads = node.attr("pads", [0] * 2 * spatial)
+    shape = [*x.shape[:2], *((n - 1) * s - pads[i] - pads[i + spatial] + k
+                             for i, (n, k, s) in enumerate(zip(x.shape[2:], kernel, strides)))]
+    zeros = Tensor.zeros(prod(shape), dtype=x.dtype, device=x.device)
+    out = zeros.scatter(0, indices.reshape(-1), x.reshape(-1)).reshape(*shape)
+    if node.input(2) is None:
+        return [out]
+    # as the ONNX reference: indices count in the inferred shape, padded at the end to this one
+    wanted = ctx.ints(node.inputs[2])
+    return [out.pad(tuple((0, w - n) for w, n in zip(wanted, shape)))]
 
 
 @op("AveragePool")
@@ -255,7 +297,7 @@ CHECKS.update(
     Conv=lambda a, n: len(a.get("kernel_shape", [0, 0])) > 3 and "4-d and larger",
     ConvTranspose=lambda a, n: len(a.get("kernel_shape", [0, 0])) > 3 and "4-d and larger",
     MaxPool=lambda a, n: (len(a["kernel_shape"]) > 3 and "4-d and larger") or (
-        n > 1 and "the Indices output"),
+        n > 1 and len(a["kernel_shape"]) != 2 and "the Indices output of a 1-d or 3-d pool"),
     AveragePool=lambda a, n: len(a["kernel_shape"]) > 3 and "4-d and larger",
     LpPool=lambda a, n: len(a["kernel_shape"]) > 3 and "4-d and larger",
 )

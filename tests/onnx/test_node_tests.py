@@ -48,3 +48,14 @@ def test_node_tests_pass_as_documented(op):
         if result.status != status:
             wrong.append(f"{case.name}: {result.status} ({result.detail}), the page says {status}")
     assert not wrong, "\n".join(wrong) + "\nregenerate docs/onnx-node-tests.md (see above)"
+
+
+def test_the_guide_states_the_pages_rates():
+    page = PAGE.read_text().splitlines()
+    guide = (PAGE.parent / "onnx.md").read_text()
+    rows = [line for line in page if re.match(r"^\| \w+ \| \d+ \| \d+ \| [\d.]+% \|$", line)]
+    assert rows, "the page has no table of categories"
+    stale = [row for row in rows if row not in guide]
+    assert not stale, f"docs/onnx.md lacks these rows of the page's category table: {stale}"
+    passed, rate = re.search(r"\*\*(\d+) passed \(([\d.]+%)\)\*\*", page[0]).groups()
+    assert f"{int(passed):,} of the {len(CASES):,} pass on cpu ({rate})" in guide

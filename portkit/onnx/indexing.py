@@ -174,16 +174,32 @@ OPS.update(CumSum=_scan(Tensor.cumsum), CumProd=_scan(Tensor.cumprod))
 
 @op("Einsum")
 def _einsum(ctx: Context, node: NodeArgs) -> list[Value]:
-    return [einsum(node.attr("equation"), *(ctx.tensor(v) for v in node.inputs))]
-
-
-def _einsum_check(attrs: dict, outputs: int):
-    terms = attrs["equation"].replace(" ", "").split("->")[0].split(",")
-    return ("..." in attrs["equation"] or any(len(set(t)) != len(t) for t in terms)) and \
-        "an ellipsis or a repeated letter"
-
-
-CHECKS["Einsum"] = _einsum_check
+    """portkit.einsum after two rewrites it does not do itself: "..." becomes letters of its
+    own, and a letter repeated within an operand takes that operand's diagonal."""
+    operands = [ctx.tensor(v) for v in node.inputs]
+    equation = node.attr("equation").replace(" ", "")
+    lhs, arrow, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    spare = (c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+             if c not in equation)
+    widest = max((x.ndim - len(t) + 3 for x, t in zip(operands, terms) if "..." in t),
+                 default=0)
+    dots = "".join(next(spare) for _ in range(widest))
+    terms = [t.replace("...", dots[widest - (x.ndim - len(t) + 3):]) for x, t in
+             zip(operands, terms)]
+    if not arrow:       # implicit output: the broadcast axes, then the letters seen once
+        rhs = "..." + "".join(sorted(c for c in set("".join(terms)) - set(dots)
+                                     if "".join(terms).count(c) == 1))
+    rhs = rhs.replace("...", dots)
+    for k, (x, term) in enumerate(zip(operands, terms)):
+        while len(set(term)) < len(term):
+            letter = next(c for c in term if term.count(c) > 1)
+            i = term.index(letter)
+            j = term.index(letter, i + 1)
+            x = x.diagonal(0, i, j)
+            term = term[:i] + term[i + 1:j] + term[j + 1:] + letter
+        operands[k], terms[k] = x, term
+    return [einsum(",".join(terms) + "->" + rhs, *operands)]
 
 
 @op("Unique")

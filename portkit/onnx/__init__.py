@@ -20,14 +20,29 @@ from typing import Any
 import numpy as np
 
 from portkit.abi.errors import PortkitError
-from portkit.onnx import nn, ops
+from portkit.onnx import (
+    attention,
+    control,
+    indexing,
+    nn,
+    ops,
+    quantize,
+    resize,
+    rnn,
+    signal,
+    training,
+)
 from portkit.onnx.ops import Context, NodeArgs
 from portkit.tensor import Tensor
 
-__all__ = ["Model", "UnsupportedModel", "load", "node_model"]
+__all__ = ["MODULES", "Model", "UnsupportedModel", "load", "node_model"]
 
-OPS = ops.OPS | nn.OPS
-CHECKS = ops.CHECKS | nn.CHECKS
+# the op tables, one module per concern (the node-test page counts passes by module)
+MODULES = (ops, nn, attention, control, indexing, quantize, resize, rnn, signal, training)
+OPS = {name: fn for module in MODULES for name, fn in module.OPS.items()}
+CHECKS = {name: fn for module in MODULES for name, fn in module.CHECKS.items()}
+# the domains whose ops OPS holds (some of each: the optimizer steps, two of ai.onnx.ml)
+DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training", "ai.onnx.ml")
 
 
 class UnsupportedModel(PortkitError):
@@ -53,6 +68,7 @@ class Node:
     outputs: tuple[str, ...]
     attrs: dict[str, Any]
     proto: Any = field(repr=False)
+    graphs: bool = False        # a graph attribute (a branch, a loop body) holds a Model
 
 
 @dataclass
@@ -100,17 +116,23 @@ class Model:
                             f"missing {missing}, unknown {unknown}")
         return values
 
-    def run(self, values: dict[str, Any], upto: int | None = None) -> dict[str, Any]:
+    def run(self, values: dict[str, Any], upto: int | None = None,
+            outer: dict[str, Any] | None = None) -> dict[str, Any]:
         """Every value the graph computes from `values` (the first `upto` nodes only, if given),
-        as numpy arrays (host values) or Tensors."""
-        ctx = Context(self.device, self.opset, self._uploaded)
-        env: dict[str, Any] = dict(self.constants)
+        as numpy arrays (host values) or Tensors. `outer` is the enclosing graph's values, for
+        a subgraph (a branch or loop body): there, host values stay on the host."""
+        ctx = Context(self.device, self.opset, self._uploaded,
+                      {id(v): v for v in self.constants.values()})
+        env: dict[str, Any] = dict(outer or {}) | dict(self.constants)
         env[""] = None
+        ctx.scope = env
         for name, value in values.items():
-            env[name] = value if isinstance(value, Tensor) else ctx.tensor(np.asarray(value))
+            keep = isinstance(value, Tensor) or outer is not None and isinstance(
+                value, np.ndarray)
+            env[name] = value if keep else ctx.tensor(np.asarray(value))
         for index, node in enumerate(self.nodes[:upto]):
             args = [env[name] for name in node.inputs]
-            if all(a is None or isinstance(a, np.ndarray) for a in args):
+            if not node.graphs and all(a is None or isinstance(a, np.ndarray) for a in args):
                 results = self._on_host(index, node, args)
             else:
                 results = OPS[node.op](ctx, NodeArgs(node.attrs, args, len(node.outputs)))
@@ -137,19 +159,29 @@ def load(model: str | Path | Any, device: str | None = None) -> Model:
     onnx = _onnx()
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
-    graph = proto.graph
-    _check_supported(graph.node)
+    _check_supported(proto.graph.node)
+    return _from_graph(proto.graph, opset, device)
+
+
+def _from_graph(graph: Any, opset: int, device: str | None) -> Model:
+    """The Model of a GraphProto: the main graph, or a subgraph (whose nodes may read the
+    enclosing graph's values by name)."""
+    onnx = _onnx()
     constants = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
-    nodes = [Node(n.op_type, n.name or f"{n.op_type}_{i}", tuple(n.input), tuple(n.output),
-                  {a.name: _attribute(a) for a in n.attribute}, n)
-             for i, n in enumerate(graph.node)]
+    nodes = []
+    for i, n in enumerate(graph.node):
+        attrs = {a.name: _attribute(a) for a in n.attribute}
+        subgraphs = {k: _from_graph(v, opset, device) for k, v in attrs.items()
+                     if isinstance(v, onnx.GraphProto)}
+        nodes.append(Node(n.op_type, n.name or f"{n.op_type}_{i}", tuple(n.input),
+                          tuple(n.output), attrs | subgraphs, n, bool(subgraphs)))
     inputs = [i.name for i in graph.input if i.name not in constants]
     output_dtypes = {o.name: onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)
                      for o in graph.output if o.type.tensor_type.elem_type}
     kept = []
     for node in nodes:   # constant folding: what depends on constants alone runs once, here
         args = [constants.get(name) for name in node.inputs]
-        if all(name in constants or not name for name in node.inputs):
+        if not node.graphs and all(name in constants or not name for name in node.inputs):
             outputs = _run_on_host(_node_evaluator(node, args, opset), node, args)
             constants.update(zip(node.outputs, outputs))
         else:
@@ -160,8 +192,22 @@ def load(model: str | Path | Any, device: str | None = None) -> Model:
 
 def _check_supported(nodes: Iterable[Any]) -> None:
     missing: dict[str, int] = {}
+    _count_missing(nodes, missing)
+    if missing:
+        listed = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
+        raise UnsupportedModel(f"portkit cannot run these ONNX ops: {listed}. See docs/onnx.md "
+                               "for what is supported; a missing op is a composition of Tensor "
+                               "ops in portkit/onnx/ops.py")
+
+
+def _count_missing(nodes: Iterable[Any], missing: dict[str, int]) -> None:
+    """Adds to `missing` each op (or op and attribute) portkit cannot run, with its count,
+    in these nodes and in their branches and loop bodies."""
     for node in nodes:
-        if node.domain not in ("", "ai.onnx"):
+        for attribute in node.attribute:
+            for graph in [attribute.g] * attribute.HasField("g") + list(attribute.graphs):
+                _count_missing(graph.node, missing)
+        if node.domain not in DOMAINS:
             key = f"{node.domain}.{node.op_type}"
         elif node.op_type not in OPS:
             key = node.op_type
@@ -173,11 +219,6 @@ def _check_supported(nodes: Iterable[Any]) -> None:
                 continue
             key = f"{node.op_type} ({reason})"
         missing[key] = missing.get(key, 0) + 1
-    if missing:
-        listed = ", ".join(f"{op} x{count}" for op, count in sorted(missing.items()))
-        raise UnsupportedModel(f"portkit cannot run these ONNX ops: {listed}. See docs/onnx.md "
-                               "for what is supported; a missing op is a composition of Tensor "
-                               "ops in portkit/onnx/ops.py")
 
 
 def _attribute(attribute: Any) -> Any:

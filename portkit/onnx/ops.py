@@ -8,7 +8,7 @@ value portkit cannot honour is reported at load time by `unsupported_attributes`
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
@@ -25,20 +25,32 @@ Value = Any   # a Tensor, a numpy array (a host value) or None
 
 @dataclass
 class Context:
-    """What every op may need: the device, the model's opset, and uploaded host constants."""
+    """What every op may need: the device, the model's opset, and the model's constants (by
+    id) with the Tensors they were uploaded to."""
 
     device: str | None
     opset: int
     uploaded: dict[int, Tensor]
+    constants: dict[int, np.ndarray] = field(default_factory=dict)
+    scope: dict[str, Any] = field(default_factory=dict)     # the running graph's values
 
     def tensor(self, value: Value) -> Tensor:
-        """`value` on the device; int64 is narrowed to int32 where every value fits."""
+        """`value` on the device; int64 is narrowed to int32 where every value fits. A model
+        constant is uploaded once; any other array (an input, a value computed on the host)
+        every time, since its id may be another array's by the next run."""
         if isinstance(value, Tensor):
             return value
         key = id(value)
+        if self.constants.get(key) is not value:
+            return self._upload(np.asarray(value))
         if key not in self.uploaded:
-            self.uploaded[key] = Tensor(self._narrowed(np.asarray(value)), device=self.device)
+            self.uploaded[key] = self._upload(np.asarray(value))
         return self.uploaded[key]
+
+    def _upload(self, array: np.ndarray) -> Tensor:
+        array = self._narrowed(array)      # still int64: values beyond int32, kept as int64
+        wide = array.dtype == np.int64
+        return Tensor(array, dtype=dtypes.int64 if wide else None, device=self.device)
 
     def _narrowed(self, array: np.ndarray) -> np.ndarray:
         if array.dtype.kind in "iu" and array.dtype.itemsize == 8:
@@ -107,7 +119,8 @@ for _name, _fn in {
     "Abs": lambda x, n: x.abs(), "Neg": lambda x, n: -x, "Exp": lambda x, n: x.exp(),
     "Log": lambda x, n: x.log(), "Sqrt": lambda x, n: x.sqrt(),
     "Reciprocal": lambda x, n: x.reciprocal(), "Sin": lambda x, n: x.sin(),
-    "Cos": lambda x, n: x.cos(), "Tan": lambda x, n: x.tan(), "Tanh": lambda x, n: x.tanh(),
+    "Cos": lambda x, n: x.cos(), "Asin": lambda x, n: x.asin(), "Acos": lambda x, n: x.acos(),
+    "Atan": lambda x, n: x.atan(), "Tan": lambda x, n: x.tan(), "Tanh": lambda x, n: x.tanh(),
     "Sigmoid": lambda x, n: x.sigmoid(), "Relu": lambda x, n: x.relu(),
     "Erf": lambda x, n: x.erf(), "Floor": lambda x, n: x.floor(), "Ceil": lambda x, n: x.ceil(),
     "Round": lambda x, n: x.round(), "Sign": lambda x, n: x.sign(),
@@ -152,9 +165,22 @@ for _name, _fn in {
     "And": lambda a, b: a & b, "Or": lambda a, b: a | b, "Xor": lambda a, b: a ^ b,
     "BitwiseAnd": lambda a, b: a & b, "BitwiseOr": lambda a, b: a | b,
     "BitwiseXor": lambda a, b: a ^ b,
-    "SwiGLU": lambda a, b: a * a.sigmoid() * b,
 }.items():
     OPS[_name] = _binary(_fn)
+
+
+@op("SwiGLU")
+def _swiglu(ctx: Context, node: NodeArgs) -> list[Value]:
+    a, b = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    return [a * (a * node.attr("alpha", 1.0)).sigmoid() * b]
+
+
+@op("BitCast")
+def _bitcast(ctx: Context, node: NodeArgs) -> list[Value]:
+    import onnx
+
+    target = dtypes.from_numpy(onnx.helper.tensor_dtype_to_np_dtype(node.attr("to")))
+    return [ctx.tensor(node.inputs[0]).bitcast(target)]
 
 
 @op("Div")
@@ -170,16 +196,31 @@ def _div(ctx: Context, node: NodeArgs) -> list[Value]:
 @op("BitShift")
 def _bit_shift(ctx: Context, node: NodeArgs) -> list[Value]:
     x, y = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
-    return [x << y if node.attr("direction") == "LEFT" else x >> y]
+    left = node.attr("direction") == "LEFT"
+    shifted = x << y if left else x >> y
+    # A shift by the width or more, or by a negative count, empties the value (a right shift
+    # of a negative signed value fills it with ones); C leaves these undefined.
+    out_of_range = (y < 0) | (y >= x.dtype.bits)
+    emptied = 0 if left or x.dtype.kind != "int" else (x < 0).where(-1, 0)
+    return [out_of_range.where(emptied, shifted).cast(x.dtype)]
+
+
+def _fmod(a: Tensor, b: Tensor) -> Tensor:
+    """C's fmod for floats, including a finite value over an infinite one (the value)."""
+    return (b.isinf() & ~a.isinf()).where(a, a - b * (a / b).trunc())
 
 
 @op("Mod")
 def _mod(ctx: Context, node: NodeArgs) -> list[Value]:
     a, b = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
+    if a.dtype.is_float:
+        rest = _fmod(a, b)
+        if node.attr("fmod", 0):
+            return [rest]
+        # numpy's mod: the sign of the divisor, so -3 mod inf is inf
+        return [((rest != 0) & ((rest < 0) ^ (b < 0))).where(rest + b, rest)]
     if not node.attr("fmod", 0):
         return [a % b]                       # the sign of the divisor, as Python
-    if a.dtype.is_float:
-        return [a - b * (a / b).trunc()]     # the sign of the dividend, as C's fmod
     rest = a % b
     return [((rest != 0) & ((a < 0) ^ (b < 0))).where(rest - b, rest)]
 
@@ -397,7 +438,35 @@ def _pad(ctx: Context, node: NodeArgs) -> list[Value]:
     pairs = [(0, 0)] * x.ndim
     for k, axis in enumerate(axes):
         pairs[axis % x.ndim] = (pads[k], pads[k + len(pads) // 2])
-    return [x.pad(tuple(pairs), value)]
+    mode = node.attr("mode", "constant")
+    if mode == "constant":
+        return [x.pad(tuple(pairs), value)]
+    for axis, (before, after) in enumerate(pairs):   # a gather of mirrored or wrapped rows
+        if before or after:
+            size = x.shape[axis]
+            source = np.arange(-before, size + after)
+            if mode == "edge":
+                source = np.clip(source, 0, size - 1)
+            elif mode == "wrap":
+                source = source % size
+            else:       # reflect: mirrored about the first and last element
+                period = 2 * (size - 1) or 1
+                source = source % period
+                source = np.where(source >= size, period - source, source)
+            x = x[(slice(None),) * axis + (ctx.tensor(source.astype(np.int32)),)]
+    return [x]
+
+
+@op("CenterCropPad")
+def _center_crop_pad(ctx: Context, node: NodeArgs) -> list[Value]:
+    x = ctx.tensor(node.inputs[0])
+    axes = node.attr("axes", range(x.ndim))
+    pairs = [(0, 0)] * x.ndim
+    for axis, size in zip(axes, ctx.ints(node.inputs[1])):
+        grow = size - x.shape[axis % x.ndim]   # negative: crop; the odd one at the end
+        half = grow // 2 if grow >= 0 else -((-grow) // 2)
+        pairs[axis % x.ndim] = (half, grow - half)
+    return [x.pad(tuple(pairs))]
 
 
 @op("Constant")
@@ -425,8 +494,6 @@ def _range(ctx: Context, node: NodeArgs) -> list[Value]:
 
 
 CHECKS.update(
-    SwiGLU=lambda a, n: a.get("alpha", 1.0) != 1.0 and "alpha",
-    Pad=lambda a, n: a.get("mode", "constant") != "constant" and f"mode={a['mode']}",
     Gelu=lambda a, n: a.get("approximate", "none") not in ("none", "tanh") and "approximate",
     Constant=lambda a, n: not ({"value", "value_float", "value_floats", "value_int",
                                 "value_ints"} & set(a)) and f"attribute {sorted(a)}",

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("onnx", reason="pip install 'portkit[onnx]'")
 
-from portkit.onnx.node_tests import op_under_test, run_case, standard_cases
+from portkit.onnx.node_tests import op_of, run_case, standard_cases
 
 PAGE = Path(__file__).parents[2] / "docs" / "onnx-node-tests.md"
 ROW = re.compile(r"^\| (test_\w+) \| (failed|error|unsupported) \| (.*) \|$")
@@ -28,7 +28,7 @@ def documented() -> dict[str, tuple[str, str]]:
 CASES = standard_cases()
 BY_OP: dict[str, list] = {}
 for _case in CASES:
-    BY_OP.setdefault(op_under_test(_case.name), []).append(_case)
+    BY_OP.setdefault(op_of(_case), []).append(_case)
 
 
 def test_the_page_counts_every_test():
@@ -48,3 +48,14 @@ def test_node_tests_pass_as_documented(op):
         if result.status != status:
             wrong.append(f"{case.name}: {result.status} ({result.detail}), the page says {status}")
     assert not wrong, "\n".join(wrong) + "\nregenerate docs/onnx-node-tests.md (see above)"
+
+
+def test_the_guide_states_the_pages_rates():
+    page = PAGE.read_text().splitlines()
+    guide = (PAGE.parent / "onnx.md").read_text()
+    rows = [line for line in page if re.match(r"^\| \w+ \| \d+ \| \d+ \| [\d.]+% \|$", line)]
+    assert rows, "the page has no table of categories"
+    stale = [row for row in rows if row not in guide]
+    assert not stale, f"docs/onnx.md lacks these rows of the page's category table: {stale}"
+    passed, rate = re.search(r"\*\*(\d+) passed \(([\d.]+%)\)\*\*", page[0]).groups()
+    assert f"{int(passed):,} of the {len(CASES):,} pass on cpu ({rate})" in guide

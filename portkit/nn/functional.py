@@ -59,7 +59,7 @@ def max_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None =
     # -inf for floats, the dtype's minimum for integers (which keeps the dtype)
     lowest = float("-inf") if input.dtype.is_float else input.dtype.min
     x = input.pad(((0, 0),) * (input.ndim - 2) + pads, lowest)
-    return _windows(x, kernel, stride, dilation).max((-2, -1))
+    return _windows(x, kernel, stride, dilation).amax((-2, -1))
 
 
 def avg_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,

@@ -181,7 +181,7 @@ class IndexingOps:
         hot, values = self._scatter_onehot(dim, index, src)
         # where indices repeat, the last write wins (what PyTorch's CPU kernel does)
         order = core.Tensor.arange(hot.shape[-1], device=self.device)
-        last = hot.where(order, -1).max(-1, keepdim=True)
+        last = hot.where(order, -1).amax(-1, keepdim=True)
         picked = (hot & (order == last)).where(values, 0).sum(-1)
         return (last >= 0).squeeze(-1).where(picked.cast(self.dtype), self)
 

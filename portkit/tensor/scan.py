@@ -98,11 +98,11 @@ class ScanOps:
 
     def any(self: Tensor, dim: AxisLike = None, keepdim: bool = False) -> Tensor:
         """True where any element over `dim` is nonzero."""
-        return (self != 0).max(dim, keepdim)
+        return (self != 0).amax(dim, keepdim)
 
     def all(self: Tensor, dim: AxisLike = None, keepdim: bool = False) -> Tensor:
         """True where every element over `dim` is nonzero."""
-        return ~((self == 0).max(dim, keepdim))
+        return ~((self == 0).amax(dim, keepdim))
 
     def masked_fill(self: Tensor, mask: Tensor, value: Tensor | Scalar) -> Tensor:
         """self with `value` wherever the bool `mask` (broadcast) is True."""

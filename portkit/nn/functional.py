@@ -237,6 +237,88 @@ def batchnorm(input: Tensor, weight: Tensor | None, bias: Tensor | None, mean: T
     return x if bias is None else x + bias.reshape(shape)
 
 
+def layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """layernorm over the trailing dims `normalized_shape`, then * weight + bias (torch's)."""
+    dims = _trailing(input, normalized_shape, "layer_norm")
+    return _affine(layernorm(input, dims, eps), weight, bias)
+
+
+def rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) over the trailing dims `normalized_shape`, times weight; eps
+    defaults to the dtype's machine epsilon, as torch's."""
+    dims = _trailing(input, normalized_shape, "rms_norm")
+    x = input.cast(float_of(input.dtype))
+    eps = float(np.finfo(x.dtype.np).eps) if eps is None else eps
+    return _affine(x * ((x * x).mean(dims, keepdim=True) + eps).rsqrt(), weight, None)
+
+
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """layernorm over each group of channels (dim 1) and the spatial dims, then a per-channel
+    weight and bias, as torch's."""
+    if input.ndim < 2 or num_groups <= 0 or input.shape[1] % num_groups:
+        raise RuntimeError(f"group_norm: expected input of shape (N, C, ...) with C divisible "
+                           f"by num_groups={num_groups}, got {input.shape}")
+    n, c = input.shape[:2]
+    grouped = input.reshape(n, num_groups, -1)
+    x = layernorm(grouped, -1, eps).reshape(input.shape)
+    channel = (1, c) + (1,) * (input.ndim - 2)
+    return _affine(x, None if weight is None else weight.reshape(channel),
+                   None if bias is None else bias.reshape(channel))
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """input / max(||input||_p over dim, eps), as torch's (p may be inf)."""
+    if not p > 0:
+        raise ValueError(f"normalize: p must be > 0 (or inf), got {p}")
+    x = input.cast(float_of(input.dtype))
+    magnitude = x.abs()
+    if p == float("inf"):
+        norm = magnitude.amax(dim, keepdim=True)
+    else:
+        total = (magnitude ** p).sum(dim, keepdim=True)
+        value = total.detach() ** (1 / p)
+        # torch's norm has gradient 0 at the zero vector, where total ** (1/p)'s is inf * 0
+        norm = value._with_grad((total, (total == 0).where(0.0, value / (p * total))))
+    return x / norm.clip(min=eps)
+
+
+def softmin(input: Tensor, dim: int | None = None) -> Tensor:
+    """softmax(-input) over `dim` (without one, torch's legacy choice: 0 for 0-, 1- and 3-d
+    input, else 1)."""
+    if dim is None:
+        dim = 0 if input.ndim in (0, 1, 3) else 1
+    return (-input).softmax(dim)
+
+
+def prelu(input: Tensor, weight: Tensor) -> Tensor:
+    """x where x > 0, else weight * x, with one weight or one per channel (dim 1)."""
+    channels = input.shape[1] if input.ndim >= 2 else 1
+    if weight.numel() not in (1, channels):
+        raise RuntimeError(f"prelu: weight has {weight.numel()} elements; it needs 1 or one "
+                           f"per channel ({channels}) of input shape {input.shape}")
+    shape = (1, channels) + (1,) * (input.ndim - 2) if weight.numel() > 1 else ()
+    return (input > 0).where(input, input * weight.reshape(shape))
+
+
+def _trailing(input: Tensor, normalized_shape: Sequence[int] | int, name: str
+              ) -> tuple[int, ...]:
+    """The dims a norm over trailing `normalized_shape` reduces; RuntimeError if they differ."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(
+        normalized_shape)
+    if not shape or input.shape[len(input.shape) - len(shape):] != shape:
+        raise RuntimeError(f"{name}: normalized_shape {list(shape)} does not match the last "
+                           f"dims of input shape {input.shape}")
+    return tuple(range(input.ndim - len(shape), input.ndim))
+
+
+def _affine(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    x = x if weight is None else x * weight
+    return x if bias is None else x + bias
+
+
 def dropout(input: Tensor, p: float = 0.5, training: bool | None = None) -> Tensor:
     """Zeroes each element with probability p and scales the rest by 1 / (1 - p) when
     training (default: Tensor.training); else returns input itself."""

@@ -27,8 +27,8 @@ def _as_tensor(like: Tensor, value: Tensor | Scalar) -> Tensor:
 
 
 class TranscendentalOps:
-    """Tensor's atan, atan2, asin, acos, sinh, cosh, log10, logaddexp, fmod, copysign, lerp,
-    isclose."""
+    """Tensor's atan, atan2, asin, acos, sinh, cosh, asinh, acosh, atanh, log1p, log10,
+    logaddexp, fmod, copysign, lerp, isclose."""
 
     __slots__ = ()
 
@@ -94,6 +94,47 @@ class TranscendentalOps:
         return (e + 1 / e) * 0.5
 
     @in_float32
+    def log1p(self: Tensor) -> Tensor:
+        """log(1 + self), accurate where self is tiny (log(1 + x) rounds 1 + x first)."""
+        x = self._float()
+        value = _log1p(x.detach())
+        return value._with_grad((x, 1 / (x.detach() + 1)))
+
+    @in_float32
+    def asinh(self: Tensor) -> Tensor:
+        """The inverse hyperbolic sine."""
+        x = self._float()
+        a = x.detach().abs()
+        # log1p(a + a^2 / (1 + sqrt(1 + a^2))) near 0; log(2a) where a^2 would overflow
+        big = a > 2.0 ** 28
+        small = big.where(0.0, a)
+        near = _log1p(small + small * small / (1 + (small * small + 1).sqrt()))
+        value = big.where(a.log() + math.log(2), near)
+        value = (x < 0).where(-value, value)
+        return value._with_grad((x, (x.detach() * x.detach() + 1).rsqrt()))
+
+    @in_float32
+    def acosh(self: Tensor) -> Tensor:
+        """The inverse hyperbolic cosine (NaN below 1)."""
+        x = self._float()
+        a = x.detach()
+        big = a > 2.0 ** 28
+        t = big.where(0.0, a - 1)
+        # log1p(t + sqrt(2t + t^2)), t = x - 1, keeps the accuracy near 1
+        near = _log1p(t + (t * 2 + t * t).sqrt())
+        value = (a < 1).where(float("nan"), big.where(a.log() + math.log(2), near))
+        return value._with_grad((x, (a * a - 1).rsqrt()))
+
+    @in_float32
+    def atanh(self: Tensor) -> Tensor:
+        """The inverse hyperbolic tangent (+-inf at +-1, NaN beyond)."""
+        x = self._float()
+        a = x.detach().abs()
+        value = _log1p(a * 2 / (1 - a)) * 0.5
+        value = (a > 1).where(float("nan"), (x < 0).where(-value, value))
+        return value._with_grad((x, 1 / (1 - x.detach() * x.detach())))
+
+    @in_float32
     def log10(self: Tensor) -> Tensor:
         """The base-10 logarithm."""
         return self.log2() * math.log10(2)
@@ -132,6 +173,15 @@ class TranscendentalOps:
         finite = a.isfinite() & b.isfinite()
         close = (a == b) | (finite & ((a - b).abs() <= atol + rtol * b.abs()))
         return close | (a.isnan() & b.isnan()) if equal_nan else close
+
+
+def _log1p(x: Tensor) -> Tensor:
+    """log(1 + x) to a few ulp: log(u) * x / (u - 1) with u = 1 + x rounded cancels the
+    rounding of u (Goldberg's trick); x itself where u rounds to 1."""
+    u = x + 1
+    exact = u == 1
+    ratio = x / exact.where(1.0, u - 1)
+    return exact.where(x, (u == float("inf")).where(u, u.log() * ratio))
 
 
 def _magnitude(x: Tensor) -> Tensor:

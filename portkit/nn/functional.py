@@ -1,5 +1,6 @@
-"""Neural-network functions, as torch.nn.functional: linear, convolution, pools, losses, norms,
-dropout, attention, embedding and the activations PyTorch keeps here.
+"""Neural-network functions, as torch.nn.functional: linear, losses, norms, dropout, attention,
+embedding and the activations PyTorch keeps here; convolution, pools, pad and interpolate are
+written in portkit/nn/spatial.py and importable from here, as torch's.
 
 Tensor has a thin method for each (x.conv2d(w) is conv2d(x, w)); the layers in portkit.nn call
 these. They compose Tensor ops only, so autograd differentiates them with no rule of their own.
@@ -12,6 +13,23 @@ from typing import Literal
 
 import numpy as np
 
+from portkit.nn.spatial import (
+    avg_pool1d,
+    avg_pool2d,
+    avg_pool3d,
+    conv1d,
+    conv2d,
+    conv3d,
+    conv_transpose1d,
+    conv_transpose2d,
+    conv_transpose3d,
+    interpolate,
+    max_pool1d,
+    max_pool2d,
+    max_pool3d,
+    max_unpool2d,
+    pad,
+)
 from portkit.tensor import Tensor
 from portkit.tensor.dtype import bool_, float_of, int32
 
@@ -23,84 +41,6 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """input @ weight.T + bias."""
     out = input.matmul(weight.T)
     return out if bias is None else out + bias
-
-
-def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntPair = 1,
-           padding: IntPair = 0, dilation: IntPair = 1, groups: int = 1) -> Tensor:
-    """2-d convolution, (N, C, H, W) or unbatched (C, H, W) x (O, C/groups, kh, kw)."""
-    if input.ndim == 3 and weight.ndim == 4:
-        return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation,
-                      groups).squeeze(0)
-    if input.ndim != 4 or weight.ndim != 4:
-        raise ValueError(f"conv2d needs 4-d input and weight, got shapes {input.shape} "
-                         f"and {weight.shape}")
-    n, cin, _, _ = input.shape
-    cout, cin_g, kh, kw = weight.shape
-    if cin != cin_g * groups or cout % groups:
-        raise ValueError(f"conv2d: input shape {input.shape} and weight shape "
-                         f"{weight.shape} do not match for groups={groups}")
-    stride, dilation = _pair(stride), _pair(dilation, "dilation")
-    ph, pw = _pair(padding, "padding", 0)
-    x = _windows(input.pad(((0, 0), (0, 0), (ph, ph), (pw, pw))), (kh, kw), stride, dilation)
-    oh, ow = x.shape[2:4]
-    per_group = cout // groups
-    x = x.reshape(n, groups, cin_g, 1, oh, ow, kh, kw).expand(
-        n, groups, cin_g, per_group, oh, ow, kh, kw).permute(0, 1, 3, 4, 5, 2, 6, 7)
-    w = weight.reshape(1, groups, per_group, 1, 1, cin_g, kh, kw)
-    out = (x * w).sum((5, 6, 7)).reshape(n, cout, oh, ow)
-    return out if bias is None else out + bias.reshape(1, -1, 1, 1)
-
-
-def max_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
-               padding: IntPair = 0, dilation: IntPair = 1, ceil_mode: bool = False) -> Tensor:
-    """The maximum of each window over the last two dims (padding never wins)."""
-    kernel, stride, pads, dilation = _pool_args(input, kernel_size, stride, padding, dilation,
-                                                ceil_mode)
-    # -inf for floats, the dtype's minimum for integers (which keeps the dtype)
-    lowest = float("-inf") if input.dtype.is_float else input.dtype.min
-    x = input.pad(((0, 0),) * (input.ndim - 2) + pads, lowest)
-    return _windows(x, kernel, stride, dilation).amax((-2, -1))
-
-
-def avg_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
-               padding: IntPair = 0, ceil_mode: bool = False,
-               count_include_pad: bool = True) -> Tensor:
-    """The mean of each window over the last two dims. Padding counts as 0 and, with
-    count_include_pad, in the divisor; windows that ceil_mode adds past the padding never do."""
-    kernel, stride, pads, _ = _pool_args(input, kernel_size, stride, padding, 1, ceil_mode)
-    x = input.cast(float_of(input.dtype)).pad(((0, 0),) * (input.ndim - 2) + pads)
-    total = _windows(x, kernel, stride, (1, 1)).sum((-2, -1))
-    (ph, _), (pw, _) = pads
-    if not count_include_pad:
-        ph = pw = 0
-    # the divisor of each window: how many of its elements are input (or counted padding)
-    h, w = input.shape[-2:]
-    counted = Tensor.ones(h + 2 * ph, w + 2 * pw, device=input.device)
-    counted = counted.pad(tuple((p - c, after - c) for (p, after), c in zip(pads, (ph, pw))))
-    count = _windows(counted, kernel, stride, (1, 1)).sum((-2, -1))
-    return total / count
-
-
-def _pool_args(input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
-               dilation: IntPair, ceil_mode: bool):
-    """kernel, stride, ((before, after) padding per spatial dim) and dilation of a 2-d pool;
-    ceil_mode pads the end so a last partial window fits, if it starts inside the input or the
-    padding before it (PyTorch's rule)."""
-    if input.ndim < 2:
-        raise RuntimeError(f"2-d pooling needs at least 2 dims, got shape {input.shape}")
-    kernel = _pair(kernel_size, "kernel_size")
-    stride = _pair(kernel_size if stride is None else stride)
-    pad, dilation = _pair(padding, "padding", 0), _pair(dilation, "dilation")
-    if any(2 * p > k for p, k in zip(pad, kernel)):
-        raise RuntimeError(f"padding {pad} should be at most half of kernel size {kernel}")
-    pads = []
-    for size, k, s, p, d in zip(input.shape[-2:], kernel, stride, pad, dilation):
-        span = size + 2 * p - d * (k - 1) - 1
-        out = (-(-span // s) if ceil_mode else span // s) + 1
-        if ceil_mode and (out - 1) * s >= size + p:
-            out -= 1
-        pads.append((p, p + max(0, (out - 1) * s + d * (k - 1) + 1 - (size + 2 * p))))
-    return kernel, stride, tuple(pads), dilation
 
 
 def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
@@ -443,46 +383,11 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
-# -- sliding windows ----------------------------------------------------------------------------
-
-def _pair(v: IntPair, name: str = "stride", minimum: int = 1) -> tuple[int, int]:
-    pair = (v, v) if isinstance(v, int) else tuple(v)
-    if len(pair) != 2 or any(not isinstance(p, int) or p < minimum for p in pair):
-        raise RuntimeError(f"{name} must be an int or a pair of ints >= {minimum}, got {v!r}")
-    return pair
-
-
-def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
-             dilation: tuple[int, ...]) -> Tensor:
-    """Sliding windows over the last len(kernel) dims -> (..., *out, *kernel), as views."""
-    keep = x.shape[:-len(kernel)]
-    sizes = x.shape[-len(kernel):]
-    noop = [(0, s) for s in keep]
-    outs = [(i - d * (k - 1) - 1) // s + 1 for i, d, k, s in zip(sizes, dilation, kernel,
-                                                                 stride)]
-    if any(o <= 0 for o in outs):
-        raise ValueError(f"input of spatial size {sizes} is smaller than kernel {kernel} "
-                         f"(dilation {dilation})")
-    reps = [-(-k * (i + d) // i) for k, i, d in zip(kernel, sizes, dilation)]
-    x = x.reshape(keep + tuple(d for i in sizes for d in (1, i)))
-    x = x.expand(keep + tuple(d for e, i in zip(reps, sizes) for d in (e, i)))
-    x = x.reshape(keep + tuple(e * i for e, i in zip(reps, sizes)))
-    x = x.shrink(noop + [(0, k * (i + d)) for k, i, d in zip(kernel, sizes, dilation)])
-    x = x.reshape(keep + tuple(d for k, i, dd in zip(kernel, sizes, dilation)
-                               for d in (k, i + dd)))
-    x = x.shrink(noop + [r for k, o, s in zip(kernel, outs, stride)
-                         for r in ((0, k), (0, o * s))])
-    x = x.reshape(keep + tuple(d for k, o, s in zip(kernel, outs, stride)
-                               for d in (k, o, s)))
-    x = x.shrink(noop + [r for k, o in zip(kernel, outs) for r in ((0, k), (0, o), (0, 1))])
-    x = x.reshape(keep + tuple(d for k, o in zip(kernel, outs) for d in (k, o)))
-    n = len(keep)
-    return x.permute(tuple(range(n)) + tuple(n + 2 * i + 1 for i in range(len(kernel))) +
-                     tuple(n + 2 * i for i in range(len(kernel))))
-
-
-__all__ = ["avg_pool2d", "batchnorm", "binary_cross_entropy", "binary_cross_entropy_with_logits",
-           "celu", "conv2d", "cross_entropy", "dropout", "elu",
-           "embedding", "gelu", "hardsigmoid", "hardswish", "hardtanh", "layernorm", "leaky_relu",
-           "linear", "logsigmoid", "max_pool2d", "mish", "nll_loss", "one_hot", "relu6",
-           "scaled_dot_product_attention", "selu", "silu", "softplus", "softsign"]
+__all__ = ["avg_pool1d", "avg_pool2d", "avg_pool3d", "batchnorm", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "celu", "conv1d", "conv2d", "conv3d",
+           "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "cross_entropy",
+           "dropout", "elu", "embedding", "gelu", "group_norm", "hardsigmoid", "hardswish",
+           "hardtanh", "interpolate", "layer_norm", "layernorm", "leaky_relu", "linear",
+           "logsigmoid", "max_pool1d", "max_pool2d", "max_pool3d", "max_unpool2d", "mish",
+           "nll_loss", "normalize", "one_hot", "pad", "prelu", "relu6", "rms_norm",
+           "scaled_dot_product_attention", "selu", "silu", "softmin", "softplus", "softsign"]

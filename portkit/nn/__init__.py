@@ -1,10 +1,9 @@
-"""Layers with parameters, state dicts, and safetensors files (written with numpy).
+"""Layers with parameters, state dicts, and safetensors files (through the safetensors library).
 
 A layer holds its parameters and calls portkit.nn.functional, where the computation lives.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -12,7 +11,10 @@ import numpy as np
 
 from portkit.abi import dtypes
 from portkit.nn import functional as F
-from portkit.tensor import Tensor, realize
+from portkit.tensor import DTypeLike, Tensor, realize
+from portkit.tensor.dtype import to_dtype
+
+_DTYPE_NAMES = frozenset(d.name for d in dtypes.ALL)
 
 
 class Module:
@@ -55,6 +57,25 @@ class Module:
                 raise ValueError(f"load_state_dict: {name} has shape {own[name].shape}, the "
                                  f"state has {array.shape}")
             own[name].assign(Tensor(array, own[name].dtype, own[name].device))
+
+    def to(self, device: str | DTypeLike | None = None, dtype: DTypeLike | None = None
+           ) -> Module:
+        """Moves every tensor to `device` and casts the float ones to `dtype` (either may come
+        first, as torch's); the tensors stay the same objects, so optimizers keep them."""
+        if device is not None and (not isinstance(device, str) or device in _DTYPE_NAMES):
+            device, dtype = None, device
+        dtype = to_dtype(dtype)
+        moved = [t for t in self.state_dict().values()]
+        moved += [t.grad for t in moved if t.grad is not None]
+        for t in moved:
+            value = Tensor(t.lazy)          # no autograd record: t stays a leaf
+            if device is not None:
+                value = value.to(device)
+            if dtype is not None and value.dtype.is_float:
+                value = value.cast(dtype)
+            t.lazy = value.lazy
+        realize(*moved)
+        return self
 
     def train(self, mode: bool = True) -> Module:
         """Sets training mode (dropout active, batch statistics) here and in every child."""
@@ -176,45 +197,55 @@ class Embedding(Module):
         return F.embedding(index, self.weight)
 
 
-# -- safetensors: 8-byte little-endian header length, JSON header, raw little-endian data --------
+# -- safetensors files, through the safetensors library ------------------------------------------
 
+# the file's dtype codes, by portkit dtype name
 _CODES = {"bool": "BOOL", "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
           "uint8": "U8", "uint16": "U16", "uint32": "U32", "uint64": "U64", "float16": "F16",
           "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
 _NAMES = {code: name for name, code in _CODES.items()}
 
 
-def save_safetensors(state: dict[str, Tensor], path: str | Path) -> None:
-    """Writes tensors to a .safetensors file (the format is simple enough for numpy alone)."""
-    header, blobs, offset = {}, [], 0
-    for name, tensor in state.items():
-        data = np.ascontiguousarray(tensor.numpy()).tobytes()
-        header[name] = {"dtype": _CODES[tensor.dtype.name], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        f.writelines(blobs)
+def _safetensors():
+    try:
+        import safetensors
+    except ImportError as error:
+        raise ImportError("reading and writing .safetensors files needs the safetensors "
+                          "package: pip install 'portkit[safetensors]'") from error
+    return safetensors
 
 
-def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """Reads a .safetensors file into numpy arrays, by name."""
-    raw = Path(path).read_bytes()
-    size = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + size])
+def save_safetensors(state: dict[str, Tensor], path: str | Path,
+                     metadata: dict[str, str] | None = None) -> None:
+    """Writes tensors (a state_dict) and optional text metadata to a .safetensors file."""
+    library = _safetensors()
+    arrays = {name: np.ascontiguousarray(tensor.numpy()) for name, tensor in state.items()}
+    # the specs point into `arrays`, which stays alive until the file is written
+    specs = {name: library.TensorSpec(dtype=array.dtype.name, shape=array.shape,
+                                      data_ptr=array.ctypes.data, data_len=array.nbytes)
+             for name, array in arrays.items()}
+    library.serialize_file(specs, str(path), metadata=metadata)
+
+
+def load_safetensors(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
+    """Reads a .safetensors file into Tensors on `device` (the default device if None), by
+    name; a malformed file raises safetensors' SafetensorError."""
+    library = _safetensors()
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = dtypes.by_name(_NAMES[info["dtype"]]).np
-        start, end = info["data_offsets"]
-        out[name] = np.frombuffer(raw[8 + size + start:8 + size + end], dtype).reshape(
-            info["shape"]).copy()
+    for name, info in library.deserialize(Path(path).read_bytes()):
+        if info["dtype"] not in _NAMES:
+            raise TypeError(f"load_safetensors: {name} has dtype {info['dtype']}, which portkit "
+                            f"has no type for (it reads {', '.join(sorted(_NAMES))})")
+        dtype = dtypes.by_name(_NAMES[info["dtype"]])
+        array = np.frombuffer(info["data"], dtype.np).reshape(info["shape"])
+        out[name] = Tensor(array, dtype, device)
     return out
+
+
+def safetensors_metadata(path: str | Path) -> dict[str, str]:
+    """The text metadata of a .safetensors file (empty if it has none)."""
+    with _safetensors().safe_open(str(path), framework="numpy") as file:
+        return file.metadata() or {}
 
 
 # after Module: the containers subclass it
@@ -240,4 +271,4 @@ from portkit.nn.containers import (
 __all__ = ["ELU", "GELU", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "Flatten",
            "Hardswish", "LayerNorm", "LeakyReLU", "Linear", "Mish", "Module", "ModuleList", "ReLU",
            "ReLU6", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "Tanh",
-           "load_safetensors", "save_safetensors"]
+           "load_safetensors", "safetensors_metadata", "save_safetensors"]

@@ -1,0 +1,135 @@
+"""Learning-rate schedules, as torch.optim.lr_scheduler: each sets its optimizer's `lr` from the
+epoch count (a closed form of the step count), so a schedule resumed from its state_dict
+continues exactly where it stopped."""
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Sequence
+
+from portkit.optim import Optimizer
+
+
+class LRScheduler:
+    """Base of schedules: `step()` advances the epoch and sets optimizer.lr = lr_at(epoch)."""
+
+    def __init__(self, optimizer: Optimizer, last_epoch: int = -1):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"{type(self).__name__} needs a portkit.optim optimizer, got "
+                            f"{type(optimizer).__name__}")
+        self.optimizer = optimizer
+        # where a resumed schedule starts from, as torch keeps it (initial_lr)
+        self.base_lr = getattr(optimizer, "initial_lr", optimizer.lr)
+        optimizer.initial_lr = self.base_lr
+        self.last_epoch = last_epoch
+        self.step()
+
+    def lr_at(self, epoch: int) -> float:
+        """The learning rate of `epoch` (0 is the one the optimizer starts with)."""
+        raise NotImplementedError
+
+    def step(self) -> None:
+        """Advances one epoch (call after optimizer.step(), as in torch)."""
+        self.last_epoch += 1
+        self.optimizer.lr = self.lr_at(self.last_epoch)
+
+    def get_last_lr(self) -> list[float]:
+        """The learning rate the last step() set, as a one-element list (torch's form)."""
+        return [self.optimizer.lr]
+
+    def state_dict(self) -> dict:
+        """Everything but the optimizer (and functions, which do not pickle)."""
+        return {k: v for k, v in vars(self).items()
+                if k != "optimizer" and not callable(v)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores what state_dict() returned."""
+        vars(self).update(state_dict)
+
+
+class StepLR(LRScheduler):
+    """lr * gamma every step_size epochs."""
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1,
+                 last_epoch: int = -1):
+        if not isinstance(step_size, int) or step_size < 1:
+            raise ValueError(f"StepLR: step_size must be an int >= 1, got {step_size!r}")
+        self.step_size, self.gamma = step_size, gamma
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch: int) -> float:
+        return self.base_lr * self.gamma ** (epoch // self.step_size)
+
+
+class MultiStepLR(LRScheduler):
+    """lr * gamma at each epoch in `milestones`."""
+
+    def __init__(self, optimizer: Optimizer, milestones: Sequence[int], gamma: float = 0.1,
+                 last_epoch: int = -1):
+        self.milestones, self.gamma = sorted(milestones), gamma
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch: int) -> float:
+        return self.base_lr * self.gamma ** bisect.bisect_right(self.milestones, epoch)
+
+
+class ExponentialLR(LRScheduler):
+    """lr * gamma every epoch."""
+
+    def __init__(self, optimizer: Optimizer, gamma: float, last_epoch: int = -1):
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch: int) -> float:
+        return self.base_lr * self.gamma ** epoch
+
+
+class CosineAnnealingLR(LRScheduler):
+    """From lr down to eta_min along half a cosine over T_max epochs (and back up after)."""
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0,
+                 last_epoch: int = -1):
+        if not T_max > 0:
+            raise ValueError(f"CosineAnnealingLR: T_max must be > 0, got {T_max!r}")
+        self.T_max, self.eta_min = T_max, eta_min
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch: int) -> float:
+        cosine = (1 + math.cos(math.pi * epoch / self.T_max)) / 2
+        return self.eta_min + (self.base_lr - self.eta_min) * cosine
+
+
+class LambdaLR(LRScheduler):
+    """lr * lr_lambda(epoch)."""
+
+    def __init__(self, optimizer: Optimizer, lr_lambda: Callable[[int], float],
+                 last_epoch: int = -1):
+        if not callable(lr_lambda):
+            raise TypeError(f"LambdaLR: lr_lambda must be a function of the epoch, got "
+                            f"{type(lr_lambda).__name__}")
+        self.lr_lambda = lr_lambda
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch: int) -> float:
+        return self.base_lr * self.lr_lambda(epoch)
+
+
+class LinearLR(LRScheduler):
+    """lr * a factor going linearly from start_factor to end_factor over total_iters epochs."""
+
+    def __init__(self, optimizer: Optimizer, start_factor: float = 1 / 3,
+                 end_factor: float = 1.0, total_iters: int = 5, last_epoch: int = -1):
+        if not (0 < start_factor <= 1 and 0 <= end_factor <= 1):
+            raise ValueError(f"LinearLR: start_factor must be in (0, 1] and end_factor in "
+                             f"[0, 1], got {start_factor} and {end_factor}")
+        self.start_factor, self.end_factor = start_factor, end_factor
+        self.total_iters = total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch: int) -> float:
+        done = min(epoch, self.total_iters) / self.total_iters
+        return self.base_lr * (self.start_factor + (self.end_factor - self.start_factor) * done)
+
+
+__all__ = ["CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR",
+           "MultiStepLR", "StepLR"]

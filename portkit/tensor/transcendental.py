@@ -176,12 +176,16 @@ class TranscendentalOps:
 
 
 def _log1p(x: Tensor) -> Tensor:
-    """log(1 + x) to a few ulp: log(u) * x / (u - 1) with u = 1 + x rounded cancels the
-    rounding of u (Goldberg's trick); x itself where u rounds to 1."""
-    u = x + 1
-    exact = u == 1
-    ratio = x / exact.where(1.0, u - 1)
-    return exact.where(x, (u == float("inf")).where(u, u.log() * ratio))
+    """log(1 + x) to a few ulp: for |x| < 1/2, 2 atanh(s) = 2 (s + s^3/3 + ...) with
+    s = x / (2 + x), since 1 + x rounds and a device's log may be only absolutely accurate
+    near 1 (WGSL's); log(1 + x) elsewhere."""
+    small = x.abs() < 0.5
+    s = small.where(x, 0.0) / (small.where(x, 0.0) + 2)
+    z = s * s
+    series = z * (1 / 17) + 1 / 15
+    for n in range(6, -1, -1):
+        series = series * z + 1 / (2 * n + 1)
+    return small.where(s * series * 2, (x + 1).log())
 
 
 def _magnitude(x: Tensor) -> Tensor:

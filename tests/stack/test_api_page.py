@@ -7,6 +7,7 @@ from pathlib import Path
 import portkit
 from portkit import nn
 from portkit.nn import functional as F
+from portkit.optim import lr_scheduler
 from portkit.tensor import Tensor
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "tensor-api.md"
@@ -17,44 +18,48 @@ def _words(text: str) -> list[str]:
 
 
 # PyTorch names a user porting code reaches for, by where PyTorch has them
-TENSOR_METHODS = _words("""abs acos add all any argmax argmin argsort asin atan atan2 bitwise_and
-chunk clamp clip contiguous copysign cos cosh cummax cummin cumprod cumsum detach diag
-diagonal div dot exp exp2 expand flatten flip float floor fmod gather index_select int isclose
-isfinite isinf isnan item lerp log log10 log2 logaddexp logcumsumexp logsumexp masked_fill
-masked_select matmul max maximum mean min minimum mul neg nonzero numel numpy permute pow
-prod reciprocal relu repeat repeat_interleave reshape roll round rsqrt scatter scatter_reduce
-sigmoid sign sin sinh softmax sort split sqrt squeeze std sum tan tanh tolist topk transpose
-tril triu trunc unflatten unfold unique unsqueeze var view where""")
+TENSOR_METHODS = _words("""abs acos acosh add all amax amin any argmax argmin argsort asin asinh
+atan atan2 atanh bitwise_and chunk clamp clip contiguous copysign cos cosh cummax cummin cumprod
+cumsum detach diag diagonal div dot exp exp2 expand flatten flip float floor fmod gather
+index_select int isclose isfinite isinf isnan item lerp log log10 log1p log2 logaddexp
+logcumsumexp logsumexp masked_fill masked_select matmul max maximum mean min minimum mul neg
+nonzero numel numpy permute pow prod reciprocal relu repeat repeat_interleave reshape roll round
+rsqrt scatter scatter_reduce sigmoid sign sin sinh softmax sort split sqrt squeeze std sum tan
+tanh tolist topk transpose tril triu trunc unflatten unfold unique unsqueeze var view where""")
 FUNCTIONS = _words("""avg_pool1d avg_pool2d avg_pool3d batch_norm binary_cross_entropy
-binary_cross_entropy_with_logits celu conv1d conv2d conv3d conv_transpose2d cross_entropy
-dropout elu embedding gelu grid_sample group_norm hardsigmoid hardswish hardtanh interpolate
-layer_norm leaky_relu linear logsigmoid max_pool1d max_pool2d max_unpool2d mish nll_loss
-normalize one_hot prelu relu6 rms_norm scaled_dot_product_attention selu silu softmin
-softplus softsign""")
+binary_cross_entropy_with_logits celu conv1d conv2d conv3d conv_transpose1d conv_transpose2d
+conv_transpose3d cross_entropy dropout elu embedding gelu grid_sample group_norm hardsigmoid
+hardswish hardtanh interpolate layer_norm leaky_relu linear logsigmoid max_pool1d max_pool2d
+max_pool3d max_unpool2d mish nll_loss normalize one_hot pad prelu relu6 rms_norm
+scaled_dot_product_attention selu silu softmin softplus softsign""")
 TOP_LEVEL = _words("cat stack einsum meshgrid from_dlpack no_grad")
 MODULES = _words("""BatchNorm2d Conv2d Dropout ELU Embedding Flatten GELU LayerNorm LeakyReLU Linear
 Mish ModuleList ReLU Sequential SiLU Sigmoid Softmax Tanh""")
+SCHEDULERS = _words("""StepLR MultiStepLR ExponentialLR CosineAnnealingLR LambdaLR LinearLR
+OneCycleLR ReduceLROnPlateau""")
 
 # where portkit has the name but differs from PyTorch: what differs
 PARTLY = {
-    "Tensor.max": "returns the values only, not (values, indices); use argmax",
-    "Tensor.min": "returns the values only, not (values, indices); use argmin",
+    "Tensor.max": "a tuple of dims gives amax's values (torch refuses it)",
+    "Tensor.min": "a tuple of dims gives amin's values (torch refuses it)",
     "Tensor.sort": "O(n^2) pairwise ranking along the dim (no sort in the ABI); always stable",
     "Tensor.repeat_interleave": "integer repeats only, not a tensor of repeats",
     "F.embedding": "portkit's argument order is (input, weight), as torch; no padding_idx",
     "F.dropout": "training defaults to Tensor.training, not True",
     "F.one_hot": "num_classes is required (PyTorch's -1 reads the data)",
-    "F.layer_norm": "named layernorm, without the affine part (nn.LayerNorm has it)",
+    "F.interpolate": "nearest and (bi/tri)linear modes; no bicubic, area or antialias",
+    "F.pad": "reflect, replicate and circular pad any trailing dims, sizes >= 0",
     "F.batch_norm": "named batchnorm, taking mean and inverse std",
     "portkit.einsum": "distinct letters per operand, no '...' or diagonals",
     "portkit.from_dlpack": "copies; exports (__dlpack__) share host memory on cpu/interpreter",
 }
-ALIASES = {"F.layer_norm": "layernorm", "F.batch_norm": "batchnorm"}
+ALIASES = {"F.batch_norm": "batchnorm"}
 
 
 def _rows() -> list[tuple[str, str, str]]:
     places = [("Tensor", Tensor, TENSOR_METHODS), ("F", F, FUNCTIONS),
-              ("portkit", portkit, TOP_LEVEL), ("nn", nn, MODULES)]
+              ("portkit", portkit, TOP_LEVEL), ("nn", nn, MODULES),
+              ("lr_scheduler", lr_scheduler, SCHEDULERS)]
     rows = []
     for prefix, owner, names in places:
         for name in names:

@@ -141,13 +141,14 @@ class ElementwiseOps:
     def div(self: Tensor, other: Tensor | Scalar, reverse: bool = False,
             rounding_mode: str | None = None) -> Tensor:
         """self / other in floating point (other / self if reverse); rounding_mode "trunc" or
-        "floor" rounds the quotient and keeps integer dtypes, as torch.div."""
+        "floor" rounds the quotient and keeps integer dtypes, as torch.div. An integer zero
+        divisor the host holds raises ZeroDivisionError; one computed on the device gives 0."""
         if rounding_mode == "floor":
             return self._floordiv(other, reverse)
         if rounding_mode == "trunc":
             _check_int_divisor(self, other, reverse)
             a, b = self._operand(other, reverse)
-            return (a / b).trunc() if a.dtype.is_float else a._prim("idiv", b)
+            return (a / b).trunc() if a.dtype.is_float else a._int_divide("idiv", b)
         if rounding_mode is not None:
             raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got "
                              f"{rounding_mode!r}")
@@ -159,9 +160,9 @@ class ElementwiseOps:
         a, b = self._operand(other, reverse)
         if a.dtype.is_float:
             return (a / b).floor()
-        q = a._prim("idiv", b)
+        q = a._int_divide("idiv", b)
         # IDIV truncates; Python and PyTorch round toward negative infinity
-        fix = ((a._prim("mod", b) != 0) & ((a < 0) ^ (b < 0))).cast(a.dtype)
+        fix = ((a._int_divide("mod", b) != 0) & ((a < 0) ^ (b < 0))).cast(a.dtype)
         return q - fix
 
     def _mod(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
@@ -169,8 +170,15 @@ class ElementwiseOps:
         a, b = self._operand(other, reverse)
         if a.dtype.is_float:
             return a - (a / b).floor() * b
-        r = a._prim("mod", b)
+        r = a._int_divide("mod", b)
         return (r != 0).where(((r < 0) ^ (b < 0)).where(r + b, r), r)
+
+    def _int_divide(self: Tensor, name: str, divisor: Tensor) -> Tensor:
+        """IDIV or MOD of integer tensors of one shape, 0 where the divisor is 0 (numpy's
+        result; the ABI leaves it unspecified, and PyTorch's error needs the divisor on the
+        host: a zero the host holds raises ZeroDivisionError before this)."""
+        zero = divisor == 0
+        return zero.where(0, self._prim(name, zero.where(1, divisor)))
 
     def neg(self: Tensor) -> Tensor:
         """-self (logical not for bool)."""

@@ -151,7 +151,7 @@ class TranscendentalOps:
         """The remainder of self / other with self's sign (C's fmod; % takes other's sign)."""
         a, b = self._operand(other)
         if not a.dtype.is_float:
-            return a._prim("mod", b)
+            return a._int_divide("mod", b)
         return a - (a / b).trunc() * b
 
     def copysign(self: Tensor, other: Tensor | Scalar) -> Tensor:

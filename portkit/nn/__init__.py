@@ -128,22 +128,6 @@ class Linear(Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class Conv2d(Module):
-    """2-d convolution layer, initialized as torch.nn.Conv2d."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 dilation=1, groups: int = 1, bias: bool = True):
-        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
-        bound = 1 / math.sqrt(in_channels // groups * kh * kw)
-        self.weight = _uniform((out_channels, in_channels // groups, kh, kw), bound)
-        self.bias = _uniform((out_channels,), bound) if bias else None
-        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
-                        self.groups)
-
-
 class LayerNorm(Module):
     """Normalizes the last len(shape) dims, then scales and shifts."""
 
@@ -248,7 +232,7 @@ def safetensors_metadata(path: str | Path) -> dict[str, str]:
         return file.metadata() or {}
 
 
-# after Module: the containers subclass it
+# after Module: the containers and layers subclass it
 from portkit.nn.containers import (
     ELU,
     GELU,
@@ -267,8 +251,66 @@ from portkit.nn.containers import (
     Softplus,
     Tanh,
 )
+from portkit.nn.layers import (
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+    GroupNorm,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
+    PReLU,
+    RMSNorm,
+    Softmin,
+    Upsample,
+)
 
-__all__ = ["ELU", "GELU", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "Flatten",
-           "Hardswish", "LayerNorm", "LeakyReLU", "Linear", "Mish", "Module", "ModuleList", "ReLU",
-           "ReLU6", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "Tanh",
-           "load_safetensors", "safetensors_metadata", "save_safetensors"]
+__all__ = [
+    "ELU",
+    "GELU",
+    "AvgPool1d",
+    "AvgPool2d",
+    "AvgPool3d",
+    "BatchNorm2d",
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "ConvTranspose3d",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "GroupNorm",
+    "Hardswish",
+    "LayerNorm",
+    "LeakyReLU",
+    "Linear",
+    "MaxPool1d",
+    "MaxPool2d",
+    "MaxPool3d",
+    "Mish",
+    "Module",
+    "ModuleList",
+    "PReLU",
+    "RMSNorm",
+    "ReLU",
+    "ReLU6",
+    "Sequential",
+    "SiLU",
+    "Sigmoid",
+    "Softmax",
+    "Softmin",
+    "Softplus",
+    "Tanh",
+    "Upsample",
+    "load_safetensors",
+    "safetensors_metadata",
+    "save_safetensors",
+]

@@ -33,8 +33,10 @@ hardswish hardtanh interpolate layer_norm leaky_relu linear logsigmoid max_pool1
 max_pool3d max_unpool2d mish nll_loss normalize one_hot pad prelu relu6 rms_norm
 scaled_dot_product_attention selu silu softmin softplus softsign""")
 TOP_LEVEL = _words("cat stack einsum meshgrid from_dlpack no_grad")
-MODULES = _words("""BatchNorm2d Conv2d Dropout ELU Embedding Flatten GELU LayerNorm LeakyReLU Linear
-Mish ModuleList ReLU Sequential SiLU Sigmoid Softmax Tanh""")
+MODULES = _words("""AvgPool1d AvgPool2d AvgPool3d BatchNorm2d Conv1d Conv2d Conv3d ConvTranspose1d
+ConvTranspose2d ConvTranspose3d Dropout ELU Embedding Flatten GELU GroupNorm LayerNorm LeakyReLU
+Linear MaxPool1d MaxPool2d MaxPool3d Mish ModuleList PReLU ReLU RMSNorm Sequential SiLU Sigmoid
+Softmax Softmin Tanh Upsample""")
 SCHEDULERS = _words("""StepLR MultiStepLR ExponentialLR CosineAnnealingLR LambdaLR LinearLR
 OneCycleLR ReduceLROnPlateau""")
 

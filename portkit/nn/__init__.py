@@ -112,7 +112,8 @@ def _modules(module: Module) -> list[Module]:
     return found
 
 
-def _uniform(shape: tuple[int, ...], bound: float) -> Tensor:
+def uniform_parameter(shape: tuple[int, ...], bound: float) -> Tensor:
+    """A parameter drawn uniformly from [-bound, bound], as torch initializes its layers."""
     return (Tensor.rand(*shape) * (2 * bound) - bound).realize().requires_grad_()
 
 
@@ -121,8 +122,8 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         bound = 1 / math.sqrt(in_features)
-        self.weight = _uniform((out_features, in_features), bound)
-        self.bias = _uniform((out_features,), bound) if bias else None
+        self.weight = uniform_parameter((out_features, in_features), bound)
+        self.bias = uniform_parameter((out_features,), bound) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -236,10 +237,16 @@ def safetensors_metadata(path: str | Path) -> dict[str, str]:
 from portkit.nn.containers import (
     ELU,
     GELU,
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
     Dropout,
     Flatten,
     Hardswish,
     LeakyReLU,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
     Mish,
     ModuleList,
     ReLU,
@@ -248,13 +255,12 @@ from portkit.nn.containers import (
     Sigmoid,
     SiLU,
     Softmax,
+    Softmin,
     Softplus,
     Tanh,
+    Upsample,
 )
 from portkit.nn.layers import (
-    AvgPool1d,
-    AvgPool2d,
-    AvgPool3d,
     Conv1d,
     Conv2d,
     Conv3d,
@@ -262,13 +268,8 @@ from portkit.nn.layers import (
     ConvTranspose2d,
     ConvTranspose3d,
     GroupNorm,
-    MaxPool1d,
-    MaxPool2d,
-    MaxPool3d,
     PReLU,
     RMSNorm,
-    Softmin,
-    Upsample,
 )
 
 __all__ = [
@@ -313,4 +314,5 @@ __all__ = [
     "load_safetensors",
     "safetensors_metadata",
     "save_safetensors",
+    "uniform_parameter",
 ]

@@ -1,15 +1,14 @@
-"""The module forms of the spatial and normalization functions, as torch.nn has them:
-convolutions (1-3 d, and transposed), pools, Upsample, GroupNorm, RMSNorm, PReLU, Softmin.
+"""The layers with parameters beyond Linear, as torch.nn has them: convolutions (1-3 d, and
+transposed), GroupNorm, RMSNorm, PReLU (the parameterless ones are in containers.py).
 Parameters are initialized as torch initializes them (uniform in +-1/sqrt(fan_in))."""
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-from portkit.nn import Module, _uniform
+from portkit.nn import Module, uniform_parameter
 from portkit.nn import functional as F
-from portkit.nn.containers import _activation
-from portkit.nn.spatial import IntTuple, _ntuple
+from portkit.nn.spatial import IntTuple
 from portkit.tensor import Tensor
 
 
@@ -26,12 +25,13 @@ class _ConvNd(Module):
         if groups < 1 or in_channels % groups or out_channels % groups:
             raise ValueError(f"{type(self).__name__}: in_channels {in_channels} and "
                              f"out_channels {out_channels} must be divisible by groups {groups}")
-        kernel = _ntuple(kernel_size, self.dims, "kernel_size")
+        kernel = ((kernel_size,) * self.dims if isinstance(kernel_size, int)
+                  else tuple(kernel_size))
         shape = ((in_channels, out_channels // groups) if self.transposed
                  else (out_channels, in_channels // groups)) + kernel
         bound = 1 / math.sqrt(shape[1] * math.prod(kernel))
-        self.weight = _uniform(shape, bound)
-        self.bias = _uniform((out_channels,), bound) if bias else None
+        self.weight = uniform_parameter(shape, bound)
+        self.bias = uniform_parameter((out_channels,), bound) if bias else None
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.output_padding = output_padding
 
@@ -124,15 +124,5 @@ def _filled(value: float, shape: tuple[int, ...]) -> Tensor:
     return Tensor.full(shape, value).contiguous().realize().requires_grad_()
 
 
-MaxPool1d = _activation("MaxPool1d", F.max_pool1d)
-MaxPool2d = _activation("MaxPool2d", F.max_pool2d)
-MaxPool3d = _activation("MaxPool3d", F.max_pool3d)
-AvgPool1d = _activation("AvgPool1d", F.avg_pool1d)
-AvgPool2d = _activation("AvgPool2d", F.avg_pool2d)
-AvgPool3d = _activation("AvgPool3d", F.avg_pool3d)
-Upsample = _activation("Upsample", F.interpolate)
-Softmin = _activation("Softmin", F.softmin)
-
-__all__ = ["AvgPool1d", "AvgPool2d", "AvgPool3d", "Conv1d", "Conv2d", "Conv3d",
-           "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "GroupNorm", "MaxPool1d",
-           "MaxPool2d", "MaxPool3d", "PReLU", "RMSNorm", "Softmin", "Upsample"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+           "GroupNorm", "PReLU", "RMSNorm"]

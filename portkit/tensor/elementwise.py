@@ -421,6 +421,37 @@ class ElementwiseOps:
         """True where self is zero or False."""
         return ~self.cast(bool_)
 
+    def logical_and(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """True where both are nonzero."""
+        return self.cast(bool_) & _as_bool(other)
+
+    def logical_or(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """True where either is nonzero."""
+        return self.cast(bool_) | _as_bool(other)
+
+    def logical_xor(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """True where exactly one is nonzero."""
+        return self.cast(bool_) ^ _as_bool(other)
+
+    def bitwise_and(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """self & other, on integer and bool tensors."""
+        return self & other
+
+    def bitwise_or(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """self | other, on integer and bool tensors."""
+        return self | other
+
+    def bitwise_xor(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """self ^ other, on integer and bool tensors."""
+        return self ^ other
+
+    def bitwise_not(self: Tensor) -> Tensor:
+        """~self, on integer and bool tensors."""
+        if self.dtype.is_float:
+            raise TypeError(f"bitwise_not is defined on integer and bool tensors, not "
+                            f"{self.dtype.name}; cast with .int() first")
+        return ~self
+
 
 def _cos(x: Tensor, s: Tensor) -> Tensor:
     """cos x from s = sin x and the sines of x / 2 and 2x, which are exact scalings of x: the
@@ -434,6 +465,10 @@ def _cos(x: Tensor, s: Tensor) -> Tensor:
     ratio = (x * 2).sin() / double.where(s * 2, 1.0)
     flat = (1 - s * s).sqrt()
     return double.where(ratio, (h * h * 2 > 1).where(-flat, flat))
+
+
+def _as_bool(value: Tensor | Scalar) -> Tensor | bool:
+    return value.cast(bool_) if isinstance(value, core.Tensor) else bool(value)
 
 
 def _exp(x: Tensor) -> Tensor:

@@ -19,10 +19,10 @@ def _words(text: str) -> list[str]:
 
 # PyTorch names a user porting code reaches for, by where PyTorch has them
 TENSOR_METHODS = _words("""abs acos acosh add all amax amin any argmax argmin argsort asin asinh
-atan atan2 atanh bitwise_and chunk clamp clip contiguous copysign cos cosh cummax cummin cumprod
+atan atan2 atanh bitwise_and bitwise_not bitwise_or bitwise_xor chunk clamp clip contiguous copysign cos cosh cummax cummin cumprod
 cumsum detach diag diagonal div dot exp exp2 expand flatten flip float floor fmod gather
 index_select int isclose isfinite isinf isnan item lerp log log10 log1p log2 logaddexp
-logcumsumexp logsumexp masked_fill masked_select matmul max maximum mean min minimum mul neg
+logcumsumexp logical_and logical_not logical_or logical_xor logsumexp masked_fill masked_select matmul max maximum mean min minimum mul neg
 nonzero numel numpy permute pow prod reciprocal relu repeat repeat_interleave reshape roll round
 rsqrt scatter scatter_reduce sigmoid sign sin sinh softmax sort split sqrt squeeze std sum tan
 tanh tolist topk transpose tril triu trunc unflatten unfold unique unsqueeze var view where""")
@@ -46,6 +46,8 @@ PARTLY = {
     "Tensor.min": "a tuple of dims gives amin's values (torch refuses it)",
     "Tensor.sort": "O(n^2) pairwise ranking along the dim (no sort in the ABI); always stable",
     "Tensor.repeat_interleave": "integer repeats only, not a tensor of repeats",
+    "Tensor.nonzero": "reads the values back to the host; int32 indices (torch: int64)",
+    "Tensor.unique": "reads the values back to the host; sorted always; int32 inverse, counts",
     "F.embedding": "portkit's argument order is (input, weight), as torch; no padding_idx",
     "F.dropout": "training defaults to Tensor.training, not True",
     "F.one_hot": "num_classes is required (PyTorch's -1 reads the data)",

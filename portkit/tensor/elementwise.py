@@ -24,6 +24,7 @@ from portkit.tensor.dtype import (
     float32,
     float_of,
     int32,
+    int64,
     promote,
     scalar_dtype,
     to_dtype,
@@ -454,17 +455,19 @@ class ElementwiseOps:
 
 
 def _cos(x: Tensor, s: Tensor) -> Tensor:
-    """cos x from s = sin x and the sines of x / 2 and 2x, which are exact scalings of x: the
-    device's SIN reduces the argument. sin(pi/2 - x) lost everything once pi/2 - x rounded
-    (cos(1e8) gave -0.93 for -0.36). Where |sin x| <= 1/2, cos is +-sqrt(1 - s^2), its sign
-    that of 1 - 2 sin^2(x/2); elsewhere sin 2x / (2 sin x), relatively exact near cos's zeros."""
-    h = (x * 0.5).sin()
-    steep = s.abs() > 0.5
-    # 2x overflows past half the largest float: there the square root serves
-    double = steep & (x.abs() <= x.dtype.max / 2)
-    ratio = (x * 2).sin() / double.where(s * 2, 1.0)
+    """cos x from s = sin x and the sine of 2x, an exact scaling of x: the device's SIN reduces
+    the argument. sin(pi/2 - x) lost everything once pi/2 - x rounded (cos(1e8) gave -0.93 for
+    -0.36). Where |sin x| > 1/2, cos is sin 2x / (2 sin x), relatively exact near its zeros;
+    elsewhere +-sqrt(1 - s^2), with the sign of sin 2x / sin x."""
+    # past half the largest float 2x overflows: there sin(x / 2) gives the sign (the sign of
+    # 1 - 2 sin^2(x/2)), and the square root serves near the zeros too
+    huge = x.abs() > x.dtype.max / 2
+    other = huge.where(x * 0.5, x * 2).sin()
+    steep = (s.abs() > 0.5) & ~huge
+    ratio = other / steep.where(s * 2, 1.0)
     flat = (1 - s * s).sqrt()
-    return double.where(ratio, (h * h * 2 > 1).where(-flat, flat))
+    negative = huge.where(other * other * 2 > 1, s * other < 0)
+    return steep.where(ratio, negative.where(-flat, flat))
 
 
 def _as_bool(value: Tensor | Scalar) -> Tensor | bool:
@@ -474,19 +477,25 @@ def _as_bool(value: Tensor | Scalar) -> Tensor | bool:
 def _exp(x: Tensor) -> Tensor:
     """e ** x = 2^k e^r, k = round(x / ln2), r = x - k ln2 with ln2 in two parts: k * high
     part is exact and r, |r| <= ln2 / 2, loses nothing, so exp2(r log2 e) errs by < 1 ulp."""
-    high, low, limit = _LN2_PARTS[x.dtype.name]
+    high, low, limit, bits, mantissa, bias = _EXP_PARTS[x.dtype.name]
     x = x.clip(-limit, limit)           # past these e^x is 0 or inf (NaN stays NaN)
-    k = (x * (1 / math.log(2)) + 0.5).floor()
-    r = (x - k * high) - k * low
-    # 2^k in two halves, each a normal float, so e^r * 2^k rounds once even when subnormal
-    half = (k * 0.5).floor()
-    return (r * (1 / math.log(2))).exp2() * half.exp2() * (k - half).exp2()
+    t = x * (1 / math.log(2))
+    k = (t + (t < 0).where(-0.5, 0.5)).cast(bits)     # rounded; NaN gives any k
+    k_float = k.cast(x.dtype)
+    r = (x - k_float * high) - k_float * low
+    # 2^k in two halves built from their exponent bits (cheaper than EXP2), each a normal
+    # float, so e^r * 2^k rounds once even when the result is subnormal
+    half = k >> 1
+    scale = [((h + bias) << mantissa).bitcast(x.dtype) for h in (half, k - half)]
+    return (r * (1 / math.log(2))).exp2() * scale[0] * scale[1]
 
 
 # ln2 as high + low: high has few enough bits (9, 33) that k * high is exact for every k the
-# clipped argument gives; past the limit e^x overflows or is 0
-_LN2_PARTS = {"float32": (0.693359375, -2.12194440e-4, 110.0),
-              "float64": (6.93147180369123816490e-01, 1.90821492927058770002e-10, 760.0)}
+# clipped argument gives (past the limit e^x overflows or is 0); then the float's int type,
+# mantissa bits and exponent bias
+_EXP_PARTS = {"float32": (0.693359375, -2.12194440e-4, 110.0, int32, 23, 127),
+              "float64": (6.93147180369123816490e-01, 1.90821492927058770002e-10, 760.0,
+                          int64, 52, 1023)}
 
 
 def _real_pow(x: Tensor, y: Tensor) -> Tensor:

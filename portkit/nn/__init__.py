@@ -146,8 +146,10 @@ class LayerNorm(Module):
         return x if self.weight is None else x * self.weight + self.bias
 
 
-class BatchNorm2d(Module):
-    """Batch normalization over (N, H, W) per channel, with running statistics."""
+class _BatchNorm(Module):
+    """Batch normalization per channel (dim 1) over the other dims, with running statistics."""
+
+    dims = 2
 
     def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.1):
         self.eps, self.momentum = eps, momentum
@@ -157,29 +159,47 @@ class BatchNorm2d(Module):
         self.running_var = Tensor.ones(channels).contiguous().realize()
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != self.dims + 2 and not (self.dims == 1 and x.ndim == 2):
+            raise ValueError(f"{type(self).__name__} expects {self.dims + 2}-d input (N, C, "
+                             f"...), got shape {x.shape}")
+        out = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                           self.training, self.momentum, self.eps)
         if self.training:
-            mean = x.mean((0, 2, 3))
-            centered = x - mean.reshape(1, -1, 1, 1)
-            var = (centered * centered).mean((0, 2, 3))
-            count = x.numel() // x.shape[1]
-            m = self.momentum
-            self.running_mean.assign(self.running_mean * (1 - m) + mean.detach() * m)
-            self.running_var.assign(self.running_var * (1 - m) +
-                                    var.detach() * (m * count / max(count - 1, 1)))
             realize(self.running_mean, self.running_var)
-        else:
-            mean, var = self.running_mean, self.running_var
-        return F.batchnorm(x, self.weight, self.bias, mean, (var + self.eps).rsqrt())
+        return out
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalization of (N, C) or (N, C, L) input (torch.nn.BatchNorm1d)."""
+
+    dims = 1
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalization of (N, C, H, W) input (torch.nn.BatchNorm2d)."""
+
+    dims = 2
+
+
+class BatchNorm3d(_BatchNorm):
+    """Batch normalization of (N, C, D, H, W) input (torch.nn.BatchNorm3d)."""
+
+    dims = 3
 
 
 class Embedding(Module):
     """A table of vectors looked up by integer index."""
 
-    def __init__(self, count: int, dim: int):
-        self.weight = Tensor.randn(count, dim).realize().requires_grad_()
+    def __init__(self, count: int, dim: int, padding_idx: int | None = None):
+        weight = Tensor.randn(count, dim)
+        if padding_idx is not None:        # that row starts at 0 and never learns, as torch's
+            rows = Tensor.arange(count).reshape(count, 1)
+            weight = (rows == padding_idx % count).where(0.0, weight)
+        self.weight = weight.realize().requires_grad_()
+        self.padding_idx = padding_idx
 
     def forward(self, index: Tensor) -> Tensor:
-        return F.embedding(index, self.weight)
+        return F.embedding(index, self.weight, self.padding_idx)
 
 
 # -- safetensors files, through the safetensors library ------------------------------------------
@@ -278,7 +298,9 @@ __all__ = [
     "AvgPool1d",
     "AvgPool2d",
     "AvgPool3d",
+    "BatchNorm1d",
     "BatchNorm2d",
+    "BatchNorm3d",
     "Conv1d",
     "Conv2d",
     "Conv3d",

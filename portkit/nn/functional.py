@@ -152,11 +152,15 @@ def _check_classes(target: Tensor, classes: int, ignore_index: int | None = None
     return values
 
 
-def one_hot(input: Tensor, num_classes: int) -> Tensor:
-    """int32 vectors with a 1 at each index of `input` (a new last dim of num_classes)."""
+def one_hot(input: Tensor, num_classes: int = -1) -> Tensor:
+    """int32 vectors with a 1 at each index of `input` (a new last dim of num_classes); -1
+    reads the largest index back to the host, as torch's does (pass the count to avoid it)."""
+    if num_classes == -1:
+        if not input.numel():
+            raise RuntimeError("one_hot: cannot infer num_classes from an empty tensor; pass it")
+        num_classes = int(input.amax().item()) + 1
     if num_classes < 0:
-        raise ValueError(f"one_hot: num_classes must be >= 0, got {num_classes} (PyTorch's -1, "
-                         "infer from the data, needs the values on the host: pass the count)")
+        raise ValueError(f"one_hot: num_classes must be >= 0 or -1, got {num_classes}")
     return (input.unsqueeze(-1) == Tensor.arange(num_classes, device=input.device)).cast(int32)
 
 
@@ -175,6 +179,30 @@ def batchnorm(input: Tensor, weight: Tensor | None, bias: Tensor | None, mean: T
     if weight is not None:
         x = x * weight.reshape(shape)
     return x if bias is None else x + bias.reshape(shape)
+
+
+def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalizes each channel (dim 1) by the batch's statistics when training (and moves the
+    running ones toward them, the variance unbiased, as torch), else by the running ones."""
+    axes = (0, *range(2, input.ndim))
+    if not training:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm: running_mean and running_var are needed when not "
+                             "training; pass them or training=True")
+        return batchnorm(input, weight, bias, running_mean, (running_var + eps).rsqrt())
+    count = input.numel() // input.shape[1]
+    if count <= 1:
+        raise ValueError(f"batch_norm: expected more than 1 value per channel when training, "
+                         f"got input shape {input.shape}")
+    mean, var = input.mean(axes), input.var(axes, correction=0)
+    if running_mean is not None:
+        running_mean.assign(running_mean * (1 - momentum) + mean.detach() * momentum)
+    if running_var is not None:
+        unbiased = var.detach() * (momentum * count / (count - 1))
+        running_var.assign(running_var * (1 - momentum) + unbiased)
+    return batchnorm(input, weight, bias, mean, (var + eps).rsqrt())
 
 
 def layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
@@ -272,9 +300,14 @@ def dropout(input: Tensor, p: float = 0.5, training: bool | None = None) -> Tens
     return keep.where(input, 0) * (1 / (1 - p))
 
 
-def embedding(input: Tensor, weight: Tensor) -> Tensor:
-    """Rows of `weight` picked by the integer tensor `input`."""
-    return weight.index_select(0, input)
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
+    """Rows of `weight` picked by the integer tensor `input`; the row padding_idx gets no
+    gradient, as torch's."""
+    rows = weight.index_select(0, input)
+    if padding_idx is None:
+        return rows
+    padding_idx = padding_idx % weight.shape[0]
+    return (input == padding_idx).unsqueeze(-1).where(rows.detach(), rows)
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
@@ -383,11 +416,11 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
-__all__ = ["avg_pool1d", "avg_pool2d", "avg_pool3d", "batchnorm", "binary_cross_entropy",
-           "binary_cross_entropy_with_logits", "celu", "conv1d", "conv2d", "conv3d",
-           "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "cross_entropy",
-           "dropout", "elu", "embedding", "gelu", "group_norm", "hardsigmoid", "hardswish",
-           "hardtanh", "interpolate", "layer_norm", "layernorm", "leaky_relu", "linear",
-           "logsigmoid", "max_pool1d", "max_pool2d", "max_pool3d", "max_unpool2d", "mish",
-           "nll_loss", "normalize", "one_hot", "pad", "prelu", "relu6", "rms_norm",
+__all__ = ["avg_pool1d", "avg_pool2d", "avg_pool3d", "batch_norm", "batchnorm",
+           "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "conv1d",
+           "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+           "cross_entropy", "dropout", "elu", "embedding", "gelu", "group_norm", "hardsigmoid",
+           "hardswish", "hardtanh", "interpolate", "layer_norm", "layernorm", "leaky_relu",
+           "linear", "logsigmoid", "max_pool1d", "max_pool2d", "max_pool3d", "max_unpool2d",
+           "mish", "nll_loss", "normalize", "one_hot", "pad", "prelu", "relu6", "rms_norm",
            "scaled_dot_product_attention", "selu", "silu", "softmin", "softplus", "softsign"]

@@ -88,3 +88,44 @@ def test_bad_arguments_raise_at_the_call():
         F.prelu(x, Tensor.ones(4))
     with pytest.raises(ValueError, match="p must be > 0"):
         F.normalize(x, 0)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_with_torchs_signature_updates_the_running_statistics(training, check, data):
+    x, w, b = data(4, 3, 5), data(3), data(3)
+    stats = {}
+    for lib, tensor in (("ours", Tensor), ("theirs", torch.tensor)):
+        stats[lib] = (tensor(np.zeros(3, np.float32)), tensor(np.ones(3, np.float32)))
+
+    def call(x, w, b):
+        ours = isinstance(x, Tensor)
+        mean, var = stats["ours" if ours else "theirs"]
+        return (F if ours else TF).batch_norm(x, mean, var, w, b, training, 0.2, 1e-3)
+    check(call, x, w, b, atol=1e-4)
+    for got, want in zip(stats["ours"], stats["theirs"]):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
+
+
+def test_one_hot_infers_the_class_count_and_embedding_skips_the_padding_row(check, data):
+    index = np.array([[1, 4], [0, 1]], np.int32)
+    np.testing.assert_array_equal(F.one_hot(Tensor(index)).numpy(),
+                                  TF.one_hot(torch.tensor(index, dtype=torch.long)).numpy())
+    check(lambda w: F.embedding(Tensor(index), w, padding_idx=1) if isinstance(w, Tensor)
+          else TF.embedding(torch.tensor(index, dtype=torch.long), w, padding_idx=1),
+          data(5, 3))
+
+
+@pytest.mark.parametrize("name,shape", [("BatchNorm1d", (4, 3)), ("BatchNorm1d", (4, 3, 2)),
+                                        ("BatchNorm3d", (2, 3, 2, 2, 2))])
+def test_batchnorm_modules_match_torchs_in_train_and_eval(name, shape, data):
+    from portkit import nn
+    x = data(*shape)
+    ours, theirs = getattr(nn, name)(3), getattr(torch.nn, name)(3)
+    for _ in range(2):
+        np.testing.assert_allclose(ours(Tensor(x)).numpy(), theirs(torch.tensor(x)).detach(),
+                                   atol=1e-5)
+    ours.eval(), theirs.eval()
+    np.testing.assert_allclose(ours(Tensor(x)).numpy(), theirs(torch.tensor(x)).detach(),
+                               atol=1e-5)
+    with pytest.raises(ValueError, match=f"{name} expects"):
+        ours(Tensor(x).reshape(-1))

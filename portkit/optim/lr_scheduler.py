@@ -131,5 +131,64 @@ class LinearLR(LRScheduler):
         return self.base_lr * (self.start_factor + (self.end_factor - self.start_factor) * done)
 
 
+class ReduceLROnPlateau:
+    """lr * factor once a metric has not improved for `patience` steps (torch's rules: a
+    relative or absolute threshold, a cooldown, a floor at min_lr)."""
+
+    def __init__(self, optimizer: Optimizer, mode: str = "min", factor: float = 0.1,
+                 patience: int = 10, threshold: float = 1e-4, threshold_mode: str = "rel",
+                 cooldown: int = 0, min_lr: float = 0.0, eps: float = 1e-8):
+        if not factor < 1.0 or mode not in ("min", "max") or threshold_mode not in ("rel",
+                                                                                   "abs"):
+            raise ValueError(f"ReduceLROnPlateau: factor must be < 1 ({factor}), mode 'min' or "
+                             f"'max' ({mode!r}), threshold_mode 'rel' or 'abs' "
+                             f"({threshold_mode!r})")
+        self.optimizer = optimizer
+        self.mode, self.factor, self.patience = mode, factor, patience
+        self.threshold, self.threshold_mode = threshold, threshold_mode
+        self.cooldown, self.min_lr, self.eps = cooldown, min_lr, eps
+        self.best = math.inf if mode == "min" else -math.inf
+        self.num_bad_epochs = self.cooldown_counter = 0
+        self.last_epoch = 0
+
+    def step(self, metrics: float) -> None:
+        """Records this epoch's metric; lowers the learning rate if it has stalled."""
+        current = float(metrics)
+        self.last_epoch += 1
+        if self._better(current):
+            self.best, self.num_bad_epochs = current, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            lowered = max(self.optimizer.lr * self.factor, self.min_lr)
+            if self.optimizer.lr - lowered > self.eps:
+                self.optimizer.lr = lowered
+            self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
+
+    def _better(self, current: float) -> bool:
+        if self.threshold_mode == "rel":
+            scale = 1 - self.threshold if self.mode == "min" else 1 + self.threshold
+            bound = self.best * scale
+        else:
+            bound = self.best - self.threshold if self.mode == "min" else \
+                self.best + self.threshold
+        return current < bound if self.mode == "min" else current > bound
+
+    def get_last_lr(self) -> list[float]:
+        """The optimizer's learning rate, as a one-element list (torch's form)."""
+        return [self.optimizer.lr]
+
+    def state_dict(self) -> dict:
+        """Everything but the optimizer."""
+        return {k: v for k, v in vars(self).items() if k != "optimizer"}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores what state_dict() returned."""
+        vars(self).update(state_dict)
+
+
 __all__ = ["CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR",
-           "MultiStepLR", "StepLR"]
+           "MultiStepLR", "ReduceLROnPlateau", "StepLR"]

@@ -53,6 +53,20 @@ def test_a_schedule_resumes_from_its_state_dict(name):
         assert resumed.get_last_lr() == ours.get_last_lr()
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"mode": "max", "threshold_mode": "abs", "cooldown": 2},
+                                    {"patience": 0, "min_lr": 0.05, "factor": 0.5}])
+def test_reduce_on_plateau_follows_torch(kwargs):
+    ours = lr_scheduler.ReduceLROnPlateau(SGD([pk.Tensor.zeros(2).requires_grad_()], lr=0.2),
+                                          patience=kwargs.pop("patience", 2), **kwargs)
+    theirs = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.2), patience=ours.patience,
+        **kwargs)
+    for metric in [5, 4, 4, 4.0001, 4, 3, 3, 3, 3, 3, 3, 2.5, 2.5, 2.5, 2.5, 7, 7]:
+        ours.step(metric)
+        theirs.step(metric)
+        assert ours.get_last_lr() == pytest.approx(theirs.get_last_lr(), rel=1e-12)
+
+
 def test_bad_schedule_arguments_raise_at_the_call():
     optimizer = SGD([pk.Tensor.zeros(2).requires_grad_()], lr=0.1)
     with pytest.raises(ValueError, match="step_size must be an int >= 1"):

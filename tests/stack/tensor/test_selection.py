@@ -1,5 +1,6 @@
-"""nonzero, masked_select, unique, unfold, cummax/cummin and the bitwise and logical names
-against PyTorch, on every backend; hypothesis properties of the new reductions and indexing."""
+"""nonzero, masked_select, unique, unfold, scatter_reduce, cummax/cummin and the bitwise and
+logical names against PyTorch, on every backend; hypothesis properties of the new reductions
+and indexing."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -44,6 +45,18 @@ def test_bitwise_and_logical_names():
     assert x.bitwise_not().tolist() == ta.bitwise_not().tolist()
 
 
+@pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_follows_torch(reduce, include_self, check, data):
+    index = np.array([[0, 4, 4, 1], [2, 2, 2, 2], [3, 0, 1, 3]], np.int32)
+
+    def call(x, src):
+        i = Tensor(index) if isinstance(x, Tensor) else torch.tensor(index, dtype=torch.long)
+        return x.scatter_reduce(1, i, src, reduce, include_self=include_self)
+    check(call, data(3, 5), data(3, 4))
+
+
 def test_bad_arguments_raise_at_the_call():
     x = Tensor.ones(2, 3)
     with pytest.raises(RuntimeError, match=r"size 4 must be in \[0, 3\]"):
@@ -54,6 +67,8 @@ def test_bad_arguments_raise_at_the_call():
         x.masked_select(Tensor.ones(3))
     with pytest.raises(TypeError, match="cast with .int"):
         x.bitwise_not()
+    with pytest.raises(ValueError, match="reduce must be one of sum, prod"):
+        x.scatter_reduce(1, Tensor([[0]]), x, "max")
 
 
 BOUNDED = settings(max_examples=15, deadline=None)

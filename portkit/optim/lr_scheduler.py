@@ -131,6 +131,74 @@ class LinearLR(LRScheduler):
         return self.base_lr * (self.start_factor + (self.end_factor - self.start_factor) * done)
 
 
+class OneCycleLR(LRScheduler):
+    """The 1cycle policy (torch.optim.lr_scheduler.OneCycleLR): lr rises from max_lr /
+    div_factor to max_lr over pct_start of total_steps, then anneals to that / final_div_factor
+    (a third phase first returns to the start with three_phase); momentum (SGD's, or Adam's
+    beta1) moves the opposite way when cycle_momentum."""
+
+    def __init__(self, optimizer: Optimizer, max_lr: float, total_steps: int | None = None,
+                 epochs: int | None = None, steps_per_epoch: int | None = None,
+                 pct_start: float = 0.3, anneal_strategy: str = "cos",
+                 cycle_momentum: bool = True, base_momentum: float = 0.85,
+                 max_momentum: float = 0.95, div_factor: float = 25.0,
+                 final_div_factor: float = 1e4, three_phase: bool = False,
+                 last_epoch: int = -1):
+        if total_steps is None:
+            if not (epochs and steps_per_epoch):
+                raise ValueError("OneCycleLR: pass total_steps, or epochs and steps_per_epoch")
+            total_steps = epochs * steps_per_epoch
+        if total_steps <= 0 or not 0 <= pct_start <= 1 or anneal_strategy not in ("cos",
+                                                                                  "linear"):
+            raise ValueError(f"OneCycleLR: total_steps must be > 0 ({total_steps}), pct_start "
+                             f"in [0, 1] ({pct_start}), anneal_strategy 'cos' or 'linear' "
+                             f"({anneal_strategy!r})")
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum and not (getattr(optimizer, "momentum", 0) or
+                                   hasattr(optimizer, "betas")):
+            raise ValueError("OneCycleLR: cycle_momentum needs an optimizer with momentum "
+                             "(SGD(momentum=...)) or betas (Adam); or pass cycle_momentum=False")
+        self.total_steps, self.anneal_strategy = total_steps, anneal_strategy
+        start, peak = max_lr / div_factor, max_lr
+        low = start / final_div_factor
+        # (last step of the phase, lr at its start and end, momentum at its start and end)
+        first = float(pct_start * total_steps) - 1
+        if three_phase:
+            self.phases = [(first, start, peak, max_momentum, base_momentum),
+                           (2 * first, peak, start, base_momentum, max_momentum),
+                           (total_steps - 1, start, low, max_momentum, max_momentum)]
+        else:
+            self.phases = [(first, start, peak, max_momentum, base_momentum),
+                           (total_steps - 1, peak, low, base_momentum, max_momentum)]
+        optimizer.initial_lr = start
+        super().__init__(optimizer, last_epoch)
+
+    def _anneal(self, begin: float, end: float, fraction: float) -> float:
+        if self.anneal_strategy == "cos":
+            return end + (begin - end) / 2 * (math.cos(math.pi * fraction) + 1)
+        return (end - begin) * fraction + begin
+
+    def lr_at(self, epoch: int) -> float:
+        if epoch > self.total_steps:
+            raise ValueError(f"OneCycleLR: stepped {epoch} times, past total_steps "
+                             f"{self.total_steps}")
+        begin = 0.0
+        for end, lr0, lr1, m0, m1 in self.phases:
+            if epoch <= end or end == self.phases[-1][0]:
+                break
+            begin = end
+        fraction = (epoch - begin) / (end - begin)
+        if self.cycle_momentum:
+            self._set_momentum(self._anneal(m0, m1, fraction))
+        return self._anneal(lr0, lr1, fraction)
+
+    def _set_momentum(self, momentum: float) -> None:
+        if hasattr(self.optimizer, "betas"):
+            self.optimizer.betas = (momentum, self.optimizer.betas[1])
+        else:
+            self.optimizer.momentum = momentum
+
+
 class ReduceLROnPlateau:
     """lr * factor once a metric has not improved for `patience` steps (torch's rules: a
     relative or absolute threshold, a cooldown, a floor at min_lr)."""
@@ -191,4 +259,4 @@ class ReduceLROnPlateau:
 
 
 __all__ = ["CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR",
-           "MultiStepLR", "ReduceLROnPlateau", "StepLR"]
+           "MultiStepLR", "OneCycleLR", "ReduceLROnPlateau", "StepLR"]

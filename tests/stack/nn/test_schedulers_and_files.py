@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import portkit as pk
-from portkit import nn
+from portkit import nn, optim
 from portkit.optim import SGD, Adam, lr_scheduler
 
 torch = pytest.importorskip("torch")
@@ -65,6 +65,29 @@ def test_reduce_on_plateau_follows_torch(kwargs):
         ours.step(metric)
         theirs.step(metric)
         assert ours.get_last_lr() == pytest.approx(theirs.get_last_lr(), rel=1e-12)
+
+
+@pytest.mark.parametrize("optimizer,kwargs", [
+    ("SGD", {"three_phase": True}), ("Adam", {"anneal_strategy": "linear", "pct_start": 0.4}),
+    ("SGD", {"cycle_momentum": False, "div_factor": 10.0})])
+def test_one_cycle_follows_torch(optimizer, kwargs):
+    settings = {"lr": 0.1, "momentum": 0.9} if optimizer == "SGD" else {"lr": 0.1}
+    ours_opt = getattr(optim, optimizer)([pk.Tensor.zeros(2).requires_grad_()], **settings)
+    theirs_opt = getattr(torch.optim, optimizer)([torch.zeros(2, requires_grad=True)],
+                                                 **settings)
+    ours = lr_scheduler.OneCycleLR(ours_opt, 0.5, total_steps=11, **kwargs)
+    theirs = torch.optim.lr_scheduler.OneCycleLR(theirs_opt, 0.5, total_steps=11, **kwargs)
+    for _ in range(11):
+        assert ours.get_last_lr() == pytest.approx(theirs.get_last_lr(), rel=1e-12)
+        group = theirs_opt.param_groups[0]
+        momentum = ours_opt.momentum if optimizer == "SGD" else ours_opt.betas[0]
+        assert momentum == pytest.approx(group.get("momentum", group.get("betas", [0])[0]))
+        ours_opt.step()
+        theirs_opt.step()
+        ours.step()
+        theirs.step()
+    with pytest.raises(ValueError, match="past total_steps 11"):
+        ours.step()
 
 
 def test_bad_schedule_arguments_raise_at_the_call():

@@ -1,6 +1,6 @@
 """The nn functions over spatial dims, in 1, 2 and 3 dims as torch.nn.functional has them: pad
 (constant, reflect, replicate, circular), convolution and transposed convolution, max and
-average pools (max_pool with return_indices, max_unpool), and interpolate.
+average pools (max_pool with return_indices, max_unpool), interpolate and grid_sample.
 
 All are views (pad, shrink, expand, reshape) of the input into sliding windows, then an
 elementwise op and a reduction, so autograd differentiates them with no rule of their own.
@@ -374,6 +374,46 @@ def _resample(x: Tensor, axis: int, n: int, out: int, scale: float | None, neare
     weight = Tensor(weight, device=x.device)
     return x.index_select(axis, _indices(low, x)) * (1 - weight) + \
         x.index_select(axis, _indices(high, x)) * weight
+
+
+def grid_sample(input: Tensor, grid: Tensor, mode: Literal["bilinear", "nearest"] = "bilinear",
+                padding_mode: Literal["zeros", "border"] = "zeros",
+                align_corners: bool = False) -> Tensor:
+    """input (N, C, H, W) sampled at grid (N, Ho, Wo, 2) of (x, y) in [-1, 1], as torch's:
+    bilinear or nearest, outside read as 0 or as the nearest border element."""
+    if input.ndim != 4 or grid.ndim != 4 or grid.shape[-1] != 2 or grid.shape[0] != \
+            input.shape[0]:
+        raise ValueError(f"grid_sample: input must be (N, C, H, W) and grid (N, Ho, Wo, 2), got "
+                         f"{input.shape} and {grid.shape} (5-d input is not supported)")
+    if mode not in ("bilinear", "nearest") or padding_mode not in ("zeros", "border"):
+        raise ValueError(f"grid_sample: mode must be 'bilinear' or 'nearest' and padding_mode "
+                         f"'zeros' or 'border', got {mode!r} and {padding_mode!r}")
+    n, c, h, w = input.shape
+    points = grid.shape[1] * grid.shape[2]
+    flat = input.cast(float_of(input.dtype)).reshape(n, c, h * w)
+    where = grid.cast(flat.dtype).reshape(n, points, 2)
+    coords = []
+    for axis, size in ((0, w), (1, h)):
+        t = where[:, :, axis]
+        t = (t + 1) * ((size - 1) / 2) if align_corners else ((t + 1) * size - 1) * 0.5
+        coords.append(t.clip(0, size - 1) if padding_mode == "border" else t)
+    ix, iy = coords
+
+    def read(x: Tensor, y: Tensor) -> Tensor:
+        """input at integer-valued float positions (n, points); 0 outside."""
+        inside = (x >= 0) & (x <= w - 1) & (y >= 0) & (y <= h - 1)
+        index = (inside.where(y, 0.0) * w + inside.where(x, 0.0)).cast(int32)
+        values = flat.gather(2, index.unsqueeze(1).expand(n, c, points))
+        return inside.unsqueeze(1).where(values, 0.0)
+
+    if mode == "nearest":
+        out = read(ix.detach().round(), iy.detach().round())
+    else:
+        x0, y0 = ix.detach().floor(), iy.detach().floor()
+        wx, wy = (ix - x0).unsqueeze(1), (iy - y0).unsqueeze(1)
+        out = ((read(x0, y0) * (1 - wx) + read(x0 + 1, y0) * wx) * (1 - wy) +
+               (read(x0, y0 + 1) * (1 - wx) + read(x0 + 1, y0 + 1) * wx) * wy)
+    return out.reshape(n, c, *grid.shape[1:3])
 
 
 def _indices(values: np.ndarray, like: Tensor) -> Tensor:

@@ -53,6 +53,7 @@ PARTLY = {
     "F.dropout": "training defaults to Tensor.training, not True",
     "F.one_hot": "int32 result (torch: int64)",
     "F.interpolate": "nearest and (bi/tri)linear modes; no bicubic, area or antialias",
+    "F.grid_sample": "4-d input; bilinear and nearest; zeros and border padding",
     "F.pad": "reflect, replicate and circular pad any trailing dims, sizes >= 0",
     "portkit.einsum": "distinct letters per operand, no '...' or diagonals",
     "portkit.from_dlpack": "copies; exports (__dlpack__) share host memory on cpu/interpreter",

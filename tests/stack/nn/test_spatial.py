@@ -1,5 +1,6 @@
 """pad modes, 1-d/3-d and transposed convolution, 1-d/3-d pools, max_pool return_indices with
-max_unpool2d, and interpolate (portkit/nn/spatial.py) against PyTorch, forward and backward."""
+max_unpool2d, interpolate and grid_sample (portkit/nn/spatial.py) against PyTorch, forward and
+backward."""
 import numpy as np
 import pytest
 
@@ -79,6 +80,15 @@ def test_interpolate_linear_in_1d(check, data):
     check(_same_call("interpolate", size=11, mode="linear"), data(2, 3, 7))
 
 
+@pytest.mark.parametrize("mode,padding_mode,align_corners", [
+    ("bilinear", "zeros", False), ("bilinear", "border", True), ("nearest", "zeros", True),
+    ("nearest", "border", False)])
+def test_grid_sample(mode, padding_mode, align_corners, check, data):
+    grid = np.random.default_rng(1).uniform(-1.2, 1.2, (2, 3, 6, 2)).astype(np.float32)
+    check(_same_call("grid_sample", mode=mode, padding_mode=padding_mode,
+                     align_corners=align_corners), data(2, 3, 4, 5), grid, atol=1e-4)
+
+
 def test_bad_arguments_raise_at_the_call():
     x = Tensor.ones(1, 2, 4, 4)
     with pytest.raises(RuntimeError, match="reflect padding .* at most 3"):
@@ -95,5 +105,7 @@ def test_bad_arguments_raise_at_the_call():
         F.interpolate(Tensor.ones(1, 2, 4), size=8, mode="bilinear")
     with pytest.raises(ValueError, match="exactly one of size and scale_factor"):
         F.interpolate(x)
+    with pytest.raises(ValueError, match="padding_mode 'zeros' or 'border'"):
+        F.grid_sample(x, Tensor.zeros(1, 2, 2, 2), padding_mode="reflection")
     with pytest.raises(RuntimeError, match="3-d pooling needs at least 4 dims"):
         F.max_pool3d(Tensor.ones(2, 3, 4), 2)

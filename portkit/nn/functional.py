@@ -162,6 +162,11 @@ def one_hot(input: Tensor, num_classes: int = -1) -> Tensor:
         num_classes = int(input.amax().item()) + 1
     if num_classes < 0:
         raise ValueError(f"one_hot: num_classes must be >= 0 or -1, got {num_classes}")
+    if input.lazy.realized and input.numel():     # values the host holds: checked, as torch
+        values = input.numpy()
+        if values.min() < 0 or values.max() >= num_classes:
+            raise RuntimeError(f"one_hot: class values must be in [0, {num_classes}), got "
+                               f"{int(values.min() if values.min() < 0 else values.max())}")
     return (input.unsqueeze(-1) == Tensor.arange(num_classes, device=input.device)).cast(int32)
 
 

@@ -46,7 +46,7 @@ GRAPHS = {
     "reduce": lambda d: ((_rand(d, 6, 9) * 3).sum(1).sqrt(),),
     "matmul": lambda d: (_rand(d, 8, 5) @ _rand(d, 5, 3),),
     "split-reduce": lambda d: (_rand(d, 1 << 17).sum(),),
-    "two-outputs": lambda d: ((x := _rand(d, 4, 4)).max(0), (x * x).sum()),
+    "two-outputs": lambda d: ((x := _rand(d, 4, 4)).amax(0), (x * x).sum()),
     "wide-sum": lambda d: (sum((_rand(d, 3, seed=k) for k in range(1, 9)), _rand(d, 3)),),
 }
 

@@ -233,7 +233,7 @@ OPS: list[TensorOp] = [
              EXACT),
     TensorOp("int-sum", _ins(_ints(-10**6, 10**6, 9, 33)), lambda x: x.sum(0),
              lambda x: x.sum(0, dtype=np.int32), EXACT, dtypes=("int32",)),
-    TensorOp("max-axis", _ins(_normal(6, 37)), lambda x: x.max(-1), lambda x: x.max(-1), EXACT,
+    TensorOp("max-axis", _ins(_normal(6, 37)), lambda x: x.amax(-1), lambda x: x.max(-1), EXACT,
              lambda w, x: [w[:, None] * (x == x.max(-1, keepdims=True))], EXACT, quick=True),
     TensorOp("mean-axis", _ins(_normal(9, 8)), lambda x: x.mean(0), lambda x: x.mean(0),
              lambda x: (np.abs(x).mean(0), 9),

@@ -1,10 +1,9 @@
-"""Layers with parameters, state dicts, and safetensors files (written with numpy).
+"""Layers with parameters, state dicts, and safetensors files (through the safetensors library).
 
 A layer holds its parameters and calls portkit.nn.functional, where the computation lives.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -12,7 +11,10 @@ import numpy as np
 
 from portkit.abi import dtypes
 from portkit.nn import functional as F
-from portkit.tensor import Tensor, realize
+from portkit.tensor import DTypeLike, Tensor, realize
+from portkit.tensor.dtype import to_dtype
+
+_DTYPE_NAMES = frozenset(d.name for d in dtypes.ALL)
 
 
 class Module:
@@ -56,6 +58,25 @@ class Module:
                                  f"state has {array.shape}")
             own[name].assign(Tensor(array, own[name].dtype, own[name].device))
 
+    def to(self, device: str | DTypeLike | None = None, dtype: DTypeLike | None = None
+           ) -> Module:
+        """Moves every tensor to `device` and casts the float ones to `dtype` (either may come
+        first, as torch's); the tensors stay the same objects, so optimizers keep them."""
+        if device is not None and (not isinstance(device, str) or device in _DTYPE_NAMES):
+            device, dtype = None, device
+        dtype = to_dtype(dtype)
+        moved = [t for t in self.state_dict().values()]
+        moved += [t.grad for t in moved if t.grad is not None]
+        for t in moved:
+            value = Tensor(t.lazy)          # no autograd record: t stays a leaf
+            if device is not None:
+                value = value.to(device)
+            if dtype is not None and value.dtype.is_float:
+                value = value.cast(dtype)
+            t.lazy = value.lazy
+        realize(*moved)
+        return self
+
     def train(self, mode: bool = True) -> Module:
         """Sets training mode (dropout active, batch statistics) here and in every child."""
         for module in [self, *_modules(self)]:
@@ -91,7 +112,8 @@ def _modules(module: Module) -> list[Module]:
     return found
 
 
-def _uniform(shape: tuple[int, ...], bound: float) -> Tensor:
+def uniform_parameter(shape: tuple[int, ...], bound: float) -> Tensor:
+    """A parameter drawn uniformly from [-bound, bound], as torch initializes its layers."""
     return (Tensor.rand(*shape) * (2 * bound) - bound).realize().requires_grad_()
 
 
@@ -100,27 +122,11 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         bound = 1 / math.sqrt(in_features)
-        self.weight = _uniform((out_features, in_features), bound)
-        self.bias = _uniform((out_features,), bound) if bias else None
+        self.weight = uniform_parameter((out_features, in_features), bound)
+        self.bias = uniform_parameter((out_features,), bound) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
-
-
-class Conv2d(Module):
-    """2-d convolution layer, initialized as torch.nn.Conv2d."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 dilation=1, groups: int = 1, bias: bool = True):
-        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
-        bound = 1 / math.sqrt(in_channels // groups * kh * kw)
-        self.weight = _uniform((out_channels, in_channels // groups, kh, kw), bound)
-        self.bias = _uniform((out_channels,), bound) if bias else None
-        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
-                        self.groups)
 
 
 class LayerNorm(Module):
@@ -140,8 +146,10 @@ class LayerNorm(Module):
         return x if self.weight is None else x * self.weight + self.bias
 
 
-class BatchNorm2d(Module):
-    """Batch normalization over (N, H, W) per channel, with running statistics."""
+class _BatchNorm(Module):
+    """Batch normalization per channel (dim 1) over the other dims, with running statistics."""
+
+    dims = 2
 
     def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.1):
         self.eps, self.momentum = eps, momentum
@@ -151,80 +159,114 @@ class BatchNorm2d(Module):
         self.running_var = Tensor.ones(channels).contiguous().realize()
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != self.dims + 2 and not (self.dims == 1 and x.ndim == 2):
+            raise ValueError(f"{type(self).__name__} expects {self.dims + 2}-d input (N, C, "
+                             f"...), got shape {x.shape}")
+        out = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                           self.training, self.momentum, self.eps)
         if self.training:
-            mean = x.mean((0, 2, 3))
-            centered = x - mean.reshape(1, -1, 1, 1)
-            var = (centered * centered).mean((0, 2, 3))
-            count = x.numel() // x.shape[1]
-            m = self.momentum
-            self.running_mean.assign(self.running_mean * (1 - m) + mean.detach() * m)
-            self.running_var.assign(self.running_var * (1 - m) +
-                                    var.detach() * (m * count / max(count - 1, 1)))
             realize(self.running_mean, self.running_var)
-        else:
-            mean, var = self.running_mean, self.running_var
-        return F.batchnorm(x, self.weight, self.bias, mean, (var + self.eps).rsqrt())
+        return out
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalization of (N, C) or (N, C, L) input (torch.nn.BatchNorm1d)."""
+
+    dims = 1
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalization of (N, C, H, W) input (torch.nn.BatchNorm2d)."""
+
+    dims = 2
+
+
+class BatchNorm3d(_BatchNorm):
+    """Batch normalization of (N, C, D, H, W) input (torch.nn.BatchNorm3d)."""
+
+    dims = 3
 
 
 class Embedding(Module):
     """A table of vectors looked up by integer index."""
 
-    def __init__(self, count: int, dim: int):
-        self.weight = Tensor.randn(count, dim).realize().requires_grad_()
+    def __init__(self, count: int, dim: int, padding_idx: int | None = None):
+        weight = Tensor.randn(count, dim)
+        if padding_idx is not None:        # that row starts at 0 and never learns, as torch's
+            rows = Tensor.arange(count).reshape(count, 1)
+            weight = (rows == padding_idx % count).where(0.0, weight)
+        self.weight = weight.realize().requires_grad_()
+        self.padding_idx = padding_idx
 
     def forward(self, index: Tensor) -> Tensor:
-        return F.embedding(index, self.weight)
+        return F.embedding(index, self.weight, self.padding_idx)
 
 
-# -- safetensors: 8-byte little-endian header length, JSON header, raw little-endian data --------
+# -- safetensors files, through the safetensors library ------------------------------------------
 
+# the file's dtype codes, by portkit dtype name
 _CODES = {"bool": "BOOL", "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
           "uint8": "U8", "uint16": "U16", "uint32": "U32", "uint64": "U64", "float16": "F16",
           "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
 _NAMES = {code: name for name, code in _CODES.items()}
 
 
-def save_safetensors(state: dict[str, Tensor], path: str | Path) -> None:
-    """Writes tensors to a .safetensors file (the format is simple enough for numpy alone)."""
-    header, blobs, offset = {}, [], 0
-    for name, tensor in state.items():
-        data = np.ascontiguousarray(tensor.numpy()).tobytes()
-        header[name] = {"dtype": _CODES[tensor.dtype.name], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        f.writelines(blobs)
+def _safetensors():
+    try:
+        import safetensors
+    except ImportError as error:
+        raise ImportError("reading and writing .safetensors files needs the safetensors "
+                          "package: pip install 'portkit[safetensors]'") from error
+    return safetensors
 
 
-def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """Reads a .safetensors file into numpy arrays, by name."""
-    raw = Path(path).read_bytes()
-    size = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + size])
+def save_safetensors(state: dict[str, Tensor], path: str | Path,
+                     metadata: dict[str, str] | None = None) -> None:
+    """Writes tensors (a state_dict) and optional text metadata to a .safetensors file."""
+    library = _safetensors()
+    arrays = {name: np.ascontiguousarray(tensor.numpy()) for name, tensor in state.items()}
+    # the specs point into `arrays`, which stays alive until the file is written
+    specs = {name: library.TensorSpec(dtype=array.dtype.name, shape=array.shape,
+                                      data_ptr=array.ctypes.data, data_len=array.nbytes)
+             for name, array in arrays.items()}
+    library.serialize_file(specs, str(path), metadata=metadata)
+
+
+def load_safetensors(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
+    """Reads a .safetensors file into Tensors on `device` (the default device if None), by
+    name; a malformed file raises safetensors' SafetensorError."""
+    library = _safetensors()
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = dtypes.by_name(_NAMES[info["dtype"]]).np
-        start, end = info["data_offsets"]
-        out[name] = np.frombuffer(raw[8 + size + start:8 + size + end], dtype).reshape(
-            info["shape"]).copy()
+    for name, info in library.deserialize(Path(path).read_bytes()):
+        if info["dtype"] not in _NAMES:
+            raise TypeError(f"load_safetensors: {name} has dtype {info['dtype']}, which portkit "
+                            f"has no type for (it reads {', '.join(sorted(_NAMES))})")
+        dtype = dtypes.by_name(_NAMES[info["dtype"]])
+        array = np.frombuffer(info["data"], dtype.np).reshape(info["shape"])
+        out[name] = Tensor(array, dtype, device)
     return out
 
 
-# after Module: the containers subclass it
+def safetensors_metadata(path: str | Path) -> dict[str, str]:
+    """The text metadata of a .safetensors file (empty if it has none)."""
+    with _safetensors().safe_open(str(path), framework="numpy") as file:
+        return file.metadata() or {}
+
+
+# after Module: the containers and layers subclass it
 from portkit.nn.containers import (
     ELU,
     GELU,
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
     Dropout,
     Flatten,
     Hardswish,
     LeakyReLU,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
     Mish,
     ModuleList,
     ReLU,
@@ -233,11 +275,66 @@ from portkit.nn.containers import (
     Sigmoid,
     SiLU,
     Softmax,
+    Softmin,
     Softplus,
     Tanh,
+    Upsample,
+)
+from portkit.nn.layers import (
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+    GroupNorm,
+    PReLU,
+    RMSNorm,
 )
 
-__all__ = ["ELU", "GELU", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "Flatten",
-           "Hardswish", "LayerNorm", "LeakyReLU", "Linear", "Mish", "Module", "ModuleList", "ReLU",
-           "ReLU6", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "Tanh",
-           "load_safetensors", "save_safetensors"]
+__all__ = [
+    "ELU",
+    "GELU",
+    "AvgPool1d",
+    "AvgPool2d",
+    "AvgPool3d",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "BatchNorm3d",
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "ConvTranspose3d",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "GroupNorm",
+    "Hardswish",
+    "LayerNorm",
+    "LeakyReLU",
+    "Linear",
+    "MaxPool1d",
+    "MaxPool2d",
+    "MaxPool3d",
+    "Mish",
+    "Module",
+    "ModuleList",
+    "PReLU",
+    "RMSNorm",
+    "ReLU",
+    "ReLU6",
+    "Sequential",
+    "SiLU",
+    "Sigmoid",
+    "Softmax",
+    "Softmin",
+    "Softplus",
+    "Tanh",
+    "Upsample",
+    "load_safetensors",
+    "safetensors_metadata",
+    "save_safetensors",
+    "uniform_parameter",
+]

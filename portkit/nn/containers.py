@@ -1,5 +1,5 @@
 """Modules that hold other modules (Sequential, ModuleList) and the parameterless layers
-(Dropout and the activations), as torch.nn has them."""
+(Dropout, the activations, pools and Upsample), as torch.nn has them."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
@@ -88,5 +88,16 @@ Softplus = _activation("Softplus", F.softplus)
 Softmax = _activation("Softmax", Tensor.softmax)
 Flatten = _activation("Flatten", lambda x, start_dim=1, end_dim=-1: x.flatten(start_dim, end_dim))
 
-__all__ = ["ELU", "GELU", "Dropout", "Flatten", "Hardswish", "LeakyReLU", "Mish", "ModuleList",
-           "ReLU", "ReLU6", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softplus", "Tanh"]
+MaxPool1d = _activation("MaxPool1d", F.max_pool1d)
+MaxPool2d = _activation("MaxPool2d", F.max_pool2d)
+MaxPool3d = _activation("MaxPool3d", F.max_pool3d)
+AvgPool1d = _activation("AvgPool1d", F.avg_pool1d)
+AvgPool2d = _activation("AvgPool2d", F.avg_pool2d)
+AvgPool3d = _activation("AvgPool3d", F.avg_pool3d)
+Upsample = _activation("Upsample", F.interpolate)
+Softmin = _activation("Softmin", F.softmin)
+
+__all__ = ["ELU", "GELU", "AvgPool1d", "AvgPool2d", "AvgPool3d", "Dropout", "Flatten", "Hardswish",
+           "LeakyReLU", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Mish", "ModuleList", "ReLU",
+           "ReLU6", "Sequential", "SiLU", "Sigmoid", "Softmax", "Softmin", "Softplus", "Tanh",
+           "Upsample"]

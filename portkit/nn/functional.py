@@ -1,5 +1,6 @@
-"""Neural-network functions, as torch.nn.functional: linear, convolution, pools, losses, norms,
-dropout, attention, embedding and the activations PyTorch keeps here.
+"""Neural-network functions, as torch.nn.functional: linear, losses, norms, dropout, attention,
+embedding and the activations PyTorch keeps here; convolution, pools, pad and interpolate are
+written in portkit/nn/spatial.py and importable from here, as torch's.
 
 Tensor has a thin method for each (x.conv2d(w) is conv2d(x, w)); the layers in portkit.nn call
 these. They compose Tensor ops only, so autograd differentiates them with no rule of their own.
@@ -12,6 +13,24 @@ from typing import Literal
 
 import numpy as np
 
+from portkit.nn.spatial import (
+    avg_pool1d,
+    avg_pool2d,
+    avg_pool3d,
+    conv1d,
+    conv2d,
+    conv3d,
+    conv_transpose1d,
+    conv_transpose2d,
+    conv_transpose3d,
+    grid_sample,
+    interpolate,
+    max_pool1d,
+    max_pool2d,
+    max_pool3d,
+    max_unpool2d,
+    pad,
+)
 from portkit.tensor import Tensor
 from portkit.tensor.dtype import bool_, float_of, int32
 
@@ -23,84 +42,6 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """input @ weight.T + bias."""
     out = input.matmul(weight.T)
     return out if bias is None else out + bias
-
-
-def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntPair = 1,
-           padding: IntPair = 0, dilation: IntPair = 1, groups: int = 1) -> Tensor:
-    """2-d convolution, (N, C, H, W) or unbatched (C, H, W) x (O, C/groups, kh, kw)."""
-    if input.ndim == 3 and weight.ndim == 4:
-        return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation,
-                      groups).squeeze(0)
-    if input.ndim != 4 or weight.ndim != 4:
-        raise ValueError(f"conv2d needs 4-d input and weight, got shapes {input.shape} "
-                         f"and {weight.shape}")
-    n, cin, _, _ = input.shape
-    cout, cin_g, kh, kw = weight.shape
-    if cin != cin_g * groups or cout % groups:
-        raise ValueError(f"conv2d: input shape {input.shape} and weight shape "
-                         f"{weight.shape} do not match for groups={groups}")
-    stride, dilation = _pair(stride), _pair(dilation, "dilation")
-    ph, pw = _pair(padding, "padding", 0)
-    x = _windows(input.pad(((0, 0), (0, 0), (ph, ph), (pw, pw))), (kh, kw), stride, dilation)
-    oh, ow = x.shape[2:4]
-    per_group = cout // groups
-    x = x.reshape(n, groups, cin_g, 1, oh, ow, kh, kw).expand(
-        n, groups, cin_g, per_group, oh, ow, kh, kw).permute(0, 1, 3, 4, 5, 2, 6, 7)
-    w = weight.reshape(1, groups, per_group, 1, 1, cin_g, kh, kw)
-    out = (x * w).sum((5, 6, 7)).reshape(n, cout, oh, ow)
-    return out if bias is None else out + bias.reshape(1, -1, 1, 1)
-
-
-def max_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
-               padding: IntPair = 0, dilation: IntPair = 1, ceil_mode: bool = False) -> Tensor:
-    """The maximum of each window over the last two dims (padding never wins)."""
-    kernel, stride, pads, dilation = _pool_args(input, kernel_size, stride, padding, dilation,
-                                                ceil_mode)
-    # -inf for floats, the dtype's minimum for integers (which keeps the dtype)
-    lowest = float("-inf") if input.dtype.is_float else input.dtype.min
-    x = input.pad(((0, 0),) * (input.ndim - 2) + pads, lowest)
-    return _windows(x, kernel, stride, dilation).max((-2, -1))
-
-
-def avg_pool2d(input: Tensor, kernel_size: IntPair = 2, stride: IntPair | None = None,
-               padding: IntPair = 0, ceil_mode: bool = False,
-               count_include_pad: bool = True) -> Tensor:
-    """The mean of each window over the last two dims. Padding counts as 0 and, with
-    count_include_pad, in the divisor; windows that ceil_mode adds past the padding never do."""
-    kernel, stride, pads, _ = _pool_args(input, kernel_size, stride, padding, 1, ceil_mode)
-    x = input.cast(float_of(input.dtype)).pad(((0, 0),) * (input.ndim - 2) + pads)
-    total = _windows(x, kernel, stride, (1, 1)).sum((-2, -1))
-    (ph, _), (pw, _) = pads
-    if not count_include_pad:
-        ph = pw = 0
-    # the divisor of each window: how many of its elements are input (or counted padding)
-    h, w = input.shape[-2:]
-    counted = Tensor.ones(h + 2 * ph, w + 2 * pw, device=input.device)
-    counted = counted.pad(tuple((p - c, after - c) for (p, after), c in zip(pads, (ph, pw))))
-    count = _windows(counted, kernel, stride, (1, 1)).sum((-2, -1))
-    return total / count
-
-
-def _pool_args(input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair,
-               dilation: IntPair, ceil_mode: bool):
-    """kernel, stride, ((before, after) padding per spatial dim) and dilation of a 2-d pool;
-    ceil_mode pads the end so a last partial window fits, if it starts inside the input or the
-    padding before it (PyTorch's rule)."""
-    if input.ndim < 2:
-        raise RuntimeError(f"2-d pooling needs at least 2 dims, got shape {input.shape}")
-    kernel = _pair(kernel_size, "kernel_size")
-    stride = _pair(kernel_size if stride is None else stride)
-    pad, dilation = _pair(padding, "padding", 0), _pair(dilation, "dilation")
-    if any(2 * p > k for p, k in zip(pad, kernel)):
-        raise RuntimeError(f"padding {pad} should be at most half of kernel size {kernel}")
-    pads = []
-    for size, k, s, p, d in zip(input.shape[-2:], kernel, stride, pad, dilation):
-        span = size + 2 * p - d * (k - 1) - 1
-        out = (-(-span // s) if ceil_mode else span // s) + 1
-        if ceil_mode and (out - 1) * s >= size + p:
-            out -= 1
-        pads.append((p, p + max(0, (out - 1) * s + d * (k - 1) + 1 - (size + 2 * p))))
-    return kernel, stride, tuple(pads), dilation
 
 
 def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
@@ -212,11 +153,20 @@ def _check_classes(target: Tensor, classes: int, ignore_index: int | None = None
     return values
 
 
-def one_hot(input: Tensor, num_classes: int) -> Tensor:
-    """int32 vectors with a 1 at each index of `input` (a new last dim of num_classes)."""
+def one_hot(input: Tensor, num_classes: int = -1) -> Tensor:
+    """int32 vectors with a 1 at each index of `input` (a new last dim of num_classes); -1
+    reads the largest index back to the host, as torch's does (pass the count to avoid it)."""
+    if num_classes == -1:
+        if not input.numel():
+            raise RuntimeError("one_hot: cannot infer num_classes from an empty tensor; pass it")
+        num_classes = int(input.amax().item()) + 1
     if num_classes < 0:
-        raise ValueError(f"one_hot: num_classes must be >= 0, got {num_classes} (PyTorch's -1, "
-                         "infer from the data, needs the values on the host: pass the count)")
+        raise ValueError(f"one_hot: num_classes must be >= 0 or -1, got {num_classes}")
+    if input.lazy.realized and input.numel():     # values the host holds: checked, as torch
+        values = input.numpy()
+        if values.min() < 0 or values.max() >= num_classes:
+            raise RuntimeError(f"one_hot: class values must be in [0, {num_classes}), got "
+                               f"{int(values.min() if values.min() < 0 else values.max())}")
     return (input.unsqueeze(-1) == Tensor.arange(num_classes, device=input.device)).cast(int32)
 
 
@@ -237,6 +187,112 @@ def batchnorm(input: Tensor, weight: Tensor | None, bias: Tensor | None, mean: T
     return x if bias is None else x + bias.reshape(shape)
 
 
+def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalizes each channel (dim 1) by the batch's statistics when training (and moves the
+    running ones toward them, the variance unbiased, as torch), else by the running ones."""
+    axes = (0, *range(2, input.ndim))
+    if not training:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm: running_mean and running_var are needed when not "
+                             "training; pass them or training=True")
+        return batchnorm(input, weight, bias, running_mean, (running_var + eps).rsqrt())
+    count = input.numel() // input.shape[1]
+    if count <= 1:
+        raise ValueError(f"batch_norm: expected more than 1 value per channel when training, "
+                         f"got input shape {input.shape}")
+    mean, var = input.mean(axes), input.var(axes, correction=0)
+    if running_mean is not None:
+        running_mean.assign(running_mean * (1 - momentum) + mean.detach() * momentum)
+    if running_var is not None:
+        unbiased = var.detach() * (momentum * count / (count - 1))
+        running_var.assign(running_var * (1 - momentum) + unbiased)
+    return batchnorm(input, weight, bias, mean, (var + eps).rsqrt())
+
+
+def layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """layernorm over the trailing dims `normalized_shape`, then * weight + bias (torch's)."""
+    dims = _trailing(input, normalized_shape, "layer_norm")
+    return _affine(layernorm(input, dims, eps), weight, bias)
+
+
+def rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) over the trailing dims `normalized_shape`, times weight; eps
+    defaults to the dtype's machine epsilon, as torch's."""
+    dims = _trailing(input, normalized_shape, "rms_norm")
+    x = input.cast(float_of(input.dtype))
+    eps = float(np.finfo(x.dtype.np).eps) if eps is None else eps
+    return _affine(x * ((x * x).mean(dims, keepdim=True) + eps).rsqrt(), weight, None)
+
+
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """layernorm over each group of channels (dim 1) and the spatial dims, then a per-channel
+    weight and bias, as torch's."""
+    if input.ndim < 2 or num_groups <= 0 or input.shape[1] % num_groups:
+        raise RuntimeError(f"group_norm: expected input of shape (N, C, ...) with C divisible "
+                           f"by num_groups={num_groups}, got {input.shape}")
+    n, c = input.shape[:2]
+    grouped = input.reshape(n, num_groups, -1)
+    x = layernorm(grouped, -1, eps).reshape(input.shape)
+    channel = (1, c) + (1,) * (input.ndim - 2)
+    return _affine(x, None if weight is None else weight.reshape(channel),
+                   None if bias is None else bias.reshape(channel))
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """input / max(||input||_p over dim, eps), as torch's (p may be inf)."""
+    if not p > 0:
+        raise ValueError(f"normalize: p must be > 0 (or inf), got {p}")
+    x = input.cast(float_of(input.dtype))
+    magnitude = x.abs()
+    if p == float("inf"):
+        norm = magnitude.amax(dim, keepdim=True)
+    else:
+        total = (magnitude ** p).sum(dim, keepdim=True)
+        value = total.detach() ** (1 / p)
+        # torch's norm has gradient 0 at the zero vector, where total ** (1/p)'s is inf * 0
+        norm = value._with_grad((total, (total == 0).where(0.0, value / (p * total))))
+    return x / norm.clip(min=eps)
+
+
+def softmin(input: Tensor, dim: int | None = None) -> Tensor:
+    """softmax(-input) over `dim` (without one, torch's legacy choice: 0 for 0-, 1- and 3-d
+    input, else 1)."""
+    if dim is None:
+        dim = 0 if input.ndim in (0, 1, 3) else 1
+    return (-input).softmax(dim)
+
+
+def prelu(input: Tensor, weight: Tensor) -> Tensor:
+    """x where x > 0, else weight * x, with one weight or one per channel (dim 1)."""
+    channels = input.shape[1] if input.ndim >= 2 else 1
+    if weight.numel() not in (1, channels):
+        raise RuntimeError(f"prelu: weight has {weight.numel()} elements; it needs 1 or one "
+                           f"per channel ({channels}) of input shape {input.shape}")
+    shape = (1, channels) + (1,) * (input.ndim - 2) if weight.numel() > 1 else ()
+    return (input > 0).where(input, input * weight.reshape(shape))
+
+
+def _trailing(input: Tensor, normalized_shape: Sequence[int] | int, name: str
+              ) -> tuple[int, ...]:
+    """The dims a norm over trailing `normalized_shape` reduces; RuntimeError if they differ."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(
+        normalized_shape)
+    if not shape or input.shape[len(input.shape) - len(shape):] != shape:
+        raise RuntimeError(f"{name}: normalized_shape {list(shape)} does not match the last "
+                           f"dims of input shape {input.shape}")
+    return tuple(range(input.ndim - len(shape), input.ndim))
+
+
+def _affine(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    x = x if weight is None else x * weight
+    return x if bias is None else x + bias
+
+
 def dropout(input: Tensor, p: float = 0.5, training: bool | None = None) -> Tensor:
     """Zeroes each element with probability p and scales the rest by 1 / (1 - p) when
     training (default: Tensor.training); else returns input itself."""
@@ -250,9 +306,14 @@ def dropout(input: Tensor, p: float = 0.5, training: bool | None = None) -> Tens
     return keep.where(input, 0) * (1 / (1 - p))
 
 
-def embedding(input: Tensor, weight: Tensor) -> Tensor:
-    """Rows of `weight` picked by the integer tensor `input`."""
-    return weight.index_select(0, input)
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
+    """Rows of `weight` picked by the integer tensor `input`; the row padding_idx gets no
+    gradient, as torch's."""
+    rows = weight.index_select(0, input)
+    if padding_idx is None:
+        return rows
+    padding_idx = padding_idx % weight.shape[0]
+    return (input == padding_idx).unsqueeze(-1).where(rows.detach(), rows)
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
@@ -361,46 +422,11 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
-# -- sliding windows ----------------------------------------------------------------------------
-
-def _pair(v: IntPair, name: str = "stride", minimum: int = 1) -> tuple[int, int]:
-    pair = (v, v) if isinstance(v, int) else tuple(v)
-    if len(pair) != 2 or any(not isinstance(p, int) or p < minimum for p in pair):
-        raise RuntimeError(f"{name} must be an int or a pair of ints >= {minimum}, got {v!r}")
-    return pair
-
-
-def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
-             dilation: tuple[int, ...]) -> Tensor:
-    """Sliding windows over the last len(kernel) dims -> (..., *out, *kernel), as views."""
-    keep = x.shape[:-len(kernel)]
-    sizes = x.shape[-len(kernel):]
-    noop = [(0, s) for s in keep]
-    outs = [(i - d * (k - 1) - 1) // s + 1 for i, d, k, s in zip(sizes, dilation, kernel,
-                                                                 stride)]
-    if any(o <= 0 for o in outs):
-        raise ValueError(f"input of spatial size {sizes} is smaller than kernel {kernel} "
-                         f"(dilation {dilation})")
-    reps = [-(-k * (i + d) // i) for k, i, d in zip(kernel, sizes, dilation)]
-    x = x.reshape(keep + tuple(d for i in sizes for d in (1, i)))
-    x = x.expand(keep + tuple(d for e, i in zip(reps, sizes) for d in (e, i)))
-    x = x.reshape(keep + tuple(e * i for e, i in zip(reps, sizes)))
-    x = x.shrink(noop + [(0, k * (i + d)) for k, i, d in zip(kernel, sizes, dilation)])
-    x = x.reshape(keep + tuple(d for k, i, dd in zip(kernel, sizes, dilation)
-                               for d in (k, i + dd)))
-    x = x.shrink(noop + [r for k, o, s in zip(kernel, outs, stride)
-                         for r in ((0, k), (0, o * s))])
-    x = x.reshape(keep + tuple(d for k, o, s in zip(kernel, outs, stride)
-                               for d in (k, o, s)))
-    x = x.shrink(noop + [r for k, o in zip(kernel, outs) for r in ((0, k), (0, o), (0, 1))])
-    x = x.reshape(keep + tuple(d for k, o in zip(kernel, outs) for d in (k, o)))
-    n = len(keep)
-    return x.permute(tuple(range(n)) + tuple(n + 2 * i + 1 for i in range(len(kernel))) +
-                     tuple(n + 2 * i for i in range(len(kernel))))
-
-
-__all__ = ["avg_pool2d", "batchnorm", "binary_cross_entropy", "binary_cross_entropy_with_logits",
-           "celu", "conv2d", "cross_entropy", "dropout", "elu",
-           "embedding", "gelu", "hardsigmoid", "hardswish", "hardtanh", "layernorm", "leaky_relu",
-           "linear", "logsigmoid", "max_pool2d", "mish", "nll_loss", "one_hot", "relu6",
-           "scaled_dot_product_attention", "selu", "silu", "softplus", "softsign"]
+__all__ = ["avg_pool1d", "avg_pool2d", "avg_pool3d", "batch_norm", "batchnorm",
+           "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "conv1d",
+           "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+           "cross_entropy", "dropout", "elu", "embedding", "gelu", "grid_sample", "group_norm", "hardsigmoid",
+           "hardswish", "hardtanh", "interpolate", "layer_norm", "layernorm", "leaky_relu",
+           "linear", "logsigmoid", "max_pool1d", "max_pool2d", "max_pool3d", "max_unpool2d",
+           "mish", "nll_loss", "normalize", "one_hot", "pad", "prelu", "relu6", "rms_norm",
+           "scaled_dot_product_attention", "selu", "silu", "softmin", "softplus", "softsign"]

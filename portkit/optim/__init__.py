@@ -118,8 +118,9 @@ class Adam(Optimizer):
             raise ValueError(f"invalid Adam settings: betas {betas} must be in [0, 1), eps {eps} "
                              f"and weight_decay {weight_decay} >= 0")
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
-        self.m = [Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device) for p in self.params]
-        self.v = [Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device) for p in self.params]
+        # made at a parameter's first step, as torch's, on the device it has then (Module.to)
+        self.m: list[Tensor | None] = [None] * len(self.params)
+        self.v: list[Tensor | None] = [None] * len(self.params)
         self.t = 0
 
     def step(self) -> None:
@@ -130,8 +131,16 @@ class Adam(Optimizer):
     def _state_tensors(self):
         return [{"exp_avg": m, "exp_avg_sq": v} for m, v in zip(self.m, self.v)]
 
+    def _set_state(self, i, name, value):
+        if name not in ("exp_avg", "exp_avg_sq"):
+            super()._set_state(i, name, value)
+        (self.m if name == "exp_avg" else self.v)[i] = value
+
     def _update(self, i, p, g):
         b1, b2 = self.betas
+        for state in (self.m, self.v):
+            if state[i] is None:
+                state[i] = Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device)
         w = p.detach()
         if self.weight_decay and not self.decoupled:
             g = g + w * self.weight_decay
@@ -159,4 +168,7 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay)
 
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer"]
+# after Optimizer: the schedules check for it (torch.optim.lr_scheduler's place)
+from portkit.optim import lr_scheduler
+
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "lr_scheduler"]

@@ -29,6 +29,7 @@ from portkit.tensor.movement import MovementOps
 from portkit.tensor.random import RandomOps
 from portkit.tensor.reduce import ReduceOps
 from portkit.tensor.scan import ScanOps
+from portkit.tensor.selection import SelectionOps
 from portkit.tensor.transcendental import TranscendentalOps
 
 # what a primitive gives where its input has no elements (the identity of a reduction)
@@ -55,7 +56,7 @@ def _primitive_operators(name: str) -> tuple[_Operator, _Operator]:
 
 
 class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, MovementOps,
-             IndexingOps, ReduceOps, ScanOps, FunctionalMethods, InteropOps):
+             IndexingOps, ReduceOps, ScanOps, SelectionOps, FunctionalMethods, InteropOps):
     """A lazy n-dimensional array on a device, with autograd.
 
     Integers default to int32 (Python ints, int64 numpy data, arange, argmax, randint), not

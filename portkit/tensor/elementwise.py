@@ -24,6 +24,7 @@ from portkit.tensor.dtype import (
     float32,
     float_of,
     int32,
+    int64,
     promote,
     scalar_dtype,
     to_dtype,
@@ -141,13 +142,14 @@ class ElementwiseOps:
     def div(self: Tensor, other: Tensor | Scalar, reverse: bool = False,
             rounding_mode: str | None = None) -> Tensor:
         """self / other in floating point (other / self if reverse); rounding_mode "trunc" or
-        "floor" rounds the quotient and keeps integer dtypes, as torch.div."""
+        "floor" rounds the quotient and keeps integer dtypes, as torch.div. An integer zero
+        divisor the host holds raises ZeroDivisionError; one computed on the device gives 0."""
         if rounding_mode == "floor":
             return self._floordiv(other, reverse)
         if rounding_mode == "trunc":
             _check_int_divisor(self, other, reverse)
             a, b = self._operand(other, reverse)
-            return (a / b).trunc() if a.dtype.is_float else a._prim("idiv", b)
+            return (a / b).trunc() if a.dtype.is_float else a._int_divide("idiv", b)
         if rounding_mode is not None:
             raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got "
                              f"{rounding_mode!r}")
@@ -159,9 +161,9 @@ class ElementwiseOps:
         a, b = self._operand(other, reverse)
         if a.dtype.is_float:
             return (a / b).floor()
-        q = a._prim("idiv", b)
+        q = a._int_divide("idiv", b)
         # IDIV truncates; Python and PyTorch round toward negative infinity
-        fix = ((a._prim("mod", b) != 0) & ((a < 0) ^ (b < 0))).cast(a.dtype)
+        fix = ((a._int_divide("mod", b) != 0) & ((a < 0) ^ (b < 0))).cast(a.dtype)
         return q - fix
 
     def _mod(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
@@ -169,8 +171,15 @@ class ElementwiseOps:
         a, b = self._operand(other, reverse)
         if a.dtype.is_float:
             return a - (a / b).floor() * b
-        r = a._prim("mod", b)
+        r = a._int_divide("mod", b)
         return (r != 0).where(((r < 0) ^ (b < 0)).where(r + b, r), r)
+
+    def _int_divide(self: Tensor, name: str, divisor: Tensor) -> Tensor:
+        """IDIV or MOD of integer tensors of one shape, 0 where the divisor is 0 (numpy's
+        result; the ABI leaves it unspecified, and PyTorch's error needs the divisor on the
+        host: a zero the host holds raises ZeroDivisionError before this)."""
+        zero = divisor == 0
+        return zero.where(0, self._prim(name, zero.where(1, divisor)))
 
     def neg(self: Tensor) -> Tensor:
         """-self (logical not for bool)."""
@@ -190,8 +199,11 @@ class ElementwiseOps:
 
     @in_float32
     def exp(self: Tensor) -> Tensor:
-        """e ** self."""
-        return (self._float() * (1 / math.log(2)))._prim("exp2")
+        """e ** self, within a few ulp: exp2 of the rounded x * log2(e) lost up to 59 ulp in
+        float32 (399 in float64), so x is reduced by Cody-Waite to r = x - k ln2 first."""
+        x = self._float()
+        value = _exp(x.detach())
+        return value._with_grad((x, value))
 
     @in_float32
     def exp2(self: Tensor) -> Tensor:
@@ -215,13 +227,18 @@ class ElementwiseOps:
 
     @in_float32
     def cos(self: Tensor) -> Tensor:
-        """The cosine (radians)."""
-        return (math.pi / 2 - self._float()).sin()
+        """The cosine (radians), from sines of x, x / 2 and 2x (see _cos)."""
+        x = self._float()
+        s = x.detach().sin()
+        return _cos(x.detach(), s)._with_grad((x, -s))
 
     @in_float32
     def tan(self: Tensor) -> Tensor:
-        """The tangent (radians)."""
-        return self.sin() / self.cos()
+        """The tangent (radians): sin / cos, relatively accurate near the zeros of cos too."""
+        x = self._float()
+        s = x.detach().sin()
+        value = s / _cos(x.detach(), s)
+        return value._with_grad((x, 1 + value * value))
 
     @in_float32
     def sigmoid(self: Tensor) -> Tensor:
@@ -296,13 +313,12 @@ class ElementwiseOps:
                                                       exponent.dtype.is_float):
             return self._int_pow(exponent)
         x, y = self._float()._operand(exponent)
-        magnitude = (y * x.abs().log2()).exp2()
-        odd = (y.abs() % 2) == 1
-        is_int = y.trunc() == y
-        negative = x < 0
-        signed = (negative & odd).where(-magnitude, magnitude)
-        # a negative base to a fractional power is NaN, except -inf (PyTorch: inf or 0)
-        return (negative & ~is_int & (x != float("-inf"))).where(float("nan"), signed)
+        value = _real_pow(x.detach(), y.detach())
+        # torch's derivatives: y * x^(y-1) (0 where y is 0, inf at x = 0 for 0 < y < 1) and
+        # x^y * log(x) (0 where x is 0 and y >= 0); through exp2 and log2 they were NaN at 0
+        dx = (y == 0).where(0.0, y * _real_pow(x, y - 1))
+        dy = ((x == 0) & (y >= 0)).where(0.0, value * x.log())
+        return value._with_grad((x, dx), (y, dy))
 
     def _int_pow(self: Tensor, exponent: Tensor) -> Tensor:
         """Integer ** integer tensor by squaring (exact, wrapping like PyTorch's); negative
@@ -315,6 +331,12 @@ class ElementwiseOps:
         e = base._operand(exponent)[1]
         negative = (e < 0) & ~((base == 1) | (base == -1))
         return negative.where(0, out).cast(base.dtype)
+
+    def _with_grad(self: Tensor, *pairs: tuple[Tensor, Tensor]) -> Tensor:
+        """These values, whose gradient reaches each x of the (x, derivative) pairs as
+        g * derivative: an op computes its value by any formula, its gradient by PyTorch's."""
+        inputs = [t for x, d in pairs for t in (x, d.detach())]
+        return self.detach()._prim("given_grad", *inputs)
 
     def maximum(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """The elementwise larger of self and other."""
@@ -399,6 +421,93 @@ class ElementwiseOps:
     def logical_not(self: Tensor) -> Tensor:
         """True where self is zero or False."""
         return ~self.cast(bool_)
+
+    def logical_and(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """True where both are nonzero."""
+        return self.cast(bool_) & _as_bool(other)
+
+    def logical_or(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """True where either is nonzero."""
+        return self.cast(bool_) | _as_bool(other)
+
+    def logical_xor(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """True where exactly one is nonzero."""
+        return self.cast(bool_) ^ _as_bool(other)
+
+    def bitwise_and(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """self & other, on integer and bool tensors."""
+        return self & other
+
+    def bitwise_or(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """self | other, on integer and bool tensors."""
+        return self | other
+
+    def bitwise_xor(self: Tensor, other: Tensor | Scalar) -> Tensor:
+        """self ^ other, on integer and bool tensors."""
+        return self ^ other
+
+    def bitwise_not(self: Tensor) -> Tensor:
+        """~self, on integer and bool tensors."""
+        if self.dtype.is_float:
+            raise TypeError(f"bitwise_not is defined on integer and bool tensors, not "
+                            f"{self.dtype.name}; cast with .int() first")
+        return ~self
+
+
+def _cos(x: Tensor, s: Tensor) -> Tensor:
+    """cos x from s = sin x and the sine of 2x, an exact scaling of x: the device's SIN reduces
+    the argument. sin(pi/2 - x) lost everything once pi/2 - x rounded (cos(1e8) gave -0.93 for
+    -0.36). Where |sin x| > 1/2, cos is sin 2x / (2 sin x), relatively exact near its zeros;
+    elsewhere +-sqrt(1 - s^2), with the sign of sin 2x / sin x."""
+    # past half the largest float 2x overflows: there sin(x / 2) gives the sign (the sign of
+    # 1 - 2 sin^2(x/2)), and the square root serves near the zeros too
+    huge = x.abs() > x.dtype.max / 2
+    other = huge.where(x * 0.5, x * 2).sin()
+    steep = (s.abs() > 0.5) & ~huge
+    ratio = other / steep.where(s * 2, 1.0)
+    flat = (1 - s * s).sqrt()
+    negative = huge.where(other * other * 2 > 1, s * other < 0)
+    return steep.where(ratio, negative.where(-flat, flat))
+
+
+def _as_bool(value: Tensor | Scalar) -> Tensor | bool:
+    return value.cast(bool_) if isinstance(value, core.Tensor) else bool(value)
+
+
+def _exp(x: Tensor) -> Tensor:
+    """e ** x = 2^k e^r, k = round(x / ln2), r = x - k ln2 with ln2 in two parts: k * high
+    part is exact and r, |r| <= ln2 / 2, loses nothing, so exp2(r log2 e) errs by < 1 ulp."""
+    high, low, limit, bits, mantissa, bias = _EXP_PARTS[x.dtype.name]
+    x = x.clip(-limit, limit)           # past these e^x is 0 or inf (NaN stays NaN)
+    t = x * (1 / math.log(2))
+    k = (t + (t < 0).where(-0.5, 0.5)).cast(bits)     # rounded; NaN gives any k
+    k_float = k.cast(x.dtype)
+    r = (x - k_float * high) - k_float * low
+    # 2^k in two halves built from their exponent bits (cheaper than EXP2), each a normal
+    # float, so e^r * 2^k rounds once even when the result is subnormal
+    half = k >> 1
+    scale = [((h + bias) << mantissa).bitcast(x.dtype) for h in (half, k - half)]
+    return (r * (1 / math.log(2))).exp2() * scale[0] * scale[1]
+
+
+# ln2 as high + low: high has few enough bits (9, 33) that k * high is exact for every k the
+# clipped argument gives (past the limit e^x overflows or is 0); then the float's int type,
+# mantissa bits and exponent bias
+_EXP_PARTS = {"float32": (0.693359375, -2.12194440e-4, 110.0, int32, 23, 127),
+              "float64": (6.93147180369123816490e-01, 1.90821492927058770002e-10, 760.0,
+                          int64, 52, 1023)}
+
+
+def _real_pow(x: Tensor, y: Tensor) -> Tensor:
+    """x ** y of two float tensors of one shape: exp2(y * log2|x|) with the sign of an odd
+    integer power; NaN for a negative base to a fractional power, but -inf's (inf or 0); 1
+    for x ** 0 and 1 ** y, NaN and infinities included (where y * log2|x| is 0 * inf)."""
+    magnitude = (y * x.abs().log2()).exp2()
+    odd = (y.abs() % 2) == 1
+    negative = x < 0
+    signed = (negative & odd).where(-magnitude, magnitude)
+    out = (negative & (y.trunc() != y) & (x != float("-inf"))).where(float("nan"), signed)
+    return ((y == 0) | (x == 1)).where(1.0, out)
 
 
 def _wrapped(value: Scalar, dtype) -> Scalar:

@@ -181,7 +181,7 @@ class IndexingOps:
         hot, values = self._scatter_onehot(dim, index, src)
         # where indices repeat, the last write wins (what PyTorch's CPU kernel does)
         order = core.Tensor.arange(hot.shape[-1], device=self.device)
-        last = hot.where(order, -1).max(-1, keepdim=True)
+        last = hot.where(order, -1).amax(-1, keepdim=True)
         picked = (hot & (order == last)).where(values, 0).sum(-1)
         return (last >= 0).squeeze(-1).where(picked.cast(self.dtype), self)
 
@@ -189,6 +189,32 @@ class IndexingOps:
         """self plus src added at index along `dim` (torch.scatter_add); repeats accumulate."""
         hot, values = self._scatter_onehot(dim, index, src)
         return self + hot.where(values, 0).sum(-1).cast(self.dtype)
+
+    def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str,
+                       include_self: bool = True) -> Tensor:
+        """self with src reduced ("sum", "prod", "mean", "amax", "amin") into the positions
+        index names along `dim`, with self's value too if include_self (torch.scatter_reduce);
+        positions nothing is scattered to keep self's value."""
+        if reduce not in _SCATTER_IDENTITY:
+            raise ValueError(f"scatter_reduce: reduce must be one of "
+                             f"{', '.join(_SCATTER_IDENTITY)}, got {reduce!r}")
+        hot, values = self._scatter_onehot(dim, index, src)
+        hit = hot.any(-1)
+        identity = _SCATTER_IDENTITY[reduce]
+        if identity is None:            # amax, amin: the dtype's extreme
+            low = float("-inf") if self.dtype.is_float else self.dtype.min
+            high = float("inf") if self.dtype.is_float else self.dtype.max
+            identity = low if reduce == "amax" else high
+        picked = hot.where(values, identity)
+        if include_self:
+            picked = picked.cat(self.unsqueeze(-1).cast(picked.dtype), dim=-1)
+        if reduce == "mean":
+            count = hot.sum(-1) + int(include_self)
+            total = picked.sum(-1)
+            out = total / count if self.dtype.is_float else total // count.cast(total.dtype)
+        else:
+            out = getattr(picked, {"sum": "sum", "prod": "prod"}.get(reduce, reduce))(-1)
+        return hit.where(out.cast(self.dtype), self)
 
     def _scatter_onehot(self: Tensor, dim: int, index: Tensor, src: Tensor | float):
         """(hot, values) over a new last axis running over index's elements along `dim`:
@@ -216,6 +242,11 @@ class IndexingOps:
         hot = idx.reshape(shape) == positions
         values = val.reshape(shape).expand(hot.shape[:dim] + (n,) + hot.shape[dim + 1:])
         return hot, values
+
+
+# what a position starts from before the scattered values reduce into it (None: the dtype's
+# extreme, which amax and amin start from)
+_SCATTER_IDENTITY = {"sum": 0, "prod": 1, "mean": 0, "amax": None, "amin": None}
 
 
 def _checked_item(item: Any) -> Any:

@@ -150,6 +150,23 @@ class MovementOps:
             tuple(d for r, s in zip(repeats, x.shape) for d in (r, s)))
         return expanded.reshape(tuple(r * s for r, s in zip(repeats, x.shape)))
 
+    def unfold(self: Tensor, dimension: int, size: int, step: int) -> Tensor:
+        """Windows of `size` elements every `step` along `dimension`, as a new last dim (its
+        place holds the window count), as torch.Tensor.unfold."""
+        dim = as_dim(dimension, self.ndim)
+        n = self.shape[dim] if self.ndim else 1
+        if not 0 <= size <= n or step < 1:
+            raise RuntimeError(f"unfold: size {size} must be in [0, {n}] (the size of dim "
+                               f"{dim}) and step {step} >= 1")
+        count = (n - size) // step + 1
+        start = core.Tensor.arange(0, count * step, step, device=self.device).reshape(count, 1)
+        index = start + core.Tensor.arange(size, device=self.device).reshape(1, size)
+        if not self.ndim:
+            return self.reshape(1).index_select(0, index).reshape(size)
+        # index_select puts (count, size) where dim was; the window's dim goes last
+        out = self.index_select(dim, index)
+        return out.permute([d for d in range(out.ndim) if d != dim + 1] + [dim + 1])
+
     def unflatten(self: Tensor, dim: int, sizes: Sequence[int]) -> Tensor:
         """Dim `dim` split into dims of `sizes` (one may be -1), as torch.unflatten."""
         dim = as_dim(dim, self.ndim)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from portkit.tensor import core
 from portkit.tensor.dtype import DTypeLike, bool_, int32, promote
+from portkit.tensor.scan import SortResult
 from portkit.tensor.shapes import AxisLike, accepts_dim, as_axes
 
 if TYPE_CHECKING:
@@ -39,16 +40,46 @@ class ReduceOps:
         return x._reduce("sum", axis, keepdim)
 
     @accepts_dim
-    def max(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
-        """The largest element over `axis`."""
+    def amax(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
+        """The largest element over `axis` (one or several dims; all if None)."""
         if self.dtype == bool_:
-            return self.cast(int32).max(axis, keepdim).cast(bool_)
+            return self.cast(int32).amax(axis, keepdim).cast(bool_)
         return self._reduce("max_reduce", axis, keepdim)
 
     @accepts_dim
-    def min(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
-        """The smallest element over `axis`."""
-        return self._reversed().max(axis, keepdim)._reversed()
+    def amin(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
+        """The smallest element over `axis` (one or several dims; all if None)."""
+        return self._reversed().amax(axis, keepdim)._reversed()
+
+    @accepts_dim
+    def max(self: Tensor, axis: AxisLike | Tensor = None, keepdim: bool = False
+            ) -> Tensor | SortResult:
+        """The largest element; over one int dim, (values, indices) as torch.max (the first
+        maximum's index); max(other_tensor) is maximum(). A tuple of dims gives amax()."""
+        return self._extreme(axis, keepdim, method="amax")
+
+    @accepts_dim
+    def min(self: Tensor, axis: AxisLike | Tensor = None, keepdim: bool = False
+            ) -> Tensor | SortResult:
+        """The smallest element; over one int dim, (values, indices) as torch.min;
+        min(other_tensor) is minimum(). A tuple of dims gives amin()."""
+        return self._extreme(axis, keepdim, method="amin")
+
+    def _extreme(self: Tensor, axis: AxisLike | Tensor, keepdim: bool, method: str
+                 ) -> Tensor | SortResult:
+        largest = method == "amax"
+        if isinstance(axis, core.Tensor):
+            return self.maximum(axis) if largest else self.minimum(axis)
+        if not isinstance(axis, int):
+            return getattr(self, method)(axis, keepdim)
+        if not self.ndim:
+            return SortResult(self, self.zeros_like(int32))
+        indices = self.argmax(axis, True) if largest else self.argmin(axis, True)
+        # gathered, the gradient reaches the one element picked, as torch's (amax splits ties)
+        values = self.gather(axis, indices)
+        if not keepdim:
+            values, indices = values.squeeze(axis), indices.squeeze(axis)
+        return SortResult(values, indices)
 
     @accepts_dim
     def prod(self: Tensor, axis: AxisLike = None, keepdim: bool = False,
@@ -56,7 +87,7 @@ class ReduceOps:
         """The product over `axis`, computed in `dtype` if given."""
         x = self if dtype is None else self.cast(dtype)
         if x.dtype == bool_:
-            return (x == 0).max(axis, keepdim) == 0     # the ABI has no bool MUL
+            return (x == 0).amax(axis, keepdim) == 0     # the ABI has no bool MUL
         return x._reduce("prod_reduce", axis, keepdim)
 
     @accepts_dim
@@ -90,15 +121,15 @@ class ReduceOps:
             return self.reshape(-1).argmax(0)
         axis = as_axes(axis, self.ndim)[0]
         n = self.shape[axis]
-        hit = self == self.max(axis, keepdim=True)
+        hit = self == self.amax(axis, keepdim=True)
         if self.dtype.is_float:
             # a NaN is the maximum, as in PyTorch: where the axis has one, the first NaN wins
             nan = self.isnan()
-            hit = nan.max(axis, keepdim=True).where(nan, hit)
+            hit = nan.amax(axis, keepdim=True).where(nan, hit)
         shape = [1] * self.ndim
         shape[axis] = n
         backwards = core.Tensor.arange(n - 1, -1, -1, device=self.device).reshape(shape)
-        return (n - 1) - (hit.where(backwards, -1)).max(axis, keepdim)
+        return (n - 1) - (hit.where(backwards, -1)).amax(axis, keepdim)
 
     @accepts_dim
     def argmin(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
@@ -108,7 +139,7 @@ class ReduceOps:
     @accepts_dim
     def logsumexp(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
         """log(sum(exp(self))) over `axis`, without overflow."""
-        m = self.max(axis, keepdim=True).detach()
+        m = self.amax(axis, keepdim=True).detach()
         m = (m.abs() == float("inf")).where(0.0, m)
         out = (self - m).exp().sum(axis, keepdim=True).log() + m
         return out if keepdim else out.reshape(
@@ -117,7 +148,7 @@ class ReduceOps:
     @accepts_dim
     def softmax(self: Tensor, axis: int = -1) -> Tensor:
         """exp(self) normalized to sum to 1 over `axis`."""
-        e = (self - self.max(axis, keepdim=True).detach()).exp()
+        e = (self - self.amax(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
     @accepts_dim

@@ -1,6 +1,6 @@
-"""Ops along one dim that compare or accumulate its elements: cumsum, cumprod, sort, argsort,
-topk, any, all; and the triangle, diagonal and shifting ops (tril, triu, diag, diagonal, roll,
-repeat_interleave, masked_fill).
+"""Ops along one dim that compare or accumulate its elements: cumsum, cumprod, cummax, cummin,
+sort, argsort, topk, any, all; and the triangle, diagonal and shifting ops (tril, triu, diag,
+diagonal, roll, repeat_interleave, masked_fill).
 
 Without a scan or sort in the ABI, these compare every pair along the dim (an n x n mask) and
 reduce: O(n^2) work, fine for the sizes they meet in models (sequence positions, classes,
@@ -54,6 +54,24 @@ class ScanOps:
         picked = upto.where(other.expand(other.shape[:-2] + (n, n)), 1)
         return self._unpair(picked.prod(-1), dim)
 
+    def cummax(self: Tensor, dim: int) -> SortResult:
+        """(values, indices) of the running maximum along `dim`, as torch.cummax: ties and
+        NaN (which wins) give the latest index, and the gradient reaches that element."""
+        dim = as_dim(dim, self.ndim)
+        this, other, n = self._pairs(dim)
+        this, other = this.detach(), other.detach()
+        upto = _iota(n, 1, self.device) <= _iota(n, 0, self.device)
+        # past position i, x_i itself stands in: it never exceeds the running maximum
+        running = upto.where(other, this).amax(-1, keepdim=True)
+        hit = upto & _same(other, running)
+        indices = self._unpair(hit.where(_iota(n, 1, self.device), -1).amax(-1), dim)
+        return SortResult(self.gather(dim, indices) if self.ndim else self, indices)
+
+    def cummin(self: Tensor, dim: int) -> SortResult:
+        """(values, indices) of the running minimum along `dim`, as torch.cummin."""
+        indices = self._reversed().cummax(dim).indices
+        return SortResult(self.gather(dim, indices) if self.ndim else self, indices)
+
     def logcumsumexp(self: Tensor, dim: int) -> Tensor:
         """log(cumsum(exp(self))) along `dim`, without overflow."""
         dim = as_dim(dim, self.ndim)
@@ -98,11 +116,11 @@ class ScanOps:
 
     def any(self: Tensor, dim: AxisLike = None, keepdim: bool = False) -> Tensor:
         """True where any element over `dim` is nonzero."""
-        return (self != 0).max(dim, keepdim)
+        return (self != 0).amax(dim, keepdim)
 
     def all(self: Tensor, dim: AxisLike = None, keepdim: bool = False) -> Tensor:
         """True where every element over `dim` is nonzero."""
-        return ~((self == 0).max(dim, keepdim))
+        return ~((self == 0).amax(dim, keepdim))
 
     def masked_fill(self: Tensor, mask: Tensor, value: Tensor | Scalar) -> Tensor:
         """self with `value` wherever the bool `mask` (broadcast) is True."""

@@ -27,8 +27,8 @@ def _as_tensor(like: Tensor, value: Tensor | Scalar) -> Tensor:
 
 
 class TranscendentalOps:
-    """Tensor's atan, atan2, asin, acos, sinh, cosh, log10, logaddexp, fmod, copysign, lerp,
-    isclose."""
+    """Tensor's atan, atan2, asin, acos, sinh, cosh, asinh, acosh, atanh, log1p, log10,
+    logaddexp, fmod, copysign, lerp, isclose."""
 
     __slots__ = ()
 
@@ -94,6 +94,47 @@ class TranscendentalOps:
         return (e + 1 / e) * 0.5
 
     @in_float32
+    def log1p(self: Tensor) -> Tensor:
+        """log(1 + self), accurate where self is tiny (log(1 + x) rounds 1 + x first)."""
+        x = self._float()
+        value = _log1p(x.detach())
+        return value._with_grad((x, 1 / (x.detach() + 1)))
+
+    @in_float32
+    def asinh(self: Tensor) -> Tensor:
+        """The inverse hyperbolic sine."""
+        x = self._float()
+        a = x.detach().abs()
+        # log1p(a + a^2 / (1 + sqrt(1 + a^2))) near 0; log(2a) where a^2 would overflow
+        big = a > 2.0 ** 28
+        small = big.where(0.0, a)
+        near = _log1p(small + small * small / (1 + (small * small + 1).sqrt()))
+        value = big.where(a.log() + math.log(2), near)
+        value = (x < 0).where(-value, value)
+        return value._with_grad((x, (x.detach() * x.detach() + 1).rsqrt()))
+
+    @in_float32
+    def acosh(self: Tensor) -> Tensor:
+        """The inverse hyperbolic cosine (NaN below 1)."""
+        x = self._float()
+        a = x.detach()
+        big = a > 2.0 ** 28
+        t = big.where(0.0, a - 1)
+        # log1p(t + sqrt(2t + t^2)), t = x - 1, keeps the accuracy near 1
+        near = _log1p(t + (t * 2 + t * t).sqrt())
+        value = (a < 1).where(float("nan"), big.where(a.log() + math.log(2), near))
+        return value._with_grad((x, (a * a - 1).rsqrt()))
+
+    @in_float32
+    def atanh(self: Tensor) -> Tensor:
+        """The inverse hyperbolic tangent (+-inf at +-1, NaN beyond)."""
+        x = self._float()
+        a = x.detach().abs()
+        value = _log1p(a * 2 / (1 - a)) * 0.5
+        value = (a > 1).where(float("nan"), (x < 0).where(-value, value))
+        return value._with_grad((x, 1 / (1 - x.detach() * x.detach())))
+
+    @in_float32
     def log10(self: Tensor) -> Tensor:
         """The base-10 logarithm."""
         return self.log2() * math.log10(2)
@@ -110,7 +151,7 @@ class TranscendentalOps:
         """The remainder of self / other with self's sign (C's fmod; % takes other's sign)."""
         a, b = self._operand(other)
         if not a.dtype.is_float:
-            return a._prim("mod", b)
+            return a._int_divide("mod", b)
         return a - (a / b).trunc() * b
 
     def copysign(self: Tensor, other: Tensor | Scalar) -> Tensor:
@@ -132,6 +173,19 @@ class TranscendentalOps:
         finite = a.isfinite() & b.isfinite()
         close = (a == b) | (finite & ((a - b).abs() <= atol + rtol * b.abs()))
         return close | (a.isnan() & b.isnan()) if equal_nan else close
+
+
+def _log1p(x: Tensor) -> Tensor:
+    """log(1 + x) to a few ulp: for |x| < 1/2, 2 atanh(s) = 2 (s + s^3/3 + ...) with
+    s = x / (2 + x), since 1 + x rounds and a device's log may be only absolutely accurate
+    near 1 (WGSL's); log(1 + x) elsewhere."""
+    small = x.abs() < 0.5
+    s = small.where(x, 0.0) / (small.where(x, 0.0) + 2)
+    z = s * s
+    series = z * (1 / 17) + 1 / 15
+    for n in range(6, -1, -1):
+        series = series * z + 1 / (2 * n + 1)
+    return small.where(s * series * 2, (x + 1).log())
 
 
 def _magnitude(x: Tensor) -> Tensor:

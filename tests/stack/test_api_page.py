@@ -7,6 +7,7 @@ from pathlib import Path
 import portkit
 from portkit import nn
 from portkit.nn import functional as F
+from portkit.optim import lr_scheduler
 from portkit.tensor import Tensor
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "tensor-api.md"
@@ -17,44 +18,53 @@ def _words(text: str) -> list[str]:
 
 
 # PyTorch names a user porting code reaches for, by where PyTorch has them
-TENSOR_METHODS = _words("""abs acos add all any argmax argmin argsort asin atan atan2 bitwise_and
-chunk clamp clip contiguous copysign cos cosh cummax cummin cumprod cumsum detach diag
-diagonal div dot exp exp2 expand flatten flip float floor fmod gather index_select int isclose
-isfinite isinf isnan item lerp log log10 log2 logaddexp logcumsumexp logsumexp masked_fill
-masked_select matmul max maximum mean min minimum mul neg nonzero numel numpy permute pow
-prod reciprocal relu repeat repeat_interleave reshape roll round rsqrt scatter scatter_reduce
-sigmoid sign sin sinh softmax sort split sqrt squeeze std sum tan tanh tolist topk transpose
-tril triu trunc unflatten unfold unique unsqueeze var view where""")
+TENSOR_METHODS = _words("""abs acos acosh add all amax amin any argmax argmin argsort asin asinh
+atan atan2 atanh bitwise_and bitwise_not bitwise_or bitwise_xor chunk clamp clip contiguous
+copysign cos cosh cummax cummin cumprod cumsum detach diag diagonal div dot exp exp2 expand
+flatten flip float floor fmod gather index_select int isclose isfinite isinf isnan item lerp log
+log10 log1p log2 logaddexp logcumsumexp logical_and logical_not logical_or logical_xor logsumexp
+masked_fill masked_select matmul max maximum mean min minimum mul neg nonzero numel numpy
+permute pow prod reciprocal relu repeat repeat_interleave reshape roll round rsqrt scatter
+scatter_reduce sigmoid sign sin sinh softmax sort split sqrt squeeze std sum tan tanh tolist
+topk transpose tril triu trunc unflatten unfold unique unsqueeze var view where""")
 FUNCTIONS = _words("""avg_pool1d avg_pool2d avg_pool3d batch_norm binary_cross_entropy
-binary_cross_entropy_with_logits celu conv1d conv2d conv3d conv_transpose2d cross_entropy
-dropout elu embedding gelu grid_sample group_norm hardsigmoid hardswish hardtanh interpolate
-layer_norm leaky_relu linear logsigmoid max_pool1d max_pool2d max_unpool2d mish nll_loss
-normalize one_hot prelu relu6 rms_norm scaled_dot_product_attention selu silu softmin
-softplus softsign""")
+binary_cross_entropy_with_logits celu conv1d conv2d conv3d conv_transpose1d conv_transpose2d
+conv_transpose3d cross_entropy dropout elu embedding gelu grid_sample group_norm hardsigmoid
+hardswish hardtanh interpolate layer_norm leaky_relu linear logsigmoid max_pool1d max_pool2d
+max_pool3d max_unpool2d mish nll_loss normalize one_hot pad prelu relu6 rms_norm
+scaled_dot_product_attention selu silu softmin softplus softsign""")
 TOP_LEVEL = _words("cat stack einsum meshgrid from_dlpack no_grad")
-MODULES = _words("""BatchNorm2d Conv2d Dropout ELU Embedding Flatten GELU LayerNorm LeakyReLU Linear
-Mish ModuleList ReLU Sequential SiLU Sigmoid Softmax Tanh""")
+MODULES = _words("""AvgPool1d AvgPool2d AvgPool3d BatchNorm1d BatchNorm2d BatchNorm3d Conv1d Conv2d
+Conv3d ConvTranspose1d ConvTranspose2d ConvTranspose3d Dropout ELU Embedding Flatten GELU GroupNorm LayerNorm LeakyReLU
+Linear MaxPool1d MaxPool2d MaxPool3d Mish ModuleList PReLU ReLU RMSNorm Sequential SiLU Sigmoid
+Softmax Softmin Tanh Upsample""")
+SCHEDULERS = _words("""StepLR MultiStepLR ExponentialLR CosineAnnealingLR LambdaLR LinearLR
+OneCycleLR ReduceLROnPlateau""")
 
 # where portkit has the name but differs from PyTorch: what differs
 PARTLY = {
-    "Tensor.max": "returns the values only, not (values, indices); use argmax",
-    "Tensor.min": "returns the values only, not (values, indices); use argmin",
+    "Tensor.max": "a tuple of dims gives amax's values (torch refuses it)",
+    "Tensor.min": "a tuple of dims gives amin's values (torch refuses it)",
     "Tensor.sort": "O(n^2) pairwise ranking along the dim (no sort in the ABI); always stable",
     "Tensor.repeat_interleave": "integer repeats only, not a tensor of repeats",
-    "F.embedding": "portkit's argument order is (input, weight), as torch; no padding_idx",
+    "Tensor.nonzero": "reads the values back to the host; int32 indices (torch: int64)",
+    "Tensor.unique": "reads the values back to the host; sorted always; int32 inverse, counts",
+    "F.embedding": "padding_idx only: no max_norm, scale_grad_by_freq or sparse",
     "F.dropout": "training defaults to Tensor.training, not True",
-    "F.one_hot": "num_classes is required (PyTorch's -1 reads the data)",
-    "F.layer_norm": "named layernorm, without the affine part (nn.LayerNorm has it)",
-    "F.batch_norm": "named batchnorm, taking mean and inverse std",
+    "F.one_hot": "int32 result (torch: int64)",
+    "F.interpolate": "nearest and (bi/tri)linear modes; no bicubic, area or antialias",
+    "F.grid_sample": "4-d input; bilinear and nearest; zeros and border padding",
+    "F.pad": "reflect, replicate and circular pad any trailing dims, sizes >= 0",
     "portkit.einsum": "distinct letters per operand, no '...' or diagonals",
     "portkit.from_dlpack": "copies; exports (__dlpack__) share host memory on cpu/interpreter",
 }
-ALIASES = {"F.layer_norm": "layernorm", "F.batch_norm": "batchnorm"}
+ALIASES: dict[str, str] = {}
 
 
 def _rows() -> list[tuple[str, str, str]]:
     places = [("Tensor", Tensor, TENSOR_METHODS), ("F", F, FUNCTIONS),
-              ("portkit", portkit, TOP_LEVEL), ("nn", nn, MODULES)]
+              ("portkit", portkit, TOP_LEVEL), ("nn", nn, MODULES),
+              ("lr_scheduler", lr_scheduler, SCHEDULERS)]
     rows = []
     for prefix, owner, names in places:
         for name in names:

@@ -15,7 +15,7 @@ def test_reductions(axis, keepdim, check, data):
     tdim = axis if axis is not None else (0, 1, 2)
     # torch names max and min over axes amax and amin
     for ours, theirs in (("sum", "sum"), ("mean", "mean"), ("var", "var"), ("std", "std"),
-                         ("logsumexp", "logsumexp"), ("max", "amax"), ("min", "amin")):
+                         ("logsumexp", "logsumexp"), ("amax", "amax"), ("amin", "amin")):
         check(lambda t, ours=ours, theirs=theirs: getattr(t, ours)(axis, keepdim=keepdim)
               if isinstance(t, Tensor) else getattr(t, theirs)(tdim, keepdim=keepdim), x)
 
@@ -48,3 +48,24 @@ def test_softmax_log_softmax(check, data):
     x = data(4, 5)
     check(lambda t: t.softmax(-1), x)
     check(lambda t: t.log_softmax(-1), x)
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+@pytest.mark.parametrize("dim,keepdim", [(1, False), (-1, True), (0, False)])
+def test_max_and_min_over_a_dim_return_values_and_indices(name, dim, keepdim, check):
+    torch = pytest.importorskip("torch")
+    # ties and a NaN: torch gives the NaN, else the first extreme, and its gradient only
+    x = np.array([[1, 3, 3, np.nan], [2, 0, 5, 5], [-1, -1, 4, 0]], np.float32)
+    values, indices = getattr(Tensor(x), name)(dim, keepdim)
+    want = getattr(torch.tensor(x), name)(dim, keepdim)
+    np.testing.assert_array_equal(values.numpy(), want.values.numpy())
+    np.testing.assert_array_equal(indices.numpy(), want.indices.numpy())
+    check(lambda t: getattr(t, name)(dim=dim, keepdim=keepdim)[0], np.nan_to_num(x))
+
+
+def test_max_and_min_of_a_tensor_are_maximum_and_minimum_and_all_dims_give_a_tensor():
+    a, b = Tensor([1.0, 5.0, -2.0]), Tensor([3.0, 0.0, -2.0])
+    assert a.max(b).tolist() == [3.0, 5.0, -2.0]
+    assert a.min(b).tolist() == [1.0, 0.0, -2.0]
+    assert a.max().item() == 5.0 and a.min(dim=None).item() == -2.0
+    assert Tensor([[1, 7], [4, 2]]).max((0, 1)).item() == 7

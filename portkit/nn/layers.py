@@ -1,0 +1,128 @@
+"""The layers with parameters beyond Linear, as torch.nn has them: convolutions (1-3 d, and
+transposed), GroupNorm, RMSNorm, PReLU (the parameterless ones are in containers.py).
+Parameters are initialized as torch initializes them (uniform in +-1/sqrt(fan_in))."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from portkit.nn import Module, uniform_parameter
+from portkit.nn import functional as F
+from portkit.nn.spatial import IntTuple
+from portkit.tensor import Tensor
+
+
+class _ConvNd(Module):
+    """A convolution layer over `dims` spatial dims; transposed ones swap the weight's first
+    two dims, as torch's."""
+
+    dims = 2
+    transposed = False
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntTuple,
+                 stride: IntTuple = 1, padding: IntTuple | str = 0, dilation: IntTuple = 1,
+                 groups: int = 1, bias: bool = True, output_padding: IntTuple = 0):
+        if groups < 1 or in_channels % groups or out_channels % groups:
+            raise ValueError(f"{type(self).__name__}: in_channels {in_channels} and "
+                             f"out_channels {out_channels} must be divisible by groups {groups}")
+        kernel = ((kernel_size,) * self.dims if isinstance(kernel_size, int)
+                  else tuple(kernel_size))
+        shape = ((in_channels, out_channels // groups) if self.transposed
+                 else (out_channels, in_channels // groups)) + kernel
+        bound = 1 / math.sqrt(shape[1] * math.prod(kernel))
+        self.weight = uniform_parameter(shape, bound)
+        self.bias = uniform_parameter((out_channels,), bound) if bias else None
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        self.output_padding = output_padding
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.transposed:
+            fn = getattr(F, f"conv_transpose{self.dims}d")
+            return fn(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                      self.groups, self.dilation)
+        return getattr(F, f"conv{self.dims}d")(x, self.weight, self.bias, self.stride,
+                                                self.padding, self.dilation, self.groups)
+
+
+class Conv1d(_ConvNd):
+    """1-d convolution layer (torch.nn.Conv1d)."""
+
+    dims = 1
+
+
+class Conv2d(_ConvNd):
+    """2-d convolution layer (torch.nn.Conv2d)."""
+
+    dims = 2
+
+
+class Conv3d(_ConvNd):
+    """3-d convolution layer (torch.nn.Conv3d)."""
+
+    dims = 3
+
+
+class ConvTranspose1d(_ConvNd):
+    """1-d transposed convolution layer (torch.nn.ConvTranspose1d)."""
+
+    dims, transposed = 1, True
+
+
+class ConvTranspose2d(_ConvNd):
+    """2-d transposed convolution layer (torch.nn.ConvTranspose2d)."""
+
+    dims, transposed = 2, True
+
+
+class ConvTranspose3d(_ConvNd):
+    """3-d transposed convolution layer (torch.nn.ConvTranspose3d)."""
+
+    dims, transposed = 3, True
+
+
+class GroupNorm(Module):
+    """F.group_norm with a per-channel weight (ones) and bias (zeros) when affine."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
+                 affine: bool = True):
+        if num_groups < 1 or num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels {num_channels} must be divisible by "
+                             f"num_groups {num_groups}")
+        self.num_groups, self.eps = num_groups, eps
+        self.weight = _filled(1.0, (num_channels,)) if affine else None
+        self.bias = _filled(0.0, (num_channels,)) if affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(Module):
+    """F.rms_norm over the trailing `normalized_shape`, with a weight of ones."""
+
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None,
+                 elementwise_affine: bool = True):
+        self.shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(
+            normalized_shape)
+        self.eps = eps
+        self.weight = _filled(1.0, self.shape) if elementwise_affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.shape, self.weight, self.eps)
+
+
+class PReLU(Module):
+    """F.prelu with a learned slope, one or one per channel, starting at `init`."""
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25):
+        self.weight = _filled(init, (num_parameters,))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.prelu(x, self.weight)
+
+
+def _filled(value: float, shape: tuple[int, ...]) -> Tensor:
+    return Tensor.full(shape, value).contiguous().realize().requires_grad_()
+
+
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+           "GroupNorm", "PReLU", "RMSNorm"]

@@ -1,0 +1,460 @@
+"""The nn functions over spatial dims, in 1, 2 and 3 dims as torch.nn.functional has them: pad
+(constant, reflect, replicate, circular), convolution and transposed convolution, max and
+average pools (max_pool with return_indices, max_unpool), interpolate and grid_sample.
+
+All are views (pad, shrink, expand, reshape) of the input into sliding windows, then an
+elementwise op and a reduction, so autograd differentiates them with no rule of their own.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+from portkit.tensor import Tensor, cat, int32
+from portkit.tensor.dtype import float_of
+
+IntTuple = int | Sequence[int]
+PadMode = Literal["constant", "reflect", "replicate", "circular"]
+
+
+# -- padding -------------------------------------------------------------------------------------
+
+def pad(input: Tensor, pad: Sequence[int], mode: PadMode = "constant",
+        value: float | None = None) -> Tensor:
+    """Pads the last len(pad) // 2 dims, (before, after) of the last dim first, as torch's:
+    with `value`, or by reflecting, repeating the edge, or wrapping around."""
+    if mode == "constant":
+        return input.pad(tuple(pad), 0 if value is None else value)
+    if mode not in ("reflect", "replicate", "circular"):
+        raise ValueError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'circular', "
+                         f"got {mode!r}")
+    if value:
+        raise ValueError(f"pad: value is only for mode='constant', got value={value} with "
+                         f"mode={mode!r}")
+    if len(pad) % 2 or len(pad) // 2 > input.ndim or any(p < 0 for p in pad):
+        raise ValueError(f"pad: mode {mode!r} needs pairs of sizes >= 0 for at most "
+                         f"{input.ndim} dims, got {tuple(pad)}")
+    x = input
+    for k in range(len(pad) // 2):
+        x = _pad_dim(x, input.ndim - 1 - k, pad[2 * k], pad[2 * k + 1], mode)
+    return x
+
+
+def _pad_dim(x: Tensor, dim: int, before: int, after: int, mode: str) -> Tensor:
+    n = x.shape[dim]
+    limit = n - 1 if mode == "reflect" else n if mode == "circular" else math.inf
+    if n == 0 or max(before, after) > limit:
+        raise RuntimeError(f"pad: {mode} padding ({before}, {after}) of dim {dim} needs at most "
+                           f"{limit} per side for its size {n}; pad less or use 'constant'")
+
+    def part(begin: int, end: int) -> Tensor:
+        return x.shrink([(begin, end) if d == dim else None for d in range(x.ndim)])
+
+    def edge(index: int, count: int) -> Tensor:
+        one = part(index, index + 1)
+        return one.expand(*(count if d == dim else s for d, s in enumerate(one.shape)))
+
+    if mode == "reflect":
+        head, tail = part(1, before + 1).flip(dim), part(n - 1 - after, n - 1).flip(dim)
+    elif mode == "replicate":
+        head, tail = edge(0, before), edge(n - 1, after)
+    else:
+        head, tail = part(n - before, n), part(0, after)
+    return cat([t for t, size in ((head, before), (x, n), (tail, after)) if size], dim)
+
+
+# -- convolution ---------------------------------------------------------------------------------
+
+def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntTuple = 1,
+           padding: IntTuple | str = 0, dilation: IntTuple = 1, groups: int = 1) -> Tensor:
+    """1-d convolution, (N, C, L) or unbatched (C, L) x (O, C/groups, k)."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 1)
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntTuple = 1,
+           padding: IntTuple | str = 0, dilation: IntTuple = 1, groups: int = 1) -> Tensor:
+    """2-d convolution, (N, C, H, W) or unbatched (C, H, W) x (O, C/groups, kh, kw)."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 2)
+
+
+def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntTuple = 1,
+           padding: IntTuple | str = 0, dilation: IntTuple = 1, groups: int = 1) -> Tensor:
+    """3-d convolution, (N, C, D, H, W) or unbatched x (O, C/groups, kd, kh, kw)."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 3)
+
+
+def _conv(input: Tensor, weight: Tensor, bias: Tensor | None, stride: IntTuple,
+          padding: IntTuple | str, dilation: IntTuple, groups: int, d: int) -> Tensor:
+    name = f"conv{d}d"
+    if input.ndim == d + 1 and weight.ndim == d + 2:
+        return _conv(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups,
+                     d).squeeze(0)
+    if input.ndim != d + 2 or weight.ndim != d + 2:
+        raise ValueError(f"{name} needs {d + 2}-d input (or {d + 1}-d unbatched) and a "
+                         f"{d + 2}-d weight, got shapes {input.shape} and {weight.shape}")
+    n, cin = input.shape[:2]
+    cout, cin_g, *kernel = weight.shape
+    if groups < 1 or cin != cin_g * groups or cout % groups:
+        raise ValueError(f"{name}: input shape {input.shape} and weight shape {weight.shape} "
+                         f"do not match for groups={groups}")
+    stride, dilation = _ntuple(stride, d, "stride"), _ntuple(dilation, d, "dilation")
+    pads = _conv_padding(padding, kernel, stride, dilation, name)
+    x = _windows(input.pad(((0, 0), (0, 0)) + pads), tuple(kernel), stride, dilation)
+    out = x.shape[2:2 + d]
+    per_group = cout // groups
+    # (n, groups, per_group, *out, cin_g, *kernel) times the weight, summed over the last 1 + d
+    x = x.reshape(n, groups, cin_g, 1, *out, *kernel).expand(
+        n, groups, cin_g, per_group, *out, *kernel).permute(
+        0, 1, 3, *range(4, 4 + d), 2, *range(4 + d, 4 + 2 * d))
+    w = weight.reshape(1, groups, per_group, *(1,) * d, cin_g, *kernel)
+    y = (x * w).sum(tuple(range(3 + d, 4 + 2 * d))).reshape(n, cout, *out)
+    return y if bias is None else y + bias.reshape(1, -1, *(1,) * d)
+
+
+def _conv_padding(padding: IntTuple | str, kernel: Sequence[int], stride: tuple[int, ...],
+                  dilation: tuple[int, ...], name: str) -> tuple[tuple[int, int], ...]:
+    """(before, after) per spatial dim; "same" puts the odd element after, as torch."""
+    if padding == "valid":
+        return tuple((0, 0) for _ in kernel)
+    if padding == "same":
+        if any(s != 1 for s in stride):
+            raise ValueError(f"{name}: padding='same' needs stride 1, got stride {stride}")
+        totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return tuple((t // 2, t - t // 2) for t in totals)
+    return tuple((p, p) for p in _ntuple(padding, len(kernel), "padding", 0))
+
+
+def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
+                     stride: IntTuple = 1, padding: IntTuple = 0, output_padding: IntTuple = 0,
+                     groups: int = 1, dilation: IntTuple = 1) -> Tensor:
+    """The gradient of conv1d with respect to its input: weight (C, O/groups, k)."""
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups,
+                           dilation, 1)
+
+
+def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
+                     stride: IntTuple = 1, padding: IntTuple = 0, output_padding: IntTuple = 0,
+                     groups: int = 1, dilation: IntTuple = 1) -> Tensor:
+    """The gradient of conv2d with respect to its input: weight (C, O/groups, kh, kw)."""
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups,
+                           dilation, 2)
+
+
+def conv_transpose3d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
+                     stride: IntTuple = 1, padding: IntTuple = 0, output_padding: IntTuple = 0,
+                     groups: int = 1, dilation: IntTuple = 1) -> Tensor:
+    """The gradient of conv3d with respect to its input: weight (C, O/groups, kd, kh, kw)."""
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups,
+                           dilation, 3)
+
+
+def _conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None, stride: IntTuple,
+                    padding: IntTuple, output_padding: IntTuple, groups: int,
+                    dilation: IntTuple, d: int) -> Tensor:
+    name = f"conv_transpose{d}d"
+    if input.ndim == d + 1 and weight.ndim == d + 2:
+        return _conv_transpose(input.unsqueeze(0), weight, bias, stride, padding,
+                               output_padding, groups, dilation, d).squeeze(0)
+    if input.ndim != d + 2 or weight.ndim != d + 2 or groups < 1 or \
+            weight.shape[0] != input.shape[1] or input.shape[1] % groups:
+        raise ValueError(f"{name}: input shape {input.shape} and weight shape {weight.shape} "
+                         f"do not match for groups={groups} (weight is (C_in, C_out/groups, "
+                         f"*kernel))")
+    stride, dilation = _ntuple(stride, d, "stride"), _ntuple(dilation, d, "dilation")
+    padding = _ntuple(padding, d, "padding", 0)
+    extra = _ntuple(output_padding, d, "output_padding", 0)
+    if any(e >= max(s, dd) for e, s, dd in zip(extra, stride, dilation)):
+        raise ValueError(f"{name}: output_padding {extra} must be smaller than stride {stride} "
+                         f"or dilation {dilation}")
+    cin, cout_g, *kernel = weight.shape
+    # a stride-1 convolution of the input spread out by `stride`, with the kernel flipped and
+    # its in/out channels swapped per group
+    x = input
+    for axis, s in enumerate(stride, start=2):
+        x = _spread(x, axis, s)
+    pads = tuple((dd * (k - 1) - p, dd * (k - 1) - p + e)
+                 for k, dd, p, e in zip(kernel, dilation, padding, extra))
+    w = weight.reshape(groups, cin // groups, cout_g, *kernel).transpose(1, 2).reshape(
+        groups * cout_g, cin // groups, *kernel).flip(tuple(range(2, 2 + d)))
+    y = _conv(x.pad(((0, 0), (0, 0)) + pads), w, None, 1, 0, dilation, groups, d)
+    return y if bias is None else y + bias.reshape(1, -1, *(1,) * d)
+
+
+def _spread(x: Tensor, axis: int, stride: int) -> Tensor:
+    """stride - 1 zeros between neighbours along `axis`."""
+    if stride == 1 or x.shape[axis] == 0:
+        return x
+    n = x.shape[axis]
+    x = x.unsqueeze(axis + 1).pad(tuple((0, stride - 1) if a == axis + 1 else (0, 0)
+                                        for a in range(x.ndim + 1)))
+    x = x.reshape(*x.shape[:axis], n * stride, *x.shape[axis + 2:])
+    return x.shrink([(0, (n - 1) * stride + 1) if a == axis else None for a in range(x.ndim)])
+
+
+# -- pools ---------------------------------------------------------------------------------------
+
+def max_pool1d(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None = None,
+               padding: IntTuple = 0, dilation: IntTuple = 1, ceil_mode: bool = False,
+               return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """The maximum of each window over the last dim."""
+    return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 1)
+
+
+def max_pool2d(input: Tensor, kernel_size: IntTuple = 2, stride: IntTuple | None = None,
+               padding: IntTuple = 0, dilation: IntTuple = 1, ceil_mode: bool = False,
+               return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """The maximum of each window over the last two dims (padding never wins); with
+    return_indices, also where in each (H * W) plane it was, as torch's."""
+    return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 2)
+
+
+def max_pool3d(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None = None,
+               padding: IntTuple = 0, dilation: IntTuple = 1, ceil_mode: bool = False,
+               return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """The maximum of each window over the last three dims."""
+    return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 3)
+
+
+def _max_pool(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None, padding: IntTuple,
+              dilation: IntTuple, ceil_mode: bool, return_indices: bool, d: int):
+    kernel, stride, pads, dilation = _pool_args(input, kernel_size, stride, padding, dilation,
+                                                ceil_mode, d)
+    # -inf for floats, the dtype's minimum for integers (which keeps the dtype)
+    lowest = float("-inf") if input.dtype.is_float else input.dtype.min
+    keep = ((0, 0),) * (input.ndim - d)
+    windows = _windows(input.pad(keep + pads, lowest), kernel, stride, dilation)
+    last = tuple(range(-d, 0))
+    if not return_indices:
+        return windows.amax(last)
+    flat = windows.reshape(*windows.shape[:-d], math.prod(kernel))
+    choice = flat.argmax(-1, keepdim=True)
+    # each input element's index in its plane, padded with anything (padding never wins)
+    spatial = input.shape[-d:]
+    where = Tensor.arange(math.prod(spatial), device=input.device).reshape(spatial)
+    where = _windows(where.pad(pads), kernel, stride, dilation)
+    where = where.reshape((1,) * (flat.ndim - d - 1) + flat.shape[-d - 1:]).expand(flat.shape)
+    # gathered, the gradient reaches the element picked only, as torch's
+    return flat.gather(-1, choice).squeeze(-1), where.gather(-1, choice).squeeze(-1)
+
+
+def max_unpool2d(input: Tensor, indices: Tensor, kernel_size: IntTuple,
+                 stride: IntTuple | None = None, padding: IntTuple = 0,
+                 output_size: Sequence[int] | None = None) -> Tensor:
+    """Puts each value back where max_pool2d(return_indices=True) found it; zeros elsewhere."""
+    if input.shape != indices.shape or input.ndim not in (3, 4):
+        raise ValueError(f"max_unpool2d: input {input.shape} and indices {indices.shape} must "
+                         "have one (N, C, H, W) or (C, H, W) shape")
+    kernel = _ntuple(kernel_size, 2, "kernel_size")
+    stride = _ntuple(kernel_size if stride is None else stride, 2, "stride")
+    padding = _ntuple(padding, 2, "padding", 0)
+    size = tuple((i - 1) * s - 2 * p + k for i, s, p, k in zip(input.shape[-2:], stride,
+                                                              padding, kernel))
+    if output_size is not None:
+        size = tuple(output_size)[-2:]
+    lead = input.shape[:-2]
+    plane = Tensor.zeros(*lead, math.prod(size), dtype=input.dtype, device=input.device)
+    out = plane.scatter(-1, indices.reshape(*lead, -1), input.reshape(*lead, -1))
+    return out.reshape(*lead, *size)
+
+
+def avg_pool1d(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None = None,
+               padding: IntTuple = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """The mean of each window over the last dim."""
+    return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, 1)
+
+
+def avg_pool2d(input: Tensor, kernel_size: IntTuple = 2, stride: IntTuple | None = None,
+               padding: IntTuple = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """The mean of each window over the last two dims. Padding counts as 0 and, with
+    count_include_pad, in the divisor; windows that ceil_mode adds past the padding never do."""
+    return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, 2)
+
+
+def avg_pool3d(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None = None,
+               padding: IntTuple = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """The mean of each window over the last three dims."""
+    return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, 3)
+
+
+def _avg_pool(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None,
+              padding: IntTuple, ceil_mode: bool, count_include_pad: bool, d: int) -> Tensor:
+    kernel, stride, pads, _ = _pool_args(input, kernel_size, stride, padding, 1, ceil_mode, d)
+    ones = (1,) * d
+    x = input.cast(float_of(input.dtype)).pad(((0, 0),) * (input.ndim - d) + pads)
+    total = _windows(x, kernel, stride, ones).sum(tuple(range(-d, 0)))
+    counted_pad = [p if count_include_pad else 0 for p, _ in pads]
+    # the divisor of each window: how many of its elements are input (or counted padding)
+    counted = Tensor.ones(*(s + 2 * c for s, c in zip(input.shape[-d:], counted_pad)),
+                          device=input.device)
+    counted = counted.pad(tuple((p - c, after - c) for (p, after), c in zip(pads, counted_pad)))
+    count = _windows(counted, kernel, stride, ones).sum(tuple(range(-d, 0)))
+    return total / count
+
+
+def _pool_args(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None,
+               padding: IntTuple, dilation: IntTuple, ceil_mode: bool, d: int):
+    """kernel, stride, ((before, after) padding per spatial dim) and dilation of a d-dim pool;
+    ceil_mode pads the end so a last partial window fits, if it starts inside the input or the
+    padding before it (PyTorch's rule)."""
+    if input.ndim < d + 1:
+        raise RuntimeError(f"{d}-d pooling needs at least {d + 1} dims, got shape "
+                           f"{input.shape}")
+    kernel = _ntuple(kernel_size, d, "kernel_size")
+    stride = _ntuple(kernel_size if stride is None or stride == [] else stride, d, "stride")
+    pad, dilation = _ntuple(padding, d, "padding", 0), _ntuple(dilation, d, "dilation")
+    if any(2 * p > k for p, k in zip(pad, kernel)):
+        raise RuntimeError(f"padding {pad} should be at most half of kernel size {kernel}")
+    pads = []
+    for size, k, s, p, dd in zip(input.shape[-d:], kernel, stride, pad, dilation):
+        span = size + 2 * p - dd * (k - 1) - 1
+        out = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (out - 1) * s >= size + p:
+            out -= 1
+        pads.append((p, p + max(0, (out - 1) * s + dd * (k - 1) + 1 - (size + 2 * p))))
+    return kernel, stride, tuple(pads), dilation
+
+
+# -- resampling ----------------------------------------------------------------------------------
+
+def interpolate(input: Tensor, size: IntTuple | None = None,
+                scale_factor: float | Sequence[float] | None = None,
+                mode: Literal["nearest", "linear", "bilinear", "trilinear"] = "nearest",
+                align_corners: bool | None = None) -> Tensor:
+    """Resamples the spatial dims (all after N, C) to `size` or by `scale_factor`, as torch's:
+    nearest, or (bi/tri)linear from the 2^d nearest input elements."""
+    d = input.ndim - 2
+    linear = {"linear": 1, "bilinear": 2, "trilinear": 3}
+    if mode != "nearest" and linear.get(mode) != d:
+        raise ValueError(f"interpolate: mode {mode!r} needs {linear.get(mode, '1-3')} spatial "
+                         f"dims after (N, C), got shape {input.shape}; use 'nearest', 'linear' "
+                         "(3-d input), 'bilinear' (4-d) or 'trilinear' (5-d)")
+    if mode == "nearest" and align_corners is not None:
+        raise ValueError("interpolate: align_corners is for the linear modes only")
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: pass exactly one of size and scale_factor")
+    spatial = input.shape[2:]
+    if size is not None:
+        sizes, scales = _ntuple(size, d, "size", 0), [None] * d
+    else:
+        scales = [float(f) for f in ((scale_factor,) * d if isinstance(scale_factor, int | float)
+                                     else scale_factor)]
+        if len(scales) != d or any(f <= 0 for f in scales):
+            raise ValueError(f"interpolate: scale_factor {scale_factor} needs {d} values > 0")
+        sizes = tuple(math.floor(s * f) for s, f in zip(spatial, scales))
+    x = input if mode == "nearest" else input.cast(float_of(input.dtype))
+    for axis, (n, out, scale) in enumerate(zip(spatial, sizes, scales), start=2):
+        x = _resample(x, axis, n, out, scale, mode == "nearest", bool(align_corners))
+    return x
+
+
+def _resample(x: Tensor, axis: int, n: int, out: int, scale: float | None, nearest: bool,
+              align_corners: bool) -> Tensor:
+    """x resampled along `axis` from n to out elements (positions as torch computes them, in
+    float32 on the host)."""
+    if nearest and out % n == 0 and scale in (None, out // n):
+        return x.repeat_interleave(out // n, axis)
+    step = np.float32(n / out if scale is None else 1 / scale)
+    dst = np.arange(out, dtype=np.float32)
+    if nearest:
+        src = np.minimum(np.floor(dst * step).astype(np.int64), n - 1)
+        return x.index_select(axis, _indices(src, x))
+    if align_corners:
+        src = dst * np.float32((n - 1) / (out - 1) if out > 1 else 0)
+    else:
+        src = np.maximum((dst + np.float32(0.5)) * step - np.float32(0.5), 0)
+    low = np.minimum(np.floor(src).astype(np.int64), n - 1)
+    high = np.minimum(low + 1, n - 1)
+    weight = (src - low).astype(x.dtype.np).reshape((out,) + (1,) * (x.ndim - 1 - axis))
+    weight = Tensor(weight, device=x.device)
+    return x.index_select(axis, _indices(low, x)) * (1 - weight) + \
+        x.index_select(axis, _indices(high, x)) * weight
+
+
+def grid_sample(input: Tensor, grid: Tensor, mode: Literal["bilinear", "nearest"] = "bilinear",
+                padding_mode: Literal["zeros", "border"] = "zeros",
+                align_corners: bool = False) -> Tensor:
+    """input (N, C, H, W) sampled at grid (N, Ho, Wo, 2) of (x, y) in [-1, 1], as torch's:
+    bilinear or nearest, outside read as 0 or as the nearest border element."""
+    if input.ndim != 4 or grid.ndim != 4 or grid.shape[-1] != 2 or grid.shape[0] != \
+            input.shape[0]:
+        raise ValueError(f"grid_sample: input must be (N, C, H, W) and grid (N, Ho, Wo, 2), got "
+                         f"{input.shape} and {grid.shape} (5-d input is not supported)")
+    if mode not in ("bilinear", "nearest") or padding_mode not in ("zeros", "border"):
+        raise ValueError(f"grid_sample: mode must be 'bilinear' or 'nearest' and padding_mode "
+                         f"'zeros' or 'border', got {mode!r} and {padding_mode!r}")
+    n, c, h, w = input.shape
+    points = grid.shape[1] * grid.shape[2]
+    flat = input.cast(float_of(input.dtype)).reshape(n, c, h * w)
+    where = grid.cast(flat.dtype).reshape(n, points, 2)
+    coords = []
+    for axis, size in ((0, w), (1, h)):
+        t = where[:, :, axis]
+        t = (t + 1) * ((size - 1) / 2) if align_corners else ((t + 1) * size - 1) * 0.5
+        coords.append(t.clip(0, size - 1) if padding_mode == "border" else t)
+    ix, iy = coords
+
+    def read(x: Tensor, y: Tensor) -> Tensor:
+        """input at integer-valued float positions (n, points); 0 outside."""
+        inside = (x >= 0) & (x <= w - 1) & (y >= 0) & (y <= h - 1)
+        index = (inside.where(y, 0.0) * w + inside.where(x, 0.0)).cast(int32)
+        values = flat.gather(2, index.unsqueeze(1).expand(n, c, points))
+        return inside.unsqueeze(1).where(values, 0.0)
+
+    if mode == "nearest":
+        out = read(ix.detach().round(), iy.detach().round())
+    else:
+        x0, y0 = ix.detach().floor(), iy.detach().floor()
+        wx, wy = (ix - x0).unsqueeze(1), (iy - y0).unsqueeze(1)
+        out = ((read(x0, y0) * (1 - wx) + read(x0 + 1, y0) * wx) * (1 - wy) +
+               (read(x0, y0 + 1) * (1 - wx) + read(x0 + 1, y0 + 1) * wx) * wy)
+    return out.reshape(n, c, *grid.shape[1:3])
+
+
+def _indices(values: np.ndarray, like: Tensor) -> Tensor:
+    return Tensor(values.astype(np.int32), int32, like.device)
+
+
+# -- sliding windows -----------------------------------------------------------------------------
+
+def _ntuple(v: IntTuple, n: int, name: str = "stride", minimum: int = 1) -> tuple[int, ...]:
+    values = (v,) * n if isinstance(v, int) else tuple(v)
+    if len(values) == 1 and n > 1:
+        values *= n
+    if len(values) != n or any(not isinstance(p, int) or p < minimum for p in values):
+        raise RuntimeError(f"{name} must be an int or {n} ints >= {minimum}, got {v!r}")
+    return values
+
+
+def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
+             dilation: tuple[int, ...]) -> Tensor:
+    """Sliding windows over the last len(kernel) dims -> (..., *out, *kernel), as views."""
+    keep = x.shape[:-len(kernel)]
+    sizes = x.shape[-len(kernel):]
+    noop = [(0, s) for s in keep]
+    outs = [(i - d * (k - 1) - 1) // s + 1 for i, d, k, s in zip(sizes, dilation, kernel,
+                                                                 stride)]
+    if any(o <= 0 for o in outs):
+        raise ValueError(f"input of spatial size {sizes} is smaller than kernel {kernel} "
+                         f"(dilation {dilation})")
+    reps = [-(-k * (i + d) // i) for k, i, d in zip(kernel, sizes, dilation)]
+    x = x.reshape(keep + tuple(d for i in sizes for d in (1, i)))
+    x = x.expand(keep + tuple(d for e, i in zip(reps, sizes) for d in (e, i)))
+    x = x.reshape(keep + tuple(e * i for e, i in zip(reps, sizes)))
+    x = x.shrink(noop + [(0, k * (i + d)) for k, i, d in zip(kernel, sizes, dilation)])
+    x = x.reshape(keep + tuple(d for k, i, dd in zip(kernel, sizes, dilation)
+                               for d in (k, i + dd)))
+    x = x.shrink(noop + [r for k, o, s in zip(kernel, outs, stride)
+                         for r in ((0, k), (0, o * s))])
+    x = x.reshape(keep + tuple(d for k, o, s in zip(kernel, outs, stride)
+                               for d in (k, o, s)))
+    x = x.shrink(noop + [r for k, o in zip(kernel, outs) for r in ((0, k), (0, o), (0, 1))])
+    x = x.reshape(keep + tuple(d for k, o in zip(kernel, outs) for d in (k, o)))
+    n = len(keep)
+    return x.permute(tuple(range(n)) + tuple(n + 2 * i + 1 for i in range(len(kernel))) +
+                     tuple(n + 2 * i for i in range(len(kernel))))

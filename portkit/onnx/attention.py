@@ -98,7 +98,7 @@ def _attention(ctx: Context, node: NodeArgs) -> list[Value]:
         with_bias = with_bias.cast(dtypes.from_numpy(
             onnx.helper.tensor_dtype_to_np_dtype(precision)))
     # A row whose bias masks every key attends to nothing: its weights are 0, not NaN.
-    all_masked = bias.max(-1, keepdim=True) == float("-inf")
+    all_masked = bias.amax(-1, keepdim=True) == float("-inf")
     weights = all_masked.where(0.0, with_bias.softmax(-1)).cast(q.dtype)
     if mode == 3:
         qk_out = weights

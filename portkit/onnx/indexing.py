@@ -41,8 +41,8 @@ def _top_k(ctx: Context, node: NodeArgs) -> list[Value]:
 _COMBINE = {
     "add": (lambda t, axis: t.sum(axis), lambda a, b: a + b, 0),
     "mul": (lambda t, axis: t.prod(axis), lambda a, b: a * b, 1),
-    "max": (lambda t, axis: t.max(axis), Tensor.maximum, None),
-    "min": (lambda t, axis: t.min(axis), Tensor.minimum, None),
+    "max": (lambda t, axis: t.amax(axis), Tensor.maximum, None),
+    "min": (lambda t, axis: t.amin(axis), Tensor.minimum, None),
 }
 
 

@@ -230,7 +230,7 @@ def _max_pool(ctx: Context, node: NodeArgs) -> list[Value]:
     plane = Tensor.arange(x.shape[0] * x.shape[1], device=x.device).reshape(
         x.shape[0], x.shape[1], 1, 1) * (height * width)
     place = row * width + col if not node.attr("storage_order", 0) else row + col * height
-    return [stacked.max(0), place + plane]
+    return [stacked.amax(0), place + plane]
 
 
 @op("MaxUnpool")
@@ -290,7 +290,7 @@ def _global_average_pool(ctx: Context, node: NodeArgs) -> list[Value]:
 @op("GlobalMaxPool")
 def _global_max_pool(ctx: Context, node: NodeArgs) -> list[Value]:
     x = ctx.tensor(node.inputs[0])
-    return [x.max(tuple(range(2, x.ndim)), keepdim=True)]
+    return [x.amax(tuple(range(2, x.ndim)), keepdim=True)]
 
 
 CHECKS.update(
@@ -397,8 +397,8 @@ OPS.update(Softmax=_softmax(log=False), LogSoftmax=_softmax(log=True))
 _REDUCE = {
     "ReduceSum": lambda x, a, k: x.sum(a, keepdim=k),
     "ReduceMean": lambda x, a, k: x.mean(a, keepdim=k),
-    "ReduceMax": lambda x, a, k: x.max(a, keepdim=k),
-    "ReduceMin": lambda x, a, k: x.min(a, keepdim=k),
+    "ReduceMax": lambda x, a, k: x.amax(a, keepdim=k),
+    "ReduceMin": lambda x, a, k: x.amin(a, keepdim=k),
     "ReduceProd": lambda x, a, k: x.prod(a, keepdim=k),
     "ReduceSumSquare": lambda x, a, k: (x * x).sum(a, keepdim=k),
     "ReduceL1": lambda x, a, k: x.abs().sum(a, keepdim=k),

@@ -120,7 +120,8 @@ class Program(ABC):
     @abstractmethod
     def __call__(self, buffers: list[Any], scalars: list[int], grid: Dim3, block: Dim3,
                  wait: bool = False) -> float | None:
-        """Launches; with `wait`, blocks until done and returns the kernel's seconds."""
+        """Launches; with `wait`, blocks until done and returns the kernel's seconds. `scalars`
+        are the VARs' 32-bit words as signed ints (`scalar_words`), whatever their dtype."""
 
 
 class Allocator(ABC):
@@ -184,7 +185,7 @@ class Device:
 @dataclass(frozen=True)
 class Backend:
     """What the `portkit.backends` entry point names: a name, how to load the device, and the
-    ABI version the backend implements ("0.3"; portkit refuses to load an incompatible one).
+    ABI version the backend implements ("0.4"; portkit refuses to load an incompatible one).
 
     `load()` returns the Device, or raises BackendUnavailable naming the fix.
     """

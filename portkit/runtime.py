@@ -217,6 +217,7 @@ class Runtime:
         # its last launch reference goes.
         self._compiled: LRU = LRU(kernel_cache_size())
         self._lock = threading.Lock()     # conformance compiles on several threads
+        self.builds = 0     # kernels rendered and compiled (through the disk cache) so far
 
     @property
     def capabilities(self) -> Capabilities:
@@ -242,6 +243,7 @@ class Runtime:
         """Prepares, renders and compiles `kernel` now (through the disk cache unless told not
         to), bypassing the in-memory cache: for timing a compile."""
         start = time.perf_counter()
+        self.builds += 1
         kernel = self.prepare(kernel)
         source = self.device.renderer.render(kernel)
         if disk_cache:

@@ -12,8 +12,10 @@ would read more buffers than the device allows is split by realizing its sources
 A reduce of many elements into few outputs is split in two (partial results per slice, then
 a short reduce of those) so that many workgroups share the long part.
 
-Lowered kernels are cached by the graph's structure (ops, shapes, views, constants), never by
-its buffers, so a training step lowers and compiles once. `kernels(outs)` returns the kernels
+Lowered kernels are cached by the graph's structure (ops, shapes, views), never by its buffers
+nor by the values of its constants, which the kernel takes as scalar arguments (see
+portkit/codegen/lower.py, SCALAR_VAR_DTYPES), so a training step lowers and compiles once even
+when its learning rate changes every step. `kernels(outs)` returns the kernels
 `realize(outs)` launches, through the same schedule and the same lowering, so fusion is testable.
 """
 from __future__ import annotations
@@ -32,7 +34,13 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.lower import check_dtypes, lower, reduce_identity
+from portkit.codegen.lower import (
+    MAX_SCALARS,
+    SCALAR_VAR_DTYPES,
+    check_dtypes,
+    lower,
+    reduce_identity,
+)
 from portkit.graph import GraphOp, Lazy
 
 # Lowering (portkit/codegen/lower.py) recurses through a kernel's nodes, and fused chains get long.
@@ -186,17 +194,47 @@ def _inputs(root: Lazy, realize: set[int]) -> list[Lazy]:
     return graph.walk(root.src, stop=lambda n: n.realized or id(n) in realize).stopped
 
 
-def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
-    """What the kernel computes, with buffers replaced by their positions (a cache key)."""
+def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
+    """What the kernel computes, with buffers replaced by their positions and the first
+    MAX_SCALARS constants by their order (a cache key), and those constants, in that order:
+    the kernel takes them as scalar arguments."""
     number: dict[int, int] = {id(x): k for k, x in enumerate(inputs)}
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
+    scalars: list[Lazy] = []
     for node in graph.toposort([root], stop=lambda n: id(n) in number):
         number[id(node)] = len(entries)
-        # A float constant by its bits: -0.0 == 0.0 would share a kernel, NaN != NaN miss one.
-        arg = node.arg.hex() if isinstance(node.arg, float) else node.arg
+        arg = node.arg
+        if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES and len(
+                scalars) < MAX_SCALARS:
+            arg = ("scalar", len(scalars))
+            scalars.append(node)
+        elif isinstance(arg, float):
+            # A float constant by its bits: -0.0 == 0.0 would share a kernel, NaN != NaN miss one.
+            arg = arg.hex()
         entries.append((node.op, node.dtype, node.shape, arg,
                         tuple(number[id(s)] for s in node.src)))
-    return tuple(entries)
+    return tuple(entries), scalars
+
+
+def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
+    """The cache key part of `structure`."""
+    return structure(root, inputs)[0]
+
+
+def scalar_values(scalars: list[Lazy]) -> tuple:
+    """The values of `structure`'s constants as their VARs take them (narrow types rounded to
+    their own dtype first, so that widening them is exact)."""
+    return tuple(node.arg if node.dtype in _EXACT_AS_VAR else _rounded(node.arg, node.dtype)
+                 for node in scalars)
+
+
+_EXACT_AS_VAR = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32})
+
+
+def _rounded(value, dtype: DType):
+    with np.errstate(over="ignore"):     # a float too large for its dtype is inf, as a cast
+        converted = np.array(value).astype(dtype.np)
+    return float(converted) if dtype.is_float else int(converted)
 
 
 # -- devices, buffers, running ------------------------------------------------------------------
@@ -242,23 +280,24 @@ def _serial(rt: runtime.Runtime) -> bool:
     return rt.name == "cpu" or rt.capabilities.max_block_threads == 1
 
 
-def _key(item: ScheduleItem) -> tuple:
-    return item.root.device, structure_key(item.root, item.inputs)
+def _key(item: ScheduleItem) -> tuple[tuple, list[Lazy]]:
+    key, scalars = structure(item.root, item.inputs)
+    return (item.root.device, key), scalars
 
 
-def _lower(item: ScheduleItem, key: tuple) -> Kernel:
+def _lower(item: ScheduleItem, key: tuple, scalars: list[Lazy]) -> Kernel:
     kernel = _lowered.get(key)
     if kernel is None:
         rt = device(item.root.device)
         check_dtypes([item.root, *item.inputs], rt.capabilities, rt.name)
         kernel = _lowered[key] = lower(item.root, item.inputs, rt.capabilities, _serial(rt),
-                                       name=_name(item.root, item.inputs))
+                                       name=_name(item.root, item.inputs), scalars=scalars)
     return kernel
 
 
 def lower_item(item: ScheduleItem) -> Kernel:
     """The ABI kernel of one schedule item on its device, lowered once per graph structure."""
-    return _lower(item, _key(item))
+    return _lower(item, *_key(item))
 
 
 def _name(root: Lazy, inputs: list[Lazy] = ()) -> str:
@@ -306,11 +345,13 @@ def run_schedule(items: list[ScheduleItem]) -> None:
             continue
         buffer = _alloc(root.device, root.dtype, root.size)
         if _launches(item):
-            key = _key(item)
+            key, scalars = _key(item)
             compiled = _compiled.get(key)
             if compiled is None:
-                compiled = _compiled[key] = device(root.device).compile(_lower(item, key))
-            device(root.device).launch(compiled, [buffer] + [x.buffer for x in item.inputs])
+                compiled = _compiled[key] = device(root.device).compile(
+                    _lower(item, key, scalars))
+            device(root.device).launch(compiled, [buffer] + [x.buffer for x in item.inputs],
+                                       scalar_values(scalars))
             launched += 1
         root.realize_as(buffer)
     if debug >= 1 and items:

@@ -333,17 +333,40 @@ def kernels(outs: list[Lazy]) -> list[Kernel]:
 
 def run_schedule(items: list[ScheduleItem]) -> None:
     """Runs the items in order; each root becomes a LOAD of its new buffer."""
+    _run(items, None)
+
+
+@dataclass
+class _Step:
+    """One kernel of a Replay; every node is named by its position in the graph's walk."""
+
+    compiled: runtime.Compiled | None   # None: a node of no elements, which needs no kernel
+    device: str
+    dtype: DType
+    size: int
+    root: int | None                    # the node it realizes; None: one the scheduler made
+    inputs: tuple[tuple[int | None, int], ...]   # (position, or None and an earlier step)
+    scalars: tuple[tuple[int | None, Lazy | None], ...]   # (position, or None and the node)
+
+
+def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step] | None:
+    """Runs the items; given the graph's walk `number` (id -> position), also returns the
+    steps that replay them on another graph of the same structure (None if they cannot)."""
     debug = runtime.debug_level()
     start = time.perf_counter()
+    steps: list[_Step] | None = [] if number is not None else None
+    made: dict[int, int] = {}       # id(root) -> its step
     launched = 0
     for item in items:
         root = item.root
         if item.is_copy:
+            steps = None
             src = root.src[0]
             data = src.buffer.numpy()[:src.size]
             root.realize_as(upload(data, root.device, root.dtype))
             continue
         buffer = _alloc(root.device, root.dtype, root.size)
+        compiled, scalars = None, []
         if _launches(item):
             key, scalars = _key(item)
             compiled = _compiled.get(key)
@@ -353,14 +376,84 @@ def run_schedule(items: list[ScheduleItem]) -> None:
             device(root.device).launch(compiled, [buffer] + [x.buffer for x in item.inputs],
                                        scalar_values(scalars))
             launched += 1
+        if steps is not None:
+            # past MAX_SCALARS a kernel holds numbers as code, which a replay would not check
+            if len(scalars) >= MAX_SCALARS or not all(
+                    id(x) in number or id(x) in made for x in item.inputs):
+                steps = None
+            else:
+                made[id(root)] = len(steps)
+                steps.append(_Step(
+                    compiled, root.device, root.dtype, root.size, number.get(id(root)),
+                    tuple((number[id(x)], 0) if id(x) in number else (None, made[id(x)])
+                          for x in item.inputs),
+                    tuple((number.get(id(n)), None if id(n) in number else n)
+                          for n in scalars)))
         root.realize_as(buffer)
-    if debug >= 1 and items:
-        for name in {item.root.device for item in items}:
+    _report(debug, start, launched, {item.root.device for item in items})
+    return steps
+
+
+def _report(debug: int, start: float, launched: int, devices: set[str]) -> None:
+    if debug >= 1 and devices:
+        for name in devices:
             device(name).synchronize()
         print(f"portkit: realize ran {launched} kernels in "
               f"{(time.perf_counter() - start) * 1e3:.3f} ms", file=sys.stderr)
 
 
+# -- realizing a graph seen before --------------------------------------------------------------
+# A training step builds the same graph every step. The structure of the whole unrealized graph
+# (realized inputs and numbers by position) keys the steps its first realize ran, so a later
+# realize of that structure costs one walk, a look-up and the launches: no scheduling, no
+# per-kernel keys.
+_replays: runtime.LRU = runtime.LRU(runtime.kernel_cache_size())
+runtime.on_clear(_replays.clear)
+
+
+def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
+    """The structure of everything `realize(outs)` computes, and its nodes by position."""
+    found = graph.walk(outs, stop=lambda n: n.realized)
+    nodes = found.stopped + found.order
+    number = {id(n): k for k, n in enumerate(nodes)}
+    entries: list[tuple] = [("in", n.dtype, n.shape, n.device) for n in found.stopped]
+    for node in found.order:
+        arg = node.arg
+        if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
+            arg = "scalar"
+        elif isinstance(arg, float):
+            arg = arg.hex()
+        entries.append((node.op, node.dtype, node.shape, node.device, arg,
+                        tuple(number[id(s)] for s in node.src)))
+    entries.append(tuple(number[id(o)] for o in outs))
+    return tuple(entries), nodes
+
+
+def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
+    debug = runtime.debug_level()
+    start = time.perf_counter()
+    made: list[runtime.Buffer] = []
+    for step in steps:
+        buffer = _alloc(step.device, step.dtype, step.size)
+        if step.compiled is not None:
+            buffers = [buffer] + [made[k] if p is None else nodes[p].buffer
+                                  for p, k in step.inputs]
+            scalars = scalar_values([n if p is None else nodes[p] for p, n in step.scalars])
+            device(step.device).launch(step.compiled, buffers, scalars)
+        made.append(buffer)
+        if step.root is not None:
+            nodes[step.root].realize_as(buffer)
+    _report(debug, start, sum(s.compiled is not None for s in steps),
+            {s.device for s in steps})
+
+
 def realize(outs: list[Lazy]) -> None:
     """Computes every node in `outs` into its own buffer."""
-    run_schedule(schedule(outs))
+    key, nodes = _graph_key(outs)
+    steps = _replays.get(key)
+    if steps is not None:
+        _replay(steps, nodes)
+        return
+    steps = _run(schedule(outs), {id(n): k for k, n in enumerate(nodes)})
+    if steps is not None:
+        _replays[key] = steps

@@ -9,6 +9,7 @@ from portkit import nn, optim, runtime, schedule
 from portkit.abi import dtypes
 from portkit.abi.ops import Op
 from portkit.tensor import Tensor
+from portkit.tensor.core import realize
 
 
 def test_a_changing_multiplier_compiles_one_kernel(backend):
@@ -88,3 +89,46 @@ def test_scalar_arguments_give_the_constant_folded_results(monkeypatch):
     for folded, passed in zip(as_code, as_arguments):
         np.testing.assert_array_equal(folded, passed)
 
+
+def _fails(*args, **kwargs):
+    raise AssertionError("scheduled again: the replay was not used")
+
+
+def test_a_graph_of_a_seen_structure_replays_without_scheduling(monkeypatch):
+    rng = np.random.default_rng(3)
+
+    def run(scale: float):
+        a = rng.standard_normal((64, 300)).astype(np.float32)
+        b = rng.standard_normal((300,)).astype(np.float32)
+        out = ((Tensor(a) * scale + Tensor(b)).relu().sum(axis=1), Tensor(a).max())
+        realize(*out)
+        got = [t.numpy() for t in out]
+        expected = [np.maximum(a * np.float32(scale) + b, 0).sum(1), a.max()]
+        np.testing.assert_allclose(got[0], expected[0], rtol=1e-5, atol=1e-4)
+        assert got[1] == expected[1]
+
+    run(0.5)
+    monkeypatch.setattr(schedule, "create_schedule", _fails)
+    run(-1.25)
+    run(3.0)
+
+
+def test_a_split_reduce_replays_with_new_data(monkeypatch):
+    def total(n: int) -> None:
+        x = np.random.default_rng(n).random(1 << 17).astype(np.float32)
+        got = (Tensor(x) * 2.0).sum().numpy()
+        np.testing.assert_allclose(got, (x.astype(np.float64) * 2).sum(), rtol=1e-5)
+
+    total(1)
+    monkeypatch.setattr(schedule, "create_schedule", _fails)
+    total(2)
+
+
+def test_numbers_written_as_code_are_not_replayed_with_old_values():
+    x = Tensor(np.ones(3, np.float32)).realize()
+    for shift in (0.0, 100.0):
+        out = x
+        for k in range(schedule.MAX_SCALARS + 2):
+            out = out + (float(k) + shift)
+        expected = 1 + sum(float(k) + shift for k in range(schedule.MAX_SCALARS + 2))
+        np.testing.assert_array_equal(out.numpy(), np.full(3, expected, np.float32))

@@ -243,7 +243,8 @@ class Runtime:
         """Prepares, renders and compiles `kernel` now (through the disk cache unless told not
         to), bypassing the in-memory cache: for timing a compile."""
         start = time.perf_counter()
-        self.builds += 1
+        with self._lock:
+            self.builds += 1
         kernel = self.prepare(kernel)
         source = self.device.renderer.render(kernel)
         if disk_cache:

@@ -20,9 +20,11 @@ when its learning rate changes every step. `kernels(outs)` returns the kernels
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from math import ceil, prod
 
@@ -429,6 +431,23 @@ def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
     return tuple(entries), nodes
 
 
+def _compile_ahead(items: list[ScheduleItem]) -> None:
+    """Compiles the kernels of `items` that are not compiled yet on a pool of threads (compilers
+    run as processes or release the GIL), so a first step's kernels compile side by side."""
+    todo: dict[tuple, tuple[str, Kernel]] = {}
+    for item in items:
+        if _launches(item):
+            key, scalars = _key(item)
+            if key not in todo and _compiled.get(key) is None:
+                todo[key] = item.root.device, _lower(item, key, scalars)
+    if len(todo) < 2:
+        return
+    with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
+        done = pool.map(lambda work: device(work[0]).compile(work[1]), todo.values())
+        for key, compiled in zip(todo, done):
+            _compiled[key] = compiled
+
+
 def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
     debug = runtime.debug_level()
     start = time.perf_counter()
@@ -454,6 +473,8 @@ def realize(outs: list[Lazy]) -> None:
     if steps is not None:
         _replay(steps, nodes)
         return
-    steps = _run(schedule(outs), {id(n): k for k, n in enumerate(nodes)})
+    items = schedule(outs)
+    _compile_ahead(items)
+    steps = _run(items, {id(n): k for k, n in enumerate(nodes)})
     if steps is not None:
         _replays[key] = steps

@@ -1,6 +1,7 @@
 """Numbers as data: a Python number in the graph reaches its kernel as a scalar argument (VAR), so
 a loop whose numbers change compiles its kernels once."""
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -132,3 +133,22 @@ def test_numbers_written_as_code_are_not_replayed_with_old_values():
             out = out + (float(k) + shift)
         expected = 1 + sum(float(k) + shift for k in range(schedule.MAX_SCALARS + 2))
         np.testing.assert_array_equal(out.numpy(), np.full(3, expected, np.float32))
+
+
+def test_a_first_realize_compiles_its_kernels_ahead_on_a_pool(monkeypatch):
+    threads = []
+    compile_now = runtime.Runtime.compile
+
+    def compile_and_note(self, kernel):
+        threads.append(threading.get_ident())
+        return compile_now(self, kernel)
+
+    monkeypatch.setattr(runtime.Runtime, "compile", compile_and_note)
+    runtime.clear()
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    outs = [x.sum(axis=0), x.max(axis=1), (x * 2).exp()]
+    realize(*outs)
+    assert len(threads) == 3 and threading.get_ident() not in threads
+    np.testing.assert_allclose(outs[0].numpy(), np.arange(12).reshape(3, 4).sum(0))
+    np.testing.assert_allclose(outs[2].numpy(), np.exp(np.arange(12).reshape(3, 4) * 2.0),
+                               rtol=1e-6)

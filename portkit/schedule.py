@@ -27,6 +27,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from math import ceil, prod
+from typing import NamedTuple
 
 import numpy as np
 
@@ -196,22 +197,46 @@ def _inputs(root: Lazy, realize: set[int]) -> list[Lazy]:
     return graph.walk(root.src, stop=lambda n: n.realized or id(n) in realize).stopped
 
 
-def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
-    """What the kernel computes, with buffers replaced by their positions and the first
-    MAX_SCALARS constants by their order (a cache key), and those constants, in that order:
-    the kernel takes them as scalar arguments."""
+class Scalars(NamedTuple):
+    """The constants a kernel takes as VARs: one node per VAR (in VAR order), the VAR of every
+    constant node that reads one (by id), and whether some constants were left as code."""
+
+    nodes: list[Lazy]
+    slots: dict[int, int]
+    overflow: bool
+
+
+def _same_value(node: Lazy) -> tuple:
+    # A float by its bits: -0.0 == 0.0 would share a VAR or a kernel, NaN != NaN miss one.
+    value = node.arg
+    return node.dtype, value.hex() if isinstance(value, float) else value
+
+
+def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
+    """What the kernel computes, with buffers replaced by their positions and constants by the
+    VAR they read (a cache key), and those VARs. Equal constants share a VAR, so a kernel with
+    many copies of 0 and 1 stays within MAX_SCALARS; which constants are equal is part of the
+    key. Constants past MAX_SCALARS distinct values stay code: their value is in the key."""
     number: dict[int, int] = {id(x): k for k, x in enumerate(inputs)}
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
-    scalars: list[Lazy] = []
+    scalars = Scalars([], {}, False)
+    by_value: dict[tuple, int] = {}
     for node in graph.toposort([root], stop=lambda n: id(n) in number):
         number[id(node)] = len(entries)
         arg = node.arg
-        if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES and len(
-                scalars) < MAX_SCALARS:
-            arg = ("scalar", len(scalars))
-            scalars.append(node)
+        if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
+            value = _same_value(node)
+            slot = by_value.get(value)
+            if slot is None and len(scalars.nodes) < MAX_SCALARS:
+                slot = by_value[value] = len(scalars.nodes)
+                scalars.nodes.append(node)
+            if slot is None:
+                scalars = scalars._replace(overflow=True)
+                arg = value
+            else:
+                scalars.slots[id(node)] = slot
+                arg = ("scalar", slot)
         elif isinstance(arg, float):
-            # A float constant by its bits: -0.0 == 0.0 would share a kernel, NaN != NaN miss one.
             arg = arg.hex()
         entries.append((node.op, node.dtype, node.shape, arg,
                         tuple(number[id(s)] for s in node.src)))
@@ -224,8 +249,8 @@ def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
 
 
 def scalar_values(scalars: list[Lazy]) -> tuple:
-    """The values of `structure`'s constants as their VARs take them (narrow types rounded to
-    their own dtype first, so that widening them is exact)."""
+    """The values of constants as their VARs take them (narrow types rounded to their own dtype
+    first, so that widening them is exact)."""
     return tuple(node.arg if node.dtype in _EXACT_AS_VAR else _rounded(node.arg, node.dtype)
                  for node in scalars)
 
@@ -287,13 +312,14 @@ def _key(item: ScheduleItem) -> tuple[tuple, list[Lazy]]:
     return (item.root.device, key), scalars
 
 
-def _lower(item: ScheduleItem, key: tuple, scalars: list[Lazy]) -> Kernel:
+def _lower(item: ScheduleItem, key: tuple, scalars: Scalars) -> Kernel:
     kernel = _lowered.get(key)
     if kernel is None:
         rt = device(item.root.device)
         check_dtypes([item.root, *item.inputs], rt.capabilities, rt.name)
         kernel = _lowered[key] = lower(item.root, item.inputs, rt.capabilities, _serial(rt),
-                                       name=_name(item.root, item.inputs), scalars=scalars)
+                                       name=_name(item.root, item.inputs),
+                                       scalars=scalars.nodes, slots=scalars.slots)
     return kernel
 
 
@@ -368,7 +394,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step
             root.realize_as(upload(data, root.device, root.dtype))
             continue
         buffer = _alloc(root.device, root.dtype, root.size)
-        compiled, scalars = None, []
+        compiled, scalars = None, Scalars([], {}, False)
         if _launches(item):
             key, scalars = _key(item)
             compiled = _compiled.get(key)
@@ -376,11 +402,11 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step
                 compiled = _compiled[key] = device(root.device).compile(
                     _lower(item, key, scalars))
             device(root.device).launch(compiled, [buffer] + [x.buffer for x in item.inputs],
-                                       scalar_values(scalars))
+                                       scalar_values(scalars.nodes))
             launched += 1
         if steps is not None:
             # past MAX_SCALARS a kernel holds numbers as code, which a replay would not check
-            if len(scalars) >= MAX_SCALARS or not all(
+            if scalars.overflow or not all(
                     id(x) in number or id(x) in made for x in item.inputs):
                 steps = None
             else:
@@ -390,7 +416,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step
                     tuple((number[id(x)], 0) if id(x) in number else (None, made[id(x)])
                           for x in item.inputs),
                     tuple((number.get(id(n)), None if id(n) in number else n)
-                          for n in scalars)))
+                          for n in scalars.nodes)))
         root.realize_as(buffer)
     _report(debug, start, launched, {item.root.device for item in items})
     return steps
@@ -419,10 +445,11 @@ def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
     nodes = found.stopped + found.order
     number = {id(n): k for k, n in enumerate(nodes)}
     entries: list[tuple] = [("in", n.dtype, n.shape, n.device) for n in found.stopped]
+    first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
     for node in found.order:
         arg = node.arg
         if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
-            arg = "scalar"
+            arg = ("scalar", first.setdefault(_same_value(node), len(first)))
         elif isinstance(arg, float):
             arg = arg.hex()
         entries.append((node.op, node.dtype, node.shape, node.device, arg,

@@ -396,9 +396,11 @@ def check_dtypes(nodes: list[Lazy], caps: Capabilities, device: str) -> None:
 
 
 def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, serial: bool,
-          name: str = "kernel", scalars: list[Lazy] = ()) -> Kernel:
+          name: str = "kernel", scalars: list[Lazy] = (),
+          slots: dict[int, int] | None = None) -> Kernel:
     """The ABI kernel storing `root` contiguously into PARAM 0, reading `inputs` as PARAM 1...,
-    and the graph constants `scalars` as VARs s0, s1... (see SCALAR_VAR_DTYPES)."""
+    and the graph constants `scalars` as VARs s0, s1... (see SCALAR_VAR_DTYPES); `slots` maps
+    id() of every constant read through a VAR to its index (default: `scalars` in order)."""
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
@@ -409,11 +411,13 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, serial: bool,
     out = b.param(root.dtype)
     for node in inputs:
         lowerer.params[id(node)] = b.param(node.dtype)
+    values = []
     for k, node in enumerate(scalars):
         value = b.var(f"s{k}", SCALAR_VAR_DTYPES[node.dtype])
-        if b.dtype(value) != node.dtype:
-            value = b.cast(value, node.dtype)
-        lowerer.scalars[id(node)] = value
+        values.append(value if b.dtype(value) == node.dtype else b.cast(value, node.dtype))
+    if slots is None:
+        slots = {id(node): k for k, node in enumerate(scalars)}
+    lowerer.scalars = {node: values[k] for node, k in slots.items()}
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)

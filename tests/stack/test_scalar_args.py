@@ -152,3 +152,12 @@ def test_a_first_realize_compiles_its_kernels_ahead_on_a_pool(monkeypatch):
     np.testing.assert_allclose(outs[0].numpy(), np.arange(12).reshape(3, 4).sum(0))
     np.testing.assert_allclose(outs[2].numpy(), np.exp(np.arange(12).reshape(3, 4) * 2.0),
                                rtol=1e-6)
+
+
+def test_equal_numbers_share_a_var_and_a_new_coincidence_stays_right():
+    x = Tensor(np.arange(4, dtype=np.float32)).realize()
+    kernel, = (x * 2.0 + 2.0).schedule()
+    assert len(kernel.vars) == 1
+    for a, b in ((2.0, 3.0), (2.0, 2.0), (5.0, 3.0), (-0.0, 0.0)):
+        np.testing.assert_array_equal((x * a + b).numpy(),
+                                      np.arange(4, dtype=np.float32) * np.float32(a) + b)

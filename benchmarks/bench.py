@@ -117,7 +117,7 @@ def cases(device: str) -> list[Case]:
                  _torch_mlp(where, "adam"), _torch_mlp(where, "cosine"),
                  _changing_number(tsmall), None]
     wait = torch.cuda.synchronize if where == "cuda" else lambda: None
-    return [row[:5] + (_waiting(fn, wait),) for row, fn in zip(rows, torch_fns)]
+    return [row[:5] + (_waiting(fn, wait) if fn else None,) for row, fn in zip(rows, torch_fns)]
 
 
 def _learning_rate(opt, rule: str, counter: list[int]) -> None:

@@ -46,8 +46,11 @@ from portkit.codegen.lower import (
 )
 from portkit.graph import GraphOp, Lazy
 
-# Lowering (portkit/codegen/lower.py) recurses through a kernel's nodes, and fused chains get long.
-sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
+# Lowering (portkit/codegen/lower.py) recurses through a kernel's nodes, three Python frames per
+# node, and fused chains get long (a chain of 6,600 lazy ops is 13,200 nodes). Python 3.11+ keeps
+# Python-to-Python calls off the C stack, so a high limit is safe there; 3.10 would overflow it.
+sys.setrecursionlimit(max(sys.getrecursionlimit(),
+                          200_000 if sys.version_info >= (3, 11) else 20_000))
 
 
 @dataclass

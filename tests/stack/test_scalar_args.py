@@ -1,6 +1,7 @@
 """Numbers as data: a Python number in the graph reaches its kernel as a scalar argument (VAR), so
 a loop whose numbers change compiles its kernels once."""
 import math
+import sys
 import threading
 
 import numpy as np
@@ -161,3 +162,14 @@ def test_equal_numbers_share_a_var_and_a_new_coincidence_stays_right():
     for a, b in ((2.0, 3.0), (2.0, 2.0), (5.0, 3.0), (-0.0, 0.0)):
         np.testing.assert_array_equal((x * a + b).numpy(),
                                       np.arange(4, dtype=np.float32) * np.float32(a) + b)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.10 recursion uses the C stack")
+def test_a_chain_of_6600_lazy_ops_realizes_without_recursion_error():
+    x = Tensor(np.ones(4, np.float32)).realize()
+    expected = np.float32(1)
+    for _ in range(6600):
+        x = x * 1.0001 + 0.5
+        expected = np.float32(expected * np.float32(1.0001)) + np.float32(0.5)
+    np.testing.assert_array_equal(x.numpy(), np.full(4, expected, np.float32))

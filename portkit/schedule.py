@@ -310,7 +310,7 @@ def _serial(rt: runtime.Runtime) -> bool:
     return rt.name == "cpu" or rt.capabilities.max_block_threads == 1
 
 
-def _key(item: ScheduleItem) -> tuple[tuple, list[Lazy]]:
+def _key(item: ScheduleItem) -> tuple[tuple, Scalars]:
     key, scalars = structure(item.root, item.inputs)
     return (item.root.device, key), scalars
 
@@ -377,7 +377,7 @@ class _Step:
     size: int
     root: int | None                    # the node it realizes; None: one the scheduler made
     inputs: tuple[tuple[int | None, int], ...]   # (position, or None and an earlier step)
-    scalars: tuple[tuple[int | None, Lazy | None], ...]   # (position, or None and the node)
+    scalars: tuple[int, ...]            # the position of each VAR's constant
 
 
 def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step] | None:
@@ -408,8 +408,9 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step
                                        scalar_values(scalars.nodes))
             launched += 1
         if steps is not None:
-            # past MAX_SCALARS a kernel holds numbers as code, which a replay would not check
-            if scalars.overflow or not all(
+            # A replay reads every number from the graph, by position: not those held as code
+            # past MAX_SCALARS, nor constants the scheduler made (a split reduce's padding).
+            if scalars.overflow or not all(k in number for k in scalars.slots) or not all(
                     id(x) in number or id(x) in made for x in item.inputs):
                 steps = None
             else:
@@ -418,8 +419,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step
                     compiled, root.device, root.dtype, root.size, number.get(id(root)),
                     tuple((number[id(x)], 0) if id(x) in number else (None, made[id(x)])
                           for x in item.inputs),
-                    tuple((number.get(id(n)), None if id(n) in number else n)
-                          for n in scalars.nodes)))
+                    tuple(number[id(n)] for n in scalars.nodes)))
         root.realize_as(buffer)
     _report(debug, start, launched, {item.root.device for item in items})
     return steps
@@ -487,7 +487,7 @@ def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
         if step.compiled is not None:
             buffers = [buffer] + [made[k] if p is None else nodes[p].buffer
                                   for p, k in step.inputs]
-            scalars = scalar_values([n if p is None else nodes[p] for p, n in step.scalars])
+            scalars = scalar_values([nodes[p] for p in step.scalars])
             device(step.device).launch(step.compiled, buffers, scalars)
         made.append(buffer)
         if step.root is not None:

@@ -173,3 +173,12 @@ def test_a_chain_of_6600_lazy_ops_realizes_without_recursion_error():
         x = x * 1.0001 + 0.5
         expected = np.float32(expected * np.float32(1.0001)) + np.float32(0.5)
     np.testing.assert_array_equal(x.numpy(), np.full(4, expected, np.float32))
+
+
+def test_a_split_reduce_padding_never_takes_a_number_of_the_graph():
+    # The padding identity of a split max (-inf) equals the first scale and shares its VAR;
+    # the second realize must not replay that kernel with the new scale as its padding.
+    x = -np.random.default_rng(0).random((1 << 17) + 3).astype(np.float32) - 1
+    for scale in (-np.inf, 1.0, 2.0):
+        got = (Tensor(x) * scale).max().numpy()
+        assert got == (x * np.float32(scale)).max(), scale

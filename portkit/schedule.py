@@ -25,6 +25,7 @@ import sys
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from math import ceil, prod
 from typing import NamedTuple
@@ -46,11 +47,22 @@ from portkit.codegen.lower import (
 )
 from portkit.graph import GraphOp, Lazy
 
-# Lowering (portkit/codegen/lower.py) recurses through a kernel's nodes, three Python frames per
-# node, and fused chains get long (a chain of 6,600 lazy ops is 13,200 nodes). Python 3.11+ keeps
-# Python-to-Python calls off the C stack, so a high limit is safe there; 3.10 would overflow it.
-sys.setrecursionlimit(max(sys.getrecursionlimit(),
-                          200_000 if sys.version_info >= (3, 11) else 20_000))
+# Lowering (portkit/codegen/lower.py) recurses through a kernel's nodes, and fused chains get long.
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
+
+
+@contextmanager
+def _deep_recursion():
+    """Lowering recurses three Python frames per node (a chain of 6,600 lazy ops is 13,200
+    nodes). Python 3.11+ keeps Python-to-Python calls off the C stack, so the limit is raised
+    while lowering only: C code that recurses (json, repr) keeps the usual limit."""
+    limit = sys.getrecursionlimit()
+    if sys.version_info >= (3, 11):
+        sys.setrecursionlimit(max(limit, 200_000))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 @dataclass
@@ -320,9 +332,11 @@ def _lower(item: ScheduleItem, key: tuple, scalars: Scalars) -> Kernel:
     if kernel is None:
         rt = device(item.root.device)
         check_dtypes([item.root, *item.inputs], rt.capabilities, rt.name)
-        kernel = _lowered[key] = lower(item.root, item.inputs, rt.capabilities, _serial(rt),
-                                       name=_name(item.root, item.inputs),
-                                       scalars=scalars.nodes, slots=scalars.slots)
+        with _deep_recursion():
+            kernel = lower(item.root, item.inputs, rt.capabilities, _serial(rt),
+                           name=_name(item.root, item.inputs), scalars=scalars.nodes,
+                           slots=scalars.slots)
+        _lowered[key] = kernel
     return kernel
 
 

@@ -122,7 +122,8 @@ def test_scalars_travel_as_32_bit_words(dtype, value, word):
     assert scalar_words((dtype,), (value,)) == [word]
     back = word_value(word, dtype)
     assert back.dtype == dtype.np
-    assert np.array(back).tobytes() == np.array(value).astype(dtype.np).tobytes()
+    with np.errstate(over="ignore"):      # 1e39 is inf in float32, as a cast gives
+        assert np.array(back).tobytes() == np.array(value).astype(dtype.np).tobytes()
 
 
 def test_a_float_var_reads_its_value_in_the_interpreter():

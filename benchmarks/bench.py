@@ -1,6 +1,7 @@
 """portkit vs numpy and PyTorch on the issue's workloads: medians, and ratios to the peers.
 
     PYTHONPATH=. python benchmarks/bench.py [--device cpu] [--repeat 5] [--json out.json]
+                                            [--only "MLP"]
 
 PyTorch runs on the GPU when `--device` is a GPU backend and torch sees CUDA, else on the CPU.
 Each timed run ends by waiting for the device (portkit's synchronize, torch.cuda.synchronize).
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -93,6 +96,11 @@ def cases(device: str) -> list[Case]:
          None, None),
         ("tiny add end to end", "ops/s", 1, lambda: (one + 1).numpy(), lambda: one_np + 1, None),
         ("MLP 784-512-512-10 SGD step", "steps/s", 1, mlp_step, None, None),
+        ("MLP Adam step, constant LR", "steps/s", 1, _portkit_mlp(device, "adam"), None, None),
+        ("MLP Adam step, cosine LR", "steps/s", 1, _portkit_mlp(device, "cosine"), None, None),
+        ("x * float(i), 4096 floats", "ops/s", 1, _changing_number(put(_floats(4096))), None,
+         None),
+        ("MLP SGD first step, empty cache", "steps/s", 1, _cold_mlp(device), None, None),
     ]
     synchronize = runtime.get(device).synchronize
     rows = [row[:3] + (_waiting(row[3], synchronize),) + row[4:] for row in rows]
@@ -102,20 +110,67 @@ def cases(device: str) -> list[Case]:
     ta, tb, tc, tm, tm2, tx, tw, tone, tcopy = (torch.from_numpy(v).to(where) for v in (
         a_np, b_np, c_np, m_np, m2_np, x_np, w_np, one_np, copy_np))
     conv = torch.nn.functional.conv2d
+    tsmall = torch.from_numpy(_floats(4096)).to(where)
     torch_fns = [lambda: tcopy.clone(), lambda: ((ta * tb + tc).relu() * 2), lambda: ta.sum(),
                  lambda: tm @ tm2, lambda: conv(tx, tw, padding=1),
-                 lambda: (tone + 1).cpu().numpy(), _torch_mlp(where)]
+                 lambda: (tone + 1).cpu().numpy(), _torch_mlp(where),
+                 _torch_mlp(where, "adam"), _torch_mlp(where, "cosine"),
+                 _changing_number(tsmall), None]
     wait = torch.cuda.synchronize if where == "cuda" else lambda: None
-    return [row[:5] + (_waiting(fn, wait),) for row, fn in zip(rows, torch_fns)]
+    return [row[:5] + (_waiting(fn, wait) if fn else None,) for row, fn in zip(rows, torch_fns)]
 
 
-def _portkit_mlp(device: str) -> Callable:
+def _learning_rate(opt, rule: str, counter: list[int]) -> None:
+    """A cosine learning-rate schedule over 100 steps (rule "cosine"); else the rate stays."""
+    counter[0] += 1
+    if rule == "cosine":
+        lr = 1e-3 * 0.5 * (1 + math.cos(math.pi * (counter[0] % 100) / 100))
+        for group in getattr(opt, "param_groups", [opt]):
+            if isinstance(group, dict):
+                group["lr"] = lr
+            else:
+                group.lr = lr
+
+
+def _changing_number(x) -> Callable:
+    """x * float(i) with a new i every call: the number must not cost a compile."""
+    counter = [0]
+
+    def run() -> None:
+        counter[0] += 1
+        out = x * float(counter[0])
+        if isinstance(out, Tensor):
+            out.realize()
+    return run
+
+
+def _cold_mlp(device: str) -> Callable:
+    """The first SGD step of a new MLP with empty in-memory and disk kernel caches."""
+    def run() -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            saved = os.environ.get("PORTKIT_CACHE")
+            os.environ["PORTKIT_CACHE"] = folder
+            try:
+                runtime.clear()
+                _portkit_mlp(device)()
+            finally:
+                if saved is None:
+                    del os.environ["PORTKIT_CACHE"]
+                else:
+                    os.environ["PORTKIT_CACHE"] = saved
+    return run
+
+
+def _portkit_mlp(device: str, rule: str = "sgd") -> Callable:
     layers = [nn.Linear(784, 512), nn.Linear(512, 512), nn.Linear(512, 10)]
-    opt = optim.SGD([p for layer in layers for p in layer.parameters()], lr=0.01)
+    params = [p for layer in layers for p in layer.parameters()]
+    opt = optim.SGD(params, lr=0.01) if rule == "sgd" else optim.Adam(params, lr=1e-3)
     x = Tensor(_floats(64, 784), device=device)
     y = Tensor(np.arange(64, dtype=np.int32) % 10, device=device)
+    counter = [0]
 
     def step() -> None:
+        _learning_rate(opt, rule, counter)
         opt.zero_grad()
         h = layers[1](layers[0](x).relu()).relu()
         loss = layers[2](h).cross_entropy(y)
@@ -125,15 +180,18 @@ def _portkit_mlp(device: str) -> Callable:
     return step
 
 
-def _torch_mlp(where: str) -> Callable:
+def _torch_mlp(where: str, rule: str = "sgd") -> Callable:
     model = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(),
                                 torch.nn.Linear(512, 512), torch.nn.ReLU(),
                                 torch.nn.Linear(512, 10)).to(where)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01) if rule == "sgd" else \
+        torch.optim.Adam(model.parameters(), lr=1e-3)
     x = torch.from_numpy(_floats(64, 784)).to(where)
     y = (torch.arange(64) % 10).to(where)
+    counter = [0]
 
     def step() -> None:
+        _learning_rate(opt, rule, counter)
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -148,6 +206,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--only", action="append", metavar="WORDS",
+                        help="run only workloads whose name contains WORDS (repeatable)")
     args = parser.parse_args()
     os.environ["PORTKIT_DEVICE"] = args.device     # where nn layers put their parameters
     device = runtime.get(args.device)
@@ -159,6 +219,8 @@ def main() -> None:
         table.add_column(column, justify="left" if column == "workload" else "right")
     results = []
     for name, unit, work, *fns in cases(args.device):
+        if args.only and not any(words in name for words in args.only):
+            continue
         rates = [work / median_seconds(fn, args.repeat) / (1 if unit in ("ops/s", "steps/s")
                                                              else 1e9) if fn else None
                  for fn in fns]

@@ -13,6 +13,7 @@ and 4 its rendered source, both at a kernel's first launch.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -26,10 +27,11 @@ from typing import Any
 import numpy as np
 
 from portkit import backends, cache
+from portkit.abi import dtypes
 from portkit.abi.backend import Allocator, Capabilities, Device, Program
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
-from portkit.abi.kernel import Kernel, validate
+from portkit.abi.kernel import Kernel, scalar_words, validate
 from portkit.abi.ops import COMPUTE
 
 
@@ -183,6 +185,19 @@ class Compiled:
     seconds: float = field(default=0.0, compare=False)
     launched: bool = field(default=False, compare=False)
 
+    def __post_init__(self) -> None:
+        # What every launch checks and packs, read from the kernel once rather than per launch.
+        kernel = self.kernel
+        self.buffer_dtypes = tuple(p.dtype for p in kernel.params)
+        self.var_dtypes = kernel.var_dtypes
+        self.words_are_values = all(d == dtypes.int32 for d in self.var_dtypes)
+
+    def words(self, scalars: tuple) -> list:
+        """The scalar arguments' values as the 32-bit words the program takes."""
+        if self.words_are_values:
+            return list(scalars)
+        return scalar_words(self.var_dtypes, scalars)
+
 
 class Runtime:
     """A loaded device with its caches and buffer pool. Get one with `get(name)`.
@@ -202,6 +217,7 @@ class Runtime:
         # its last launch reference goes.
         self._compiled: LRU = LRU(kernel_cache_size())
         self._lock = threading.Lock()     # conformance compiles on several threads
+        self.builds = 0     # kernels rendered and compiled (through the disk cache) so far
 
     @property
     def capabilities(self) -> Capabilities:
@@ -227,6 +243,8 @@ class Runtime:
         """Prepares, renders and compiles `kernel` now (through the disk cache unless told not
         to), bypassing the in-memory cache: for timing a compile."""
         start = time.perf_counter()
+        with self._lock:
+            self.builds += 1
         kernel = self.prepare(kernel)
         source = self.device.renderer.render(kernel)
         if disk_cache:
@@ -256,23 +274,25 @@ class Runtime:
             self._compiled.clear()
         self.pool.clear()
 
-    def launch(self, compiled: Compiled, buffers: list[Buffer], scalars: tuple[int, ...] = (),
+    def launch(self, compiled: Compiled, buffers: list[Buffer], scalars: tuple = (),
                wait: bool = False) -> float | None:
-        """Runs `compiled` on its own grid and block; with `wait`, returns the seconds it took."""
+        """Runs `compiled` on its own grid and block; with `wait`, returns the seconds it took.
+        `scalars` are the VARs' values (ints or floats), in argument order."""
         kernel = compiled.kernel
-        _check_arguments(kernel, buffers, scalars)
+        _check_arguments(compiled, buffers, scalars)
+        words = compiled.words(scalars)
         if checking():
-            _check_bounds(kernel, buffers, scalars)
+            _check_bounds(kernel, buffers, words)
         level = debug_level()
         with self.device_lock:
-            seconds = compiled.program([b.handle for b in buffers], list(scalars), kernel.grid,
+            seconds = compiled.program([b.handle for b in buffers], words, kernel.grid,
                                        kernel.block, wait=wait or level >= 2)
         if level >= 2:
             _print_launch(compiled, seconds, level)
         compiled.launched = True
         return seconds if wait else None
 
-    def run(self, kernel: Kernel, *arrays: np.ndarray, scalars: tuple[int, ...] = ()
+    def run(self, kernel: Kernel, *arrays: np.ndarray, scalars: tuple = ()
             ) -> list[np.ndarray]:
         """Uploads `arrays` (one per PARAM, in order), launches, returns every param's array."""
         compiled = self.compile(kernel)
@@ -348,7 +368,14 @@ _DEBUG_WORDS = {"": 0, "0": 0, "no": 0, "false": 0, "off": 0, "yes": 1, "true": 
 def debug_level() -> int:
     """PORTKIT_DEBUG as a level 0-4: digits, or yes/true/on (1) and no/false/off (0); anything
     else is a ValueError naming the accepted values (`portkit` reports it and exits 2)."""
-    value = os.environ.get("PORTKIT_DEBUG", "").strip().lower()
+    return _debug_level(os.environ.get("PORTKIT_DEBUG", ""))
+
+
+@functools.lru_cache(maxsize=16)
+def _debug_level(raw: str) -> int:
+    # Read on every launch: the environment lookup stays (tests and users change it), the
+    # parse is done once per value.
+    value = raw.strip().lower()
     if value.isdigit():
         return int(value)
     if value not in _DEBUG_WORDS:
@@ -363,26 +390,27 @@ def checking() -> bool:
     return os.environ.get("PORTKIT_CHECK", "") not in ("", "0")
 
 
-def _check_bounds(kernel: Kernel, buffers: list[Buffer], scalars: tuple[int, ...]) -> None:
+def _check_bounds(kernel: Kernel, buffers: list[Buffer], words: list[int]) -> None:
     from portkit.abi.interpreter import OutOfBounds, run
 
     try:
-        run(kernel, [b.numpy() for b in buffers], scalars)
+        run(kernel, [b.numpy() for b in buffers], words)
     except OutOfBounds as error:
         raise OutOfBoundsError(f"{error} (PORTKIT_CHECK=1 stopped the launch); the buffers "
                                f"hold {[b.size for b in buffers]} elements: fix the kernel's "
                                "index or the buffer sizes") from None
 
 
-def _check_arguments(kernel: Kernel, buffers: list[Buffer], scalars: tuple[int, ...]) -> None:
-    params = kernel.params
-    if len(buffers) != len(params) or len(scalars) != len(kernel.vars):
-        raise LaunchError(f"kernel {kernel.name!r} takes {len(params)} buffers and scalars "
+def _check_arguments(compiled: Compiled, buffers: list[Buffer], scalars: tuple) -> None:
+    wanted = compiled.buffer_dtypes
+    if len(buffers) != len(wanted) or len(scalars) != len(compiled.var_dtypes):
+        kernel = compiled.kernel
+        raise LaunchError(f"kernel {kernel.name!r} takes {len(wanted)} buffers and scalars "
                           f"{kernel.vars}, got {len(buffers)} buffers and {len(scalars)} scalars")
-    for param, buffer in zip(params, buffers):
-        if buffer.dtype != param.dtype:
-            raise LaunchError(f"kernel {kernel.name!r}: buffer {param.arg} must hold "
-                              f"{param.dtype.name}, got {buffer.dtype.name}")
+    for position, (dtype, buffer) in enumerate(zip(wanted, buffers)):
+        if buffer.dtype != dtype:
+            raise LaunchError(f"kernel {compiled.kernel.name!r}: buffer {position} must hold "
+                              f"{dtype.name}, got {buffer.dtype.name}")
 
 
 def _print_launch(compiled: Compiled, seconds: float | None, level: int) -> None:

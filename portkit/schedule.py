@@ -12,17 +12,23 @@ would read more buffers than the device allows is split by realizing its sources
 A reduce of many elements into few outputs is split in two (partial results per slice, then
 a short reduce of those) so that many workgroups share the long part.
 
-Lowered kernels are cached by the graph's structure (ops, shapes, views, constants), never by
-its buffers, so a training step lowers and compiles once. `kernels(outs)` returns the kernels
+Lowered kernels are cached by the graph's structure (ops, shapes, views), never by its buffers
+nor by the values of its constants, which the kernel takes as scalar arguments (see
+portkit/codegen/lower.py, SCALAR_VAR_DTYPES), so a training step lowers and compiles once even
+when its learning rate changes every step. `kernels(outs)` returns the kernels
 `realize(outs)` launches, through the same schedule and the same lowering, so fusion is testable.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from math import ceil, prod
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,11 +38,31 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.lower import check_dtypes, lower, reduce_identity
+from portkit.codegen.lower import (
+    MAX_SCALARS,
+    SCALAR_VAR_DTYPES,
+    check_dtypes,
+    lower,
+    reduce_identity,
+)
 from portkit.graph import GraphOp, Lazy
 
 # Lowering (portkit/codegen/lower.py) recurses through a kernel's nodes, and fused chains get long.
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
+
+
+@contextmanager
+def _deep_recursion():
+    """Lowering recurses three Python frames per node (a chain of 6,600 lazy ops is 13,200
+    nodes). Python 3.11+ keeps Python-to-Python calls off the C stack, so the limit is raised
+    while lowering only: C code that recurses (json, repr) keeps the usual limit."""
+    limit = sys.getrecursionlimit()
+    if sys.version_info >= (3, 11):
+        sys.setrecursionlimit(max(limit, 200_000))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 @dataclass
@@ -186,17 +212,71 @@ def _inputs(root: Lazy, realize: set[int]) -> list[Lazy]:
     return graph.walk(root.src, stop=lambda n: n.realized or id(n) in realize).stopped
 
 
-def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
-    """What the kernel computes, with buffers replaced by their positions (a cache key)."""
+class Scalars(NamedTuple):
+    """The constants a kernel takes as VARs: one node per VAR (in VAR order), the VAR of every
+    constant node that reads one (by id), and whether some constants were left as code."""
+
+    nodes: list[Lazy]
+    slots: dict[int, int]
+    overflow: bool
+
+
+def _same_value(node: Lazy) -> tuple:
+    # A float by its bits: -0.0 == 0.0 would share a VAR or a kernel, NaN != NaN miss one.
+    value = node.arg
+    return node.dtype, value.hex() if isinstance(value, float) else value
+
+
+def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
+    """What the kernel computes, with buffers replaced by their positions and constants by the
+    VAR they read (a cache key), and those VARs. Equal constants share a VAR, so a kernel with
+    many copies of 0 and 1 stays within MAX_SCALARS; which constants are equal is part of the
+    key. Constants past MAX_SCALARS distinct values stay code: their value is in the key."""
     number: dict[int, int] = {id(x): k for k, x in enumerate(inputs)}
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
+    scalars = Scalars([], {}, False)
+    by_value: dict[tuple, int] = {}
     for node in graph.toposort([root], stop=lambda n: id(n) in number):
         number[id(node)] = len(entries)
-        # A float constant by its bits: -0.0 == 0.0 would share a kernel, NaN != NaN miss one.
-        arg = node.arg.hex() if isinstance(node.arg, float) else node.arg
+        arg = node.arg
+        if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
+            value = _same_value(node)
+            slot = by_value.get(value)
+            if slot is None and len(scalars.nodes) < MAX_SCALARS:
+                slot = by_value[value] = len(scalars.nodes)
+                scalars.nodes.append(node)
+            if slot is None:
+                scalars = scalars._replace(overflow=True)
+                arg = value
+            else:
+                scalars.slots[id(node)] = slot
+                arg = ("scalar", slot)
+        elif isinstance(arg, float):
+            arg = arg.hex()
         entries.append((node.op, node.dtype, node.shape, arg,
                         tuple(number[id(s)] for s in node.src)))
-    return tuple(entries)
+    return tuple(entries), scalars
+
+
+def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
+    """The cache key part of `structure`."""
+    return structure(root, inputs)[0]
+
+
+def scalar_values(scalars: list[Lazy]) -> tuple:
+    """The values of constants as their VARs take them (narrow types rounded to their own dtype
+    first, so that widening them is exact)."""
+    return tuple(node.arg if node.dtype in _EXACT_AS_VAR else _rounded(node.arg, node.dtype)
+                 for node in scalars)
+
+
+_EXACT_AS_VAR = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32})
+
+
+def _rounded(value, dtype: DType):
+    with np.errstate(over="ignore"):     # a float too large for its dtype is inf, as a cast
+        converted = np.array(value).astype(dtype.np)
+    return float(converted) if dtype.is_float else int(converted)
 
 
 # -- devices, buffers, running ------------------------------------------------------------------
@@ -237,23 +317,27 @@ def _forget() -> None:
 runtime.on_clear(_forget)
 
 
-def _key(item: ScheduleItem) -> tuple:
-    return item.root.device, structure_key(item.root, item.inputs)
+def _key(item: ScheduleItem) -> tuple[tuple, Scalars]:
+    key, scalars = structure(item.root, item.inputs)
+    return (item.root.device, key), scalars
 
 
-def _lower(item: ScheduleItem, key: tuple) -> Kernel:
+def _lower(item: ScheduleItem, key: tuple, scalars: Scalars) -> Kernel:
     kernel = _lowered.get(key)
     if kernel is None:
         rt = device(item.root.device)
         check_dtypes([item.root, *item.inputs], rt.capabilities, rt.name)
-        kernel = _lowered[key] = lower(item.root, item.inputs, rt.capabilities,
-                                       name=_name(item.root, item.inputs))
+        with _deep_recursion():
+            kernel = lower(item.root, item.inputs, rt.capabilities,
+                           name=_name(item.root, item.inputs), scalars=scalars.nodes,
+                           slots=scalars.slots)
+        _lowered[key] = kernel
     return kernel
 
 
 def lower_item(item: ScheduleItem) -> Kernel:
     """The ABI kernel of one schedule item on its device, lowered once per graph structure."""
-    return _lower(item, _key(item))
+    return _lower(item, *_key(item))
 
 
 def _name(root: Lazy, inputs: list[Lazy] = ()) -> str:
@@ -289,32 +373,147 @@ def kernels(outs: list[Lazy]) -> list[Kernel]:
 
 def run_schedule(items: list[ScheduleItem]) -> None:
     """Runs the items in order; each root becomes a LOAD of its new buffer."""
+    _run(items, None)
+
+
+@dataclass
+class _Step:
+    """One kernel of a Replay; every node is named by its position in the graph's walk."""
+
+    compiled: runtime.Compiled | None   # None: a node of no elements, which needs no kernel
+    device: str
+    dtype: DType
+    size: int
+    root: int | None                    # the node it realizes; None: one the scheduler made
+    inputs: tuple[tuple[int | None, int], ...]   # (position, or None and an earlier step)
+    scalars: tuple[int, ...]            # the position of each VAR's constant
+
+
+def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step] | None:
+    """Runs the items; given the graph's walk `number` (id -> position), also returns the
+    steps that replay them on another graph of the same structure (None if they cannot)."""
     debug = runtime.debug_level()
     start = time.perf_counter()
+    steps: list[_Step] | None = [] if number is not None else None
+    made: dict[int, int] = {}       # id(root) -> its step
     launched = 0
     for item in items:
         root = item.root
         if item.is_copy:
+            steps = None
             src = root.src[0]
             data = src.buffer.numpy()[:src.size]
             root.realize_as(upload(data, root.device, root.dtype))
             continue
         buffer = _alloc(root.device, root.dtype, root.size)
+        compiled, scalars = None, Scalars([], {}, False)
         if _launches(item):
-            key = _key(item)
+            key, scalars = _key(item)
             compiled = _compiled.get(key)
             if compiled is None:
-                compiled = _compiled[key] = device(root.device).compile(_lower(item, key))
-            device(root.device).launch(compiled, [buffer] + [x.buffer for x in item.inputs])
+                compiled = _compiled[key] = device(root.device).compile(
+                    _lower(item, key, scalars))
+            device(root.device).launch(compiled, [buffer] + [x.buffer for x in item.inputs],
+                                       scalar_values(scalars.nodes))
             launched += 1
+        if steps is not None:
+            # A replay reads every number from the graph, by position: not those held as code
+            # past MAX_SCALARS, nor constants the scheduler made (a split reduce's padding).
+            if scalars.overflow or not all(k in number for k in scalars.slots) or not all(
+                    id(x) in number or id(x) in made for x in item.inputs):
+                steps = None
+            else:
+                made[id(root)] = len(steps)
+                steps.append(_Step(
+                    compiled, root.device, root.dtype, root.size, number.get(id(root)),
+                    tuple((number[id(x)], 0) if id(x) in number else (None, made[id(x)])
+                          for x in item.inputs),
+                    tuple(number[id(n)] for n in scalars.nodes)))
         root.realize_as(buffer)
-    if debug >= 1 and items:
-        for name in {item.root.device for item in items}:
+    _report(debug, start, launched, {item.root.device for item in items})
+    return steps
+
+
+def _report(debug: int, start: float, launched: int, devices: set[str]) -> None:
+    if debug >= 1 and devices:
+        for name in devices:
             device(name).synchronize()
         print(f"portkit: realize ran {launched} kernels in "
               f"{(time.perf_counter() - start) * 1e3:.3f} ms", file=sys.stderr)
 
 
+# -- realizing a graph seen before --------------------------------------------------------------
+# A training step builds the same graph every step. The structure of the whole unrealized graph
+# (realized inputs and numbers by position) keys the steps its first realize ran, so a later
+# realize of that structure costs one walk, a look-up and the launches: no scheduling, no
+# per-kernel keys.
+_replays: runtime.LRU = runtime.LRU(runtime.kernel_cache_size())
+runtime.on_clear(_replays.clear)
+
+
+def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
+    """The structure of everything `realize(outs)` computes, and its nodes by position."""
+    found = graph.walk(outs, stop=lambda n: n.realized)
+    nodes = found.stopped + found.order
+    number = {id(n): k for k, n in enumerate(nodes)}
+    entries: list[tuple] = [("in", n.dtype, n.shape, n.device) for n in found.stopped]
+    first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
+    for node in found.order:
+        arg = node.arg
+        if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
+            arg = ("scalar", first.setdefault(_same_value(node), len(first)))
+        elif isinstance(arg, float):
+            arg = arg.hex()
+        entries.append((node.op, node.dtype, node.shape, node.device, arg,
+                        tuple(number[id(s)] for s in node.src)))
+    entries.append(tuple(number[id(o)] for o in outs))
+    return tuple(entries), nodes
+
+
+def _compile_ahead(items: list[ScheduleItem]) -> None:
+    """Compiles the kernels of `items` that are not compiled yet on a pool of threads (compilers
+    run as processes or release the GIL), so a first step's kernels compile side by side."""
+    todo: dict[tuple, tuple[str, Kernel]] = {}
+    for item in items:
+        if _launches(item):
+            key, scalars = _key(item)
+            if key not in todo and _compiled.get(key) is None:
+                todo[key] = item.root.device, _lower(item, key, scalars)
+    if len(todo) < 2:
+        return
+    with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
+        done = pool.map(lambda work: device(work[0]).compile(work[1]), todo.values())
+        for key, compiled in zip(todo, done):
+            _compiled[key] = compiled
+
+
+def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
+    debug = runtime.debug_level()
+    start = time.perf_counter()
+    made: list[runtime.Buffer] = []
+    for step in steps:
+        buffer = _alloc(step.device, step.dtype, step.size)
+        if step.compiled is not None:
+            buffers = [buffer] + [made[k] if p is None else nodes[p].buffer
+                                  for p, k in step.inputs]
+            scalars = scalar_values([nodes[p] for p in step.scalars])
+            device(step.device).launch(step.compiled, buffers, scalars)
+        made.append(buffer)
+        if step.root is not None:
+            nodes[step.root].realize_as(buffer)
+    _report(debug, start, sum(s.compiled is not None for s in steps),
+            {s.device for s in steps})
+
+
 def realize(outs: list[Lazy]) -> None:
     """Computes every node in `outs` into its own buffer."""
-    run_schedule(schedule(outs))
+    key, nodes = _graph_key(outs)
+    steps = _replays.get(key)
+    if steps is not None:
+        _replay(steps, nodes)
+        return
+    items = schedule(outs)
+    _compile_ahead(items)
+    steps = _run(items, {id(n): k for k, n in enumerate(nodes)})
+    if steps is not None:
+        _replays[key] = steps

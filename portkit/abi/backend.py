@@ -123,7 +123,8 @@ class Program(ABC):
     @abstractmethod
     def __call__(self, buffers: list[Any], scalars: list[int], grid: Dim3, block: Dim3,
                  wait: bool = False) -> float | None:
-        """Launches; with `wait`, blocks until done and returns the kernel's seconds."""
+        """Launches; with `wait`, blocks until done and returns the kernel's seconds. `scalars`
+        are the VARs' 32-bit words as signed ints (`scalar_words`), whatever their dtype."""
 
 
 class Allocator(ABC):

@@ -23,7 +23,7 @@ from portkit.abi.backend import (
     Program,
     Renderer,
 )
-from portkit.abi.kernel import Dim3, Kernel, validate
+from portkit.abi.kernel import Dim3, Kernel, validate, word_value
 from portkit.abi.ops import COMPUTE, Op
 
 
@@ -33,7 +33,8 @@ class OutOfBounds(IndexError):
 
 def run(kernel: Kernel, buffers: Sequence[np.ndarray], scalars: Sequence[int] = (),
         grid: Dim3 | None = None, block: Dim3 | None = None) -> None:
-    """Runs `kernel` on 1-D numpy `buffers` (one per PARAM, in order), writing them in place."""
+    """Runs `kernel` on 1-D numpy `buffers` (one per PARAM, in order), writing them in place;
+    `scalars` are the VARs' 32-bit words (portkit.abi.kernel.scalar_words)."""
     grid, block = grid or kernel.grid, block or kernel.block
     nodes = kernel.nodes
     lanes = np.arange(prod(grid) * prod(block), dtype=np.int64)
@@ -71,7 +72,7 @@ def run(kernel: Kernel, buffers: Sequence[np.ndarray], scalars: Sequence[int] = 
                 raise TypeError(f"kernel {kernel.name!r}: buffer {node.arg} holds "
                                 f"{buffer.dtype}, the kernel reads it as {node.dtype}")
         elif op is Op.VAR:
-            values[pc] = np.int32(scalar_of[node.arg])
+            values[pc] = word_value(scalar_of[node.arg], node.dtype)
         elif op is Op.CONST:
             values[pc] = np.array(node.arg, node.dtype.np)
         elif op is Op.SPECIAL:

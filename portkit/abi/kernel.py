@@ -3,7 +3,9 @@
 A node refers to earlier nodes by their position in the list. Loops (RANGE..END) and branches
 (IF..ENDIF) are brackets in the list, so a backend renders a kernel top to bottom in one pass.
 Launch dimensions follow CUDA: `grid` counts workgroups per axis, `block` threads per workgroup.
-Arguments are the buffers (PARAM, by position) and then the int32 scalars (VAR, in list order).
+Arguments are the buffers (PARAM, by position) and then the scalars (VAR, in list order), each
+passed to a Program as one 32-bit word: an int32 VAR is its value, a float32 or uint32 VAR its
+bits (`scalar_words`), which the rendered kernel reinterprets.
 
 Rules `validate` cannot check, which a kernel must keep and a backend may rely on:
 - LOCAL memory holds unspecified values until a thread stores to it.
@@ -20,10 +22,13 @@ from __future__ import annotations
 import functools
 import json
 import keyword
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
@@ -31,6 +36,10 @@ from portkit.abi.errors import InvalidKernel
 from portkit.abi.ops import BINARY, COMPARISON, DOMAIN, TERNARY, UNARY, Op
 
 Dim3 = tuple[int, int, int]
+
+# The dtypes a VAR may have: one 32-bit word each, so every backend passes the same words.
+VAR_DTYPES = (dtypes.int32, dtypes.uint32, dtypes.float32)
+_WORD_FORMAT = {dtypes.int32: "i", dtypes.uint32: "I", dtypes.float32: "f"}
 
 
 @dataclass(frozen=True)
@@ -59,8 +68,13 @@ class Kernel:
 
     @property
     def vars(self) -> tuple[str, ...]:
-        """The names of the int32 scalar arguments, in argument order."""
+        """The names of the scalar arguments, in argument order."""
         return tuple(n.arg for n in self.nodes if n.op is Op.VAR)
+
+    @property
+    def var_dtypes(self) -> tuple[DType, ...]:
+        """The dtypes of the scalar arguments, in argument order (each in VAR_DTYPES)."""
+        return tuple(n.dtype for n in self.nodes if n.op is Op.VAR)
 
     @property
     def written(self) -> frozenset[int]:
@@ -222,9 +236,10 @@ def _check_node(node: Node, src: list[Node], fail) -> None:
         raise fail(f"cannot bitcast {src[0].dtype} to {dtype}: sizes differ")
     elif op is Op.PARAM and not (_is_int(arg) and arg >= 0):
         raise fail(f"arg must be the buffer's position (int >= 0), got {arg!r}")
-    elif op is Op.VAR and (dtype != int32 or not isinstance(arg, str) or not arg.isidentifier()
-                           or keyword.iskeyword(arg)):
-        raise fail(f"must be int32 and named by an identifier, got {dtype} {arg!r}")
+    elif op is Op.VAR and (dtype not in VAR_DTYPES or not isinstance(arg, str)
+                           or not arg.isidentifier() or keyword.iskeyword(arg)):
+        raise fail(f"must be one of {[d.name for d in VAR_DTYPES]} and named by an identifier, "
+                   f"got {dtype} {arg!r}")
     elif op is Op.CONST:
         _check_const(dtype, arg, fail)
     elif op is Op.SPECIAL and (dtype != int32 or arg not in _SPECIALS):
@@ -268,6 +283,25 @@ def _check_const(dtype: DType, value: Any, fail) -> None:
         raise fail(f"value {value!r} is not a {dtype}")
 
 
+def scalar_words(var_dtypes: tuple[DType, ...], values: tuple) -> list[int]:
+    """VAR values as the 32-bit words (signed ints) a Program receives, in argument order.
+
+    A float too large for float32 becomes inf and an int outside 32 bits wraps, as a cast
+    to the VAR's dtype would."""
+    formats = "".join(_WORD_FORMAT[d] for d in var_dtypes)
+    try:
+        return list(struct.unpack(f"<{len(formats)}i", struct.pack("<" + formats, *values)))
+    except (struct.error, OverflowError):
+        with np.errstate(over="ignore", invalid="ignore"):
+            words = [np.array(v).astype(d.np).view(np.int32) for d, v in zip(var_dtypes, values)]
+        return [int(w) for w in words]
+
+
+def word_value(word: int, dtype: DType) -> Any:
+    """The value of a VAR of `dtype` passed as `word` (the inverse of scalar_words), as numpy."""
+    return np.array(word & 0xFFFFFFFF, np.uint32).view(dtype.np)[()]
+
+
 @dataclass
 class KernelBuilder:
     """Appends nodes and returns their positions; the plain way to write a kernel by hand.
@@ -293,8 +327,8 @@ class KernelBuilder:
     def param(self, dtype: DType) -> int:
         return self.add(Op.PARAM, dtype, arg=sum(n.op is Op.PARAM for n in self.nodes))
 
-    def var(self, name: str) -> int:
-        return self.add(Op.VAR, dtypes.int32, arg=name)
+    def var(self, name: str, dtype: DType = dtypes.int32) -> int:
+        return self.add(Op.VAR, dtype, arg=name)
 
     def const(self, value: Any, dtype: DType = dtypes.int32) -> int:
         value = bool(value) if dtype == dtypes.bool_ else (

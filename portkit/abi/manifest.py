@@ -36,6 +36,7 @@ def current() -> dict:
         "optional_ops": sorted(op.name for op in ops.OPTIONAL),
         "domains": {op.name: [d.name for d in ds] for op, ds in ops.DOMAIN.items()},
         "dtypes": {d.name: [d.itemsize, d.kind] for d in dtypes.ALL},
+        "var_dtypes": [d.name for d in kernel.VAR_DTYPES],
         "node": fields(kernel.Node),
         "kernel": fields(kernel.Kernel),
         "capabilities": fields(backend.Capabilities),

@@ -45,7 +45,7 @@ class Op(Enum):
     BITCAST = "BITCAST"
     # structural
     PARAM = "PARAM"      # buffer argument; arg = its position, dtype = its element type
-    VAR = "VAR"          # int32 scalar argument; arg = its name; VARs come after buffers, in order
+    VAR = "VAR"          # scalar argument (int32, uint32, float32); arg = its name; after buffers
     CONST = "CONST"      # arg = the value
     SPECIAL = "SPECIAL"  # arg = ("group" | "local", axis 0..2): workgroup id or thread id in it
     RANGE = "RANGE"      # src = (start, end): loop over [start, end); its value is the counter

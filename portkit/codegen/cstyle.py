@@ -151,7 +151,7 @@ class CStyleRenderer(Renderer):
 
     kernel_prefix = ""            # before `void name(...)`, e.g. "__kernel "
     buffer_prefix = ""            # before a buffer argument's element type, e.g. "__global "
-    int_arg_prefix = "const "     # before a scalar (VAR) argument's type
+    int_arg_prefix = "const "     # before a scalar (VAR) argument's type: its 32-bit word
     local_prefix = ""             # before a LOCAL array declaration, e.g. "__local "
     locals_at_module_scope = False   # True: LOCAL arrays are declared before the function
     barrier = ""                  # the BARRIER statement
@@ -270,7 +270,7 @@ class CStyleRenderer(Renderer):
 
     def render_body(self, kernel: Kernel) -> list[str]:
         """The kernel's statements, indented: the LOCAL arrays, then one line per other node
-        (none for PARAM, VAR, CONST)."""
+        (none for PARAM, an int32 VAR, CONST)."""
         nodes = kernel.nodes
         names: dict[int, str] = {}
         local_lines = [] if self.locals_at_module_scope else self.render_locals(kernel)
@@ -283,6 +283,10 @@ class CStyleRenderer(Renderer):
                 names[i] = f"data{node.arg}"
             elif node.op is Op.VAR:
                 names[i] = f"var_{node.arg}"
+                if node.dtype != dtypes.int32:    # the argument is a 32-bit word: its bits
+                    names[i] = f"scalar{i}"
+                    value = self.render_bitcast_value(f"var_{node.arg}", dtypes.int32, node.dtype)
+                    line = self.declare(names[i], self.value_type(node.dtype), value)
             elif node.op is Op.CONST:
                 names[i] = self.render_const(node.arg, node.dtype)
             elif node.op is Op.LOCAL:

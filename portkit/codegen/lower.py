@@ -74,6 +74,19 @@ _MIN_REDUCE = 8
 _BLOCK = 64
 
 
+# A graph constant reaches its kernel as a scalar argument (VAR) of this dtype: numbers that
+# enter the graph (x * 0.37, a learning rate) are data, so a kernel's source depends only on
+# the graph's structure. Narrow types travel widened (their value is exact there) and are cast
+# in the kernel; bool and 64-bit constants stay code. Numbers codegen makes itself (reduce
+# identities, padding zeros, index arithmetic, loop bounds) are always code.
+SCALAR_VAR_DTYPES: dict[DType, DType] = {
+    dtypes.float32: dtypes.float32, dtypes.float16: dtypes.float32,
+    dtypes.bfloat16: dtypes.float32, dtypes.int32: dtypes.int32, dtypes.uint32: dtypes.uint32,
+    dtypes.int8: dtypes.int32, dtypes.int16: dtypes.int32, dtypes.uint8: dtypes.int32,
+    dtypes.uint16: dtypes.int32}
+MAX_SCALARS = 16    # VARs per kernel; constants past these stay code
+
+
 def reduce_identity(op: Op, dtype: DType) -> float | int | bool:
     """The value a reduction starts from: 0 for sums, 1 for products, the minimum for max."""
     if op in (Op.ADD, Op.MUL):
@@ -228,6 +241,7 @@ class _Lowerer:
         self.plan = tiling
         self.scopes: list[dict] = [{}]          # memo per open loop/branch; closed ones drop
         self.vars: dict[str, int] = {}          # symbolic Var name -> node
+        self.scalars: dict[int, int] = {}       # id(graph CONST) -> its VAR (cast) node
         self.counter = 0
 
     # -- memo with scopes: a value computed inside a loop is not visible after it ---------------
@@ -321,7 +335,8 @@ class _Lowerer:
                 for idx, gate in zip(idxs, gates)]
         op = node.op
         if op is GraphOp.CONST:
-            return [self.const(node.arg, node.dtype)] * len(idxs)
+            found = self.scalars.get(id(node))
+            return [self.const(node.arg, node.dtype) if found is None else found] * len(idxs)
         if op is GraphOp.ITER:
             return [self.index(idx[node.arg]) for idx in idxs]
         if op is GraphOp.VIEW:
@@ -469,8 +484,11 @@ def check_dtypes(nodes: list[Lazy], caps: Capabilities, device: str) -> None:
                 f".cast(portkit.float32) or pick a device that has it")
 
 
-def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kernel") -> Kernel:
-    """The ABI kernel storing `root` contiguously into PARAM 0, reading `inputs` as PARAM 1...."""
+def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kernel",
+          scalars: list[Lazy] = (), slots: dict[int, int] | None = None) -> Kernel:
+    """The ABI kernel storing `root` contiguously into PARAM 0, reading `inputs` as PARAM 1...,
+    and the graph constants `scalars` as VARs s0, s1... (see SCALAR_VAR_DTYPES); `slots` maps
+    id() of every constant read through a VAR to its index (default: `scalars` in order)."""
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
@@ -480,6 +498,13 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     out = b.param(root.dtype)
     for node in inputs:
         lowerer.params[id(node)] = b.param(node.dtype)
+    values = []
+    for k, node in enumerate(scalars):
+        value = b.var(f"s{k}", SCALAR_VAR_DTYPES[node.dtype])
+        values.append(value if b.dtype(value) == node.dtype else b.cast(value, node.dtype))
+    if slots is None:
+        slots = {id(node): k for k, node in enumerate(scalars)}
+    lowerer.scalars = {node: values[k] for node, k in slots.items()}
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)

@@ -14,6 +14,7 @@ import numpy as np
 
 from portkit.abi import Kernel, KernelBuilder, dtypes, interpreter, spec
 from portkit.abi.dtypes import DType
+from portkit.abi.kernel import scalar_words
 from portkit.abi.ops import COMPUTE, Op
 from portkit.conformance.case import Case, Check, Context, KernelCase
 from portkit.conformance.tier1_runtime import ESSENTIAL
@@ -254,6 +255,23 @@ def scalar_args(ctx: Context) -> KernelCase:
     return _exact(kernel, [x, np.full(launched, -1, np.int32)], (n, -3, 2**31 - 7))
 
 
+def word_scalar_args(ctx: Context) -> KernelCase:
+    """out[i] = x[i] * scale + offset for i < n, with n a uint32 VAR and scale and offset float32
+    VARs: each arrives as the 32-bit word of its bits and the kernel reinterprets it."""
+    n, launched = 50, 128
+    x = ctx.rng("word-scalars").standard_normal(launched).astype(np.float32)
+    b = KernelBuilder("conform_word_scalar_args")
+    px, out = b.param(dtypes.float32), b.param(dtypes.float32)
+    count = b.var("n", dtypes.uint32)
+    scale, offset = b.var("scale", dtypes.float32), b.var("offset", dtypes.float32)
+    i = _lane(b)
+    with b.branch(b.alu(Op.CMPLT, i, b.cast(count, dtypes.int32))):
+        b.store(out, i, b.alu(Op.ADD, b.alu(Op.MUL, b.load(px, i), scale), offset))
+    kernel = b.build(**_grid(launched))
+    words = tuple(scalar_words(kernel.var_dtypes, (n, 0.37, -2.5)))
+    return _exact(kernel, [x, np.full(launched, -1, np.float32)], words)
+
+
 def many_buffers(ctx: Context, count: int) -> KernelCase:
     """`count` buffers in one kernel: out = sum of count - 1 inputs, each distinct."""
     n = 16
@@ -326,6 +344,7 @@ def cases(ctx: Context) -> list[Case]:
         _case("local/reverse", lambda: local_reverse(ctx, block), dtypes.float32),
         _case("local/tree-sum", lambda: local_tree_sum(ctx, block), dtypes.int32),
         _case("scalar-args", lambda: scalar_args(ctx), dtypes.int32),
+        _case("scalar-args/words", lambda: word_scalar_args(ctx), dtypes.float32),
         _case("many-buffers", lambda: many_buffers(ctx, min(caps.max_buffers, 128)),
               dtypes.int32),
         _case("grid-3d", lambda: grid_3d(ctx), dtypes.int32),

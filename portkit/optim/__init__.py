@@ -148,12 +148,10 @@ class Adam(Optimizer):
             w = w * (1 - self.lr * self.weight_decay)
         m = self.m[i] * b1 + g * (1 - b1)
         v = self.v[i] * b2 + g * g * (1 - b2)
-        # the bias corrections change every step: pass them as data, not as kernel constants,
-        # so the update kernel compiles once
-        corrections = Tensor(np.array([1 / (1 - b1 ** self.t), 1 / (1 - b2 ** self.t)],
-                                      np.float32).astype(p.dtype.np), device=p.device)
-        m_hat = m * corrections[0]
-        v_hat = v * corrections[1]
+        # the bias corrections change every step: like every number, they reach the update
+        # kernel as scalar arguments, so it compiles once
+        m_hat = m * (1 / (1 - b1 ** self.t))
+        v_hat = v * (1 / (1 - b2 ** self.t))
         return [(self.m[i], m), (self.v[i], v),
                 (p, w - m_hat * self.lr / (v_hat.sqrt() + self.eps))]
 

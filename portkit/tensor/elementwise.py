@@ -107,7 +107,9 @@ class ElementwiseOps:
                 dtype = default_float
             elif isinstance(other, int) and not isinstance(other, bool) and dtype == bool_:
                 dtype = int32
-            other = core.Tensor.full((), _wrapped(other, dtype), dtype, self.device)
+            # made at self's shape at once: the same constant node a reshape and an expand of a
+            # 0-d one would give, without building them on every scalar operation
+            other = core.Tensor.full(self.shape, _wrapped(other, dtype), dtype, self.device)
         a, b = _broadcast(self.cast(dtype), other.cast(dtype))
         return (b, a) if reverse else (a, b)
 

@@ -2,6 +2,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from portkit.abi import (
@@ -14,6 +15,7 @@ from portkit.abi import (
     interpreter,
     validate,
 )
+from portkit.abi.kernel import scalar_words, word_value
 from portkit.conformance import generate, tier3_kernels
 from portkit.conformance.case import Context
 
@@ -23,8 +25,9 @@ CTX = Context(interpreter.CAPABILITIES, quick=True)
 
 @pytest.mark.parametrize("kc", [
     tier3_kernels.fused(CTX, F32, 100), tier3_kernels.local_tree_sum(CTX, 8),
-    tier3_kernels.scalar_args(CTX), tier3_kernels.grid_3d(CTX),
-], ids=["fused", "tree-sum", "scalars", "grid-3d"])
+    tier3_kernels.scalar_args(CTX), tier3_kernels.word_scalar_args(CTX),
+    tier3_kernels.grid_3d(CTX),
+], ids=["fused", "tree-sum", "scalars", "word-scalars", "grid-3d"])
 def test_json_round_trip_is_exact(kc):
     text = kc.kernel.to_json()
     assert Kernel.from_json(text) == kc.kernel
@@ -80,6 +83,7 @@ ZERO = Node(Op.CONST, I32, (), 0)
     (_kernel(Node(Op.PARAM, F32, (), 1)), "PARAM positions must be 0..n-1"),
     (_kernel(P, Node(Op.VAR, I32, (), "n"), Node(Op.VAR, I32, (), "n")), "VAR names repeat"),
     (_kernel(P, Node(Op.VAR, I32, (), "for")), "named by an identifier"),
+    (_kernel(P, Node(Op.VAR, dtypes.int64, (), "n")), "must be one of"),
     (_kernel(P, Node(Op.SPECIAL, I32, (), ("thread", 0))), "with arg in"),
     (_kernel(P, Node(Op.CONST, F32, (), 1.0), Node(Op.BITCAST, dtypes.int64, (1,))),
      "sizes differ"),
@@ -108,3 +112,24 @@ def test_from_json_rejects_an_unknown_op():
                        "nodes": [{"op": "FMA", "dtype": "float32", "src": [], "arg": None}]})
     with pytest.raises(InvalidKernel, match="unknown op 'FMA'"):
         Kernel.from_json(text)
+
+
+@pytest.mark.parametrize(("dtype", "value", "word"), [
+    (I32, -3, -3), (dtypes.uint32, 2**32 - 1, -1), (F32, 1.0, 0x3F800000),
+    (F32, -0.0, -(2**31)), (F32, math.inf, 0x7F800000), (F32, 1e39, 0x7F800000),
+    (I32, 2**32 + 5, 5)])
+def test_scalars_travel_as_32_bit_words(dtype, value, word):
+    assert scalar_words((dtype,), (value,)) == [word]
+    back = word_value(word, dtype)
+    assert back.dtype == dtype.np
+    with np.errstate(over="ignore"):      # 1e39 is inf in float32, as a cast gives
+        assert np.array(back).tobytes() == np.array(value).astype(dtype.np).tobytes()
+
+
+def test_a_float_var_reads_its_value_in_the_interpreter():
+    b = KernelBuilder("scale")
+    out = b.param(F32)
+    b.store(out, b.const(0), b.alu(Op.MUL, b.var("lr", F32), b.const(2.0, F32)))
+    buffer = np.zeros(1, np.float32)
+    interpreter.run(b.build(), [buffer], scalar_words((F32,), (0.37,)))
+    assert buffer[0] == np.float32(0.37) * 2

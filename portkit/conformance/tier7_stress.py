@@ -2,8 +2,8 @@
 
 Every case here failed or crashed on a reference backend before its fix, and a vendor's chip
 with the same fault fails it too:
-- reductions past 2**16 elements (lavapipe stops every shader after 65,535 loop iterations)
-  and past 2**24 (a float32 lane stops growing there): sum, sum over an axis, max, argmax, a
+- reductions past 2**16 elements (lavapipe stops every shader after 65,535 loop iterations in
+  all; 1,100,003 stays past it for a kernel that sums in 16 partial accumulators) and past 2**24 (a float32 lane stops growing there): sum, sum over an axis, max, argmax, a
   matmul with K = 70,001, through the Tensor stack, which must keep every loop short;
 - division by a constant and by a dynamic zero on every float dtype the backend declares
   (IEEE: ±inf and NaN; lavapipe dropped the store of `x / 0.0`), and integer division by zero,
@@ -142,7 +142,7 @@ def cases(ctx: Context) -> list[Case]:
     floats = [d.name for d in (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)]
     ints = [d.name for d in (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64,
                              dtypes.uint8, dtypes.uint32)]
-    sizes = [65537, 70001] + ([] if ctx.quick else [(1 << 24) + 3, 20_000_001])
+    sizes = [65537, 70001, 1_100_003] + ([] if ctx.quick else [(1 << 24) + 3, 20_000_001])
     found = [Case(f"stress/sum/{n}", TIER, requires=ESSENTIAL, fn=lambda t, n=n: _sum_long(t, n))
              for n in sizes]
     found.append(Case("stress/reduce-past-65535", TIER, requires=ESSENTIAL, fn=_reduce_axis))

@@ -28,7 +28,7 @@ import numpy as np
 
 from portkit import backends, cache
 from portkit.abi import dtypes
-from portkit.abi.backend import Allocator, Capabilities, Device, Program
+from portkit.abi.backend import Allocator, Capabilities, Device, HostAllocator, Program
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
 from portkit.abi.kernel import Kernel, scalar_words, validate
@@ -142,12 +142,18 @@ class BufferPool:
 
 
 class Buffer:
-    """Device memory holding `size` elements of `dtype`; it returns to its pool when freed."""
+    """Device memory holding `size` elements of `dtype`; it returns to its pool when freed.
 
-    def __init__(self, pool: BufferPool, dtype: DType, size: int):
+    `borrowed`: host bytes that someone else owns (an array imported by from_dlpack) used as
+    the buffer of a host-memory device; never taken from or given back to the pool.
+    """
+
+    def __init__(self, pool: BufferPool, dtype: DType, size: int,
+                 borrowed: np.ndarray | None = None):
         self.dtype, self.size, self.nbytes = dtype, size, size * dtype.itemsize
         self._pool, self._allocator = pool, pool.allocator
-        self.handle: Any = pool.take(self.nbytes)
+        self.owned = borrowed is None
+        self.handle: Any = pool.take(self.nbytes) if self.owned else borrowed
 
     def copyin(self, array: np.ndarray) -> Buffer:
         """Copies a host array of the same dtype and size into the buffer; returns the buffer."""
@@ -170,7 +176,7 @@ class Buffer:
     def __del__(self) -> None:
         handle = getattr(self, "handle", None)
         # At interpreter exit a backend's modules may be gone, and the driver frees the memory.
-        if handle is not None and not sys.is_finalizing():
+        if handle is not None and self.owned and not sys.is_finalizing():
             self._pool.give(handle, self.nbytes)
 
 
@@ -227,6 +233,13 @@ class Runtime:
     def alloc(self, dtype: DType, size: int) -> Buffer:
         """A buffer of `size` elements of `dtype` (contents undefined until written)."""
         return Buffer(self.pool, dtype, size)
+
+    def share(self, dtype: DType, memory: np.ndarray) -> Buffer | None:
+        """A buffer over the caller's host bytes `memory` (no copy; the caller keeps it alive
+        through the buffer), or None where this device's buffers are not host memory."""
+        if not isinstance(self.device.allocator, HostAllocator) or memory.dtype != np.uint8:
+            return None
+        return Buffer(self.pool, dtype, memory.size // dtype.itemsize, borrowed=memory)
 
     def prepare(self, kernel: Kernel) -> Kernel:
         """`kernel` as this device runs it: ops it lacks decomposed, checked against its limits."""

@@ -11,8 +11,11 @@ Accuracy of the rewrites (checked by tests/codegen/test_decompose.py against por
 - EXP2 and LOG2 are polynomials after range reduction, within their ULP budgets on every input.
 - SIN reduces its argument by Cody-Waite (pi/2 split into parts whose products with the quadrant
   number are exact) and meets its budget for |a| <= SIN_ACCURATE_TO[dtype]: float32 and bfloat16
-  1e5, float64 1e9, float16 all finite values. Beyond that the error grows with |a| (float32,
-  bfloat16), and for |a| * 2/pi >= 2^30 the result is NaN, never an arbitrary number.
+  2e6 (so cos, which also takes sin(2a), holds to 1e6), float64 1e9, float16 all finite values.
+  Beyond that the error grows with |a| (float32, bfloat16: 0.012 at 8e6); where |a| * 2/pi
+  reaches 2^22 (float32, bfloat16) or 2^30 (float64), past which the reduced argument would
+  leave [-pi/4, pi/4], no reduction is tried: a finite a gives 0, finite and in range but not
+  sin(a) (that needs a table-driven Payne-Hanek reduction). ±inf and NaN give NaN.
 - float16 and bfloat16 compute TRUNC, EXP2, LOG2 and SIN in float32 and round the result once.
 """
 from __future__ import annotations
@@ -28,7 +31,7 @@ from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel, KernelBuilder, validate
 from portkit.abi.ops import OPTIONAL, REQUIRED, Op
 
-SIN_ACCURATE_TO = {"float16": 65504.0, "bfloat16": 1e5, "float32": 1e5, "float64": 1e9}
+SIN_ACCURATE_TO = {"float16": 65504.0, "bfloat16": 2e6, "float32": 2e6, "float64": 1e9}
 
 
 def decompose(kernel: Kernel, native: frozenset[Op]) -> Kernel:
@@ -135,11 +138,13 @@ class _Format:
     log2_terms: int      # terms of the atanh series on |s| <= 3 - 2*sqrt(2)
     sin_terms: int       # Taylor terms of sin and cos on [-pi/4, pi/4], after the first
     pi_part_bits: int    # significant bits of each pi/2 part but the last (see _sin)
+    pi_parts: int        # how many parts: enough bits of pi/2 for the accurate range
+    quadrants: float     # |k| below which r stays within about pi/4 (k * part nearly exact)
 
 
 _FORMATS = {
-    dtypes.float32: _Format(dtypes.int32, 23, 127, 8, 5, 5, 8),
-    dtypes.float64: _Format(dtypes.int64, 52, 1023, 14, 11, 8, 21),
+    dtypes.float32: _Format(dtypes.int32, 23, 127, 8, 5, 5, 3, 7, 2.0 ** 22),
+    dtypes.float64: _Format(dtypes.int64, 52, 1023, 14, 11, 8, 21, 4, 2.0 ** 30),
 }
 
 
@@ -237,16 +242,16 @@ def _split(value: Fraction, part_bits: int, parts: int, dtype: DType) -> list[fl
 
 def _sin(e: _Emitter, dtype: DType, a: int) -> int:
     fmt = _FORMATS[dtype]
-    # Quadrant k = round(a * 2/pi), kept in int32; beyond that, NaN (see module docstring).
+    # Quadrant k = round(a * 2/pi) in int32, below fmt.quadrants; beyond, 0 (module docstring).
     t = e.scale(a, 2 / math.pi)
-    finite = e.inside(t, 2.0 ** 30)
+    finite = e.inside(t, fmt.quadrants)
     t = e.where(finite, t, e.const(0.0, dtype))
     half = e.where(e.lt(t, e.const(0.0, dtype)), e.const(-0.5, dtype), e.const(0.5, dtype))
     k = e.cast(e.plus(t, half), dtypes.int32)
     # Cody-Waite: r = a - k*pi/2 with pi/2 in parts; k * part is exact while k has at most
     # (precision - pi_part_bits) bits, so the first subtractions cancel without error.
     k_float, r = e.cast(k, dtype), e.where(finite, a, e.const(0.0, dtype))
-    for part in _split(_PI / 2, fmt.pi_part_bits, 4, dtype):
+    for part in _split(_PI / 2, fmt.pi_part_bits, fmt.pi_parts, dtype):
         r = e.sub(r, e.scale(k_float, part))
     r2 = e.mul(r, r)
     sin_series = [(-1) ** n / math.factorial(2 * n + 1) for n in range(1, fmt.sin_terms + 1)]
@@ -259,7 +264,8 @@ def _sin(e: _Emitter, dtype: DType, a: int) -> int:
                      e.const(0, dtypes.int32))
     value = e.where(bit(1), cos_r, sin_r)
     value = e.where(bit(2), e.alu(Op.NEG, value), value)
-    return e.where(finite, value, e.const(math.nan, dtype))
+    beyond = e.where(e.inside(a, math.inf), e.const(0.0, dtype), e.const(math.nan, dtype))
+    return e.where(finite, value, beyond)
 
 
 DECOMPOSITIONS: dict[Op, Rule] = {

@@ -317,10 +317,28 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> 
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
-                                 attn_mask: Tensor | None = None,
-                                 is_causal: bool = False) -> Tensor:
-    """softmax(q @ k^T / sqrt(d) + mask) @ v, with an optional causal mask."""
-    scores = query.matmul(key.transpose(-1, -2)) * (1 / math.sqrt(query.shape[-1]))
+                                 attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """softmax(q @ k^T * scale + mask) @ v over (..., heads, L, E) queries and (..., S, E) keys,
+    as torch's: scale defaults to 1/sqrt(E); a bool mask keeps where True, a float mask is
+    added; is_causal keeps key j for query i where j <= i (top-left, also when L != S, and
+    together with attn_mask); a row with no key left gives 0; dropout_p drops attention weights
+    (always, as torch's, not only when training); enable_gqa repeats each key/value head for
+    its group of query heads (dim -3)."""
+    if not 0 <= dropout_p <= 1:
+        raise RuntimeError(f"scaled_dot_product_attention: dropout probability has to be "
+                           f"between 0 and 1, but got {dropout_p}")
+    if attn_mask is not None and is_causal:
+        raise RuntimeError("scaled_dot_product_attention: an explicit attn_mask should not be "
+                           "set when is_causal=True; fold the causal mask into attn_mask")
+    if attn_mask is not None and attn_mask.dtype != bool_ and not attn_mask.dtype.is_float:
+        raise TypeError(f"scaled_dot_product_attention: attn_mask must be bool or float, got "
+                        f"{attn_mask.dtype.name}; cast it (mask.bool() keeps where True)")
+    if enable_gqa:
+        key, value = _grouped_heads(query, key, value)
+    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = query.matmul(key.transpose(-1, -2)) * scale
     if is_causal:
         q, k = scores.shape[-2:]
         causal = Tensor.arange(q, device=query.device).reshape(q, 1) >= Tensor.arange(
@@ -329,7 +347,31 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     if attn_mask is not None:
         scores = attn_mask.where(scores, float("-inf")) if attn_mask.dtype == bool_ \
             else scores + attn_mask
-    return scores.softmax(-1).matmul(value)
+        # torch's safe softmax: a row masked everywhere gives weights 0 (and gradient 0), not
+        # NaN; the finite stand-in keeps the NaN of -inf - -inf out of the backward pass too
+        empty = scores.amax(-1, keepdim=True) == float("-inf")
+        weights = empty.where(0.0, empty.where(0.0, scores).softmax(-1))
+    else:
+        weights = scores.softmax(-1)
+    if dropout_p:
+        weights = dropout(weights, dropout_p, training=True)
+    return weights.matmul(value)
+
+
+def _grouped_heads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+    """key and value with each head (dim -3) repeated for the query heads sharing it."""
+    if min(query.ndim, key.ndim, value.ndim) < 3:
+        raise RuntimeError("scaled_dot_product_attention: enable_gqa needs (..., heads, L, E) "
+                           f"inputs, got shapes {query.shape}, {key.shape}, {value.shape}")
+    heads, kv_heads = query.shape[-3], key.shape[-3]
+    if kv_heads != value.shape[-3] or kv_heads == 0 or heads % kv_heads:
+        raise RuntimeError(f"scaled_dot_product_attention: the number of heads in key "
+                           f"({kv_heads}) and value ({value.shape[-3]}) must be equal and "
+                           f"divide the number of heads in query ({heads})")
+    if heads == kv_heads:
+        return key, value
+    groups = heads // kv_heads
+    return key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
 
 
 # -- activations --------------------------------------------------------------------------------

@@ -75,11 +75,13 @@ class FunctionalMethods:
         return _functional().embedding(self, weight)
 
     def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor,
-                                     attn_mask: Tensor | None = None,
-                                     is_causal: bool = False) -> Tensor:
-        """softmax(q @ k^T / sqrt(d) + mask) @ v, with an optional causal mask."""
+                                     attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                                     is_causal: bool = False, scale: float | None = None,
+                                     enable_gqa: bool = False) -> Tensor:
+        """softmax(q @ k^T * scale + mask) @ v, as torch's (see nn.functional)."""
         return _functional().scaled_dot_product_attention(self, key, value, attn_mask,
-                                                          is_causal)
+                                                          dropout_p, is_causal, scale,
+                                                          enable_gqa)
 
     def leaky_relu(self: Tensor, negative_slope: float = 0.01) -> Tensor:
         """x where x > 0, else negative_slope * x."""

@@ -56,7 +56,8 @@ PARTLY = {
     "F.grid_sample": "4-d input; bilinear and nearest; zeros and border padding",
     "F.pad": "reflect, replicate and circular pad any trailing dims, sizes >= 0",
     "portkit.einsum": "distinct letters per operand, no '...' or diagonals",
-    "portkit.from_dlpack": "copies; exports (__dlpack__) share host memory on cpu/interpreter",
+    "portkit.from_dlpack": ("shares C-contiguous host memory on cpu/interpreter (so do "
+                            "exports); copies on device backends"),
 }
 ALIASES: dict[str, str] = {}
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import portkit as pk
+from portkit.abi.errors import UnsupportedDType
 from portkit.tensor import Tensor
 
 torch = pytest.importorskip("torch")
@@ -50,3 +51,51 @@ def test_repr_shows_values_like_pytorch():
         f"device={Tensor(X).device!r})")
     assert "requires_grad=True" in repr(Tensor(1.5, requires_grad=True))
     assert "[1, 2]" in repr(Tensor([1, 2]))
+
+
+def test_from_dlpack_shares_host_memory_and_reads_it_when_realized(backend):
+    source = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    t = pk.from_dlpack(source)
+    lazy, done = t * 2, (t * 3).realize()
+    source[0, 0] = 42.0                                 # write through torch ...
+    host = backend in ("cpu", "interpreter")
+    seen = 42.0 if host else 0.0                        # ... read through portkit
+    assert t.numpy()[0, 0] == seen
+    assert lazy.numpy()[0, 0] == 2 * seen               # a graph reads it when realized
+    assert done.numpy()[0, 0] == 0.0                    # a realized result is its own buffer
+    assert (torch.from_dlpack(t).data_ptr() == source.data_ptr()) == host   # round trip
+
+
+def test_from_dlpack_of_numpy_keeps_dtype_and_outlives_the_source(backend):
+    array = np.arange(5, dtype=np.int16)
+    t = pk.from_dlpack(array)
+    assert t.dtype == pk.int16 and t.shape == (5,)
+    array[4] = -7
+    assert t.numpy()[4] == (-7 if backend in ("cpu", "interpreter") else 4)
+    del array
+    gc.collect()
+    np.testing.assert_array_equal((t + 1).numpy()[:4], [1, 2, 3, 4])
+    assert pk.from_dlpack(torch.tensor(2.5)).item() == 2.5    # 0-d
+
+
+def test_from_dlpack_copies_a_strided_source_and_never_pools_borrowed_memory(backend):
+    source = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    t = pk.from_dlpack(source.T)                        # not C-contiguous: copied
+    source[0, 1] = -1.0
+    np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3).T)
+    kept = torch.zeros(6)
+    borrowed = pk.from_dlpack(kept)
+    np.testing.assert_array_equal((borrowed + 1).numpy(), np.ones(6))
+    del borrowed
+    gc.collect()
+    for _ in range(4):                                  # same byte size: a pool would reuse it
+        (Tensor(np.ones(6, np.float32)) * 5).realize()
+    assert not kept.any()
+
+
+def test_from_dlpack_keeps_int64_or_refuses_it_when_written(capabilities):
+    if pk.int64 in capabilities.dtypes:
+        assert pk.from_dlpack(torch.arange(3)).dtype == pk.int64
+    else:
+        with pytest.raises(UnsupportedDType, match="int32"):
+            pk.from_dlpack(torch.arange(3))

@@ -103,7 +103,9 @@ def test_batch_norm_with_torchs_signature_updates_the_running_statistics(trainin
         return (F if ours else TF).batch_norm(x, mean, var, w, b, training, 0.2, 1e-3)
     check(call, x, w, b, atol=1e-4)
     for got, want in zip(stats["ours"], stats["theirs"]):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
+        # absolute too: a running mean near 0 (4e-6 in one run) differs from torch's in its
+        # last bits, as the two sum the batch in different orders
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_one_hot_infers_the_class_count_and_embedding_skips_the_padding_row(check, data):

@@ -36,15 +36,19 @@ except ImportError:
 Case = tuple[str, str, float, Callable, Callable | None, Callable | None]
 
 
-def median_seconds(fn: Callable, repeat: int) -> float:
-    """Median wall time of `repeat` runs of fn, after one warm-up run."""
+def timings(fn: Callable, repeat: int) -> list[float]:
+    """Wall times of `repeat` runs of fn, after one warm-up run."""
     fn()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn: Callable, repeat: int) -> float:
+    return statistics.median(timings(fn, repeat))
 
 
 def _floats(*shape: int) -> np.ndarray:

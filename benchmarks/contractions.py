@@ -9,23 +9,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import numpy as np
 import torch
 
+from bench import timings
 from portkit import runtime
 from portkit.tensor import Tensor
 
 
 def spread(fn, repeat: int) -> tuple[float, float, float]:
     """(median, fastest, slowest) seconds of `repeat` runs of fn after one warm-up."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+    times = timings(fn, repeat)
     return float(np.median(times)), min(times), max(times)
 
 

@@ -174,7 +174,7 @@ def _conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None, stride: 
     # its in/out channels swapped per group
     x = input
     for axis, s in enumerate(stride, start=2):
-        x = _spread(x, axis, s)
+        x = spread(x, axis, s)
     pads = tuple((dd * (k - 1) - p, dd * (k - 1) - p + e)
                  for k, dd, p, e in zip(kernel, dilation, padding, extra))
     w = weight.reshape(groups, cin // groups, cout_g, *kernel).transpose(1, 2).reshape(
@@ -183,8 +183,9 @@ def _conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None, stride: 
     return y if bias is None else y + bias.reshape(1, -1, *(1,) * d)
 
 
-def _spread(x: Tensor, axis: int, stride: int) -> Tensor:
-    """stride - 1 zeros between neighbours along `axis`."""
+def spread(x: Tensor, axis: int, stride: int) -> Tensor:
+    """stride - 1 zeros between neighbours along `axis` (a transposed convolution's input,
+    ONNX's Col2Im)."""
     if stride == 1 or x.shape[axis] == 0:
         return x
     n = x.shape[axis]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from portkit.nn.spatial import spread
 from portkit.onnx.ops import Check, Context, NodeArgs, Op, Value, registrar
 from portkit.tensor import Tensor, cat
 
@@ -175,15 +176,6 @@ def _grid_sample(ctx: Context, node: NodeArgs) -> list[Value]:
     return [total.reshape(n, c, *out_shape)]
 
 
-def _spread(x: Tensor, axis: int, stride: int) -> Tensor:
-    """x with stride - 1 zeros between its elements along `axis`."""
-    if stride == 1:
-        return x
-    x = x.unsqueeze(axis + 1).pad(((0, 0),) * (axis + 1) + ((0, stride - 1),))
-    x = x.reshape(*x.shape[:axis], x.shape[axis] * stride, *x.shape[axis + 2:])
-    return x.pad(((0, 0),) * axis + ((0, 1 - stride),))
-
-
 @op("Col2Im")
 def _col2im(ctx: Context, node: NodeArgs) -> list[Value]:
     """Each block's column added into the image at its place: spread by the strides, shifted
@@ -203,7 +195,7 @@ def _col2im(ctx: Context, node: NodeArgs) -> list[Value]:
     for k, offset in enumerate(np.ndindex(*block)):
         part = columns[:, :, k]
         for axis in range(rank):
-            part = _spread(part, axis + 2, strides[axis])
+            part = spread(part, axis + 2, strides[axis])
         start = [o * d for o, d in zip(offset, dilations)]
         part = part.pad(((0, 0), (0, 0), *((b, p - b - n) for b, p, n in
                                            zip(start, padded, part.shape[2:]))))

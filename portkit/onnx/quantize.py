@@ -43,12 +43,18 @@ def _onnx_dtype(code: int):
     return dtypes.from_numpy(onnx.helper.tensor_dtype_to_np_dtype(code))
 
 
-@op("QuantizeLinear")
-def _quantize(ctx: Context, node: NodeArgs) -> list[Value]:
+def _operands(ctx: Context, node: NodeArgs) -> tuple[Tensor, Tensor, Tensor | None]:
+    """x, and the scale and zero point (None when absent) broadcastable to x along `axis`,
+    per block of `block_size` when it is set: Quantize- and DequantizeLinear's inputs."""
     x = ctx.tensor(node.inputs[0])
     axis, block = node.attr("axis", 1) % max(x.ndim, 1), node.attr("block_size", 0)
     scale = _broadcast(ctx.tensor(node.inputs[1]), x.shape, axis, block)
-    zero = _zero_point(ctx, node, 2, x.shape, axis, block)
+    return x, scale, _zero_point(ctx, node, 2, x.shape, axis, block)
+
+
+@op("QuantizeLinear")
+def _quantize(ctx: Context, node: NodeArgs) -> list[Value]:
+    x, scale, zero = _operands(ctx, node)
     target = zero.dtype if zero is not None else (
         _onnx_dtype(node.attr("output_dtype")) if node.attr("output_dtype") else dtypes.uint8)
     scaled = (x / scale).round()
@@ -59,10 +65,7 @@ def _quantize(ctx: Context, node: NodeArgs) -> list[Value]:
 
 @op("DequantizeLinear")
 def _dequantize(ctx: Context, node: NodeArgs) -> list[Value]:
-    x = ctx.tensor(node.inputs[0])
-    axis, block = node.attr("axis", 1) % max(x.ndim, 1), node.attr("block_size", 0)
-    scale = _broadcast(ctx.tensor(node.inputs[1]), x.shape, axis, block)
-    zero = _zero_point(ctx, node, 2, x.shape, axis, block)
+    x, scale, zero = _operands(ctx, node)
     wide = x.cast(dtypes.float32)
     if zero is not None:
         wide = wide - zero.cast(dtypes.float32)

@@ -34,6 +34,21 @@ def data():
 
 
 @pytest.fixture
+def same_call():
+    """same_call(name, *args, **kwargs): fn(*tensors) calling `name` from portkit's
+    nn.functional or torch's, whichever the tensors belong to, with the same extra arguments."""
+    from portkit.nn import functional
+    torch_functional = pytest.importorskip("torch").nn.functional
+
+    def make(name, *args, **kwargs):
+        def call(*tensors):
+            module = functional if isinstance(tensors[0], Tensor) else torch_functional
+            return getattr(module, name)(*tensors, *args, **kwargs)
+        return call
+    return make
+
+
+@pytest.fixture
 def check():
     """check(fn, *arrays, torch_fn=None, ...): fn on portkit tensors and torch_fn (default fn)
     on torch tensors agree, and so do the gradients of their inputs."""

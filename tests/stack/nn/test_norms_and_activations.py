@@ -11,44 +11,37 @@ pytestmark = pytest.mark.usefixtures("backend")
 TF = torch.nn.functional
 
 
-def _same_call(name, *args, **kwargs):
-    """fn(*tensors) calling `name` from portkit's F or torch's, with the same extra args."""
-    def call(*tensors):
-        module = F if isinstance(tensors[0], Tensor) else TF
-        return getattr(module, name)(*tensors, *args, **kwargs)
-    return call
 
-
-def test_layer_norm_and_rms_norm_with_weights(check, data):
+def test_layer_norm_and_rms_norm_with_weights(check, data, same_call):
     x, w, b = data(2, 3, 4), data(3, 4), data(3, 4)
-    check(_same_call("layer_norm", (3, 4)), x)
+    check(same_call("layer_norm", (3, 4)), x)
     check(lambda x, w, b: (F if isinstance(x, Tensor) else TF).layer_norm(x, (4,), w[0], b[0]),
           x, w, b, atol=1e-4)
-    check(_same_call("rms_norm", (4,)), x)
+    check(same_call("rms_norm", (4,)), x)
     check(lambda x, w: (F if isinstance(x, Tensor) else TF).rms_norm(x, [3, 4], w, 1e-3), x, w)
 
 
-def test_group_norm(check, data):
+def test_group_norm(check, data, same_call):
     x, w, b = data(2, 6, 3, 2), data(6), data(6)
-    check(_same_call("group_norm", 3), x, atol=1e-4)
+    check(same_call("group_norm", 3), x, atol=1e-4)
     check(lambda x, w, b: (F if isinstance(x, Tensor) else TF).group_norm(x, 2, w, b, 1e-3),
           x, w, b, atol=1e-4)
 
 
 @pytest.mark.parametrize("p,dim", [(2.0, 1), (1.0, -1), (3.0, 0), (float("inf"), 1)])
-def test_normalize(p, dim, check, data):
-    check(_same_call("normalize", p, dim), data(3, 4))
+def test_normalize(p, dim, check, data, same_call):
+    check(same_call("normalize", p, dim), data(3, 4))
 
 
-def test_normalize_of_a_zero_vector_has_a_finite_gradient(check):
-    check(_same_call("normalize"), np.array([[0.0, 0.0], [3.0, 4.0]], np.float32))
+def test_normalize_of_a_zero_vector_has_a_finite_gradient(check, same_call):
+    check(same_call("normalize"), np.array([[0.0, 0.0], [3.0, 4.0]], np.float32))
 
 
-def test_softmin_and_prelu(check, data):
-    check(_same_call("softmin", 1), data(3, 5))
+def test_softmin_and_prelu(check, data, same_call):
+    check(same_call("softmin", 1), data(3, 5))
     check(lambda x: F.softmin(x) if isinstance(x, Tensor) else TF.softmin(x, 1), data(3, 5))
-    check(_same_call("prelu"), data(2, 3, 4), data(3))
-    check(_same_call("prelu"), data(2, 3), np.array([0.25], np.float32))
+    check(same_call("prelu"), data(2, 3, 4), data(3))
+    check(same_call("prelu"), data(2, 3), np.array([0.25], np.float32))
 
 
 @pytest.mark.parametrize("name,low,high", [("asinh", -30, 30), ("acosh", 1.01, 40),

@@ -12,18 +12,11 @@ pytestmark = pytest.mark.usefixtures("backend")
 TF = torch.nn.functional
 
 
-def _same_call(name, *args, **kwargs):
-    """fn(*tensors) calling `name` from portkit's F or torch's, with the same extra args."""
-    def call(*tensors):
-        module = F if isinstance(tensors[0], Tensor) else TF
-        return getattr(module, name)(*tensors, *args, **kwargs)
-    return call
-
 
 @pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
-def test_pad_modes(mode, check, data):
-    check(_same_call("pad", (2, 1, 1, 3), mode=mode), data(2, 3, 6, 5))
-    check(_same_call("pad", (3, 0), mode=mode), data(2, 4))
+def test_pad_modes(mode, check, data, same_call):
+    check(same_call("pad", (2, 1, 1, 3), mode=mode), data(2, 3, 6, 5))
+    check(same_call("pad", (3, 0), mode=mode), data(2, 4))
 
 
 @pytest.mark.parametrize("name,x_shape,w_shape,kwargs", [
@@ -48,8 +41,8 @@ def test_convolutions(name, x_shape, w_shape, kwargs, check, data):
     ("avg_pool1d", (3, 2, 1), {"count_include_pad": False}, (2, 3, 8)),
     ("avg_pool3d", ((2, 3, 2),), {"ceil_mode": True}, (1, 2, 4, 5, 3)),
 ])
-def test_pools_in_1d_and_3d(name, args, kwargs, shape, check, data):
-    check(_same_call(name, *args, **kwargs), data(*shape))
+def test_pools_in_1d_and_3d(name, args, kwargs, shape, check, data, same_call):
+    check(same_call(name, *args, **kwargs), data(*shape))
 
 
 def test_max_pool_return_indices_and_max_unpool2d(check, data):
@@ -72,20 +65,20 @@ def test_max_pool_return_indices_and_max_unpool2d(check, data):
     ((12, 10), None, "nearest", None), ((4, 7), None, "nearest", None),
     (None, 1.7, "nearest", None), ((9, 4), None, "bilinear", False),
     ((9, 4), None, "bilinear", True), (None, 2.0, "bilinear", False)])
-def test_interpolate(size, scale, mode, align_corners, check, data):
-    check(_same_call("interpolate", size, scale, mode, align_corners), data(2, 3, 6, 5))
+def test_interpolate(size, scale, mode, align_corners, check, data, same_call):
+    check(same_call("interpolate", size, scale, mode, align_corners), data(2, 3, 6, 5))
 
 
-def test_interpolate_linear_in_1d(check, data):
-    check(_same_call("interpolate", size=11, mode="linear"), data(2, 3, 7))
+def test_interpolate_linear_in_1d(check, data, same_call):
+    check(same_call("interpolate", size=11, mode="linear"), data(2, 3, 7))
 
 
 @pytest.mark.parametrize("mode,padding_mode,align_corners", [
     ("bilinear", "zeros", False), ("bilinear", "border", True), ("nearest", "zeros", True),
     ("nearest", "border", False)])
-def test_grid_sample(mode, padding_mode, align_corners, check, data):
+def test_grid_sample(mode, padding_mode, align_corners, check, data, same_call):
     grid = np.random.default_rng(1).uniform(-1.2, 1.2, (2, 3, 6, 2)).astype(np.float32)
-    check(_same_call("grid_sample", mode=mode, padding_mode=padding_mode,
+    check(same_call("grid_sample", mode=mode, padding_mode=padding_mode,
                      align_corners=align_corners), data(2, 3, 4, 5), grid, atol=1e-4)
 
 

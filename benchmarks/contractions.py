@@ -12,8 +12,8 @@ import os
 
 import numpy as np
 import torch
-
 from bench import timings
+
 from portkit import runtime
 from portkit.tensor import Tensor
 

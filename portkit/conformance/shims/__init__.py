@@ -77,9 +77,9 @@ def _stub(language: Language, source: str, entry: str) -> str:
         raise CompileError("no kernel function found in the source", source)
     name, args = match.groups()
     buffers = len(re.findall(r"\*\s*data\d+", args))
-    scalars = len(re.findall(r"\bvar_\w+", args))
-    call = [f"pk_shim::Ptr{{b[{i}]}}" for i in range(buffers)] + [f"s[{i}]"
-                                                                for i in range(scalars)]
+    scalars = ["s"] if "pk_vars" in args else [f"s[{i}]" for i in
+                                                range(len(re.findall(r"\bvar_\w+", args)))]
+    call = [f"pk_shim::Ptr{{b[{i}]}}" for i in range(buffers)] + scalars
     barriers = "true" if language.barrier in source else "false"
     return (f'extern "C" void {entry}(void **b, const int32_t *s, const int32_t *dims) {{\n'
             f"  pk_shim::launch(dims, {barriers}, [&](const pk_shim::Ids &i) {{\n"

@@ -18,7 +18,7 @@ def capabilities(max_block: Dim3 = (1024, 1024, 1024), local_memory_bytes: int =
         dtypes=frozenset(dtypes.ALL) - {dtypes.float64},    # MSL has no double
         ops=frozenset(COMPUTE), max_block_threads=max(max_block), max_block=max_block,
         max_grid=(2**31 - 1, 65535, 65535), local_memory_bytes=local_memory_bytes,
-        max_buffers=31,              # [[buffer(0..30)]], scalars included: see `check_launch`
+        max_buffers=30,              # [[buffer(0..29)]]; slot 30 at most holds the scalars
         denormals="flush",           # MSL lets float32 denormals be flushed to zero
         threads_are_loops=False,     # threads are hardware lanes
         device_name=device_name)

@@ -52,7 +52,8 @@ _WIDE_INTS = (dtypes.int32, dtypes.int64, dtypes.uint32, dtypes.uint64)
 
 
 class MetalRenderer(CStyleRenderer):
-    """MSL: one `kernel` function; buffers and scalars bound at [[buffer(i)]] in ABI order."""
+    """MSL: one `kernel` function; buffers bound at [[buffer(i)]] in ABI order, then every int32
+    scalar in one `constant int *pk_vars` at the next slot."""
 
     local_prefix = "threadgroup "
     barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
@@ -72,9 +73,15 @@ class MetalRenderer(CStyleRenderer):
         params = kernel.params
         buffers = [f"device {self.storage_type(p.dtype)} *data{p.arg} [[buffer({p.arg})]]"
                    for p in params]
-        scalars = [f"constant int &var_{name} [[buffer({len(params) + i})]]"
-                   for i, name in enumerate(kernel.vars)]
+        # All scalars share one slot after the buffers: Metal has 31 slots, and a kernel may
+        # take as many buffers as capabilities allow plus codegen's scalars.
+        scalars = [f"constant int *pk_vars [[buffer({len(params)})]]"] if kernel.vars else []
         return buffers + scalars
+
+    def render_body(self, kernel: Kernel) -> list[str]:
+        scalars = [f"{self.indent}const int var_{name} = pk_vars[{i}];"
+                   for i, name in enumerate(kernel.vars)]
+        return scalars + super().render_body(kernel)
 
     def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
         if op is Op.MULACC and dtype in (dtypes.float16, dtypes.float32):

@@ -94,8 +94,9 @@ class MetalProgram(Program):
         encoder.setComputePipelineState_(self.pipeline)
         for index, buffer in enumerate(buffers):
             encoder.setBuffer_offset_atIndex_(buffer, 0, index)
-        for index, value in enumerate(scalars, len(buffers)):
-            encoder.setBytes_length_atIndex_(ctypes.c_int32(value), 4, index)
+        if scalars:     # one slot for all of them (see MetalRenderer.render_args)
+            words = (ctypes.c_int32 * len(scalars))(*scalars)
+            encoder.setBytes_length_atIndex_(words, ctypes.sizeof(words), len(buffers))
         encoder.dispatchThreadgroups_threadsPerThreadgroup_(Metal.MTLSizeMake(*grid),
                                                             Metal.MTLSizeMake(*block))
         encoder.endEncoding()

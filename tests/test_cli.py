@@ -180,3 +180,16 @@ def test_a_backend_that_hangs_while_loading_is_broken_after_the_probe_timeout(
     found = {p.name: p for p in backends.probe(timeout=3)}
     assert found["hangs"].status == "broken" and "took over 3 s" in found["hangs"].detail
     assert found["interpreter"].status == "available"
+
+
+def test_docs_lists_pages_shows_one_and_names_a_close_match(capsys):
+    assert main(["docs"]) == 0
+    listing = capsys.readouterr().out
+    assert "porting" in listing and "backends/cpu" in listing
+    assert "The portkit backend ABI" in listing
+    assert main(["docs", "backends/reliability"]) == 0
+    assert "PORTKIT_CHECK" in capsys.readouterr().out
+    assert main(["docs", "abi.md", "--path"]) == 0
+    assert capsys.readouterr().out.strip().endswith("abi.md")
+    assert main(["docs", "portin"]) == 2
+    assert "did you mean porting" in capsys.readouterr().err

@@ -54,3 +54,23 @@ def test_sdist_carries_its_tests_and_they_run(tmp_path):
         cwd=unpacked, env=env, capture_output=True, text=True, check=False)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
     assert " passed" in tests.stdout
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_docs_and_the_templates(tmp_path):
+    """About 15 s: `portkit docs` and `portkit new-backend` must work from an installed wheel,
+    which has no docs/ or templates/ beside it."""
+    import zipfile
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=SKIP)
+    script = ("import sys; from setuptools import build_meta; "
+              "print(build_meta.build_wheel(sys.argv[1]))")
+    build = subprocess.run([sys.executable, "-c", script, str(tmp_path / "dist")],
+        cwd=source, capture_output=True, text=True, check=False)
+    assert build.returncode == 0, build.stdout + build.stderr
+    wheel = tmp_path / "dist" / build.stdout.strip().splitlines()[-1]
+    names = set(zipfile.ZipFile(wheel).namelist())
+    docs = {f"portkit/_docs/{path.relative_to(ROOT / 'docs').as_posix()}"
+            for path in (ROOT / "docs").rglob("*.md")}
+    assert docs <= names, sorted(docs - names)
+    assert "portkit/_templates/backend/cookiecutter.json" in names

@@ -16,6 +16,18 @@ SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "_
                               "portkit-*")
 
 
+def _build(kind: str, tmp_path: Path) -> Path:
+    """An sdist or a wheel built by setuptools from a copy of the tree; its path."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=SKIP)
+    script = ("import sys; from setuptools import build_meta; "
+              f"print(build_meta.build_{kind}(sys.argv[1]))")
+    build = subprocess.run([sys.executable, "-c", script, str(tmp_path / "dist")],
+        cwd=source, capture_output=True, text=True, check=False)
+    assert build.returncode == 0, build.stdout + build.stderr
+    return tmp_path / "dist" / build.stdout.strip().splitlines()[-1]
+
+
 def test_licence_and_typed_marker_ship():
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
     assert (ROOT / "portkit" / "py.typed").is_file()
@@ -27,14 +39,7 @@ def test_licence_and_typed_marker_ship():
 def test_sdist_carries_its_tests_and_they_run(tmp_path):
     """About 15 s: builds an sdist from a copy of the tree, unpacks it, and runs a few of its
     test files from the unpacked folder alone."""
-    source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=SKIP)
-    script = ("import sys; from setuptools import build_meta; "
-              "print(build_meta.build_sdist(sys.argv[1]))")
-    build = subprocess.run([sys.executable, "-c", script, str(tmp_path / "dist")],
-        cwd=source, capture_output=True, text=True, check=False)
-    assert build.returncode == 0, build.stdout + build.stderr
-    archive = tmp_path / "dist" / build.stdout.strip().splitlines()[-1]
+    archive = _build("sdist", tmp_path)
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path / "unpacked", filter="data")
     [unpacked] = (tmp_path / "unpacked").iterdir()
@@ -61,14 +66,7 @@ def test_wheel_ships_the_docs_and_the_templates(tmp_path):
     """About 15 s: `portkit docs` and `portkit new-backend` must work from an installed wheel,
     which has no docs/ or templates/ beside it."""
     import zipfile
-    source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=SKIP)
-    script = ("import sys; from setuptools import build_meta; "
-              "print(build_meta.build_wheel(sys.argv[1]))")
-    build = subprocess.run([sys.executable, "-c", script, str(tmp_path / "dist")],
-        cwd=source, capture_output=True, text=True, check=False)
-    assert build.returncode == 0, build.stdout + build.stderr
-    wheel = tmp_path / "dist" / build.stdout.strip().splitlines()[-1]
+    wheel = _build("wheel", tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     docs = {f"portkit/_docs/{path.relative_to(ROOT / 'docs').as_posix()}"
             for path in (ROOT / "docs").rglob("*.md")}

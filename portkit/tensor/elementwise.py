@@ -461,12 +461,12 @@ def _cos(x: Tensor, s: Tensor) -> Tensor:
     the argument. sin(pi/2 - x) lost everything once pi/2 - x rounded (cos(1e8) gave -0.93 for
     -0.36). Where |sin x| > 1/2, cos is sin 2x / (2 sin x), relatively exact near its zeros;
     elsewhere +-sqrt(1 - s^2), with the sign of sin 2x / sin x."""
-    # past half the largest float 2x overflows: there sin(x / 2) gives the sign (the sign of
-    # 1 - 2 sin^2(x/2)), and the square root serves near the zeros too
+    # past half the largest float 2x overflows: there h = sin(x / 2) serves instead, as
+    # 1 - 2h^2 where |sin x| > 1/2 (the square root lost 2e-4 near the zeros) and for the sign
     huge = x.abs() > x.dtype.max / 2
     other = huge.where(x * 0.5, x * 2).sin()
-    steep = (s.abs() > 0.5) & ~huge
-    ratio = other / steep.where(s * 2, 1.0)
+    steep = s.abs() > 0.5
+    ratio = huge.where(1 - 2 * other * other, other / steep.where(s * 2, 1.0))
     flat = (1 - s * s).sqrt()
     negative = huge.where(other * other * 2 > 1, s * other < 0)
     return steep.where(ratio, negative.where(-flat, flat))

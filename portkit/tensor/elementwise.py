@@ -115,6 +115,8 @@ class ElementwiseOps:
 
     def _binary(self: Tensor, name: str, other: Tensor | Scalar, reverse: bool = False
                 ) -> Tensor:
+        if name == "mul" and _in_opmath(self, other):
+            return self.float()._binary(name, _number(other)).cast(self.dtype)
         a, b = self._operand(other, reverse)
         if a.dtype.is_float and name in _INTEGER_ONLY:
             raise TypeError(f"{name} is defined on integer and bool tensors, not "
@@ -155,6 +157,11 @@ class ElementwiseOps:
         if rounding_mode is not None:
             raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got "
                              f"{rounding_mode!r}")
+        if _in_opmath(self, other):
+            # torch: number / x is the 16-bit reciprocal times the number
+            if reverse:
+                return self.reciprocal() * _number(other)
+            return (self.float() / _number(other)).cast(self.dtype)
         a, b = self._operand(other, reverse)
         return a._float()._prim("div", b._float())
 
@@ -470,6 +477,21 @@ def _cos(x: Tensor, s: Tensor) -> Tensor:
     flat = (1 - s * s).sqrt()
     negative = huge.where(other * other * 2 > 1, s * other < 0)
     return steep.where(ratio, negative.where(-flat, flat))
+
+
+def _number(value: Tensor | Scalar | np.ndarray | np.generic) -> Scalar | None:
+    """value as a Python number if it is one (or a numpy scalar or 0-d array), else None."""
+    if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+        value = value.item()
+    return value if isinstance(value, int | float) else None
+
+
+def _in_opmath(x: Tensor, other: Tensor | Scalar) -> bool:
+    """A 16-bit float tensor times or over a number (not bool): torch computes these in
+    float32 with the number unrounded (its "opmath") and rounds once, where a 16-bit operation
+    would round the number first (add and sub do: there torch rounds it too)."""
+    number = _number(other)
+    return x.dtype in (float16, bfloat16) and number is not None and not isinstance(number, bool)
 
 
 def _as_bool(value: Tensor | Scalar) -> Tensor | bool:

@@ -44,14 +44,34 @@ _ERFC_CHEBYSHEV = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807,
 
 
 
-def in_float32(method: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-    """A unary float function of a 16-bit float tensor computed in float32 and rounded once:
-    its approximations (polynomials, exp2 of a product) lose 10 to 2400 ulp in 16 bits."""
+_HALF = (float16, bfloat16)
+
+
+def in_float32(method: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """A float function of a 16-bit float tensor (and options) computed in float32 and rounded
+    once: its approximations (polynomials, exp2 of a product) lose 10 to 2400 ulp in 16 bits."""
     @functools.wraps(method)
-    def wrapper(self: Tensor) -> Tensor:
-        if self.dtype in (float16, bfloat16):
-            return method(self.cast(float32)).cast(self.dtype)
-        return method(self)
+    def wrapper(self: Tensor, *args, **kwargs) -> Tensor:
+        if self.dtype in _HALF:
+            return method(self.cast(float32), *args, **kwargs).cast(self.dtype)
+        return method(self, *args, **kwargs)
+    return wrapper
+
+
+def pair_in_float32(method: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """in_float32 for a function of two operands whose result is 16-bit: a number is rounded to
+    that dtype first, as torch wraps it in a tensor (pow, atan2, logaddexp)."""
+    @functools.wraps(method)
+    def wrapper(self: Tensor, other: Tensor | Scalar, *args, **kwargs) -> Tensor:
+        tensor = isinstance(other, core.Tensor)
+        dtype = promote(self.dtype, other.dtype) if tensor else self.dtype
+        if dtype not in _HALF or not (tensor or isinstance(other, float | int)):
+            return method(self, other, *args, **kwargs)
+        if tensor:
+            other = other.cast(float32)
+        elif isinstance(other, float):
+            other = float(np.array(other, np.float32).astype(dtype.np))
+        return method(self.cast(float32), other, *args, **kwargs).cast(dtype)
     return wrapper
 
 
@@ -202,6 +222,7 @@ class ElementwiseOps:
         """The square root."""
         return self._float()._prim("sqrt")
 
+    @in_float32
     def rsqrt(self: Tensor) -> Tensor:
         """1 / sqrt(self)."""
         return self.sqrt().reciprocal()
@@ -309,6 +330,7 @@ class ElementwiseOps:
         """The absolute value."""
         return self * self.sign()
 
+    @pair_in_float32
     def pow(self: Tensor, exponent: Tensor | Scalar) -> Tensor:
         """self ** exponent; small integer exponents are repeated multiplication."""
         if isinstance(exponent, int) and not isinstance(exponent, bool) and abs(exponent) <= 8:
@@ -491,7 +513,7 @@ def _in_opmath(x: Tensor, other: Tensor | Scalar) -> bool:
     float32 with the number unrounded (its "opmath") and rounds once, where a 16-bit operation
     would round the number first (add and sub do: there torch rounds it too)."""
     number = _number(other)
-    return x.dtype in (float16, bfloat16) and number is not None and not isinstance(number, bool)
+    return x.dtype in _HALF and number is not None and not isinstance(number, bool)
 
 
 def _as_bool(value: Tensor | Scalar) -> Tensor | bool:

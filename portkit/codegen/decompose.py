@@ -142,7 +142,8 @@ class _Format:
     sin_terms: int       # Taylor terms of sin and cos on [-pi/4, pi/4], after the first
     pi_part_bits: int    # significant bits of each pi/2 part but the last (see _sin)
     pi_parts: int        # how many parts: enough bits of pi/2 for the accurate range
-    quadrants: float     # |k| below which r stays within about pi/4 (k * part nearly exact)
+    quadrants: float     # |k| below which r stays within about pi/4 (k * part nearly exact);
+                         # float32 hands |a| >= 2^20 (k < 2^20) to Payne-Hanek before that
 
 
 _FORMATS = {
@@ -260,7 +261,8 @@ def _sin(e: _Emitter, dtype: DType, a: int) -> int:
         r = e.sub(r, e.scale(k_float, part))
     finite = near
     if dtype == dtypes.float32:
-        # in a branch: it costs about 3x the rest, and arguments that large are rare
+        # in a branch, which a GPU skips where no lane of a group needs it: it has 3x the
+        # ops of the rest (lavapipe runs both sides: sin takes 2x as long there)
         finite = e.inside(a, math.inf)
         k, r = e.acc(k), e.acc(r)
         with e.branch(e.alu(Op.XOR, near, e.const(True, dtypes.bool_))):

@@ -180,9 +180,11 @@ def _split_reduce(node: Lazy) -> bool:
         src = padded
     # axis becomes (parts, piece): the first reduce keeps `parts`, the second reduces it
     split = src.view("reshape", src.shape[:axis] + (parts, piece) + src.shape[axis + 1:])
+    # 16-bit float partials stay float32 (as a kernel's accumulators) and round once at the end
+    partial = dtypes.float32 if src.dtype in (dtypes.float16, dtypes.bfloat16) else src.dtype
     inner = tuple(sorted(a + (a > axis) for a in axes if a != axis)) + (axis + 1,)
-    whole = split.reduce(op, tuple(sorted(inner))).reduce(op, (axis,)).view("reshape",
-                                                                          node.shape)
+    whole = split.cast(partial).reduce(op, tuple(sorted(inner))).reduce(op, (axis,)).view(
+        "reshape", node.shape).cast(node.dtype)
     node.op, node.src, node.arg = whole.op, whole.src, whole.arg
     return True
 

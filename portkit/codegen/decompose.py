@@ -10,12 +10,13 @@ Accuracy of the rewrites (checked by tests/codegen/test_decompose.py against por
   budget, which equals RECIP's). TRUNC keeps ±0, ±inf and NaN.
 - EXP2 and LOG2 are polynomials after range reduction, within their ULP budgets on every input.
 - SIN reduces its argument by Cody-Waite (pi/2 split into parts whose products with the quadrant
-  number are exact) and meets its budget for |a| <= SIN_ACCURATE_TO[dtype]: float32 and bfloat16
-  2e6 (so cos, which also takes sin(2a), holds to 1e6), float64 1e9, float16 all finite values.
-  Beyond that the error grows with |a| (float32, bfloat16: 0.012 at 8e6); where |a| * 2/pi
-  reaches 2^22 (float32, bfloat16) or 2^30 (float64), past which the reduced argument would
-  leave [-pi/4, pi/4], no reduction is tried: a finite a gives 0, finite and in range but not
-  sin(a) (that needs a table-driven Payne-Hanek reduction). ±inf and NaN give NaN.
+  number are exact) below 2^20 for float32, and by Payne-Hanek (a * 2/pi mod 4 from the bits of
+  2/pi the exponent of a selects, in 32-bit integer ops only, since WGSL has no 64-bit types)
+  above: float32, and float16 and bfloat16 through it, meet the budget on every finite value
+  (2 ulp at most in tests). float64 reduces by Cody-Waite only and meets its budget to 1e9; where
+  |a| * 2/pi reaches 2^30, past which the reduced argument would leave [-pi/4, pi/4], no
+  reduction is tried: a finite a gives 0. ±inf and NaN give NaN. No reference backend lacks a
+  float64 SIN (WebGPU, which decomposes SIN, has no float64).
 - float16 and bfloat16 compute TRUNC, EXP2, LOG2 and SIN in float32 and round the result once.
 """
 from __future__ import annotations
@@ -31,7 +32,9 @@ from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel, KernelBuilder, validate
 from portkit.abi.ops import OPTIONAL, REQUIRED, Op
 
-SIN_ACCURATE_TO = {"float16": 65504.0, "bfloat16": 2e6, "float32": 2e6, "float64": 1e9}
+# |a| up to which the SIN rewrite meets its budget: every finite value but float64's
+SIN_ACCURATE_TO = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38,
+                   "float32": 3.4028234663852886e38, "float64": 1e9}
 
 
 def decompose(kernel: Kernel, native: frozenset[Op]) -> Kernel:
@@ -139,7 +142,8 @@ class _Format:
     sin_terms: int       # Taylor terms of sin and cos on [-pi/4, pi/4], after the first
     pi_part_bits: int    # significant bits of each pi/2 part but the last (see _sin)
     pi_parts: int        # how many parts: enough bits of pi/2 for the accurate range
-    quadrants: float     # |k| below which r stays within about pi/4 (k * part nearly exact)
+    quadrants: float     # |k| below which r stays within about pi/4 (k * part nearly exact);
+                         # float32 hands |a| >= 2^20 (k < 2^20) to Payne-Hanek before that
 
 
 _FORMATS = {
@@ -242,17 +246,29 @@ def _split(value: Fraction, part_bits: int, parts: int, dtype: DType) -> list[fl
 
 def _sin(e: _Emitter, dtype: DType, a: int) -> int:
     fmt = _FORMATS[dtype]
-    # Quadrant k = round(a * 2/pi) in int32, below fmt.quadrants; beyond, 0 (module docstring).
+    # Quadrant k = round(a * 2/pi) in int32 below fmt.quadrants; float32 hands |a| >= 2^20 to
+    # Payne-Hanek instead, float64 beyond gives 0 (module docstring).
     t = e.scale(a, 2 / math.pi)
-    finite = e.inside(t, fmt.quadrants)
-    t = e.where(finite, t, e.const(0.0, dtype))
+    near = e.inside(a, _PAYNE_HANEK_FROM) if dtype == dtypes.float32 else e.inside(
+        t, fmt.quadrants)
+    t = e.where(near, t, e.const(0.0, dtype))
     half = e.where(e.lt(t, e.const(0.0, dtype)), e.const(-0.5, dtype), e.const(0.5, dtype))
     k = e.cast(e.plus(t, half), dtypes.int32)
     # Cody-Waite: r = a - k*pi/2 with pi/2 in parts; k * part is exact while k has at most
     # (precision - pi_part_bits) bits, so the first subtractions cancel without error.
-    k_float, r = e.cast(k, dtype), e.where(finite, a, e.const(0.0, dtype))
+    k_float, r = e.cast(k, dtype), e.where(near, a, e.const(0.0, dtype))
     for part in _split(_PI / 2, fmt.pi_part_bits, fmt.pi_parts, dtype):
         r = e.sub(r, e.scale(k_float, part))
+    finite = near
+    if dtype == dtypes.float32:
+        # in a branch, which a GPU skips where no lane of a group needs it: it has 3x the
+        # ops of the rest (lavapipe runs both sides: sin takes 2x as long there)
+        finite = e.inside(a, math.inf)
+        k, r = e.acc(k), e.acc(r)
+        with e.branch(e.alu(Op.XOR, near, e.const(True, dtypes.bool_))):
+            far_k, far_r = _payne_hanek(e, e.where(near, e.const(_PAYNE_HANEK_FROM, dtype), a))
+            e.assign(k, far_k)
+            e.assign(r, far_r)
     r2 = e.mul(r, r)
     sin_series = [(-1) ** n / math.factorial(2 * n + 1) for n in range(1, fmt.sin_terms + 1)]
     cos_series = [(-1) ** n / math.factorial(2 * n) for n in range(1, fmt.sin_terms + 1)]
@@ -266,6 +282,76 @@ def _sin(e: _Emitter, dtype: DType, a: int) -> int:
     value = e.where(bit(2), e.alu(Op.NEG, value), value)
     beyond = e.where(e.inside(a, math.inf), e.const(0.0, dtype), e.const(math.nan, dtype))
     return e.where(finite, value, beyond)
+
+
+# Payne-Hanek for float32 |a| >= 2^20, in 12-bit limbs held in int32 (a product of two limbs
+# and the sum of three fit), since WGSL has no 64-bit integers. a = m * 2^e with m < 2^24 and
+# -3 <= e <= 104; e + 3 = 12q + s. Then a * 2/pi mod 4 = (m << s) * X_q / 2^94 mod 4 up to
+# 2^-59, where X_q = floor(2/pi * 2^(12q + 91)) mod 2^96: limbs 8 - q to 15 - q of _TWO_BY_PI,
+# 2/pi in 187 bits. The exact product's two top bits are the quadrant, the rest the fraction.
+_PAYNE_HANEK_FROM = 2.0 ** 20
+_LIMB, _LIMB_MASK = 12, 0xFFF
+_TWO_BY_PI_BITS = 187
+_TWO_BY_PI = [(math.floor(2 / _PI * 2 ** _TWO_BY_PI_BITS) >> (_LIMB * n)) & _LIMB_MASK
+              for n in range(16)]
+
+
+def _payne_hanek(e: _Emitter, a: int) -> tuple[int, int]:
+    """(k, r) with a = k * pi/2 + r, |r| <= pi/4, for a float32 a with 2^20 <= |a| < inf."""
+    i32 = dtypes.int32
+
+    def c(value: int) -> int:
+        return e.const(value, i32)
+
+    def shr(x: int, n: int) -> int:
+        return e.alu(Op.SHR, x, n)
+
+    def low(x: int) -> int:
+        return e.alu(Op.AND, x, c(_LIMB_MASK))
+
+    bits = e.cast(a, i32, bitcast=True)
+    exponent = e.offset(e.alu(Op.AND, shr(bits, c(23)), c(0xFF)), -150 + 3)    # e + 3, in [0, 107]
+    q, s = e.alu(Op.IDIV, exponent, c(_LIMB)), e.alu(Op.MOD, exponent, c(_LIMB))
+    m = e.alu(Op.OR, e.alu(Op.AND, bits, c(0x7FFFFF)), c(0x800000))
+    # m << s in three limbs, without forming the 36-bit value
+    m_low, m_high = e.alu(Op.SHL, low(m), s), e.alu(Op.SHL, shr(m, c(_LIMB)), s)
+    m_limbs = [low(m_low), e.alu(Op.OR, shr(m_low, c(_LIMB)), low(m_high)),
+               shr(m_high, c(_LIMB))]
+    # X_q's limbs, picked by q among the 9 windows of _TWO_BY_PI
+    x_limbs = [c(_TWO_BY_PI[j + 8]) for j in range(8)]
+    for window in range(1, 9):
+        other = e.alu(Op.CMPNE, q, c(window))
+        x_limbs = [e.where(other, x, c(_TWO_BY_PI[j + 8 - window]))
+                   for j, x in enumerate(x_limbs)]
+    # (m << s) * X_q mod 2^96, column by column with carries
+    product, carry = [], c(0)
+    for column in range(8):
+        total = carry
+        for i, m_limb in enumerate(m_limbs):
+            if column - i >= 0:
+                total = e.plus(total, e.mul(m_limb, x_limbs[column - i]))
+        product.append(low(total))
+        carry = shr(total, c(_LIMB))
+    # round to the nearest quadrant: add half a quadrant (bit 93, bit 9 of the top limb)
+    top = low(e.offset(product[7], 1 << 9))
+    k = shr(top, c(10))
+    fraction = e.alu(Op.AND, top, c(0x3FF))
+    # fraction + 2^93 below the quadrant bits: |r| is its distance from 2^93, by flipping bits
+    negative = e.lt(fraction, c(1 << 9))
+    limbs = [e.alu(Op.XOR, limb, e.where(negative, c(_LIMB_MASK), c(0)))
+             for limb in product[:7]]
+    limbs.append(e.alu(Op.XOR, fraction, e.where(negative, c(0x1FF), c(0x200))))
+    # 24-bit pairs are exact in float32; summed smallest first, times pi/2 / 2^94
+    f32 = dtypes.float32
+    magnitude = e.const(0.0, f32)
+    for pair in range(4):
+        joined = e.alu(Op.OR, e.alu(Op.SHL, limbs[2 * pair + 1], c(_LIMB)), limbs[2 * pair])
+        magnitude = e.plus(magnitude, e.scale(e.cast(joined, f32), 2.0 ** (24 * pair - 94)))
+    r = e.scale(magnitude, math.pi / 2)
+    # a < 0: -a = -k * pi/2 - r
+    flip = e.alu(Op.XOR, negative, e.lt(a, e.const(0.0, f32)))
+    k = e.where(e.lt(a, e.const(0.0, f32)), e.alu(Op.NEG, k), k)
+    return k, e.where(flip, e.alu(Op.NEG, r), r)
 
 
 DECOMPOSITIONS: dict[Op, Rule] = {

@@ -33,6 +33,7 @@ from portkit.nn.spatial import (
 )
 from portkit.tensor import Tensor
 from portkit.tensor.dtype import bool_, float_of, int32
+from portkit.tensor.elementwise import in_float32
 
 IntPair = int | tuple[int, int]
 Reduction = Literal["mean", "sum", "none"]
@@ -381,6 +382,7 @@ def leaky_relu(input: Tensor, negative_slope: float = 0.01) -> Tensor:
     return (input > 0).where(input, input * negative_slope)
 
 
+@in_float32
 def gelu(input: Tensor, approximate: Literal["none", "tanh"] = "none") -> Tensor:
     """x * Phi(x) with the exact normal CDF, or its tanh approximation."""
     x = input.cast(float_of(input.dtype))
@@ -392,11 +394,13 @@ def gelu(input: Tensor, approximate: Literal["none", "tanh"] = "none") -> Tensor
     return 0.5 * x * (x * -math.sqrt(0.5)).erfc()
 
 
+@in_float32
 def silu(input: Tensor) -> Tensor:
     """x * sigmoid(x)."""
     return input * input.sigmoid()
 
 
+@in_float32
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """log(1 + exp(beta * x)) / beta, computed without overflow; x itself where
     beta * x > threshold (as torch)."""
@@ -427,6 +431,7 @@ def hardswish(input: Tensor) -> Tensor:
     return input * hardsigmoid(input)
 
 
+@in_float32
 def elu(input: Tensor, alpha: float = 1.0) -> Tensor:
     """x where x > 0, else alpha * (exp(x) - 1)."""
     x = input.cast(float_of(input.dtype))
@@ -439,12 +444,14 @@ def selu(input: Tensor) -> Tensor:
     return _SELU_SCALE * elu(input, _SELU_ALPHA)
 
 
+@in_float32
 def celu(input: Tensor, alpha: float = 1.0) -> Tensor:
     """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
     x = input.cast(float_of(input.dtype))
     return (x > 0).where(x, alpha * ((x.clip(max=0) * (1 / alpha)).exp() - 1))
 
 
+@in_float32
 def mish(input: Tensor) -> Tensor:
     """x * tanh(softplus(x))."""
     return input * softplus(input).tanh()
@@ -455,6 +462,7 @@ def softsign(input: Tensor) -> Tensor:
     return input / (1 + input.abs())
 
 
+@in_float32
 def logsigmoid(input: Tensor) -> Tensor:
     """log(sigmoid(x)) = -softplus(-x), without overflow."""
     return -softplus(-input)

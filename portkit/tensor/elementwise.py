@@ -44,14 +44,34 @@ _ERFC_CHEBYSHEV = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807,
 
 
 
-def in_float32(method: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-    """A unary float function of a 16-bit float tensor computed in float32 and rounded once:
-    its approximations (polynomials, exp2 of a product) lose 10 to 2400 ulp in 16 bits."""
+_HALF = (float16, bfloat16)
+
+
+def in_float32(method: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """A float function of a 16-bit float tensor (and options) computed in float32 and rounded
+    once: its approximations (polynomials, exp2 of a product) lose 10 to 2400 ulp in 16 bits."""
     @functools.wraps(method)
-    def wrapper(self: Tensor) -> Tensor:
-        if self.dtype in (float16, bfloat16):
-            return method(self.cast(float32)).cast(self.dtype)
-        return method(self)
+    def wrapper(self: Tensor, *args, **kwargs) -> Tensor:
+        if self.dtype in _HALF:
+            return method(self.cast(float32), *args, **kwargs).cast(self.dtype)
+        return method(self, *args, **kwargs)
+    return wrapper
+
+
+def pair_in_float32(method: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """in_float32 for a function of two operands whose result is 16-bit: a number is rounded to
+    that dtype first, as torch wraps it in a tensor (pow, atan2, logaddexp)."""
+    @functools.wraps(method)
+    def wrapper(self: Tensor, other: Tensor | Scalar, *args, **kwargs) -> Tensor:
+        tensor = isinstance(other, core.Tensor)
+        dtype = promote(self.dtype, other.dtype) if tensor else self.dtype
+        if dtype not in _HALF or not (tensor or isinstance(other, float | int)):
+            return method(self, other, *args, **kwargs)
+        if tensor:
+            other = other.cast(float32)
+        elif isinstance(other, float):
+            other = float(np.array(other, np.float32).astype(dtype.np))
+        return method(self.cast(float32), other, *args, **kwargs).cast(dtype)
     return wrapper
 
 
@@ -115,6 +135,8 @@ class ElementwiseOps:
 
     def _binary(self: Tensor, name: str, other: Tensor | Scalar, reverse: bool = False
                 ) -> Tensor:
+        if name == "mul" and _in_opmath(self, other):
+            return self.float()._binary(name, _number(other)).cast(self.dtype)
         a, b = self._operand(other, reverse)
         if a.dtype.is_float and name in _INTEGER_ONLY:
             raise TypeError(f"{name} is defined on integer and bool tensors, not "
@@ -155,6 +177,11 @@ class ElementwiseOps:
         if rounding_mode is not None:
             raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got "
                              f"{rounding_mode!r}")
+        if _in_opmath(self, other):
+            # torch: number / x is the 16-bit reciprocal times the number
+            if reverse:
+                return self.reciprocal() * _number(other)
+            return (self.float() / _number(other)).cast(self.dtype)
         a, b = self._operand(other, reverse)
         return a._float()._prim("div", b._float())
 
@@ -195,6 +222,7 @@ class ElementwiseOps:
         """The square root."""
         return self._float()._prim("sqrt")
 
+    @in_float32
     def rsqrt(self: Tensor) -> Tensor:
         """1 / sqrt(self)."""
         return self.sqrt().reciprocal()
@@ -302,6 +330,7 @@ class ElementwiseOps:
         """The absolute value."""
         return self * self.sign()
 
+    @pair_in_float32
     def pow(self: Tensor, exponent: Tensor | Scalar) -> Tensor:
         """self ** exponent; small integer exponents are repeated multiplication."""
         if isinstance(exponent, int) and not isinstance(exponent, bool) and abs(exponent) <= 8:
@@ -461,15 +490,30 @@ def _cos(x: Tensor, s: Tensor) -> Tensor:
     the argument. sin(pi/2 - x) lost everything once pi/2 - x rounded (cos(1e8) gave -0.93 for
     -0.36). Where |sin x| > 1/2, cos is sin 2x / (2 sin x), relatively exact near its zeros;
     elsewhere +-sqrt(1 - s^2), with the sign of sin 2x / sin x."""
-    # past half the largest float 2x overflows: there sin(x / 2) gives the sign (the sign of
-    # 1 - 2 sin^2(x/2)), and the square root serves near the zeros too
+    # past half the largest float 2x overflows: there h = sin(x / 2) serves instead, as
+    # 1 - 2h^2 where |sin x| > 1/2 (the square root lost 2e-4 near the zeros) and for the sign
     huge = x.abs() > x.dtype.max / 2
     other = huge.where(x * 0.5, x * 2).sin()
-    steep = (s.abs() > 0.5) & ~huge
-    ratio = other / steep.where(s * 2, 1.0)
+    steep = s.abs() > 0.5
+    ratio = huge.where(1 - 2 * other * other, other / steep.where(s * 2, 1.0))
     flat = (1 - s * s).sqrt()
     negative = huge.where(other * other * 2 > 1, s * other < 0)
     return steep.where(ratio, negative.where(-flat, flat))
+
+
+def _number(value: Tensor | Scalar | np.ndarray | np.generic) -> Scalar | None:
+    """value as a Python number if it is one (or a numpy scalar or 0-d array), else None."""
+    if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+        value = value.item()
+    return value if isinstance(value, int | float) else None
+
+
+def _in_opmath(x: Tensor, other: Tensor | Scalar) -> bool:
+    """A 16-bit float tensor times or over a number (not bool): torch computes these in
+    float32 with the number unrounded (its "opmath") and rounds once, where a 16-bit operation
+    would round the number first (add and sub do: there torch rounds it too)."""
+    number = _number(other)
+    return x.dtype in _HALF and number is not None and not isinstance(number, bool)
 
 
 def _as_bool(value: Tensor | Scalar) -> Tensor | bool:

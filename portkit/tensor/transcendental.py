@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from portkit.tensor import core
 from portkit.tensor.dtype import Scalar
-from portkit.tensor.elementwise import in_float32
+from portkit.tensor.elementwise import in_float32, pair_in_float32
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -49,6 +49,7 @@ class TranscendentalOps:
         out = base + t + t * z * poly
         return (x < 0).where(-out, out)
 
+    @pair_in_float32
     def atan2(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """The angle of the point (other, self), in [-pi, pi] (torch.atan2(self, other))."""
         y, x = self._float()._operand(other)
@@ -139,6 +140,7 @@ class TranscendentalOps:
         """The base-10 logarithm."""
         return self.log2() * math.log10(2)
 
+    @pair_in_float32
     def logaddexp(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """log(e^self + e^other), without overflow."""
         a, b = self._float()._operand(other)

@@ -171,21 +171,60 @@ def test_int64_numpy_data_becomes_int32_as_documented():
         Tensor(np.array([2 ** 40]))
 
 
-@pytest.mark.parametrize("name", ["exp", "sigmoid", "tanh", "log", "sin", "atan"])
-def test_float16_transcendentals_round_once_from_float32(name, capabilities):
-    x = np.linspace(-4, 4, 41).astype(np.float16)
-    x[20] = 0.001
-    if name == "log":
-        x = np.abs(x) + np.float16(0.01)
-    if pk.float16 not in capabilities.dtypes:
+def _gelu_exact(x):
+    # torch's float32 gelu, 0.5 x (1 + erf(x / sqrt 2)), cancels for x < -3 (0.16% off at -4)
+    return 0.5 * x * torch.special.erfc(-x.double() / 2 ** 0.5)
+
+
+TF = torch.nn.functional
+# name: (portkit, torch, inputs: any real, positive, in (-1, 1), >= 1)
+TRANSCENDENTALS = {
+    **{name: (lambda t, n=name: getattr(t, n)(), lambda t, n=name: getattr(torch, n)(t), "real")
+       for name in ("exp", "exp2", "sigmoid", "tanh", "sin", "cos", "tan", "atan", "erf",
+                    "erfc", "sinh", "cosh", "asinh")},
+    **{name: (lambda t, n=name: getattr(t, n)(), lambda t, n=name: getattr(torch, n)(t),
+              "positive") for name in ("log", "log2", "log10", "log1p", "sqrt")},
+    # torch's float16 rsqrt is 2 ulp off at 4.0117 (0.49951 for 0.49927)
+    "rsqrt": (lambda t: t.rsqrt(), lambda t: 1 / t.double().sqrt(), "positive"),
+    **{name: (lambda t, n=name: getattr(t, n)(), lambda t, n=name: getattr(torch, n)(t), "unit")
+       for name in ("asin", "acos", "atanh")},
+    "acosh": (lambda t: t.acosh(), torch.acosh, "above_one"),
+    "x ** 1.7": (lambda t: t ** 1.7, lambda t: t ** 1.7, "positive"),
+    # torch's bfloat16 x ** 3 rounds twice (x * x * x); ours rounds once, to the exact cube
+    "x ** 3": (lambda t: t ** 3, lambda t: t.double() ** 3, "real"),
+    "2.5 ** x": (lambda t: 2.5 ** t, lambda t: 2.5 ** t, "real"),
+    "x ** x": (lambda t: t ** t, lambda t: t ** t, "positive"),
+    "atan2": (lambda t: t.atan2(t * 0 + 0.7), lambda t: torch.atan2(t, t * 0 + 0.7), "real"),
+    "logaddexp": (lambda t: t.logaddexp(t * 0.5), lambda t: torch.logaddexp(t, t * 0.5), "real"),
+    "softplus": (F.softplus, TF.softplus, "real"), "silu": (F.silu, TF.silu, "real"),
+    "elu": (F.elu, TF.elu, "real"), "celu": (F.celu, TF.celu, "real"),
+    "mish": (F.mish, TF.mish, "real"), "logsigmoid": (F.logsigmoid, TF.logsigmoid, "real"),
+    "gelu": (F.gelu, _gelu_exact, "real"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", TRANSCENDENTALS)
+def test_16_bit_transcendentals_round_once_from_float32(name, dtype, capabilities):
+    x = np.linspace(-4, 4, 161)
+    x[80] = 0.001
+    x = {"real": x, "positive": np.abs(x) + 0.01, "unit": x / 4.01,
+         "above_one": np.abs(x) + 1}[TRANSCENDENTALS[name][2]]
+    if dtype not in {d.name for d in capabilities.dtypes}:
         with pytest.raises(UnsupportedDType):
-            Tensor(x)
+            Tensor(x.astype(np.float32)).cast(dtype)
         return
-    got = getattr(Tensor(x), name)().numpy().astype(np.float32)
-    want = getattr(torch, name)(torch.tensor(x)).numpy().astype(np.float32)
-    # one float16 ulp at most (PyTorch CPU also computes in float32 and rounds)
-    ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
-    assert np.all(np.abs(got - want) <= ulp), (x, got, want)
+    ours, theirs, _ = TRANSCENDENTALS[name]
+    t = torch.tensor(x, dtype=torch.float32).to(getattr(torch, dtype))
+    got = ours(Tensor(t.float().numpy()).cast(dtype))
+    assert got.dtype.name == dtype
+    got = got.float().numpy()
+    # PyTorch CPU computes these in float32 and rounds once: one 16-bit ulp apart at most
+    want = theirs(t).to(t.dtype).float().numpy()
+    ulp = np.abs(want) * 2.0 ** -(11 if dtype == "float16" else 8)
+    tolerance = np.maximum(ulp, 2.0 ** (-24 if dtype == "float16" else -133))
+    bad = np.flatnonzero(~(np.abs(got - want) <= tolerance) & ~(np.isnan(got) & np.isnan(want)))
+    assert not bad.size, f"{name}({t[bad[0]].item()}) = {got[bad[0]]}, torch {want[bad[0]]}"
 
 
 def test_tanh_keeps_relative_accuracy_near_zero(check):

@@ -69,3 +69,23 @@ def test_max_and_min_of_a_tensor_are_maximum_and_minimum_and_all_dims_give_a_ten
     assert a.min(b).tolist() == [1.0, 0.0, -2.0]
     assert a.max().item() == 5.0 and a.min(dim=None).item() == -2.0
     assert Tensor([[1, 7], [4, 2]]).max((0, 1)).item() == 7
+
+
+@pytest.mark.parametrize("dtype,base,ulp", [("float16", 600.0, 0.5), ("bfloat16", 576.0, 4.0)])
+def test_a_long_16_bit_sum_rounds_once_as_torch(dtype, base, ulp, capabilities):
+    # 2**17 elements: the scheduler sums 32 slices of 4096, then the 32 partial sums. Each
+    # slice sums to base + 0.47 ulp (rounded down, were partials 16-bit; the last slice's base
+    # is 15 ulp higher), so 16-bit partials lose 15 ulp and the total falls below a rounding
+    # midpoint it lies above: 19215 rounds to 19216 (torch on one thread: it sums in float32
+    # and rounds once; on several, each thread's partial sum is rounded too), not 19200.
+    torch = pytest.importorskip("torch")
+    if dtype not in {d.name for d in capabilities.dtypes}:
+        pytest.skip(f"the backend has no {dtype}")
+    x = np.zeros(1 << 17, np.float32)
+    x[::4096] = base
+    x[-4096] += 15 * ulp
+    for i, share in enumerate((0.25, 0.125, 0.0625, 0.03125), start=1):
+        x[i::4096] = share * ulp
+    want = torch.tensor(x).sum().to(getattr(torch, dtype)).float().item()   # exact, rounded
+    got = Tensor(x).cast(dtype).sum().float().item()
+    assert got == want, f"{dtype} sum {got}, torch {want}"

@@ -59,6 +59,20 @@ def promote(a: DType, b: DType) -> DType:
     return {1: int16, 2: int32, 4: int64}.get(unsigned.itemsize, int64)
 
 
+def _category(dtype: DType) -> int:
+    return 0 if dtype == bool_ else 2 if dtype.is_float else 1
+
+
+def promote_tensors(a, b) -> DType:
+    """The dtype of a binary op between tensors a and b. As torch: a 0-d tensor beside one with
+    dimensions sets the dtype only if its category (bool < integer < float) is higher, so
+    `half_tensor * torch.tensor(2.0)` stays float16 and `int_tensor + tensor(0.5)` is float32."""
+    if (a.ndim == 0) == (b.ndim == 0):
+        return promote(a.dtype, b.dtype)
+    dims, zero = (a.dtype, b.dtype) if b.ndim == 0 else (b.dtype, a.dtype)
+    return zero if _category(zero) > _category(dims) else dims
+
+
 def check_dtype(dtype: DType, device: str) -> DType:
     """dtype, if the device has it; else UnsupportedDType naming a dtype it has."""
     if dtype in schedule.device(device).capabilities.dtypes:

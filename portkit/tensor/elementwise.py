@@ -25,7 +25,7 @@ from portkit.tensor.dtype import (
     float_of,
     int32,
     int64,
-    promote,
+    promote_tensors,
     scalar_dtype,
     to_dtype,
 )
@@ -64,7 +64,7 @@ def pair_in_float32(method: Callable[..., Tensor]) -> Callable[..., Tensor]:
     @functools.wraps(method)
     def wrapper(self: Tensor, other: Tensor | Scalar, *args, **kwargs) -> Tensor:
         tensor = isinstance(other, core.Tensor)
-        dtype = promote(self.dtype, other.dtype) if tensor else self.dtype
+        dtype = promote_tensors(self, other) if tensor else self.dtype
         if dtype not in _HALF or not (tensor or isinstance(other, float | int)):
             return method(self, other, *args, **kwargs)
         if tensor:
@@ -117,7 +117,7 @@ class ElementwiseOps:
         if isinstance(other, np.ndarray | np.generic):
             other = core.Tensor(other, device=self.device) if other.ndim else other.item()
         if isinstance(other, core.Tensor):
-            dtype = promote(self.dtype, other.dtype)
+            dtype = promote_tensors(self, other)
             if other.device != self.device:
                 raise ValueError(f"tensors are on different devices: {self.device} and "
                                  f"{other.device}; move one with .to()")

@@ -47,3 +47,17 @@ def test_a_dtype_argument_is_a_dtype_a_numpy_dtype_or_a_name():
     for like in (pt.float16, np.float16, np.dtype("float16"), "float16"):
         assert Tensor([1, 2], like, device="interpreter").dtype == pt.float16
         assert Tensor([1, 2], device="interpreter").cast(like).dtype == pt.float16
+
+
+def test_a_0d_tensor_promotes_as_in_torch(capabilities):
+    # A 0-d tensor beside a tensor with dimensions sets the dtype only when its category
+    # (bool < integer < float) is higher: float16 * tensor(2.0) stays float16 (was float32).
+    torch = pytest.importorskip("torch")
+    names = [d.name for d in dtypes.ALL if d in capabilities.dtypes
+             and d.name not in ("uint16", "uint32", "uint64")]    # torch's arithmetic lacks these
+    for a, b in ((a, b) for a in names for b in names):
+        for a_dims, b_dims in ((1, 0), (0, 1), (1, 1), (0, 0)):
+            want = torch.ones((2,) * a_dims, dtype=getattr(torch, a)) + torch.ones(
+                (2,) * b_dims, dtype=getattr(torch, b))
+            got = Tensor.ones(*(2,) * a_dims, dtype=a) + Tensor.ones(*(2,) * b_dims, dtype=b)
+            assert got.dtype.name == str(want.dtype).removeprefix("torch."), (a, a_dims, b, b_dims)

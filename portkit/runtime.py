@@ -13,8 +13,10 @@ and 4 its rendered source, both at a kernel's first launch.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
+import hashlib
 import os
 import sys
 import threading
@@ -242,8 +244,13 @@ class Runtime:
         return Buffer(self.pool, dtype, memory.size // dtype.itemsize, borrowed=memory)
 
     def prepare(self, kernel: Kernel) -> Kernel:
-        """`kernel` as this device runs it: ops it lacks decomposed, checked against its limits."""
+        """`kernel` as this device runs it: ops it lacks decomposed, a name longer than the
+        device takes shortened (its start and a hash), checked against its limits."""
         capabilities = self.capabilities
+        longest = capabilities.max_name_length
+        if longest is not None and len(kernel.name) > longest:
+            digest = hashlib.sha256(kernel.name.encode()).hexdigest()[:12]
+            kernel = dataclasses.replace(kernel, name=f"{kernel.name[:longest - 13]}_{digest}")
         if {n.op for n in kernel.nodes if n.op in COMPUTE} - capabilities.ops:
             from portkit.codegen.decompose import decompose
 

@@ -3,7 +3,7 @@
     checked = bounds_checked(kernel)
     # launch checked.kernel with the kernel's buffers, then a zeroed int32 buffer of
     # checked.fault_words elements; scalars: each buffer's element count, then the kernel's own
-    fault = checked.fault(fault_buffer)     # None, or which access went out of bounds
+    fault = checked.fault(fault_buffer, sizes)   # None, or which access went out of bounds
 
 The pass is kernel to kernel, so every backend, a vendor's too, runs it with its own renderer
 and compiler at native speed. Each LOAD and STORE gets a gate that is false outside its buffer,

@@ -13,8 +13,10 @@ and 4 its rendered source, both at a kernel's first launch.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
+import hashlib
 import os
 import sys
 import threading
@@ -40,7 +42,7 @@ class LaunchError(PortkitError, ValueError):
 
 
 class OutOfBoundsError(LaunchError):
-    """PORTKIT_CHECK=1 found a LOAD or STORE outside its buffer before the launch."""
+    """PORTKIT_CHECK found a LOAD or STORE outside its buffer (and did not perform it)."""
 
 
 def _env_mb(name: str, default: int) -> int:
@@ -190,6 +192,8 @@ class Compiled:
     program: Program
     seconds: float = field(default=0.0, compare=False)
     launched: bool = field(default=False, compare=False)
+    # PORTKIT_CHECK=1: the bounds-checked build (codegen.check.Checked) and its Compiled
+    checked: tuple | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # What every launch checks and packs, read from the kernel once rather than per launch.
@@ -242,8 +246,13 @@ class Runtime:
         return Buffer(self.pool, dtype, memory.size // dtype.itemsize, borrowed=memory)
 
     def prepare(self, kernel: Kernel) -> Kernel:
-        """`kernel` as this device runs it: ops it lacks decomposed, checked against its limits."""
+        """`kernel` as this device runs it: ops it lacks decomposed, a name longer than the
+        device takes shortened (its start and a hash), checked against its limits."""
         capabilities = self.capabilities
+        longest = capabilities.max_name_length
+        if longest is not None and len(kernel.name) > longest:
+            digest = hashlib.sha256(kernel.name.encode()).hexdigest()[:12]
+            kernel = dataclasses.replace(kernel, name=f"{kernel.name[:longest - 13]}_{digest}")
         if {n.op for n in kernel.nodes if n.op in COMPUTE} - capabilities.ops:
             from portkit.codegen.decompose import decompose
 
@@ -294,7 +303,10 @@ class Runtime:
         kernel = compiled.kernel
         _check_arguments(compiled, buffers, scalars)
         words = compiled.words(scalars)
-        if checking():
+        mode = check_mode()
+        if mode == "compiled" and self._checked(compiled) is not None:
+            return self._launch_checked(compiled, buffers, words, wait)
+        if mode:
             _check_bounds(kernel, buffers, words)
         level = debug_level()
         with self.device_lock:
@@ -303,6 +315,38 @@ class Runtime:
         if level >= 2:
             _print_launch(compiled, seconds, level)
         compiled.launched = True
+        return seconds if wait else None
+
+    def _checked(self, compiled: Compiled) -> tuple | None:
+        """`compiled`'s bounds-checked build and its Compiled, made once; None where the
+        fault buffer would exceed the device's buffer limit (the interpreter checks then)."""
+        if compiled.checked is None:
+            from portkit.codegen.check import bounds_checked
+
+            checked = bounds_checked(compiled.kernel)
+            fits = len(checked.kernel.params) <= self.capabilities.max_buffers
+            compiled.checked = (checked, self.compile(checked.kernel) if fits else None)
+        return compiled.checked if compiled.checked[1] is not None else None
+
+    def _launch_checked(self, compiled: Compiled, buffers: list[Buffer], words: list,
+                        wait: bool) -> float | None:
+        checked, program = compiled.checked
+        sizes = [b.size for b in buffers]
+        fault = self.alloc(dtypes.int32, checked.fault_words)
+        fault.copyin(np.zeros(checked.fault_words, np.int32))
+        level = debug_level()
+        with self.device_lock:
+            seconds = program.program([b.handle for b in buffers] + [fault.handle],
+                                      sizes + words, program.kernel.grid, program.kernel.block,
+                                      wait=wait or level >= 2)
+        if level >= 2:
+            _print_launch(program, seconds, level)
+        program.launched = compiled.launched = True
+        found = checked.fault(fault.numpy(), sizes)
+        if found is not None:
+            raise OutOfBoundsError(f"{found.message(compiled.kernel)} (PORTKIT_CHECK=1 skipped "
+                                   f"it); the buffers hold {sizes} elements: fix the kernel's "
+                                   "index or the buffer sizes")
         return seconds if wait else None
 
     def run(self, kernel: Kernel, *arrays: np.ndarray, scalars: tuple = ()
@@ -396,11 +440,25 @@ def _debug_level(raw: str) -> int:
     return _DEBUG_WORDS[value]
 
 
-def checking() -> bool:
-    """PORTKIT_CHECK=1: every launch is first run in the ABI interpreter on copies of its
-    buffers, so a LOAD or STORE out of bounds raises OutOfBoundsError instead of corrupting
-    memory. Slow (a debugging mode), the same on every backend."""
-    return os.environ.get("PORTKIT_CHECK", "") not in ("", "0")
+_CHECK_WORDS = {**dict.fromkeys(("", "0", "no", "false", "off"), ""),
+                **dict.fromkeys(("1", "yes", "true", "on", "compiled"), "compiled"),
+                "interpreter": "interpreter"}
+
+
+def check_mode() -> str:
+    """PORTKIT_CHECK: "" (off), "compiled" (1: every launch runs its bounds-checked build,
+    codegen/check.py, natively: an out-of-bounds LOAD or STORE is skipped and raises
+    OutOfBoundsError after the launch) or "interpreter" (every launch first runs in the ABI
+    interpreter on copies of its buffers, and the device runs nothing out of bounds; slow).
+    Anything else is a ValueError naming the accepted values."""
+    raw = os.environ.get("PORTKIT_CHECK", "")
+    if not raw:         # read on every launch: the usual case costs one look-up
+        return ""
+    mode = _CHECK_WORDS.get(raw.strip().lower())
+    if mode is None:
+        raise ValueError(f"PORTKIT_CHECK={raw!r} is not a mode: use 1 (compiled), "
+                         "interpreter, or 0")
+    return mode
 
 
 def _check_bounds(kernel: Kernel, buffers: list[Buffer], words: list[int]) -> None:
@@ -409,7 +467,7 @@ def _check_bounds(kernel: Kernel, buffers: list[Buffer], words: list[int]) -> No
     try:
         run(kernel, [b.numpy() for b in buffers], words)
     except OutOfBounds as error:
-        raise OutOfBoundsError(f"{error} (PORTKIT_CHECK=1 stopped the launch); the buffers "
+        raise OutOfBoundsError(f"{error} (PORTKIT_CHECK stopped the launch); the buffers "
                                f"hold {[b.size for b in buffers]} elements: fix the kernel's "
                                "index or the buffer sizes") from None
 

@@ -40,6 +40,14 @@ class Capabilities:
     # True where a workgroup's threads run one after another (a CPU, a simulator): codegen then
     # gives each group one thread and a long contiguous chunk that the compiler vectorizes.
     threads_are_loops: bool = False
+    # Loop iterations one thread may run in all, every loop of a kernel counted together
+    # (lavapipe stops a shader after 65,535); codegen keeps every reduce stage within it.
+    # None: no limit.
+    max_loop_trips: int | None = None
+    # The longest kernel name (`Kernel.name`) the device's compiler and driver take (PoCL
+    # aborted past 252 characters); the runtime hands the backend a longer name as its start
+    # and a hash. None: no limit.
+    max_name_length: int | None = None
     peak_gflops: float | None = None        # float32, for the performance tier
     peak_bandwidth_gbs: float | None = None
     device_name: str = ""
@@ -68,6 +76,10 @@ class Capabilities:
         if self.max_block_threads < 1 or self.max_buffers < 2 or self.local_memory_bytes < 0:
             raise fail("max_block_threads must be >= 1, max_buffers >= 2, "
                        "local_memory_bytes >= 0")
+        for name, least in (("max_loop_trips", 64), ("max_name_length", 16)):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= least):
+                raise fail(f"{name} must be None (no limit) or an int >= {least}, got {value!r}")
         return self
 
     def check_launch(self, kernel: Kernel) -> None:
@@ -80,6 +92,9 @@ class Capabilities:
                             f"{self.max_block_threads} threads")
         if any(g > m for g, m in zip(kernel.grid, self.max_grid)):
             problems.append(f"grid {kernel.grid} exceeds {self.max_grid}")
+        if self.max_name_length is not None and len(kernel.name) > self.max_name_length:
+            problems.append(f"its name of {len(kernel.name)} characters exceeds "
+                            f"{self.max_name_length} (Runtime.prepare shortens it)")
         if len(kernel.params) > self.max_buffers:
             problems.append(f"{len(kernel.params)} buffers exceed the limit of "
                             f"{self.max_buffers}")
@@ -188,7 +203,7 @@ class Device:
 @dataclass(frozen=True)
 class Backend:
     """What the `portkit.backends` entry point names: a name, how to load the device, and the
-    ABI version the backend implements ("0.4"; portkit refuses to load an incompatible one).
+    ABI version the backend implements ("0.5"; portkit refuses to load an incompatible one).
 
     `load()` returns the Device, or raises BackendUnavailable naming the fix.
     """

@@ -19,7 +19,6 @@ index, or parenthesized), so expressions nest without precedence surprises.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import re
 from collections.abc import Callable
@@ -435,20 +434,11 @@ class CStyleRenderer(Renderer):
         return f"({value}{suffix})" if value < 0 else f"{value}{suffix}"
 
 
-# The longest function name codegen emits. PoCL aborts the process (an assertion in the
-# driver) on long kernel names, e.g. a 150-dimension tensor's; other drivers have their own
-# limits, so every backend gets short names.
-MAX_NAME = 64
-
-
 def function_name(name: str) -> str:
     """A kernel's name as an ASCII identifier in any C-like language (never a keyword: "k_"
-    first), at most MAX_NAME characters: a long name keeps its start and a hash of the rest."""
-    identifier = "k_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
-    if len(identifier) <= MAX_NAME:
-        return identifier
-    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
-    return f"{identifier[:MAX_NAME - 13]}_{digest}"
+    first), as long as the name plus 2: a device whose compiler limits names declares it in
+    `Capabilities.max_name_length`, less those 2, and the runtime shortens longer names."""
+    return "k_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
 def local_bytes(kernel: Kernel) -> int:

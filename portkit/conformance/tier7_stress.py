@@ -3,14 +3,18 @@
 Every case here failed or crashed on a reference backend before its fix, and a vendor's chip
 with the same fault fails it too:
 - reductions past 2**16 elements (lavapipe stops every shader after 65,535 loop iterations in
-  all; 1,100,003 stays past it for a kernel that sums in 16 partial accumulators) and past 2**24 (a float32 lane stops growing there): sum, sum over an axis, max, argmax, a
-  matmul with K = 70,001, through the Tensor stack, which must keep every loop short;
+  all; 1,100,003 stays past it for a kernel that sums in 16 partial accumulators) and past
+  2**24 (a float32 lane stops growing there): sum, sum over an axis, max, argmax, a matmul
+  with K = 70,001, five sums of 16,000 that fuse into one kernel, through the Tensor stack,
+  which must keep every thread's loops within the device's budget;
 - division by a constant and by a dynamic zero on every float dtype the backend declares
   (IEEE: ±inf and NaN; lavapipe dropped the store of `x / 0.0`), and integer division by zero,
   which the ABI says must not trap (result unspecified), nor disturb the other elements;
 - launches from 4 threads at once, on distinct shapes (OpenCL's set-arguments-then-enqueue
   interleaved; wgpu-core panicked);
-- a kernel named by 10,000 characters (PoCL aborted) and grids of many workgroups.
+- a kernel named by 10,000 characters (PoCL aborted) and grids of many workgroups;
+- the limits a backend declares are true: a loop of `max_loop_trips` iterations (2**17 where
+  none is declared) counts every one, and a kernel named by `max_name_length` characters runs.
 """
 from __future__ import annotations
 
@@ -58,6 +62,10 @@ def _reduce_axis(target: Target) -> Outcome:
     values = -np.arange(70001, dtype=np.float32)[::-1] - 1     # the largest is the last
     _expect("max over 70001", tensor(values, device=device).max().numpy(), np.float32(-1))
     _expect("argmax over 70001", tensor(values, device=device).argmax().numpy(), 70000)
+    # each sum is one short loop, but fused into one kernel they loop 80,000 times in all
+    five = sum((tensor.ones(16000, device=device).sum() for _ in range(5)),
+               tensor.zeros((), device=device))
+    _expect("five fused sums of 16000", five.numpy(), np.float32(80000))
     a, b = np.ones((2, 70001), np.float32), np.ones((70001, 3), np.float32)
     _expect("matmul with K = 70001", (tensor(a, device=device) @ tensor(b, device=device))
             .numpy(), np.full((2, 3), 70001, np.float32))
@@ -136,6 +144,21 @@ def _group_ids(target: Target, name: str, groups: int) -> Outcome:
     return Outcome(Status.PASSED)
 
 
+def _loop(target: Target, trips: int) -> Outcome:
+    b = KernelBuilder("stress_loop")
+    out = b.param(dtypes.int32)
+    count = b.acc(b.const(0))
+    with b.loop(b.const(0), b.const(trips)):
+        b.assign(count, b.alu(Op.ADD, count, b.const(1)))
+    b.store(out, b.const(0), count)
+    got = target.run(target.prepare(b.build()), [np.zeros(1, np.int32)])[0][0]
+    if got != trips:
+        declared = target.capabilities.max_loop_trips
+        raise CaseFailed(f"a loop of {trips} iterations ran {got} times; declare the device's "
+                         f"real budget in Capabilities.max_loop_trips (now {declared})")
+    return Outcome(Status.PASSED)
+
+
 def cases(ctx: Context) -> list[Case]:
     """The stress cases; `--quick` leaves out the sums past 2**24."""
     caps = ctx.capabilities
@@ -153,6 +176,13 @@ def cases(ctx: Context) -> list[Case]:
     found.append(Case("stress/threads", TIER, requires=ESSENTIAL, fn=_threads))
     found.append(Case("stress/long-name", TIER, requires=ESSENTIAL,
                       fn=lambda t: _group_ids(t, "k" * 10_000, 64)))
+    trips = caps.max_loop_trips or 1 << 17
+    found.append(Case(f"stress/loop/{trips}", TIER, requires=ESSENTIAL,
+                      fn=lambda t: _loop(t, trips)))
+    if caps.max_name_length is not None:
+        length = caps.max_name_length
+        found.append(Case(f"stress/name-of/{length}", TIER, requires=ESSENTIAL,
+                          fn=lambda t: _group_ids(t, "k" * length, 64)))
     groups = min(caps.max_grid[0], 1 << 17)
     found.append(Case(f"stress/grid/{groups}", TIER, requires=ESSENTIAL,
                       fn=lambda t: _group_ids(t, "stress_grid", groups)))

@@ -3,6 +3,8 @@ written for (issue 11, "What to build" 2). Called directly: its registration in 
 one-line change in suite.py."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from portkit import runtime, schedule
@@ -37,17 +39,44 @@ def test_the_quick_stress_tier_passes(backend):
     assert outcomes["stress/threads"].status is Status.PASSED
 
 
-def test_a_device_that_stops_long_loops_fails_it(monkeypatch):
-    # Before the scheduler cut reduces into short stages, lavapipe returned 65535 for a sum
-    # of 70001 ones. Sums now run in partial accumulators, so a kernel loops a quarter as
-    # often, and lavapipe's limit counts every iteration of the shader: with the stages made
-    # long again, the 1,100,003-element sum must still show it.
-    target = _target("webgpu")
-    monkeypatch.setattr(schedule, "_CHUNK", 1 << 30)
-    monkeypatch.setattr(schedule, "_SPLIT_FROM", 1 << 30)
-    runtime.clear()   # kernels and recorded steps lowered with the real stages
+def _sum_1100003(target: Target):
+    runtime.clear()   # kernels and recorded steps lowered with other stages
     (case,) = [c for c in tier7_stress.cases(Context(target.capabilities, quick=True))
                if c.id == "stress/sum/1100003"]
     outcome = execute(target, case)
-    runtime.clear()   # and none lowered with long stages stays behind
+    runtime.clear()   # and none lowered with them stays behind
+    return outcome
+
+
+def test_a_device_that_stops_long_loops_without_declaring_it_fails_it(monkeypatch):
+    # Before the scheduler cut reduces into short stages, lavapipe returned 65535 for a sum
+    # of 70001 ones. Sums now run in partial accumulators, so a kernel loops a quarter as
+    # often, and lavapipe's limit counts every iteration of the shader: with the stages made
+    # long again and no budget declared, the 1,100,003-element sum must still show it.
+    device = _target("webgpu").device
+    monkeypatch.setattr(device, "capabilities",
+                        dataclasses.replace(device.capabilities, max_loop_trips=None))
+    monkeypatch.setattr(schedule, "_CHUNK", 1 << 30)
+    monkeypatch.setattr(schedule, "_SPLIT_FROM", 1 << 30)
+    outcome = _sum_1100003(Target(device, "webgpu"))
     assert outcome.status is Status.FAILED and "ones(1100003).sum()" in outcome.message
+
+
+def test_the_declared_loop_budget_alone_keeps_long_sums_right(monkeypatch):
+    target = _target("webgpu")
+    assert target.capabilities.max_loop_trips == 65535      # lavapipe's, declared
+    monkeypatch.setattr(schedule, "_CHUNK", 1 << 30)
+    monkeypatch.setattr(schedule, "_SPLIT_FROM", 1 << 30)
+    outcome = _sum_1100003(target)
+    assert outcome.status is Status.PASSED, outcome.message
+
+
+def test_a_declared_loop_budget_that_is_too_large_fails_it(monkeypatch):
+    device = _target("webgpu").device
+    monkeypatch.setattr(device, "capabilities",
+                        dataclasses.replace(device.capabilities, max_loop_trips=1 << 17))
+    target = Target(device, "webgpu")
+    (case,) = [c for c in tier7_stress.cases(Context(target.capabilities, quick=True))
+               if c.id.startswith("stress/loop/")]
+    outcome = execute(target, case)
+    assert outcome.status is Status.FAILED and "ran 65535 times" in outcome.message

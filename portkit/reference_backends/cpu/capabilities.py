@@ -23,4 +23,5 @@ def capabilities(compiler: CPUCompiler) -> Capabilities:
         max_block=(1024, 1024, 64), max_grid=(2**31 - 1, 65535, 65535),
         local_memory_bytes=64 * 1024, max_buffers=64, denormals="preserve",
         threads_are_loops=True,
+        max_loop_trips=None, max_name_length=None,   # C compilers limit neither
         device_name=f"{cpu_model()} ({cores}; {compiler.version})")

@@ -24,6 +24,9 @@ def capabilities(context: CUDAContext, compiler: CUDACompiler) -> Capabilities:
         max_buffers=256,   # 8-byte pointers in the 4 KiB of kernel parameters, with room
         denormals="preserve",   # -ftz=false
         threads_are_loops=False,   # threads are hardware lanes
+        # NVRTC compiles names of 100,000 characters; the driver's limit is not measured yet,
+        # so names stay at the 64-character function names ("k_" + 62) known to load.
+        max_name_length=62,
         peak_bandwidth_gbs=a("GLOBAL_MEMORY_BUS_WIDTH") / 8 * a("MEMORY_CLOCK_RATE") * 2 / 1e6,
         device_name=f"{name} (compute capability {major}.{minor}; {compiler.version} "
                     f"-arch={compiler.arch})")

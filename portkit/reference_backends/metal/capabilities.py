@@ -21,4 +21,5 @@ def capabilities(max_block: Dim3 = (1024, 1024, 1024), local_memory_bytes: int =
         max_buffers=30,              # [[buffer(0..29)]]; slot 30 at most holds the scalars
         denormals="flush",           # MSL lets float32 denormals be flushed to zero
         threads_are_loops=False,     # threads are hardware lanes
+        max_name_length=62,          # not measured: the 64-character function names known to load
         device_name=device_name)

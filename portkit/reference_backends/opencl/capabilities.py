@@ -39,4 +39,7 @@ def capabilities(device) -> Capabilities:
         denormals="preserve" if denormal else "flush",
         # work-items are hardware lanes, or (PoCL) loops the driver itself vectorizes
         threads_are_loops=False,
+        # PoCL 3.1 aborts the process (SIGABRT in its kernel cache) on a function name of
+        # more than 252 characters; the C-style renderer puts "k_" before the kernel's name.
+        max_name_length=250,
         device_name=f"{device.name} ({device.platform.name})")

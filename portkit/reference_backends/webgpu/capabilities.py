@@ -27,4 +27,7 @@ def capabilities(adapter) -> Capabilities:
         local_memory_bytes=limits["max-compute-workgroup-storage-size"],
         max_buffers=limits["max-storage-buffers-per-shader-stage"],
         threads_are_loops=False,   # invocations are lanes (lavapipe vectorizes them itself)
+        # llvmpipe (lavapipe) stops a shader after 65,535 loop iterations in all, silently;
+        # names of 100,000 characters ran.
+        max_loop_trips=65535 if "llvmpipe" in info["device"] else None,
         device_name=f"{info['device']} ({info['backend_type']})")

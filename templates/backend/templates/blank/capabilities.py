@@ -20,4 +20,6 @@ def capabilities() -> Capabilities:
         local_memory_bytes=0,      # no workgroup memory (LOCAL) yet
         max_buffers=8,
         threads_are_loops=False,   # True if a workgroup's threads run one after another
+        max_loop_trips=None,       # iterations a thread's loops may run in all, if limited
+        max_name_length=62,        # longest kernel name your compiler and driver take
         device_name="{{ cookiecutter.name }} (blank starter: nothing implemented yet)")

@@ -108,3 +108,53 @@ def test_unfold_masked_select_and_max_indices_match_torch(a, data):
         values, indices = Tensor(a).max(dim)
         np.testing.assert_array_equal(values.numpy(), a.max(dim))
         np.testing.assert_array_equal(indices.numpy(), a.argmax(dim))
+
+
+@pytest.mark.usefixtures("on_cpu")
+@BOUNDED
+@given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, max_side=5),
+                  elements=st.sampled_from([-2.0, -0.5, 0.0, 1.0, 1.5, 3.0])), st.data())
+def test_scans_sorts_and_any_all_match_torch(a, data):
+    dim = data.draw(st.integers(-a.ndim, a.ndim - 1))
+    x, t = Tensor(a), torch.tensor(a)
+    for scan in ("cumsum", "cumprod", "logcumsumexp"):
+        np.testing.assert_allclose(getattr(x, scan)(dim).numpy(),
+                                   getattr(t, scan)(dim).numpy(), rtol=1e-5, atol=1e-6)
+    descending = data.draw(st.booleans())
+    values, indices = x.sort(dim=dim, descending=descending, stable=True)
+    want = t.sort(dim=dim, descending=descending, stable=True)
+    np.testing.assert_array_equal(values.numpy(), want.values.numpy())
+    np.testing.assert_array_equal(indices.numpy(), want.indices.numpy())
+    k = data.draw(st.integers(0, a.shape[dim]))
+    values, indices = x.topk(k, dim, largest=not descending)
+    np.testing.assert_array_equal(values.numpy(), t.topk(k, dim, largest=not descending)
+                                  .values.numpy())
+    # ties may pick other indices than torch's: each must point at its value
+    np.testing.assert_array_equal(x.gather(dim, indices).numpy(), values.numpy())
+    for reduce in ("any", "all"):
+        np.testing.assert_array_equal(getattr(x > 0, reduce)(dim).numpy(),
+                                      getattr(t > 0, reduce)(dim).numpy())
+
+
+@pytest.mark.usefixtures("on_cpu")
+@BOUNDED
+@given(hnp.arrays(np.int32, hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5),
+                  elements=st.integers(-9, 9)), st.data())
+def test_gather_scatter_select_roll_and_triangles_match_torch(a, data):
+    dim = data.draw(st.integers(-a.ndim, a.ndim - 1))
+    shape = tuple(data.draw(st.integers(1, n)) for n in a.shape)
+    index = data.draw(hnp.arrays(np.int64, shape, elements=st.integers(0, a.shape[dim] - 1)))
+    src = data.draw(hnp.arrays(np.int32, shape, elements=st.integers(-9, 9)))
+    x, t, i, ti = Tensor(a), torch.tensor(a), Tensor(index), torch.tensor(index)
+    np.testing.assert_array_equal(x.gather(dim, i).numpy(), t.gather(dim, ti).numpy())
+    np.testing.assert_array_equal(x.scatter_add(dim, i, Tensor(src)).numpy(),
+                                  t.scatter_add(dim, ti, torch.tensor(src)).numpy())
+    rows = index.reshape(-1)[:4]
+    np.testing.assert_array_equal(x.index_select(dim, Tensor(rows)).numpy(),
+                                  t.index_select(dim, torch.tensor(rows)).numpy())
+    shift = data.draw(st.integers(-7, 7))
+    np.testing.assert_array_equal(x.roll(shift, dim).numpy(), t.roll(shift, dim).numpy())
+    if a.ndim >= 2:
+        diagonal = data.draw(st.integers(-4, 4))
+        np.testing.assert_array_equal(x.tril(diagonal).numpy(), t.tril(diagonal).numpy())
+        np.testing.assert_array_equal(x.triu(diagonal).numpy(), t.triu(diagonal).numpy())

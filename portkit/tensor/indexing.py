@@ -175,6 +175,26 @@ class IndexingOps:
         hot = index.cast(int32).unsqueeze(-1) == core.Tensor.arange(n, device=self.device)
         return hot.where(x, 0).sum(-1).cast(self.dtype)
 
+    def take_along_dim(self: Tensor, indices: Tensor, dim: int | None = None) -> Tensor:
+        """gather along `dim` with self and indices broadcast to each other outside it; with
+        dim=None, of the flattened tensor (torch.take_along_dim)."""
+        if dim is None:
+            return self.flatten().gather(0, indices.flatten())
+        if indices.ndim != self.ndim:
+            raise ValueError(f"take_along_dim: indices have {indices.ndim} dims, input "
+                             f"{self.ndim}; they must have the same number")
+        dim = as_axes(dim, self.ndim)[0]
+        try:
+            outside = np.broadcast_shapes(*(tuple(1 if d == dim else n for d, n in
+                                                  enumerate(t.shape)) for t in (self, indices)))
+        except ValueError:
+            raise ValueError(f"take_along_dim: input shape {self.shape} and indices shape "
+                             f"{indices.shape} do not broadcast outside dim {dim}") from None
+
+        def widened(t: Tensor) -> Tensor:
+            return t.expand(*(t.shape[d] if d == dim else n for d, n in enumerate(outside)))
+        return widened(self).gather(dim, widened(indices))
+
     def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | float) -> Tensor:
         """A copy of self with self[..., index[..., i, ...], ...] = src[..., i, ...] along `dim`
         (torch.scatter)."""

@@ -25,8 +25,8 @@ flatten flip float floor fmod gather index_select int isclose isfinite isinf isn
 log10 log1p log2 logaddexp logcumsumexp logical_and logical_not logical_or logical_xor logsumexp
 masked_fill masked_select matmul max maximum mean min minimum mul neg nonzero numel numpy
 permute pow prod reciprocal relu repeat repeat_interleave reshape roll round rsqrt scatter
-scatter_reduce sigmoid sign sin sinh softmax sort split sqrt squeeze std sum tan tanh tolist
-topk transpose tril triu trunc unflatten unfold unique unsqueeze var view where""")
+scatter_reduce sigmoid sign sin sinh softmax sort split sqrt squeeze std sum take_along_dim tan
+tanh tolist topk transpose tril triu trunc unflatten unfold unique unsqueeze var view where""")
 FUNCTIONS = _words("""avg_pool1d avg_pool2d avg_pool3d batch_norm binary_cross_entropy
 binary_cross_entropy_with_logits celu conv1d conv2d conv3d conv_transpose1d conv_transpose2d
 conv_transpose3d cross_entropy dropout elu embedding gelu grid_sample group_norm hardsigmoid

@@ -147,6 +147,13 @@ def test_gather_scatter_select_roll_and_triangles_match_torch(a, data):
     src = data.draw(hnp.arrays(np.int32, shape, elements=st.integers(-9, 9)))
     x, t, i, ti = Tensor(a), torch.tensor(a), Tensor(index), torch.tensor(index)
     np.testing.assert_array_equal(x.gather(dim, i).numpy(), t.gather(dim, ti).numpy())
+    try:
+        want = t.take_along_dim(ti, dim).numpy()
+    except RuntimeError:     # shapes that do not broadcast outside dim
+        with pytest.raises(ValueError, match="do not broadcast"):
+            x.take_along_dim(i, dim)
+    else:
+        np.testing.assert_array_equal(x.take_along_dim(i, dim).numpy(), want)
     np.testing.assert_array_equal(x.scatter_add(dim, i, Tensor(src)).numpy(),
                                   t.scatter_add(dim, ti, torch.tensor(src)).numpy())
     rows = index.reshape(-1)[:4]

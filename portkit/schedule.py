@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -222,9 +223,12 @@ class Scalars(NamedTuple):
 
 
 def _same_value(node: Lazy) -> tuple:
-    # A float by its bits: -0.0 == 0.0 would share a VAR or a kernel, NaN != NaN miss one.
+    # A float by its bits: -0.0 == 0.0 would share a VAR or a kernel, NaN != NaN miss one. A
+    # number portkit.jit traces is itself: equal to another today, it may differ at a replay.
     value = node.arg
-    return node.dtype, value.hex() if isinstance(value, float) else value
+    if isinstance(value, float):
+        return node.dtype, value.hex() if type(value) is float else ("traced", id(value))
+    return node.dtype, value
 
 
 def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
@@ -266,8 +270,12 @@ def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
 def scalar_values(scalars: list[Lazy]) -> tuple:
     """The values of constants as their VARs take them (narrow types rounded to their own dtype
     first, so that widening them is exact)."""
-    return tuple(node.arg if node.dtype in _EXACT_AS_VAR else _rounded(node.arg, node.dtype)
-                 for node in scalars)
+    return tuple(var_value(node.arg, node.dtype) for node in scalars)
+
+
+def var_value(value, dtype: DType):
+    """`value`, a constant of `dtype`, as its VAR takes it."""
+    return value if dtype in _EXACT_AS_VAR else _rounded(value, dtype)
 
 
 _EXACT_AS_VAR = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32})
@@ -300,7 +308,40 @@ def upload(array: np.ndarray, device_name: str, dtype: DType) -> runtime.Buffer:
     buffer = _alloc(device_name, dtype, array.size)
     if array.size:
         buffer.copyin(np.ascontiguousarray(array, dtype.np).reshape(-1))
+    recorder = recording()
+    if recorder is not None:
+        recorder.upload(buffer)
     return buffer
+
+
+# -- capture (portkit.jit) ------------------------------------------------------------------
+# While a recorder is set (in this thread), every launch, upload, copy between devices and read
+# back to the host is reported to it: portkit/jit.py records a function's launches this way.
+_capture = threading.local()
+
+
+def recording():
+    """The recorder of this thread's capture (portkit/jit.py), or None."""
+    return getattr(_capture, "recorder", None)
+
+
+@contextmanager
+def record(recorder):
+    """Reports this thread's launches to `recorder` inside the block."""
+    previous, _capture.recorder = recording(), recorder
+    try:
+        yield recorder
+    finally:
+        _capture.recorder = previous
+
+
+def _launch(name: str, compiled: runtime.Compiled, buffers: list, scalars: list[Lazy],
+            overflow: Lazy | None = None) -> None:
+    # `overflow`: the root of a kernel that holds some numbers as code (past MAX_SCALARS)
+    device(name).launch(compiled, buffers, scalar_values(scalars))
+    recorder = recording()
+    if recorder is not None:
+        recorder.launch(name, compiled, buffers, scalars, overflow)
 
 
 # (device, structure) -> the ABI kernel, and the program compiled from it: the most recent
@@ -402,6 +443,8 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step
         if item.is_copy:
             steps = None
             src = root.src[0]
+            if recording() is not None:
+                recording().copy(root)
             data = src.buffer.numpy()[:src.size]
             root.realize_as(upload(data, root.device, root.dtype))
             continue
@@ -413,8 +456,8 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step
             if compiled is None:
                 compiled = _compiled[key] = device(root.device).compile(
                     _lower(item, key, scalars))
-            device(root.device).launch(compiled, [buffer] + [x.buffer for x in item.inputs],
-                                       scalar_values(scalars.nodes))
+            _launch(root.device, compiled, [buffer] + [x.buffer for x in item.inputs],
+                    scalars.nodes, root if scalars.overflow else None)
             launched += 1
         if steps is not None:
             # A replay reads every number from the graph, by position: not those held as code
@@ -496,8 +539,7 @@ def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
         if step.compiled is not None:
             buffers = [buffer] + [made[k] if p is None else nodes[p].buffer
                                   for p, k in step.inputs]
-            scalars = scalar_values([nodes[p] for p in step.scalars])
-            device(step.device).launch(step.compiled, buffers, scalars)
+            _launch(step.device, step.compiled, buffers, [nodes[p] for p in step.scalars])
         made.append(buffer)
         if step.root is not None:
             nodes[step.root].realize_as(buffer)

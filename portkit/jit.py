@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from portkit import graph, runtime, schedule
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
+from portkit.abi.kernel import scalar_words
 from portkit.graph import GraphOp, Lazy
 from portkit.tensor.core import Tensor, realize
 
@@ -149,6 +150,23 @@ class _Step:
     sources: tuple[tuple[int, int], ...]    # the input buffers, as (kind, position)
     fixed: tuple                            # the scalars as captured
     traced: tuple[tuple[int, Number, DType], ...]   # (slot, number, dtype) recomputed per call
+    # made by Plan.prepare: the buffers a replay passes (None: filled per call, at `fills`)
+    # and the scalars packed as the program takes them
+    template: list = field(default_factory=list)
+    fills: list[tuple[int, int, int]] = field(default_factory=list)
+    words: list[int] = field(default_factory=list)
+    fresh: bool = True                      # its output outlives the call: a new buffer each
+
+    def scalars(self) -> tuple[tuple, list[int]]:
+        """The scalars' values and words at this replay."""
+        if not self.traced:
+            return self.fixed, self.words
+        values, words = list(self.fixed), self.words.copy()
+        var_dtypes = self.compiled.var_dtypes
+        for slot, number, dtype in self.traced:
+            values[slot] = schedule.var_value(number.compute(), dtype)
+            words[slot] = scalar_words((var_dtypes[slot],), (values[slot],))[0]
+        return tuple(values), words
 
 
 @dataclass
@@ -164,6 +182,26 @@ class Plan:
     template: Any                           # the result, its tensors replaced by positions
     outputs: list[tuple[tuple[int, int], DType, tuple, str]]
     sets: list[tuple[Any, str, Any, type]] = field(default_factory=list)
+
+    def prepare(self) -> None:
+        """Readies the plan for replays: a launch whose output no result or state tensor
+        keeps writes into a buffer the plan owns, the same at every replay, and every buffer
+        and number that does not change between replays is filled in once."""
+        outlive = {k for kind, k in self.state_out + [o[0] for o in self.outputs]
+                   if kind == MADE}
+        for k, step in enumerate(self.steps):
+            step.fresh = k in outlive
+            step.template = [None if step.fresh else step.runtime.alloc(step.dtype, step.size)]
+            for kind, position in step.sources:
+                if kind == KEPT:
+                    step.template.append(self.kept[position])
+                elif kind == MADE and position not in outlive:
+                    step.template.append(self.steps[position].template[0])
+                else:
+                    step.template.append(None)
+            step.fills = [(slot, kind, position) for slot, (kind, position) in
+                          enumerate(step.sources, 1) if step.template[slot] is None]
+            step.words = step.compiled.words(step.fixed)
 
     def key(self) -> tuple:
         """What must be equal between two capture calls for their launches to be the same."""
@@ -192,13 +230,14 @@ class _Capture:
 
     def launch(self, device: str, compiled: runtime.Compiled, buffers: list,
                scalars: list[Lazy], overflow: Lazy | None) -> None:
+        passed = {id(n.arg) for n in scalars}
         if overflow is not None and any(
-                n.op is GraphOp.CONST and isinstance(n.arg, Number)
+                n.op is GraphOp.CONST and isinstance(n.arg, Number) and id(n.arg) not in passed
                 for n in graph.toposort([overflow], stop=lambda n: n.realized)):
             raise JitError(
                 f"{self.name}: kernel {compiled.kernel.name!r} holds more than "
-                f"{schedule.MAX_SCALARS} distinct numbers, so some are written into its code and "
-                "a replay could not change those that come from arguments; realize part of the "
+                f"{schedule.MAX_SCALARS} distinct numbers from arguments, so some are written "
+                "into its code and a replay could not change them; realize part of the "
                 "computation earlier (.realize()) so that each kernel holds fewer numbers")
         self.launches.append((runtime.get(device), compiled, buffers, scalars))
 
@@ -397,6 +436,7 @@ class Jit:
                 capture.restore()
         plan = capture.plan(result)
         if self.previous is not None and plan.key() == self.previous.key():
+            plan.prepare()
             self.plan, self.previous = plan, None
         elif self.captures >= self.CAPTURES:
             problem = _difference(self.previous, plan)
@@ -416,20 +456,22 @@ class Jit:
         pending = [t for t in state if not t.lazy.realized]
         if pending:
             realize(*pending)
-        made: list[runtime.Buffer] = []
+        made: list[runtime.Buffer | None] = [None] * len(plan.steps)
         tables = ([t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state], made,
                   plan.kept)
-        for step in plan.steps:
-            out = step.runtime.alloc(step.dtype, step.size)
-            buffers = [out] + [tables[kind][k] for kind, k in step.sources]
-            scalars = step.fixed
-            if step.traced:
-                scalars = list(scalars)
-                for slot, number, dtype in step.traced:
-                    scalars[slot] = schedule.var_value(number.compute(), dtype)
-                scalars = tuple(scalars)
-            step.runtime.launch(step.compiled, buffers, scalars)
-            made.append(out)
+        # what a capture's launches checked holds at a replay; debugging still sees each one
+        checked = runtime.debug_level() or runtime.checking()
+        for k, step in enumerate(plan.steps):
+            buffers = step.template.copy()
+            if step.fresh:
+                buffers[0] = made[k] = step.runtime.alloc(step.dtype, step.size)
+            for slot, kind, position in step.fills:
+                buffers[slot] = tables[kind][position]
+            values, words = step.scalars()
+            if checked:
+                step.runtime.launch(step.compiled, buffers, values)
+            else:
+                step.runtime.launch_again(step.compiled, [b.handle for b in buffers], words)
         values = [(obj, name, _plain(_now(value), kind)) for obj, name, value, kind in plan.sets]
         for obj, name, value in values:
             obj.__dict__[name] = value

@@ -305,6 +305,13 @@ class Runtime:
         compiled.launched = True
         return seconds if wait else None
 
+    def launch_again(self, compiled: Compiled, handles: list, words: list[int]) -> None:
+        """Runs `compiled` on buffer handles and packed scalar words of the kinds an earlier
+        `launch` of it checked (portkit.jit's replay): no checks, no waiting, no debug lines."""
+        kernel = compiled.kernel
+        with self.device_lock:
+            compiled.program(handles, words, kernel.grid, kernel.block, wait=False)
+
     def run(self, kernel: Kernel, *arrays: np.ndarray, scalars: tuple = ()
             ) -> list[np.ndarray]:
         """Uploads `arrays` (one per PARAM, in order), launches, returns every param's array."""

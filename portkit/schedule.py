@@ -240,18 +240,28 @@ def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
     scalars = Scalars([], {}, False)
     by_value: dict[tuple, int] = {}
-    for node in graph.toposort([root], stop=lambda n: id(n) in number):
+
+    def slot_of(node: Lazy) -> int | None:
+        value = _same_value(node)
+        slot = by_value.get(value)
+        if slot is None and len(scalars.nodes) < MAX_SCALARS:
+            slot = by_value[value] = len(scalars.nodes)
+            scalars.nodes.append(node)
+        return slot
+
+    order = graph.toposort([root], stop=lambda n: id(n) in number)
+    # numbers portkit.jit traces take VARs first: written as code, a replay could not change them
+    for node in order:
+        if isinstance(node.arg, graph.Traced) and node.dtype in SCALAR_VAR_DTYPES:
+            slot_of(node)
+    for node in order:
         number[id(node)] = len(entries)
         arg = node.arg
         if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
-            value = _same_value(node)
-            slot = by_value.get(value)
-            if slot is None and len(scalars.nodes) < MAX_SCALARS:
-                slot = by_value[value] = len(scalars.nodes)
-                scalars.nodes.append(node)
+            slot = slot_of(node)
             if slot is None:
                 scalars = scalars._replace(overflow=True)
-                arg = value
+                arg = _same_value(node)
             else:
                 scalars.slots[id(node)] = slot
                 arg = ("scalar", slot)

@@ -191,3 +191,29 @@ def test_a_closure_tensor_is_read_as_captured_and_uploads_are_compared():
                         Tensor(np.ones(4, np.float32)))
     np.testing.assert_array_equal(jitted(Tensor(np.full(4, 2.0, np.float32))).numpy(),
                                   [6, 7, 8, 9])
+
+
+def test_results_of_earlier_replays_keep_their_values():
+    x = Tensor(np.arange(4, dtype=np.float32))
+    jitted = portkit.jit(lambda x, s: (x * s).exp() + 1)
+    results = [jitted(x, float(k)) for k in range(6)]
+    for k, result in enumerate(results):
+        np.testing.assert_allclose(result.numpy(), np.exp(np.arange(4) * k) + 1, rtol=1e-5)
+
+
+def test_a_replay_under_portkit_check_runs_the_checked_launches(monkeypatch):
+    x = Tensor(np.arange(4, dtype=np.float32))
+    jitted = _replaying(lambda x, s: x * s, x, 1.0)
+    monkeypatch.setenv("PORTKIT_CHECK", "1")
+    np.testing.assert_array_equal(jitted(x, 3.0).numpy(), np.arange(4) * 3)
+
+
+def test_more_argument_numbers_than_a_kernel_passes_are_refused():
+    def f(x, *scales):
+        out = x
+        for s in scales:
+            out = out * s
+        return out
+    with pytest.raises(JitError, match="distinct numbers from arguments"):
+        portkit.jit(f)(Tensor(np.ones(4, np.float32)),
+                       *(1.0 + k / 64 for k in range(schedule.MAX_SCALARS + 1)))

@@ -179,6 +179,7 @@ class Plan:
     state: list[Tensor]                     # tensors the function assigns
     reads: list[int]                        # the state tensors whose entry buffers it reads
     state_out: list[tuple[int, int]]        # where each state tensor's new buffer comes from
+    state_args: list[int | None]            # the argument a state tensor is, if it is one
     template: Any                           # the result, its tensors replaced by positions
     outputs: list[tuple[tuple[int, int], DType, tuple, str]]
     sets: list[tuple[Any, str, Any, type]] = field(default_factory=list)
@@ -209,7 +210,9 @@ class Plan:
             None if slot in {t[0] for t in s.traced} else repr(v)
             for slot, v in enumerate(s.fixed))) for s in self.steps)
         kept_ids = tuple(id(b) for b in self.kept[len(self.uploads):])
-        return (steps, kept_ids, tuple(self.uploads), tuple(id(t) for t in self.state),
+        state = tuple(id(t) if k is None else ("argument", k)
+                      for t, k in zip(self.state, self.state_args))
+        return (steps, kept_ids, tuple(self.uploads), state,
                 tuple(self.reads), tuple(self.state_out), repr(self.template),
                 tuple(o[0] for o in self.outputs), tuple((id(o), n) for o, n, _, _ in self.sets))
 
@@ -217,9 +220,10 @@ class Plan:
 class _Capture:
     """The recorder schedule.py reports to while the function runs eagerly."""
 
-    def __init__(self, name: str, entry: list[runtime.Buffer]):
+    def __init__(self, name: str, arguments: list[Tensor]):
         self.name = name
-        self.entry = entry          # the Tensor arguments' buffers when the call began
+        self.arguments = arguments
+        self.entry = [t.lazy.buffer for t in arguments]     # their buffers as the call began
         self.launches: list[tuple] = []
         self.uploads: list[runtime.Buffer] = []
         self.assigned: dict[int, tuple[Tensor, Lazy]] = {}
@@ -312,7 +316,9 @@ class _Capture:
         template = _template(result, tensors, self.name)
         outputs = [(source(t.lazy.buffer), t.dtype, t.shape, t.device) for t in tensors]
         state_out = [source(t.lazy.buffer) for t in state]
-        return Plan(steps, kept, uploads, state, reads, state_out, template, outputs,
+        state_args = [next((k for k, a in enumerate(self.arguments) if a is t), None)
+                      for t in state]
+        return Plan(steps, kept, uploads, state, reads, state_out, state_args, template, outputs,
                     list(self.sets.values()))
 
 
@@ -425,7 +431,7 @@ class Jit:
         for k, v in traced_kwargs.items():
             if type(v) is float or isinstance(v, Number):
                 traced_kwargs[k] = next(leaves)
-        capture = _Capture(self.name, [t.lazy.buffer for t in tensors])
+        capture = _Capture(self.name, tensors)
         with schedule.record(capture):
             try:
                 result = self.fn(*traced, **traced_kwargs)
@@ -452,7 +458,8 @@ class Jit:
 
     def _replay(self, plan: Plan, tensors: list[Tensor], numbers: list[float]) -> Any:
         self.numbers = numbers
-        state = [plan.state[k] for k in plan.reads]
+        targets = [t if k is None else tensors[k] for t, k in zip(plan.state, plan.state_args)]
+        state = [targets[k] for k in plan.reads]
         pending = [t for t in state if not t.lazy.realized]
         if pending:
             realize(*pending)
@@ -475,7 +482,7 @@ class Jit:
         values = [(obj, name, _plain(_now(value), kind)) for obj, name, value, kind in plan.sets]
         for obj, name, value in values:
             obj.__dict__[name] = value
-        for tensor, (kind, k) in zip(plan.state, plan.state_out):
+        for tensor, (kind, k) in zip(targets, plan.state_out):
             tensor.lazy = graph.load(tables[kind][k], tensor.dtype, tensor.shape, tensor.device)
         return _fill(plan.template, [Tensor(graph.load(tables[kind][k], dtype, shape, device))
                                      for (kind, k), dtype, shape, device in plan.outputs])

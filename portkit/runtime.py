@@ -60,9 +60,10 @@ class LRU(OrderedDict):
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of `key` (now the most recently used), or `default`."""
         with self._guard:
-            if key not in self:
+            try:
+                self.move_to_end(key)
+            except KeyError:
                 return default
-            self.move_to_end(key)
             return self[key]
 
     def __setitem__(self, key: Any, value: Any) -> None:

@@ -509,7 +509,9 @@ def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
     found = graph.walk(outs, stop=lambda n: n.realized)
     nodes = found.stopped + found.order
     number = {id(n): k for k, n in enumerate(nodes)}
-    entries: list[tuple] = [("in", n.dtype, n.shape, n.device) for n in found.stopped]
+    # ops and dtypes by name: a str caches its hash, an Enum or a DType computes it in Python
+    # each time, and the key is hashed at every look-up
+    entries: list[tuple] = [("in", n.dtype.name, n.shape, n.device) for n in found.stopped]
     first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
     for node in found.order:
         arg = node.arg
@@ -517,7 +519,7 @@ def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
             arg = ("scalar", first.setdefault(_same_value(node), len(first)))
         elif isinstance(arg, float):
             arg = arg.hex()
-        entries.append((node.op, node.dtype, node.shape, node.device, arg,
+        entries.append((node.op.value, node.dtype.name, node.shape, node.device, arg,
                         tuple(number[id(s)] for s in node.src)))
     entries.append(tuple(number[id(o)] for o in outs))
     return tuple(entries), nodes

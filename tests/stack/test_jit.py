@@ -217,3 +217,30 @@ def test_more_argument_numbers_than_a_kernel_passes_are_refused():
     with pytest.raises(JitError, match="distinct numbers from arguments"):
         portkit.jit(f)(Tensor(np.ones(4, np.float32)),
                        *(1.0 + k / 64 for k in range(schedule.MAX_SCALARS + 1)))
+
+
+def test_an_argument_updated_in_place_is_the_one_passed_at_the_replay():
+    def accumulate(total, x):
+        total.assign(total + x)
+        return None
+    jitted = portkit.jit(accumulate)
+    totals = [Tensor(np.zeros(4, np.float32)).realize() for _ in range(2)]
+    for k in range(5):
+        jitted(totals[k % 2], Tensor(np.full(4, float(k), np.float32)))
+    np.testing.assert_array_equal(totals[0].numpy(), np.full(4, 0 + 2 + 4, np.float32))
+    np.testing.assert_array_equal(totals[1].numpy(), np.full(4, 1 + 3, np.float32))
+
+
+def test_batch_norm_running_statistics_are_updated_by_a_replay():
+    def build():
+        norm = nn.BatchNorm1d(6)
+        norm.train()
+        return norm
+    eager, jitted_norm = build(), build()
+    jitted = portkit.jit(lambda x: jitted_norm(x))
+    for _ in range(5):
+        x = RNG.standard_normal((8, 6)).astype(np.float32)
+        np.testing.assert_array_equal(jitted(Tensor(x)).numpy(), eager(Tensor(x)).numpy())
+        np.testing.assert_array_equal(jitted_norm.running_mean.numpy(),
+                                      eager.running_mean.numpy())
+        np.testing.assert_array_equal(jitted_norm.running_var.numpy(), eager.running_var.numpy())

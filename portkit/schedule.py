@@ -346,9 +346,14 @@ def record(recorder):
 
 
 def _launch(name: str, compiled: runtime.Compiled, buffers: list, scalars: list[Lazy],
-            overflow: Lazy | None = None) -> None:
-    # `overflow`: the root of a kernel that holds some numbers as code (past MAX_SCALARS)
-    device(name).launch(compiled, buffers, scalar_values(scalars))
+            overflow: Lazy | None = None, again: bool = False) -> None:
+    # `overflow`: the root of a kernel that holds some numbers as code (past MAX_SCALARS);
+    # `again`: a replay, whose buffers have the dtypes its first launch checked
+    values = scalar_values(scalars)
+    if again:
+        device(name).launch_again(compiled, [b.handle for b in buffers], compiled.words(values))
+    else:
+        device(name).launch(compiled, buffers, values)
     recorder = recording()
     if recorder is not None:
         recorder.launch(name, compiled, buffers, scalars, overflow)
@@ -544,6 +549,7 @@ def _compile_ahead(items: list[ScheduleItem]) -> None:
 
 def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
     debug = runtime.debug_level()
+    again = not debug and not runtime.checking()
     start = time.perf_counter()
     made: list[runtime.Buffer] = []
     for step in steps:
@@ -551,7 +557,8 @@ def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
         if step.compiled is not None:
             buffers = [buffer] + [made[k] if p is None else nodes[p].buffer
                                   for p, k in step.inputs]
-            _launch(step.device, step.compiled, buffers, [nodes[p] for p in step.scalars])
+            _launch(step.device, step.compiled, buffers, [nodes[p] for p in step.scalars],
+                    again=again)
         made.append(buffer)
         if step.root is not None:
             nodes[step.root].realize_as(buffer)

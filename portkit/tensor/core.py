@@ -151,9 +151,12 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
         if recorder is not None:       # inside portkit.jit: a replay could not redo it
             recorder.host_read(self)
         self.realize()
-        if self.numel() == 0:
+        size = self.numel()
+        if size == 0:
             return np.zeros(self.shape, self.dtype.np)
-        return self.lazy.buffer.numpy()[:self.numel()].reshape(self.shape).copy()
+        values = self.lazy.buffer.numpy()      # a new array: copied again only if it is longer
+        return values.reshape(self.shape) if values.size == size else (
+            values[:size].reshape(self.shape).copy())
 
     def item(self) -> Scalar:
         """The value of a one-element tensor, as a Python number."""

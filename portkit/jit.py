@@ -27,9 +27,10 @@ str and None arguments are static: another value raises JitError. A replay retur
 without autograd history (call backward inside the function).
 
 JitError refuses what a replay cannot redo: another shape, dtype or device; reading values
-back to the host inside the function (.numpy(), .item()); a copy between devices; and two
-capture calls that launched different kernels or different numbers (Python control flow on
-values, random ops, a counter the function keeps in Python).
+back to the host inside the function (.numpy(), .item()); a copy between devices; a float
+argument that compares otherwise than it did at capture (the comparisons of traced numbers are
+noted and checked); and two capture calls that launched different kernels or different numbers
+(Python control flow on values, random ops, a counter the function keeps in Python).
 """
 from __future__ import annotations
 
@@ -100,6 +101,26 @@ for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow"):
     setattr(Number, f"__r{_name}__", _traced(_op, reflected=True))
 for _name in ("neg", "pos", "abs"):
     setattr(Number, f"__{_name}__", _traced_unary(getattr(operator, _name)))
+
+
+def _guarded(op: Callable) -> Callable:
+    # A comparison decides which ops the function builds (`x ** s` is a sqrt where s == 0.5):
+    # the capture notes its outcome, and a replay whose numbers decide otherwise is refused.
+    def method(self: Number, other: Any = None) -> Any:
+        if not isinstance(other, int | float | None):
+            return NotImplemented
+        result = op(float(self), _value(other))
+        capture = schedule.recording()
+        if capture is not None:
+            capture.guards.append((self, op, other, result))
+        return result
+    return method
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    setattr(Number, f"__{_name}__", _guarded(getattr(operator, _name)))
+Number.__bool__ = _guarded(lambda value, _: bool(value))
+Number.__hash__ = float.__hash__
 
 
 class Live:
@@ -183,6 +204,18 @@ class Plan:
     template: Any                           # the result, its tensors replaced by positions
     outputs: list[tuple[tuple[int, int], DType, tuple, str]]
     sets: list[tuple[Any, str, Any, type]] = field(default_factory=list)
+    guards: list[tuple[Number, Callable, Any, bool]] = field(default_factory=list)
+
+    def check(self, name: str) -> None:
+        """JitError if this call's numbers compare otherwise than the captured ones did."""
+        for number, op, other, result in self.guards:
+            if op(number.compute(), _now(other)) != result:
+                raise JitError(
+                    f"{name} compared a float argument with {other!r} while it was captured "
+                    f"(an op that treats some values specially, like x ** 0.5), and this "
+                    f"call's value {number.compute()!r} compares otherwise, so the captured "
+                    "kernels would be wrong; call the eager function for such values, or keep "
+                    "the number fixed in the function")
 
     def prepare(self) -> None:
         """Readies the plan for replays: a launch whose output no result or state tensor
@@ -214,7 +247,8 @@ class Plan:
                       for t, k in zip(self.state, self.state_args))
         return (steps, kept_ids, tuple(self.uploads), state,
                 tuple(self.reads), tuple(self.state_out), repr(self.template),
-                tuple(o[0] for o in self.outputs), tuple((id(o), n) for o, n, _, _ in self.sets))
+                tuple(o[0] for o in self.outputs), tuple((id(o), n) for o, n, _, _ in self.sets),
+                tuple(result for _, _, _, result in self.guards))
 
 
 class _Capture:
@@ -229,6 +263,7 @@ class _Capture:
         self.assigned: dict[int, tuple[Tensor, Lazy]] = {}
         self.leaves: dict[tuple[int, str], Number] = {}
         self.sets: dict[tuple[int, str], tuple[Any, str, Any, type]] = {}
+        self.guards: list[tuple[Number, Callable, Any, bool]] = []
 
     # what schedule.py and Tensor report
 
@@ -319,7 +354,7 @@ class _Capture:
         state_args = [next((k for k, a in enumerate(self.arguments) if a is t), None)
                       for t in state]
         return Plan(steps, kept, uploads, state, reads, state_out, state_args, template, outputs,
-                    list(self.sets.values()))
+                    list(self.sets.values()), self.guards)
 
 
 def _template(result: Any, tensors: list[Tensor], name: str) -> Any:
@@ -458,6 +493,8 @@ class Jit:
 
     def _replay(self, plan: Plan, tensors: list[Tensor], numbers: list[float]) -> Any:
         self.numbers = numbers
+        if plan.guards:
+            plan.check(self.name)
         targets = [t if k is None else tensors[k] for t, k in zip(plan.state, plan.state_args)]
         state = [targets[k] for k in plan.reads]
         pending = [t for t in state if not t.lazy.realized]

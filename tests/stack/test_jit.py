@@ -222,7 +222,6 @@ def test_more_argument_numbers_than_a_kernel_passes_are_refused():
 def test_an_argument_updated_in_place_is_the_one_passed_at_the_replay():
     def accumulate(total, x):
         total.assign(total + x)
-        return None
     jitted = portkit.jit(accumulate)
     totals = [Tensor(np.zeros(4, np.float32)).realize() for _ in range(2)]
     for k in range(5):
@@ -244,3 +243,11 @@ def test_batch_norm_running_statistics_are_updated_by_a_replay():
         np.testing.assert_array_equal(jitted_norm.running_mean.numpy(),
                                       eager.running_mean.numpy())
         np.testing.assert_array_equal(jitted_norm.running_var.numpy(), eager.running_var.numpy())
+
+
+def test_a_float_that_chose_the_ops_is_refused_when_it_would_choose_others():
+    x = Tensor(np.full(4, 4.0, np.float32))
+    jitted = _replaying(lambda x, s: x ** s, x, 2.5)     # not 0.5, which pow takes as sqrt
+    np.testing.assert_allclose(jitted(x, 1.5).numpy(), np.full(4, 8.0), rtol=1e-6)
+    with pytest.raises(JitError, match="compares otherwise"):
+        jitted(x, 0.5)

@@ -388,7 +388,8 @@ def _signature(values: tuple, name: str) -> tuple[tuple, list[Tensor], list[floa
     signature, tensors, numbers = [], [], []
     for position, value in enumerate(values):
         if isinstance(value, Tensor):
-            signature.append((value.shape, value.dtype, value.device))
+            lazy = value.lazy       # the dtype by name: compared in C, a DType in Python
+            signature.append((lazy.shape, lazy.dtype.name, lazy.device))
             tensors.append(value)
         elif type(value) is float or isinstance(value, Number):
             signature.append(float)
@@ -407,7 +408,7 @@ def _describe(entry: Any) -> str:
         return "a float"
     if isinstance(entry[0], tuple):
         shape, dtype, device = entry
-        return f"a {dtype.name} tensor of shape {shape} on {device}"
+        return f"a {dtype} tensor of shape {shape} on {device}"
     return repr(entry[1])
 
 
@@ -495,11 +496,14 @@ class Jit:
         self.numbers = numbers
         if plan.guards:
             plan.check(self.name)
-        targets = [t if k is None else tensors[k] for t, k in zip(plan.state, plan.state_args)]
-        state = [targets[k] for k in plan.reads]
-        pending = [t for t in state if not t.lazy.realized]
-        if pending:
-            realize(*pending)
+        targets = state = plan.state
+        if state:
+            targets = [t if k is None else tensors[k]
+                       for t, k in zip(plan.state, plan.state_args)]
+            state = [targets[k] for k in plan.reads]
+            pending = [t for t in state if not t.lazy.realized]
+            if pending:
+                realize(*pending)
         made: list[runtime.Buffer | None] = [None] * len(plan.steps)
         tables = ([t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state], made,
                   plan.kept)
@@ -516,9 +520,11 @@ class Jit:
                 step.runtime.launch(step.compiled, buffers, values)
             else:
                 step.runtime.launch_again(step.compiled, [b.handle for b in buffers], words)
-        values = [(obj, name, _plain(_now(value), kind)) for obj, name, value, kind in plan.sets]
-        for obj, name, value in values:
-            obj.__dict__[name] = value
+        if plan.sets:
+            values = [(obj, name, _plain(_now(value), kind))
+                      for obj, name, value, kind in plan.sets]
+            for obj, name, value in values:
+                obj.__dict__[name] = value
         for tensor, (kind, k) in zip(targets, plan.state_out):
             tensor.lazy = graph.load(tables[kind][k], tensor.dtype, tensor.shape, tensor.device)
         return _fill(plan.template, [Tensor(graph.load(tables[kind][k], dtype, shape, device))

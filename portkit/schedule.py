@@ -285,10 +285,12 @@ def scalar_values(scalars: list[Lazy]) -> tuple:
 
 def var_value(value, dtype: DType):
     """`value`, a constant of `dtype`, as its VAR takes it."""
-    return value if dtype in _EXACT_AS_VAR else _rounded(value, dtype)
+    return value if dtype.name in _EXACT_AS_VAR else _rounded(value, dtype)
 
 
-_EXACT_AS_VAR = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32})
+# by name: a str caches its hash, a DType (a dataclass) computes it in Python at every look-up
+_EXACT_AS_VAR = frozenset({"float32", "int32", "uint32"})
+_VAR_DTYPE_NAMES = frozenset(d.name for d in SCALAR_VAR_DTYPES)
 
 
 def _rounded(value, dtype: DType):
@@ -520,12 +522,13 @@ def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
     first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
     for node in found.order:
         arg = node.arg
-        if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
+        dtype = node.dtype.name
+        if node.op is GraphOp.CONST and dtype in _VAR_DTYPE_NAMES:
             arg = ("scalar", first.setdefault(_same_value(node), len(first)))
         elif isinstance(arg, float):
             arg = arg.hex()
-        entries.append((node.op.value, node.dtype.name, node.shape, node.device, arg,
-                        tuple(number[id(s)] for s in node.src)))
+        entries.append((node.op.value, dtype, node.shape, node.device, arg,
+                        tuple([number[id(s)] for s in node.src])))
     entries.append(tuple(number[id(o)] for o in outs))
     return tuple(entries), nodes
 

@@ -46,7 +46,7 @@ from portkit import graph, runtime, schedule
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
 from portkit.abi.kernel import scalar_words
-from portkit.graph import GraphOp, Lazy
+from portkit.graph import Lazy
 from portkit.tensor.core import Tensor, realize
 
 if TYPE_CHECKING:
@@ -268,11 +268,8 @@ class _Capture:
     # what schedule.py and Tensor report
 
     def launch(self, device: str, compiled: runtime.Compiled, buffers: list,
-               scalars: list[Lazy], overflow: Lazy | None) -> None:
-        passed = {id(n.arg) for n in scalars}
-        if overflow is not None and any(
-                n.op is GraphOp.CONST and isinstance(n.arg, Number) and id(n.arg) not in passed
-                for n in graph.toposort([overflow], stop=lambda n: n.realized)):
+               scalars: list[Lazy], code: list[Lazy]) -> None:
+        if any(isinstance(n.arg, Number) for n in code):
             raise JitError(
                 f"{self.name}: kernel {compiled.kernel.name!r} holds more than "
                 f"{schedule.MAX_SCALARS} distinct numbers from arguments, so some are written "

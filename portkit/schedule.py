@@ -215,11 +215,11 @@ def _inputs(root: Lazy, realize: set[int]) -> list[Lazy]:
 
 class Scalars(NamedTuple):
     """The constants a kernel takes as VARs: one node per VAR (in VAR order), the VAR of every
-    constant node that reads one (by id), and whether some constants were left as code."""
+    constant node that reads one (by id), and the constant nodes left as code."""
 
     nodes: list[Lazy]
     slots: dict[int, int]
-    overflow: bool
+    code: list[Lazy]
 
 
 def _same_value(node: Lazy) -> tuple:
@@ -238,7 +238,7 @@ def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
     key. Constants past MAX_SCALARS distinct values stay code: their value is in the key."""
     number: dict[int, int] = {id(x): k for k, x in enumerate(inputs)}
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
-    scalars = Scalars([], {}, False)
+    scalars = Scalars([], {}, [])
     by_value: dict[tuple, int] = {}
 
     def slot_of(node: Lazy) -> int | None:
@@ -260,7 +260,7 @@ def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
         if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
             slot = slot_of(node)
             if slot is None:
-                scalars = scalars._replace(overflow=True)
+                scalars.code.append(node)
                 arg = _same_value(node)
             else:
                 scalars.slots[id(node)] = slot
@@ -348,8 +348,8 @@ def record(recorder):
 
 
 def _launch(name: str, compiled: runtime.Compiled, buffers: list, scalars: list[Lazy],
-            overflow: Lazy | None = None, again: bool = False) -> None:
-    # `overflow`: the root of a kernel that holds some numbers as code (past MAX_SCALARS);
+            code: list[Lazy] = (), again: bool = False) -> None:
+    # `code`: the constants the kernel holds as code (past MAX_SCALARS);
     # `again`: a replay, whose buffers have the dtypes its first launch checked
     values = scalar_values(scalars)
     if again:
@@ -358,7 +358,7 @@ def _launch(name: str, compiled: runtime.Compiled, buffers: list, scalars: list[
         device(name).launch(compiled, buffers, values)
     recorder = recording()
     if recorder is not None:
-        recorder.launch(name, compiled, buffers, scalars, overflow)
+        recorder.launch(name, compiled, buffers, scalars, code)
 
 
 # (device, structure) -> the ABI kernel, and the program compiled from it: the most recent
@@ -447,13 +447,16 @@ class _Step:
     scalars: tuple[int, ...]            # the position of each VAR's constant
 
 
-def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step] | None:
+def _run(items: list[ScheduleItem], number: dict[int, int] | None
+         ) -> tuple[list[_Step] | None, list[int]]:
     """Runs the items; given the graph's walk `number` (id -> position), also returns the
-    steps that replay them on another graph of the same structure (None if they cannot)."""
+    steps that replay them on another graph of the same structure (None if they cannot), and
+    the positions of the constants those steps hold as code."""
     debug = runtime.debug_level()
     start = time.perf_counter()
     steps: list[_Step] | None = [] if number is not None else None
     made: dict[int, int] = {}       # id(root) -> its step
+    code: list[int] = []
     launched = 0
     for item in items:
         root = item.root
@@ -466,7 +469,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step
             root.realize_as(upload(data, root.device, root.dtype))
             continue
         buffer = _alloc(root.device, root.dtype, root.size)
-        compiled, scalars = None, Scalars([], {}, False)
+        compiled, scalars = None, Scalars([], {}, [])
         if _launches(item):
             key, scalars = _key(item)
             compiled = _compiled.get(key)
@@ -474,15 +477,18 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step
                 compiled = _compiled[key] = device(root.device).compile(
                     _lower(item, key, scalars))
             _launch(root.device, compiled, [buffer] + [x.buffer for x in item.inputs],
-                    scalars.nodes, root if scalars.overflow else None)
+                    scalars.nodes, scalars.code)
             launched += 1
         if steps is not None:
-            # A replay reads every number from the graph, by position: not those held as code
-            # past MAX_SCALARS, nor constants the scheduler made (a split reduce's padding).
-            if scalars.overflow or not all(k in number for k in scalars.slots) or not all(
-                    id(x) in number or id(x) in made for x in item.inputs):
+            # A replay reads every number from the graph, by position; it cannot read those
+            # the scheduler made (a split reduce's padding). Those held as code past
+            # MAX_SCALARS are part of the key the steps are kept under (see realize).
+            if not all(k in number for k in scalars.slots) or not all(
+                    id(x) in number or id(x) in made for x in item.inputs) or not all(
+                    id(n) in number for n in scalars.code):
                 steps = None
             else:
+                code += [number[id(n)] for n in scalars.code]
                 made[id(root)] = len(steps)
                 steps.append(_Step(
                     compiled, root.device, root.dtype, root.size, number.get(id(root)),
@@ -491,7 +497,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step
                     tuple(number[id(n)] for n in scalars.nodes)))
         root.realize_as(buffer)
     _report(debug, start, launched, {item.root.device for item in items})
-    return steps
+    return steps, code
 
 
 def _report(debug: int, start: float, launched: int, devices: set[str]) -> None:
@@ -569,15 +575,29 @@ def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
             {s.device for s in steps})
 
 
+class _ByValue(NamedTuple):
+    """Kept under a graph's structure when its kernels hold some numbers as code: the steps
+    are kept under the structure and the values at `positions` (a training step's backward
+    kernels hold more distinct numbers than MAX_SCALARS; their values rarely change)."""
+
+    positions: tuple[int, ...]
+
+
 def realize(outs: list[Lazy]) -> None:
     """Computes every node in `outs` into its own buffer."""
-    key, nodes = _graph_key(outs)
-    steps = _replays.get(key)
+    structure_key, nodes = _graph_key(outs)
+    key, steps = structure_key, _replays.get(structure_key)
+    if isinstance(steps, _ByValue):
+        key = (structure_key, tuple(_same_value(nodes[p]) for p in steps.positions))
+        steps = _replays.get(key)
     if steps is not None:
         _replay(steps, nodes)
         return
     items = schedule(outs)
     _compile_ahead(items)
-    steps = _run(items, {id(n): k for k, n in enumerate(nodes)})
+    steps, code = _run(items, {id(n): k for k, n in enumerate(nodes)})
+    if steps is not None and code:
+        _replays[structure_key] = _ByValue(tuple(code))
+        key = (structure_key, tuple(_same_value(nodes[p]) for p in code))
     if steps is not None:
         _replays[key] = steps

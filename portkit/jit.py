@@ -426,7 +426,7 @@ class Jit:
         self.numbers: list[float] = []      # the float arguments of the call being replayed
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        values = args + tuple(kwargs[k] for k in sorted(kwargs))
+        values = args + tuple(kwargs[k] for k in sorted(kwargs)) if kwargs else args
         signature, tensors, numbers = _signature(values, self.name)
         if self.signature is None:
             self.signature = signature

@@ -349,8 +349,7 @@ def record(recorder):
 
 def _launch(name: str, compiled: runtime.Compiled, buffers: list, scalars: list[Lazy],
             code: list[Lazy] = (), again: bool = False) -> None:
-    # `code`: the constants the kernel holds as code (past MAX_SCALARS);
-    # `again`: a replay, whose buffers have the dtypes its first launch checked
+    # code: constants held as code (past MAX_SCALARS); again: a replay (buffers checked before)
     values = scalar_values(scalars)
     if again:
         device(name).launch_again(compiled, [b.handle for b in buffers], compiled.words(values))
@@ -576,9 +575,8 @@ def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
 
 
 class _ByValue(NamedTuple):
-    """Kept under a graph's structure when its kernels hold some numbers as code: the steps
-    are kept under the structure and the values at `positions` (a training step's backward
-    kernels hold more distinct numbers than MAX_SCALARS; their values rarely change)."""
+    """Kept under a graph's structure when its kernels hold numbers as code (a training step's
+    backward kernels do): its steps are under the structure and the values at `positions`."""
 
     positions: tuple[int, ...]
 
@@ -586,10 +584,9 @@ class _ByValue(NamedTuple):
 def realize(outs: list[Lazy]) -> None:
     """Computes every node in `outs` into its own buffer."""
     structure_key, nodes = _graph_key(outs)
-    key, steps = structure_key, _replays.get(structure_key)
+    steps = _replays.get(structure_key)
     if isinstance(steps, _ByValue):
-        key = (structure_key, tuple(_same_value(nodes[p]) for p in steps.positions))
-        steps = _replays.get(key)
+        steps = _replays.get((structure_key, tuple(_same_value(nodes[p]) for p in steps.positions)))
     if steps is not None:
         _replay(steps, nodes)
         return
@@ -598,6 +595,6 @@ def realize(outs: list[Lazy]) -> None:
     steps, code = _run(items, {id(n): k for k, n in enumerate(nodes)})
     if steps is not None and code:
         _replays[structure_key] = _ByValue(tuple(code))
-        key = (structure_key, tuple(_same_value(nodes[p]) for p in code))
-    if steps is not None:
-        _replays[key] = steps
+        _replays[structure_key, tuple(_same_value(nodes[p]) for p in code)] = steps
+    elif steps is not None:
+        _replays[structure_key] = steps

@@ -251,3 +251,12 @@ def test_a_float_that_chose_the_ops_is_refused_when_it_would_choose_others():
     np.testing.assert_allclose(jitted(x, 1.5).numpy(), np.full(4, 8.0), rtol=1e-6)
     with pytest.raises(JitError, match="compares otherwise"):
         jitted(x, 0.5)
+
+
+def test_keyword_arguments_are_read_like_positional_ones():
+    x = Tensor(np.arange(4, dtype=np.float32))
+    jitted = portkit.jit(lambda x, scale=1.0, shift=0.0: x * scale + shift)
+    for k in range(5):
+        np.testing.assert_array_equal(jitted(x, shift=1.0, scale=float(k)).numpy(),
+                                      np.arange(4) * k + 1)
+    assert jitted.plan is not None

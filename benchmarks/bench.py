@@ -25,6 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+import portkit
 from portkit import nn, optim, runtime
 from portkit.tensor import Tensor
 
@@ -105,6 +106,11 @@ def cases(device: str) -> list[Case]:
         ("x * float(i), 4096 floats", "ops/s", 1, _changing_number(put(_floats(4096))), None,
          None),
         ("MLP SGD first step, empty cache", "steps/s", 1, _cold_mlp(device), None, None),
+        ("MLP SGD step, portkit.jit", "steps/s", 1, _portkit_mlp(device, jitted=True), None,
+         None),
+        ("3-op function on 16 floats, portkit.jit", "ops/s", 1, _three_ops(put, jitted=True),
+         None, None),
+        ("3-op function on 16 floats, eager", "ops/s", 1, _three_ops(put), None, None),
     ]
     synchronize = runtime.get(device).synchronize
     rows = [row[:3] + (_waiting(row[3], synchronize),) + row[4:] for row in rows]
@@ -115,11 +121,15 @@ def cases(device: str) -> list[Case]:
         a_np, b_np, c_np, m_np, m2_np, x_np, w_np, one_np, copy_np))
     conv = torch.nn.functional.conv2d
     tsmall = torch.from_numpy(_floats(4096)).to(where)
+
+    def torch_put(a: np.ndarray):
+        return torch.from_numpy(a).to(where)
     torch_fns = [lambda: tcopy.clone(), lambda: ((ta * tb + tc).relu() * 2), lambda: ta.sum(),
                  lambda: tm @ tm2, lambda: conv(tx, tw, padding=1),
                  lambda: (tone + 1).cpu().numpy(), _torch_mlp(where),
                  _torch_mlp(where, "adam"), _torch_mlp(where, "cosine"),
-                 _changing_number(tsmall), None]
+                 _changing_number(tsmall), None, _torch_mlp(where), _three_ops(torch_put),
+                 _three_ops(torch_put)]
     wait = torch.cuda.synchronize if where == "cuda" else lambda: None
     return [row[:5] + (_waiting(fn, wait) if fn else None,) for row, fn in zip(rows, torch_fns)]
 
@@ -148,6 +158,21 @@ def _changing_number(x) -> Callable:
     return run
 
 
+def _three_ops(put: Callable, jitted: bool = False) -> Callable:
+    """(a * b + c).relu() on 16 floats: a call's Python and launch cost, nothing else."""
+    a, b, c = (put(_floats(16) - k) for k in range(3))
+
+    def three(a, b, c):
+        return (a * b + c).relu()
+    fn = portkit.jit(three) if jitted else three
+
+    def run() -> None:
+        out = fn(a, b, c)
+        if isinstance(out, Tensor):
+            out.realize()
+    return run
+
+
 def _cold_mlp(device: str) -> Callable:
     """The first SGD step of a new MLP with empty in-memory and disk kernel caches."""
     def run() -> None:
@@ -165,7 +190,7 @@ def _cold_mlp(device: str) -> Callable:
     return run
 
 
-def _portkit_mlp(device: str, rule: str = "sgd") -> Callable:
+def _portkit_mlp(device: str, rule: str = "sgd", jitted: bool = False) -> Callable:
     layers = [nn.Linear(784, 512), nn.Linear(512, 512), nn.Linear(512, 10)]
     params = [p for layer in layers for p in layer.parameters()]
     opt = optim.SGD(params, lr=0.01) if rule == "sgd" else optim.Adam(params, lr=1e-3)
@@ -173,14 +198,18 @@ def _portkit_mlp(device: str, rule: str = "sgd") -> Callable:
     y = Tensor(np.arange(64, dtype=np.int32) % 10, device=device)
     counter = [0]
 
-    def step() -> None:
-        _learning_rate(opt, rule, counter)
+    def train(x: Tensor, y: Tensor) -> Tensor:
         opt.zero_grad()
         h = layers[1](layers[0](x).relu()).relu()
         loss = layers[2](h).cross_entropy(y)
         loss.backward()
         opt.step()
-        loss.item()
+        return loss
+    train = portkit.jit(train) if jitted else train
+
+    def step() -> None:
+        _learning_rate(opt, rule, counter)
+        train(x, y).item()
     return step
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "int16",
     "int32",
     "int64",
+    "jit",
     "meshgrid",
     "nn",
     "no_grad",
@@ -39,11 +40,11 @@ __all__ = [
     "uint32",
     "uint64",
 ]
-_STACK = frozenset(__all__) - {"__version__", "dtypes", "nn", "optim"}
+_STACK = frozenset(__all__) - {"__version__", "dtypes", "jit", "nn", "optim"}
 
 
 def __getattr__(name: str):
-    if name in ("nn", "optim"):
+    if name in ("jit", "nn", "optim"):
         return importlib.import_module(f"portkit.{name}")
     if name == "dtypes":
         return importlib.import_module("portkit.tensor.dtype_names")

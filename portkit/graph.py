@@ -108,10 +108,21 @@ class Lazy:
         return Lazy(GraphOp.COPY, self.dtype, self.shape, (self,), device, device)
 
 
+class Traced(float):
+    """A number that portkit.jit recomputes at every replay (portkit/jit.py): `const` keeps it
+    as the node's value, so that a capture finds which kernel arguments came from it."""
+
+    __slots__ = ()
+
+
 def const(value: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
     """`value` in every element: folded into kernels, never stored."""
-    value = bool(value) if dtype == dtypes.bool_ else (
-        float(value) if dtype.is_float else int(value))
+    if dtype == dtypes.bool_:
+        value = bool(value)
+    elif dtype.is_float:
+        value = value if isinstance(value, Traced) else float(value)
+    else:
+        value = int(value)
     return Lazy(GraphOp.CONST, dtype, shape, (), value, device)
 
 

@@ -62,9 +62,10 @@ class LRU(OrderedDict):
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of `key` (now the most recently used), or `default`."""
         with self._guard:
-            if key not in self:
+            try:
+                self.move_to_end(key)
+            except KeyError:
                 return default
-            self.move_to_end(key)
             return self[key]
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -348,6 +349,13 @@ class Runtime:
                                    f"it); the buffers hold {sizes} elements: fix the kernel's "
                                    "index or the buffer sizes")
         return seconds if wait else None
+
+    def launch_again(self, compiled: Compiled, handles: list, words: list[int]) -> None:
+        """Runs `compiled` on buffer handles and packed scalar words of the kinds an earlier
+        `launch` of it checked (portkit.jit's replay): no checks, no waiting, no debug lines."""
+        kernel = compiled.kernel
+        with self.device_lock:
+            compiled.program(handles, words, kernel.grid, kernel.block, wait=False)
 
     def run(self, kernel: Kernel, *arrays: np.ndarray, scalars: tuple = ()
             ) -> list[np.ndarray]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -237,17 +238,20 @@ def _inputs(root: Lazy, realize: set[int]) -> list[Lazy]:
 
 class Scalars(NamedTuple):
     """The constants a kernel takes as VARs: one node per VAR (in VAR order), the VAR of every
-    constant node that reads one (by id), and whether some constants were left as code."""
+    constant node that reads one (by id), and the constant nodes left as code."""
 
     nodes: list[Lazy]
     slots: dict[int, int]
-    overflow: bool
+    code: list[Lazy]
 
 
 def _same_value(node: Lazy) -> tuple:
-    # A float by its bits: -0.0 == 0.0 would share a VAR or a kernel, NaN != NaN miss one.
+    # A float by its bits: -0.0 == 0.0 would share a VAR or a kernel, NaN != NaN miss one. A
+    # number portkit.jit traces is itself: equal to another today, it may differ at a replay.
     value = node.arg
-    return node.dtype, value.hex() if isinstance(value, float) else value
+    if isinstance(value, float):
+        return node.dtype, value.hex() if type(value) is float else ("traced", id(value))
+    return node.dtype, value
 
 
 def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
@@ -257,20 +261,30 @@ def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
     key. Constants past MAX_SCALARS distinct values stay code: their value is in the key."""
     number: dict[int, int] = {id(x): k for k, x in enumerate(inputs)}
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
-    scalars = Scalars([], {}, False)
+    scalars = Scalars([], {}, [])
     by_value: dict[tuple, int] = {}
-    for node in graph.toposort([root], stop=lambda n: id(n) in number):
+
+    def slot_of(node: Lazy) -> int | None:
+        value = _same_value(node)
+        slot = by_value.get(value)
+        if slot is None and len(scalars.nodes) < MAX_SCALARS:
+            slot = by_value[value] = len(scalars.nodes)
+            scalars.nodes.append(node)
+        return slot
+
+    order = graph.toposort([root], stop=lambda n: id(n) in number)
+    # numbers portkit.jit traces take VARs first: written as code, a replay could not change them
+    for node in order:
+        if isinstance(node.arg, graph.Traced) and node.dtype in SCALAR_VAR_DTYPES:
+            slot_of(node)
+    for node in order:
         number[id(node)] = len(entries)
         arg = node.arg
         if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
-            value = _same_value(node)
-            slot = by_value.get(value)
-            if slot is None and len(scalars.nodes) < MAX_SCALARS:
-                slot = by_value[value] = len(scalars.nodes)
-                scalars.nodes.append(node)
+            slot = slot_of(node)
             if slot is None:
-                scalars = scalars._replace(overflow=True)
-                arg = value
+                scalars.code.append(node)
+                arg = _same_value(node)
             else:
                 scalars.slots[id(node)] = slot
                 arg = ("scalar", slot)
@@ -289,11 +303,17 @@ def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
 def scalar_values(scalars: list[Lazy]) -> tuple:
     """The values of constants as their VARs take them (narrow types rounded to their own dtype
     first, so that widening them is exact)."""
-    return tuple(node.arg if node.dtype in _EXACT_AS_VAR else _rounded(node.arg, node.dtype)
-                 for node in scalars)
+    return tuple(var_value(node.arg, node.dtype) for node in scalars)
 
 
-_EXACT_AS_VAR = frozenset({dtypes.float32, dtypes.int32, dtypes.uint32})
+def var_value(value, dtype: DType):
+    """`value`, a constant of `dtype`, as its VAR takes it."""
+    return value if dtype.name in _EXACT_AS_VAR else _rounded(value, dtype)
+
+
+# by name: a str caches its hash, a DType (a dataclass) computes it in Python at every look-up
+_EXACT_AS_VAR = frozenset({"float32", "int32", "uint32"})
+_VAR_DTYPE_NAMES = frozenset(d.name for d in SCALAR_VAR_DTYPES)
 
 
 def _rounded(value, dtype: DType):
@@ -323,7 +343,44 @@ def upload(array: np.ndarray, device_name: str, dtype: DType) -> runtime.Buffer:
     buffer = _alloc(device_name, dtype, array.size)
     if array.size:
         buffer.copyin(np.ascontiguousarray(array, dtype.np).reshape(-1))
+    recorder = recording()
+    if recorder is not None:
+        recorder.upload(buffer)
     return buffer
+
+
+# -- capture (portkit.jit) ------------------------------------------------------------------
+# While a recorder is set (in this thread), every launch, upload, copy between devices and read
+# back to the host is reported to it: portkit/jit.py records a function's launches this way.
+_capture = threading.local()
+
+
+def recording():
+    """The recorder of this thread's capture (portkit/jit.py), or None."""
+    return getattr(_capture, "recorder", None)
+
+
+@contextmanager
+def record(recorder):
+    """Reports this thread's launches to `recorder` inside the block."""
+    previous, _capture.recorder = recording(), recorder
+    try:
+        yield recorder
+    finally:
+        _capture.recorder = previous
+
+
+def _launch(name: str, compiled: runtime.Compiled, buffers: list, scalars: list[Lazy],
+            code: list[Lazy] = (), again: bool = False) -> None:
+    # code: constants held as code (past MAX_SCALARS); again: a replay (buffers checked before)
+    values = scalar_values(scalars)
+    if again:
+        device(name).launch_again(compiled, [b.handle for b in buffers], compiled.words(values))
+    else:
+        device(name).launch(compiled, buffers, values)
+    recorder = recording()
+    if recorder is not None:
+        recorder.launch(name, compiled, buffers, scalars, code)
 
 
 # (device, structure) -> the ABI kernel, and the program compiled from it: the most recent
@@ -414,40 +471,48 @@ class _Step:
     scalars: tuple[int, ...]            # the position of each VAR's constant
 
 
-def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step] | None:
+def _run(items: list[ScheduleItem], number: dict[int, int] | None
+         ) -> tuple[list[_Step] | None, list[int]]:
     """Runs the items; given the graph's walk `number` (id -> position), also returns the
-    steps that replay them on another graph of the same structure (None if they cannot)."""
+    steps that replay them on another graph of the same structure (None if they cannot), and
+    the positions of the constants those steps hold as code."""
     debug = runtime.debug_level()
     start = time.perf_counter()
     steps: list[_Step] | None = [] if number is not None else None
     made: dict[int, int] = {}       # id(root) -> its step
+    code: list[int] = []
     launched = 0
     for item in items:
         root = item.root
         if item.is_copy:
             steps = None
             src = root.src[0]
+            if recording() is not None:
+                recording().copy(root)
             data = src.buffer.numpy()[:src.size]
             root.realize_as(upload(data, root.device, root.dtype))
             continue
         buffer = _alloc(root.device, root.dtype, root.size)
-        compiled, scalars = None, Scalars([], {}, False)
+        compiled, scalars = None, Scalars([], {}, [])
         if _launches(item):
             key, scalars = _key(item)
             compiled = _compiled.get(key)
             if compiled is None:
                 compiled = _compiled[key] = device(root.device).compile(
                     _lower(item, key, scalars))
-            device(root.device).launch(compiled, [buffer] + [x.buffer for x in item.inputs],
-                                       scalar_values(scalars.nodes))
+            _launch(root.device, compiled, [buffer] + [x.buffer for x in item.inputs],
+                    scalars.nodes, scalars.code)
             launched += 1
         if steps is not None:
-            # A replay reads every number from the graph, by position: not those held as code
-            # past MAX_SCALARS, nor constants the scheduler made (a split reduce's padding).
-            if scalars.overflow or not all(k in number for k in scalars.slots) or not all(
-                    id(x) in number or id(x) in made for x in item.inputs):
+            # A replay reads every number from the graph, by position; it cannot read those
+            # the scheduler made (a split reduce's padding). Those held as code past
+            # MAX_SCALARS are part of the key the steps are kept under (see realize).
+            if not all(k in number for k in scalars.slots) or not all(
+                    id(x) in number or id(x) in made for x in item.inputs) or not all(
+                    id(n) in number for n in scalars.code):
                 steps = None
             else:
+                code += [number[id(n)] for n in scalars.code]
                 made[id(root)] = len(steps)
                 steps.append(_Step(
                     compiled, root.device, root.dtype, root.size, number.get(id(root)),
@@ -456,7 +521,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None) -> list[_Step
                     tuple(number[id(n)] for n in scalars.nodes)))
         root.realize_as(buffer)
     _report(debug, start, launched, {item.root.device for item in items})
-    return steps
+    return steps, code
 
 
 def _report(debug: int, start: float, launched: int, devices: set[str]) -> None:
@@ -481,16 +546,19 @@ def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
     found = graph.walk(outs, stop=lambda n: n.realized)
     nodes = found.stopped + found.order
     number = {id(n): k for k, n in enumerate(nodes)}
-    entries: list[tuple] = [("in", n.dtype, n.shape, n.device) for n in found.stopped]
+    # ops and dtypes by name: a str caches its hash, an Enum or a DType computes it in Python
+    # each time, and the key is hashed at every look-up
+    entries: list[tuple] = [("in", n.dtype.name, n.shape, n.device) for n in found.stopped]
     first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
     for node in found.order:
         arg = node.arg
-        if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
+        dtype = node.dtype.name
+        if node.op is GraphOp.CONST and dtype in _VAR_DTYPE_NAMES:
             arg = ("scalar", first.setdefault(_same_value(node), len(first)))
         elif isinstance(arg, float):
             arg = arg.hex()
-        entries.append((node.op, node.dtype, node.shape, node.device, arg,
-                        tuple(number[id(s)] for s in node.src)))
+        entries.append((node.op.value, dtype, node.shape, node.device, arg,
+                        tuple([number[id(s)] for s in node.src])))
     entries.append(tuple(number[id(o)] for o in outs))
     return tuple(entries), nodes
 
@@ -514,6 +582,7 @@ def _compile_ahead(items: list[ScheduleItem]) -> None:
 
 def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
     debug = runtime.debug_level()
+    again = not debug and not runtime.check_mode()
     start = time.perf_counter()
     made: list[runtime.Buffer] = []
     for step in steps:
@@ -521,8 +590,8 @@ def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
         if step.compiled is not None:
             buffers = [buffer] + [made[k] if p is None else nodes[p].buffer
                                   for p, k in step.inputs]
-            scalars = scalar_values([nodes[p] for p in step.scalars])
-            device(step.device).launch(step.compiled, buffers, scalars)
+            _launch(step.device, step.compiled, buffers, [nodes[p] for p in step.scalars],
+                    again=again)
         made.append(buffer)
         if step.root is not None:
             nodes[step.root].realize_as(buffer)
@@ -530,15 +599,27 @@ def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
             {s.device for s in steps})
 
 
+class _ByValue(NamedTuple):
+    """Kept under a graph's structure when its kernels hold numbers as code (a training step's
+    backward kernels do): its steps are under the structure and the values at `positions`."""
+
+    positions: tuple[int, ...]
+
+
 def realize(outs: list[Lazy]) -> None:
     """Computes every node in `outs` into its own buffer."""
-    key, nodes = _graph_key(outs)
-    steps = _replays.get(key)
+    structure_key, nodes = _graph_key(outs)
+    steps = _replays.get(structure_key)
+    if isinstance(steps, _ByValue):
+        steps = _replays.get((structure_key, tuple(_same_value(nodes[p]) for p in steps.positions)))
     if steps is not None:
         _replay(steps, nodes)
         return
     items = schedule(outs)
     _compile_ahead(items)
-    steps = _run(items, {id(n): k for k, n in enumerate(nodes)})
-    if steps is not None:
-        _replays[key] = steps
+    steps, code = _run(items, {id(n): k for k, n in enumerate(nodes)})
+    if steps is not None and code:
+        _replays[structure_key] = _ByValue(tuple(code))
+        _replays[structure_key, tuple(_same_value(nodes[p]) for p in code)] = steps
+    elif steps is not None:
+        _replays[structure_key] = steps

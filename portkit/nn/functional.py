@@ -13,6 +13,7 @@ from typing import Literal
 
 import numpy as np
 
+from portkit import schedule
 from portkit.nn.spatial import (
     avg_pool1d,
     avg_pool2d,
@@ -144,8 +145,8 @@ def _check_classes(target: Tensor, classes: int, ignore_index: int | None = None
                    ) -> np.ndarray | None:
     """The class indices, where the host holds them (else None); IndexError for any outside
     [0, classes) but ignore_index."""
-    if not target.lazy.realized or target.numel() == 0:
-        return None
+    if not target.lazy.realized or target.numel() == 0 or schedule.recording():
+        return None     # inside portkit.jit the values are the device's, as unrealized ones
     values = target.numpy()
     bad = values[((values < 0) | (values >= classes)) & (values != ignore_index)]
     if bad.size:
@@ -163,7 +164,8 @@ def one_hot(input: Tensor, num_classes: int = -1) -> Tensor:
         num_classes = int(input.amax().item()) + 1
     if num_classes < 0:
         raise ValueError(f"one_hot: num_classes must be >= 0 or -1, got {num_classes}")
-    if input.lazy.realized and input.numel():     # values the host holds: checked, as torch
+    if input.lazy.realized and input.numel() and not schedule.recording():
+        # values the host holds: checked, as torch (inside portkit.jit they are the device's)
         values = input.numpy()
         if values.min() < 0 or values.max() >= num_classes:
             raise RuntimeError(f"one_hot: class values must be in [0, {num_classes}), got "

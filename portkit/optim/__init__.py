@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from portkit.jit import Live
 from portkit.tensor import Tensor, realize
 
 
 class Optimizer:
     """Holds parameters and their state; `step()` applies the gradients."""
+
+    # read afresh at every replay of a portkit.jit step, so a schedule's rate takes effect
+    lr = Live()
 
     def __init__(self, params: list[Tensor], lr: float):
         self.params = [p for p in params if p.requires_grad]
@@ -63,7 +67,7 @@ class Optimizer:
             updates += self._update(i, p, p.grad.detach().cast(p.dtype))
         targets = [t for t, _ in updates]
         for target, value in updates:
-            target.lazy = value.lazy
+            target.assign(value)
         realize(*targets)
 
     def _update(self, i: int, p: Tensor, g: Tensor) -> list[tuple[Tensor, Tensor]]:
@@ -110,6 +114,7 @@ class Adam(Optimizer):
     """Adam (Kingma & Ba), as torch.optim.Adam; weight_decay adds to the gradient."""
 
     decoupled = False
+    t = Live()      # the step count: a replay of a portkit.jit step counts too
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):

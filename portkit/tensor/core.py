@@ -147,10 +147,16 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
 
     def numpy(self) -> np.ndarray:
         """A numpy copy of the values."""
+        recorder = schedule.recording()
+        if recorder is not None:       # inside portkit.jit: a replay could not redo it
+            recorder.host_read(self)
         self.realize()
-        if self.numel() == 0:
+        size = self.numel()
+        if size == 0:
             return np.zeros(self.shape, self.dtype.np)
-        return self.lazy.buffer.numpy()[:self.numel()].reshape(self.shape).copy()
+        values = self.lazy.buffer.numpy()      # a new array: copied again only if it is longer
+        return values.reshape(self.shape) if values.size == size else (
+            values[:size].reshape(self.shape).copy())
 
     def item(self) -> Scalar:
         """The value of a one-element tensor, as a Python number."""
@@ -172,6 +178,9 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
         value = value if isinstance(value, Tensor) else Tensor(value, self.dtype, self.device)
         if value.shape != self.shape:
             raise ValueError(f"assign: shapes differ, {self.shape} vs {value.shape}")
+        recorder = schedule.recording()
+        if recorder is not None:       # inside portkit.jit: a replay updates self too
+            recorder.assign(self)
         self.lazy = value.lazy.cast(self.dtype)
         return self
 

@@ -183,3 +183,20 @@ def test_a_split_reduce_padding_never_takes_a_number_of_the_graph():
     for scale in (-np.inf, 1.0, 2.0):
         got = (Tensor(x) * scale).max().numpy()
         assert got == (x * np.float32(scale)).max(), scale
+
+
+def test_a_graph_with_numbers_as_code_replays_while_they_keep_their_values(monkeypatch):
+    x = Tensor(np.ones(3, np.float32)).realize()
+
+    def run(shift: float) -> np.ndarray:
+        out = x
+        for k in range(schedule.MAX_SCALARS + 2):
+            out = out + (float(k) + shift)
+        return out.numpy()
+
+    first = run(0.0)
+    moved = run(100.0)       # other values as code: scheduled again, not replayed wrongly
+    np.testing.assert_array_equal(moved, first + 100 * (schedule.MAX_SCALARS + 2))
+    monkeypatch.setattr(schedule, "create_schedule", _fails)
+    np.testing.assert_array_equal(run(0.0), first)      # (a training step's backward kernels)
+    np.testing.assert_array_equal(run(100.0), moved)

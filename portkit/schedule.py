@@ -10,7 +10,8 @@ so elementwise chains fuse into their consumer and movement ops cost nothing. A 
 would read more buffers than the device allows is split by realizing its sources first.
 
 A reduce of many elements into few outputs is split in two (partial results per slice, then
-a short reduce of those) so that many workgroups share the long part.
+a short reduce of those) so that many workgroups share the long part, and no reduce loops
+longer than a stage (portkit/stages.py).
 
 Lowered kernels are cached by the graph's structure (ops, shapes, views), never by its buffers
 nor by the values of its constants, which the kernel takes as scalar arguments (see
@@ -28,13 +29,12 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from math import ceil, prod
+from math import prod
 from typing import NamedTuple
 
 import numpy as np
 
-from portkit import graph, runtime
-from portkit.abi import dtypes
+from portkit import graph, runtime, stages
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError
 from portkit.abi.kernel import Kernel
@@ -44,7 +44,6 @@ from portkit.codegen.lower import (
     SCALAR_VAR_DTYPES,
     check_dtypes,
     lower,
-    reduce_identity,
 )
 from portkit.graph import GraphOp, Lazy
 
@@ -93,9 +92,9 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
     """The kernels that realize `outs`, in the order they must run, on devices that allow
     `max_buffers` per kernel and `max_loop_trips` loop iterations per thread (None: any)."""
     order = _unrealized(outs)
-    chunk = _chunk(max_loop_trips)
+    chunk = stages.chunk(max_loop_trips)
     # every long reduce is split first (its parts may split again), then the graph is sorted
-    while [n for n in order if n.op is GraphOp.REDUCE and _split_reduce(n, chunk)]:
+    while [n for n in order if n.op is GraphOp.REDUCE and stages.split_reduce(n, chunk)]:
         order = _unrealized(outs)
     if not order:
         return []
@@ -138,76 +137,6 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             raise CapabilityError(
                 f"{too_big[0].root} reads {len(too_big[0].inputs)} buffers at once but the "
                 f"device allows {max_buffers} per kernel; use a device with more buffers")
-
-
-# A reduce of at least _SPLIT_FROM elements per output, into fewer than _SPLIT_OUTPUTS outputs,
-# becomes up to _SPLIT_PARTS partial reduces of at least _SPLIT_LEAST elements each, so that
-# many workgroups share the long part.
-_SPLIT_FROM = 1 << 16
-_SPLIT_OUTPUTS = 256
-_SPLIT_PARTS = 256
-_SPLIT_LEAST = 4096
-# And no stage of any reduce runs more than _CHUNK elements per output (a float32 sum in one
-# lane stops growing at 2**24: ones(20_000_001).sum() was 16777216), nor more than half the
-# loop iterations a device allows (Capabilities.max_loop_trips: lavapipe stops a shader after
-# 65,535 in all, so a longer loop is a wrong answer); the other half covers a stage's blocks,
-# its tail and the loops around it.
-_CHUNK = 1 << 14
-
-
-def _chunk(max_loop_trips: int | None) -> int:
-    """The most elements per output one reduce stage runs, as a power of two."""
-    if max_loop_trips is None:
-        return _CHUNK
-    return min(_CHUNK, 1 << max(0, (max_loop_trips // 2).bit_length() - 1))
-
-
-def _piece(size: int, rest: int, outputs: int, chunk: int = _CHUNK) -> int:
-    """The slice length a reduce axis of `size` (times `rest` other reduced elements per output,
-    into `outputs` outputs) is cut into, for stages of at most `chunk`; `size`: not cut."""
-    piece = size
-    if size * rest > chunk:
-        # a power of two, so that equal partial sums (a sum of ones) add up exactly
-        piece = 1 << max(0, (chunk // rest).bit_length() - 1)
-    if size * rest >= _SPLIT_FROM and outputs < _SPLIT_OUTPUTS:
-        wide = 1
-        while wide * 2 <= _SPLIT_PARTS and size // (wide * 2) >= _SPLIT_LEAST:
-            wide *= 2
-        if wide >= 4:
-            piece = min(piece, ceil(size / wide))
-    return piece
-
-
-def _split_reduce(node: Lazy, chunk: int = _CHUNK) -> bool:
-    """Rewrites a reduce longer than `chunk` (or long enough to share) as two reduces, in
-    place; True if it did."""
-    op, axes = node.arg
-    src = node.src[0]
-    axis = max(axes, key=lambda a: src.shape[a])
-    size = src.shape[axis]
-    piece = _piece(size, prod(src.shape[a] for a in axes) // max(size, 1), node.size, chunk)
-    if piece >= size:
-        return False
-    parts = ceil(size / piece)
-    if parts * piece != size:   # pad the axis with the reduce's identity to parts * piece
-        pad = tuple((0, parts * piece - size if a == axis else 0) for a in range(len(src.shape)))
-        padded = src.view("pad", pad)
-        if op is not Op.ADD:     # padding reads 0; a product or a max must see the identity
-            shape = padded.shape
-            inside = graph.iota(shape, axis, src.device).alu(
-                Op.CMPLT, graph.const(size, dtypes.int32, shape, src.device))
-            identity = graph.const(reduce_identity(op, src.dtype), src.dtype, shape, src.device)
-            padded = inside.alu(Op.WHERE, padded, identity)
-        src = padded
-    # axis becomes (parts, piece): the first reduce keeps `parts`, the second reduces it
-    split = src.view("reshape", src.shape[:axis] + (parts, piece) + src.shape[axis + 1:])
-    # 16-bit float partials stay float32 (as a kernel's accumulators) and round once at the end
-    partial = dtypes.float32 if src.dtype in (dtypes.float16, dtypes.bfloat16) else src.dtype
-    inner = tuple(sorted(a + (a > axis) for a in axes if a != axis)) + (axis + 1,)
-    whole = split.cast(partial).reduce(op, tuple(sorted(inner))).reduce(op, (axis,)).view(
-        "reshape", node.shape).cast(node.dtype)
-    node.op, node.src, node.arg = whole.op, whole.src, whole.arg
-    return True
 
 
 def _reads_once(node: Lazy) -> bool:

@@ -1,7 +1,7 @@
 """Reductions longer than a float32 lane or a driver's loop budget stay right (issue 11, 1-2).
 
 A float32 accumulator stops growing at 2**24, and lavapipe stops every shader after 65,535 loop
-iterations in all; the scheduler cuts every reduce into stages of at most schedule._CHUNK
+iterations in all; the scheduler cuts every reduce into stages of at most stages.CHUNK
 elements per output, so neither limit is ever reached.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from portkit import Tensor, runtime, schedule
+from portkit import Tensor, runtime, schedule, stages
 from portkit.abi import BackendUnavailable, Op
 
 
@@ -38,7 +38,7 @@ def test_no_reduce_loop_is_longer_than_a_chunk(shape, axis):
     x = Tensor.ones(*shape, device="interpreter")
     kernels = schedule.kernels([(x.sum() if axis is None else x.sum(axis)).lazy])
     assert len(kernels) >= 2
-    assert 0 < _longest_loop(kernels) <= schedule._CHUNK
+    assert 0 < _longest_loop(kernels) <= stages.CHUNK
 
 
 @pytest.mark.parametrize("device", ["cpu", "opencl"])

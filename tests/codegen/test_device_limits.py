@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 
-from portkit import backends, runtime, schedule
+from portkit import backends, runtime, schedule, stages
 from portkit.abi import CapabilityError, Kernel, KernelBuilder, Op, dtypes
 from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.interpreter import run as interpret
@@ -94,9 +94,9 @@ def test_every_thread_stays_within_the_loop_budget(small, what, compute, expecte
 
 
 def test_the_stage_length_follows_the_declared_budget():
-    assert schedule._chunk(None) == schedule._CHUNK
-    assert schedule._chunk(65535) == 1 << 14       # lavapipe: stages as before
-    assert schedule._chunk(BUDGET) == 128
+    assert stages.chunk(None) == stages.CHUNK
+    assert stages.chunk(65535) == 1 << 14       # lavapipe: stages as before
+    assert stages.chunk(BUDGET) == 128
     x = Tensor.ones(5000, device="interpreter")
     assert len(schedule.create_schedule([x.sum().lazy], max_loop_trips=BUDGET)) > len(
         schedule.create_schedule([x.sum().lazy]))

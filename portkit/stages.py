@@ -1,0 +1,81 @@
+"""Long reduces cut into stages, as the scheduler realizes them (portkit/schedule.py): a reduce
+of many elements into few outputs becomes partial reduces that many workgroups share, and no
+stage loops longer than a float32 lane stays exact or a device's loop budget allows."""
+from __future__ import annotations
+
+from math import ceil, prod
+
+from portkit import graph
+from portkit.abi import dtypes
+from portkit.abi.ops import Op
+from portkit.codegen.lower import reduce_identity
+from portkit.graph import Lazy
+
+# A reduce of at least _SPLIT_FROM elements per output, into fewer than _SPLIT_OUTPUTS outputs,
+# becomes up to _SPLIT_PARTS partial reduces of at least _SPLIT_LEAST elements each, so that
+# many workgroups share the long part.
+_SPLIT_FROM = 1 << 16
+_SPLIT_OUTPUTS = 256
+_SPLIT_PARTS = 256
+_SPLIT_LEAST = 4096
+# And no stage of any reduce runs more than CHUNK elements per output (a float32 sum in one
+# lane stops growing at 2**24: ones(20_000_001).sum() was 16777216), nor more than half the
+# loop iterations a device allows (Capabilities.max_loop_trips: lavapipe stops a shader after
+# 65,535 in all, so a longer loop is a wrong answer); the other half covers a stage's blocks,
+# its tail and the loops around it.
+CHUNK = 1 << 14
+
+
+def chunk(max_loop_trips: int | None) -> int:
+    """The most elements per output one reduce stage runs, as a power of two."""
+    if max_loop_trips is None:
+        return CHUNK
+    return min(CHUNK, 1 << max(0, (max_loop_trips // 2).bit_length() - 1))
+
+
+def _piece(size: int, rest: int, outputs: int, chunk: int = CHUNK) -> int:
+    """The slice length a reduce axis of `size` (times `rest` other reduced elements per output,
+    into `outputs` outputs) is cut into, for stages of at most `chunk`; `size`: not cut."""
+    piece = size
+    if size * rest > chunk:
+        # a power of two, so that equal partial sums (a sum of ones) add up exactly
+        piece = 1 << max(0, (chunk // rest).bit_length() - 1)
+    if size * rest >= _SPLIT_FROM and outputs < _SPLIT_OUTPUTS:
+        wide = 1
+        while wide * 2 <= _SPLIT_PARTS and size // (wide * 2) >= _SPLIT_LEAST:
+            wide *= 2
+        if wide >= 4:
+            piece = min(piece, ceil(size / wide))
+    return piece
+
+
+def split_reduce(node: Lazy, chunk: int = CHUNK) -> bool:
+    """Rewrites a reduce longer than `chunk` (or long enough to share) as two reduces, in
+    place; True if it did."""
+    op, axes = node.arg
+    src = node.src[0]
+    axis = max(axes, key=lambda a: src.shape[a])
+    size = src.shape[axis]
+    piece = _piece(size, prod(src.shape[a] for a in axes) // max(size, 1), node.size, chunk)
+    if piece >= size:
+        return False
+    parts = ceil(size / piece)
+    if parts * piece != size:   # pad the axis with the reduce's identity to parts * piece
+        pad = tuple((0, parts * piece - size if a == axis else 0) for a in range(len(src.shape)))
+        padded = src.view("pad", pad)
+        if op is not Op.ADD:     # padding reads 0; a product or a max must see the identity
+            shape = padded.shape
+            inside = graph.iota(shape, axis, src.device).alu(
+                Op.CMPLT, graph.const(size, dtypes.int32, shape, src.device))
+            identity = graph.const(reduce_identity(op, src.dtype), src.dtype, shape, src.device)
+            padded = inside.alu(Op.WHERE, padded, identity)
+        src = padded
+    # axis becomes (parts, piece): the first reduce keeps `parts`, the second reduces it
+    split = src.view("reshape", src.shape[:axis] + (parts, piece) + src.shape[axis + 1:])
+    # 16-bit float partials stay float32 (as a kernel's accumulators) and round once at the end
+    partial = dtypes.float32 if src.dtype in (dtypes.float16, dtypes.bfloat16) else src.dtype
+    inner = tuple(sorted(a + (a > axis) for a in axes if a != axis)) + (axis + 1,)
+    whole = split.cast(partial).reduce(op, tuple(sorted(inner))).reduce(op, (axis,)).view(
+        "reshape", node.shape).cast(node.dtype)
+    node.op, node.src, node.arg = whole.op, whole.src, whole.arg
+    return True

@@ -33,7 +33,8 @@ from portkit.abi import PortkitError
 STARTERS = {
     "c": "the cpu reference backend: C built by the host C compiler; passes conformance at once",
     "opencl": "the opencl reference backend: OpenCL C through pyopencl, for an OpenCL driver",
-    "llvm": "LLVM IR through llvmlite, run on the host CPU; passes conformance at once",
+    "llvm": "LLVM IR through llvmlite (pip install 'portkit[llvm]'), run on the host CPU; "
+            "passes conformance at once",
     "blank": "every part raises NotImplementedError that says what to write",
 }
 NAME_RULE = ("a backend name is lowercase ASCII letters, digits and underscores, starts with a "

@@ -3,7 +3,10 @@
 Starter: llvm, which runs on the host CPU through LLVM's JIT, so these are host facts: every
 integer dtype, float32 and float64; the required ops plus the optional ones LLVM IR has one
 instruction for (codegen decomposes EXP2, LOG2, SIN and MULACC into these). A workgroup's
-threads are loops (portkit.codegen.loops), so LOCAL memory is a stack array. Change each line
+threads are loops (portkit.codegen.loops), so LOCAL memory is a stack array. float16 and
+bfloat16 are left out: on x86 LLVM turns their conversions into compiler-rt calls
+(__truncsfhf2, __truncsfbf2, ...) that MCJIT cannot resolve in a Python process, and a call to
+an unresolved one is a segfault (float16 works only where the CPU has F16C). Change each line
 to your chip's facts as its parts pass conformance (docs/porting.md, "Capabilities").
 """
 from portkit.abi import Capabilities, dtypes

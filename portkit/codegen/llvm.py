@@ -12,8 +12,9 @@ live in an `alloca` (LLVM's mem2reg makes them registers), each read of an ACC i
 where it is used; a gated LOAD is a branch around the load with a phi, never a `select`; a
 RANGE's end is a value computed before the loop; integer division guards its divisor (x86's
 `idiv` traps on 0 and on MIN / -1) and shifts mask their amount; no instruction carries a
-fast-math flag, so nothing is contracted into an FMA. Each op's instructions come from
-`instructions`, one method per op group, so a target changes one op by overriding one method.
+fast-math flag, so nothing is contracted into an FMA. Each op's instructions come from one
+method of `LLVMFunction` per op group (`float_op`, `int_op`, `cast`, `bitcast`,
+`safe_divisor`), so a target changes one op by overriding one method in a subclass.
 """
 from __future__ import annotations
 
@@ -76,12 +77,13 @@ class LLVMRenderer(Renderer):
     kernel_linkage = "internal"   # the kernel function; pk_launch calls it once per workgroup
     launch = LAUNCH               # the entry point; "" for a target that launches @kernel itself
     type_map: ClassVar[dict[DType, str]] = LLVM_TYPES
+    function: ClassVar[type[LLVMFunction]]    # set below the class: LLVMFunction
 
     def render(self, kernel: Kernel) -> str:
         """The kernel as LLVM IR text: @kernel (one workgroup) and the entry point."""
         if self.threads_are_loops:
             kernel = threads_as_loops(kernel)
-        function = _Function(self, kernel)
+        function = self.function(self, kernel)
         return "\n".join([*function.render(), "", self.launch, *sorted(function.declares)])
 
     def special(self, kind: str, axis: int) -> str:
@@ -124,8 +126,10 @@ class LLVMRenderer(Renderer):
         return f"0x{int(np.array(float(rounded)).view(np.uint64)):016X}"
 
 
-class _Function:
-    """The state of rendering one kernel: lines, names, the current basic block."""
+class LLVMFunction:
+    """One kernel's @kernel function being written: its lines, names and current basic block,
+    and one method per node kind and op group. A target that renders an op differently
+    subclasses this and names the subclass in its renderer's `function`."""
 
     def __init__(self, renderer: LLVMRenderer, kernel: Kernel):
         self.r, self.kernel, self.nodes = renderer, kernel, kernel.nodes
@@ -137,17 +141,21 @@ class _Function:
         self.block = "body"
 
     def temp(self) -> str:
+        """A fresh name for an intermediate value."""
         self.temps += 1
         return f"%t{self.temps}"
 
     def emit(self, line: str) -> None:
+        """Appends an instruction to the current basic block."""
         self.lines.append("  " + line)
 
     def label(self, name: str) -> None:
+        """Starts the basic block `name`."""
         self.lines.append(f"{name}:")
         self.block = name
 
     def render(self) -> list[str]:
+        """The lines of @kernel: the entry block (allocas, arguments), then every node."""
         for i, node in enumerate(self.nodes):
             self.node(i, node)
         self.emit("ret void")
@@ -165,6 +173,7 @@ class _Function:
         return self.names[ref]
 
     def node(self, i: int, node: Node) -> None:
+        """Writes node `i`; its value (if any) is then named in `names`."""
         op, name = node.op, f"%v{i}"
         if op is Op.PARAM:
             self.entry.append(f"  %p{i} = getelementptr ptr, ptr %buffers, i64 {node.arg}")
@@ -216,6 +225,7 @@ class _Function:
         self.names[i] = name
 
     def range(self, i: int, node: Node) -> None:
+        """RANGE: the counter in a stack slot, the end compared at the loop's head."""
         start, end = (self.value(s) for s in node.src)   # the end is read once, here
         self.entry.append(f"  %counter{i} = alloca i32")
         self.emit(f"store i32 {start}, ptr %counter{i}")
@@ -227,6 +237,7 @@ class _Function:
         self.label(f"step{i}")
 
     def address(self, node: Node) -> str:
+        """The element pointer of a LOAD or STORE."""
         buffer = self.nodes[node.src[0]]
         pointer, index = self.value(node.src[0]), self.value(node.src[1])
         storage = self.r.storage_type(buffer.dtype)
@@ -262,6 +273,7 @@ class _Function:
         self.emit(f"{name} = phi {kind} [ {value}, %{loaded} ], [ {zero}, %{before} ]")
 
     def store(self, node: Node) -> None:
+        """A STORE; a gated one branches around the memory access."""
         dtype = self.nodes[node.src[0]].dtype
         value = self.value(node.src[2])
         gated = len(node.src) == 4
@@ -281,6 +293,7 @@ class _Function:
     # ---- compute ops ---------------------------------------------------------------------
 
     def intrinsic(self, base: str, kind: str, count: int = 1) -> str:
+        """The name of llvm.BASE for `kind`, declared once in the module."""
         name = f"@llvm.{base}.{_INTRINSIC_SUFFIX[kind]}"
         self.declares.add(f"declare {kind} {name}({', '.join([kind] * count)})")
         return name
@@ -305,6 +318,7 @@ class _Function:
             self.emit(f"{name} = {self.int_op(op, dtype, kind, a, b)}")
 
     def float_op(self, op: Op, kind: str, a: str, b: str | None) -> str:
+        """The instruction of a compute op on floats of LLVM type `kind`."""
         if op in _FLOAT_BINARY:
             return f"{_FLOAT_BINARY[op]} {kind} {a}, {b}"
         if op is Op.NEG:
@@ -327,6 +341,7 @@ class _Function:
                                   "out of Capabilities.ops so that codegen decomposes it")
 
     def int_op(self, op: Op, dtype: DType, kind: str, a: str, b: str | None) -> str:
+        """The instruction of a compute op on integers (or bools) of `dtype`."""
         signed = dtype.kind == "int"
         if op in _INT_BINARY:
             return f"{_INT_BINARY[op]} {kind} {a}, {b}"
@@ -401,6 +416,9 @@ class _Function:
         if src == dtypes.bool_:
             return f"zext i1 {a} to {want}"
         return f"bitcast {have} {a} to {want}"
+
+
+LLVMRenderer.function = LLVMFunction
 
 
 def _copy(kind: str, value: str) -> str:

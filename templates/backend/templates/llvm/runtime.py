@@ -25,7 +25,7 @@ _LAUNCH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int3
 def llvm() -> Any:
     """llvmlite.binding, initialised for the host; BackendUnavailable if it is missing."""
     try:
-        import llvmlite.binding as binding
+        from llvmlite import binding
     except ImportError as error:
         raise BackendUnavailable(f"llvmlite is not installed ({error})", FIX) from None
     binding.initialize_native_target()

@@ -399,8 +399,11 @@ class LLVMFunction:
                 return f"fptrunc float {wide} to {want}"
             grow = _float_bits(want) > _float_bits(have)
             return f"{'fpext' if grow else 'fptrunc'} {have} {a} to {want}"
-        if src.is_float:
-            return f"{'fptosi' if dst.kind == 'int' else 'fptoui'} {have} {a} to {want}"
+        if src.is_float:   # out of range is poison in LLVM: freeze it to some value
+            converted = self.temp()
+            self.emit(f"{converted} = {'fptosi' if dst.kind == 'int' else 'fptoui'} {have} {a} "
+                      f"to {want}")
+            return f"freeze {want} {converted}"
         if dst.is_float:
             signed = src.kind == "int"
             return f"{'sitofp' if signed else 'uitofp'} {have} {a} to {want}"

@@ -314,7 +314,7 @@ class Runtime:
             seconds = compiled.program([b.handle for b in buffers], words, kernel.grid,
                                        kernel.block, wait=wait or level >= 2)
         if level >= 2:
-            _print_launch(compiled, seconds, level)
+            print_launch(compiled, seconds, level)
         compiled.launched = True
         return seconds if wait else None
 
@@ -492,7 +492,9 @@ def _check_arguments(compiled: Compiled, buffers: list[Buffer], scalars: tuple) 
                               f"{dtype.name}, got {buffer.dtype.name}")
 
 
-def _print_launch(compiled: Compiled, seconds: float | None, level: int) -> None:
+def print_launch(compiled: Compiled, seconds: float | None, level: int) -> None:
+    """PORTKIT_DEBUG's line for one launch (level 2), with the kernel's JSON (3) and source
+    (4) at its first launch; conformance, which launches programs itself, prints it too."""
     kernel = compiled.kernel
     print(f"portkit: {kernel.name:<28} grid {kernel.grid} block {kernel.block} "
           f"{(seconds or 0.0) * 1e3:9.3f} ms", file=sys.stderr)

@@ -2,8 +2,9 @@
 
 The package, `portkit-NAME`, registers through the `portkit.backends` entry point, so portkit
 itself never changes. Starters: `c` (the cpu reference backend: passes `portkit conform` at
-once), `opencl` (the opencl reference backend) and `blank` (every part raises
-NotImplementedError naming the section of docs/porting.md to read). cookiecutter renders the
+once), `opencl` (the opencl reference backend), `llvm` (LLVM IR through portkit's LLVM renderer
+base, compiled by llvmlite and run on the host: passes `portkit conform` at once) and `blank`
+(every part raises NotImplementedError naming the section of docs/porting.md to read). cookiecutter renders the
 template; it writes only into the output folder and a temporary folder for its replay files.
 cookiecutter is the `scaffold` extra (`pip install 'portkit[scaffold]'`): users who never
 scaffold do not install it, and `new-backend` names the extra when it is missing.
@@ -32,6 +33,8 @@ from portkit.abi import PortkitError
 STARTERS = {
     "c": "the cpu reference backend: C built by the host C compiler; passes conformance at once",
     "opencl": "the opencl reference backend: OpenCL C through pyopencl, for an OpenCL driver",
+    "llvm": "LLVM IR through llvmlite (pip install 'portkit[llvm]'), run on the host CPU; "
+            "passes conformance at once",
     "blank": "every part raises NotImplementedError that says what to write",
 }
 NAME_RULE = ("a backend name is lowercase ASCII letters, digits and underscores, starts with a "

@@ -1,6 +1,7 @@
 """`portkit new-backend`: name rules, overwriting, what each starter renders, and end to end:
 pip install the generated packages, list them, and run `portkit conform` on them."""
 import io
+import json
 import os
 import re
 import subprocess
@@ -221,6 +222,31 @@ def test_generated_packages_install_list_and_conform(tmp_path):
         assert "passed" in opencl.stdout
     else:
         assert opencl.returncode == 2 and "cannot load backend 'mycl'" in opencl.stdout
+
+
+@pytest.mark.slow
+def test_llvm_starter_passes_the_full_conformance_run(tmp_path):
+    """`portkit new-backend x --from llvm && pip install ./portkit-x && portkit conform
+    --backend x`: the whole run, every tier, on the host through llvmlite. About a minute on
+    2 idle cores, most of it LLVM compiling kernels (the cache starts empty)."""
+    created = generate("myllvm", tmp_path, "llvm")
+    renderer = (created / "portkit_myllvm" / "renderer.py").read_text()
+    assert "(LLVMRenderer)" in renderer and len(renderer.splitlines()) <= 250
+    assert '"llvmlite"' in (created / "pyproject.toml").read_text()
+    site = tmp_path / "site"
+    pip = _run(site, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+               "--quiet", "--target", str(site), str(created))
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    full = _portkit(site, "conform", "--backend", "myllvm", "--json", str(tmp_path / "r.json"),
+                    "--repro-dir", str(tmp_path / "repro"))
+    assert full.returncode == 0, full.stdout[-6000:] + full.stderr[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    statuses = {c["id"]: c["status"] for c in report["cases"]}
+    assert {c["tier"] for c in report["cases"] if c["status"] == "passed"} >= {1, 2, 3, 4, 5}
+    for case in ("kernels/local/reverse", "kernels/local/tree-sum", "ops/IDIV/int64",
+                 "kernels/unfused-multiply-add/float32", "kernels/unfused-multiply-add/float64"):
+        assert statuses[case] == "passed", (case, statuses.get(case))
+    assert sum(s == "passed" for s in statuses.values()) > 300
 
 
 def test_every_guide_section_the_template_names_exists():

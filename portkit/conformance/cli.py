@@ -21,7 +21,7 @@ from portkit import backends
 from portkit.abi import BackendUnavailable, PortkitError
 from portkit.conformance import compare, replay, report, suite
 from portkit.conformance.case import Unsupported
-from portkit.conformance.isolate import WorkerError
+from portkit.conformance.isolate import WorkerError, WorkerTarget
 from portkit.conformance.target import Target
 
 # The exit codes of `portkit conform`, pytest's where they mean the same thing.
@@ -156,11 +156,15 @@ def run_conform(args: argparse.Namespace) -> int:
     if args.available:
         return _run_available(options, console)
     try:
+        target = None
         if options.isolate != "none":     # a backend that ends the process ends only a probe
             found = backends.probe([args.backend])[0]
             if found.status != "available":
                 raise BackendUnavailable(found.detail, found.fix)
-        target = Target.load(args.backend)
+            point = backends.entry_point(args.backend)
+            if point is not None and not args.model:   # then loaded only in the worker
+                target = WorkerTarget(args.backend, point.value, options)
+        target = target or Target.load(args.backend)
     except PortkitError as error:
         console.print(f"[red]cannot load backend {args.backend!r}: {escape(str(error))}[/]")
         return EXIT_USAGE

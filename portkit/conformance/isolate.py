@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from portkit import backends
-from portkit.abi import PortkitError
+from portkit.abi import Capabilities, PortkitError
 from portkit.conformance import suite
 from portkit.conformance.case import Case, KernelCase, Outcome, Status
 from portkit.conformance.target import Target
@@ -35,6 +35,21 @@ class WorkerError(PortkitError):
     """The worker process could not load the backend; the message says why."""
 
 
+class WorkerTarget(Target):
+    """The backend under test as the runner sees it when every case runs in a worker: its
+    name, its entry point and the capabilities the worker reports. The backend is loaded only
+    in the worker (after the probe that checks it loads): twice in all, not three times."""
+
+    def __init__(self, name: str, origin: str, options: suite.Options):
+        self.name, self.origin, self.device, self.runtime = name, origin, None, None
+        self.isolated = Isolated(self, options)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The capabilities the worker's backend declares (starting the worker)."""
+        return self.isolated.start()
+
+
 class Isolated:
     """Runs each case in the worker process; the runner's other half of `suite.InProcess`."""
 
@@ -44,6 +59,15 @@ class Isolated:
                              f"{target.name!r} was handed in as a Device: use --isolate none")
         self.target, self.options = target, options
         self.worker: _Worker | None = None
+        self.capabilities: Capabilities | None = None   # what the first worker reported
+
+    def start(self) -> Capabilities:
+        """Starts the worker unless one runs; the capabilities the backend declared there.
+        Raises WorkerError when it cannot load the backend."""
+        if self.worker is None:
+            self.worker = _Worker(self.target.name, self.target.origin, self.options)
+            self.capabilities = self.capabilities or self.worker.capabilities
+        return self.capabilities
 
     def precompile(self, cases: list[Case]) -> dict[str, KernelCase | Exception]:
         """Has the worker make and compile the kernel cases of `cases` on `options.jobs`
@@ -68,10 +92,12 @@ class Isolated:
             made = suite.make_case(case)
             if isinstance(made, KernelCase):
                 outcome.repro = made
-                try:
-                    outcome.source = suite.rendered(self.target, self.target.prepare(made.kernel))
-                except Exception:  # noqa: BLE001, S110 - the crash is the case's evidence
-                    pass
+                # The next worker renders it: the runner never loads the backend itself.
+                kind, source = self._ask(("source", case.id), self.options.timeout)
+                if kind == "source":
+                    outcome.source = source
+                else:
+                    self._stop()
         return outcome
 
     def close(self) -> None:
@@ -81,8 +107,7 @@ class Isolated:
     def _ask(self, request: tuple[str, Any], limit: float) -> tuple[str, Any]:
         if self.worker is not None and not self.worker.process.is_alive():
             self._stop()    # it died after its last answer: no case of this request's to blame
-        if self.worker is None:
-            self.worker = _Worker(self.target.name, self.target.origin, self.options)
+        self.start()
         return self.worker.ask(request, limit)
 
     def _stop(self) -> None:
@@ -105,6 +130,7 @@ class _Worker:
         self.process.start()
         theirs.close()
         kind, found = self._reply(START_SECONDS, 0)
+        self.capabilities = found
         if kind != "ready":
             self.stop()
             raise WorkerError(f"the conformance worker could not load backend {name!r}: {found}",
@@ -189,7 +215,7 @@ def serve(pipe: connection.Connection, name: str, origin: str, options: suite.Op
             pipe.send(("error", f"{type(error).__name__}: {error}"))
             return
         runs, made = suite.InProcess(target, options), {}
-        pipe.send(("ready", None))
+        pipe.send(("ready", target.capabilities))
         while True:
             try:
                 kind, argument = pipe.recv()
@@ -200,8 +226,19 @@ def serve(pipe: connection.Connection, name: str, origin: str, options: suite.Op
             if kind == "precompile":
                 made.update(runs.precompile([cases[i] for i in argument]))
                 pipe.send(("done", None))
+            elif kind == "source":
+                pipe.send(("source", _source(target, cases[argument])))
             else:
                 _send(pipe, runs.outcome(cases[argument], made.pop(argument, None)))
+
+
+def _source(target: Target, case: Case) -> str | None:
+    """The rendered source of a kernel case's kernel, or None if it cannot be had."""
+    made = suite.make_case(case)
+    try:
+        return suite.rendered(target, target.prepare(made.kernel))
+    except Exception:  # noqa: BLE001 - the case's crash is the evidence; its source a help
+        return None
 
 
 def _send(pipe: connection.Connection, outcome: Outcome) -> None:

@@ -239,10 +239,12 @@ def executor(target: Target, options: Options) -> InProcess | Isolated:
     `options.isolate` is "process", or "auto" and the backend was loaded by name; else here."""
     if options.isolate not in ("auto", "process", "none"):
         raise ValueError(f"isolate={options.isolate!r}: use 'auto', 'process' or 'none'")
+    from portkit.conformance.isolate import Isolated, WorkerTarget
+
+    if isinstance(target, WorkerTarget):     # loaded only in its worker: it runs there
+        return target.isolated
     if options.isolate == "none" or (options.isolate == "auto" and target.origin is None):
         return InProcess(target, options)
-    from portkit.conformance.isolate import Isolated
-
     return Isolated(target, options)
 
 

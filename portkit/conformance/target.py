@@ -18,7 +18,7 @@ import numpy as np
 from portkit import backends
 from portkit.abi import Device, Kernel
 from portkit.conformance.case import Unsupported
-from portkit.runtime import Runtime, get
+from portkit.runtime import Compiled, Runtime, debug_level, get, print_launch
 
 
 class Target:
@@ -71,11 +71,20 @@ class Target:
     def run(self, kernel: Kernel, arrays: Sequence[np.ndarray],
             scalars: Sequence[int] = ()) -> list[np.ndarray]:
         """Uploads `arrays` (one per PARAM), launches once, returns every buffer afterwards."""
-        program, _, _ = self.compile(kernel)
+        compiled, level = self.runtime.compile(kernel), debug_level()
         with self.buffers(arrays) as handles:
-            program(handles, list(scalars), kernel.grid, kernel.block)
+            seconds = compiled.program(handles, list(scalars), kernel.grid, kernel.block,
+                                       wait=level >= 2)
             self.device.synchronize()
+            self._debug(compiled, seconds, level)
             return [self.read(h, a.dtype, a.size) for h, a in zip(handles, arrays)]
+
+    @staticmethod
+    def _debug(compiled: Compiled, seconds: float | None, level: int) -> None:
+        """What PORTKIT_DEBUG prints for a launch through the Runtime, for this one too."""
+        if level >= 2:
+            print_launch(compiled, seconds, level)
+            compiled.launched = True
 
     def buffers(self, arrays: Sequence[np.ndarray]) -> _Buffers:
         """A context manager: device copies of `arrays`, freed on exit."""
@@ -92,16 +101,18 @@ class Target:
         """Seconds per launch, `repeats` times after one warm-up launch (fewer, but at least 3,
         once `max_seconds` have passed): the seconds the program reports, or (with `wall`, or
         when it reports none) the host's clock."""
-        program, _, _ = self.compile(kernel)
+        compiled, level = self.runtime.compile(kernel), debug_level()
         times: list[float] = []
         with self.buffers(arrays) as handles:
             for i in range(repeats + 1):
                 if len(times) >= min(3, repeats) and sum(times) > max_seconds:
                     break
                 start = time.perf_counter()
-                reported = program(handles, list(scalars), kernel.grid, kernel.block, wait=True)
+                reported = compiled.program(handles, list(scalars), kernel.grid, kernel.block,
+                                            wait=True)
                 self.device.synchronize()
                 elapsed = time.perf_counter() - start
+                self._debug(compiled, reported, level)
                 if i:
                     times.append(reported if reported and not wall else elapsed)
         return times

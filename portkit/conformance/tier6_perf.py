@@ -6,8 +6,8 @@ fraction of them. Slow is a warning; it fails only below `--perf-min-ratio`. The
 written by hand with KernelBuilder, and their results are checked before they are timed.
 
 The reference time is the CPU backend's best kernel for the same work, not the same kernel:
-the tiled matmul's barriers make the CPU run its threads as coroutines (0.02 GFLOP/s), which
-made a vendor's ratio read 567x. A result whose repeats spread over more than half their median
+the tiled matmul's barriers once made the CPU run its threads as coroutines (0.02 GFLOP/s),
+which made a vendor's ratio read 567x. A result whose repeats spread over more than half their median
 (or whose reference's repeats do) is flagged noisy: rerun it on a quiet machine before reading
 the ratio.
 """

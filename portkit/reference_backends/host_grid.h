@@ -1,14 +1,15 @@
 /* Runs one workgroup's threads on the host so that they can wait for each other at a BARRIER.
  *
- * Shared by the cpu backend (its renderer pastes this file into every kernel with a barrier,
- * so a kernel's source stays one self-contained file) and the conformance shims' C++ runtime
- * (shims/pk_shim_runtime.h includes it). Valid C11 and C++20.
+ * Used by the conformance shims' C++ runtime (shims/pk_shim_runtime.h includes it), which runs
+ * CUDA C and MSL source as written, so a thread must stop at a barrier where it stands. The cpu
+ * backend renders ABI kernels, so it splits them at their barriers instead
+ * (portkit.codegen.loops), which is about 1000x faster. Valid C11 and C++20.
  *
  * Each thread runs as a coroutine (ucontext) with a stack of its own: the scheduler resumes
  * every unfinished thread in turn, and a thread runs until it reaches a barrier (it switches
  * back) or returns. After one round every live thread waits at the same barrier, so the next
- * round starts past it. Splitting a kernel at its barriers was the alternative; it does not
- * survive barriers inside loops. Kernels without a barrier do not need this file.
+ * round starts past it. Source with a barrier anywhere (inside a loop, a branch, a helper
+ * function) works unchanged. Kernels without a barrier do not need this file.
  */
 #ifndef PK_HOST_GRID_H
 #define PK_HOST_GRID_H

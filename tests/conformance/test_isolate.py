@@ -124,3 +124,54 @@ def test_a_bad_timeout_is_a_usage_error(value, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["conform", "--backend", "interpreter", "--timeout", value])
     assert exit_.value.code == 2 and "number of seconds" in capsys.readouterr().err
+
+
+COUNTED = """
+from portkit.abi import ABI_VERSION, Backend
+from portkit.abi import interpreter
+
+def _load():
+    with open({path!r}, "a") as log:
+        log.write("loaded\\n")
+    return interpreter.backend.load()
+
+backend = Backend("counted", _load, abi_version=ABI_VERSION)
+"""
+
+
+def test_an_isolated_run_loads_the_backend_twice_probe_and_worker(
+        fake_backends, fake_backend_module, tmp_path):
+    """The worker reports the capabilities, so the runner never loads the backend itself."""
+    loads = tmp_path / "loads.txt"
+    fake_backends({"counted": fake_backend_module(COUNTED.format(path=str(loads)))})
+    code = main(["conform", "--backend", "counted", "--tier", "1", "--tier", "2", "--quick",
+                 "--dtype", "int32", "-k", "ops/ADD/*", "--isolate", "process",
+                 "--json", str(tmp_path / "r.json")])
+    assert code == 0
+    assert loads.read_text().count("loaded") == 2      # the probe, then the worker
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert {c["id"]: c["status"] for c in report["cases"]}["ops/ADD/int32"] == "passed"
+    assert "int32" in report["capabilities"]["dtypes"]
+
+
+def test_a_crashed_cases_source_is_rendered_by_the_next_worker(crashy, capsys):
+    from portkit.conformance.isolate import WorkerTarget
+
+    target = WorkerTarget("crashy", "broken_backends:crashing_backend",
+                          suite.Options(timeout=30))
+    assert target.device is None and "float32" in {d.name for d in target.capabilities.dtypes}
+    report = suite.run(target, suite.Options(tiers=(2,), quick=True, timeout=30,
+                                             pattern="ops/SIN/float32"))
+    [result] = [r for r in report.results if r.case.id == "ops/SIN/float32"]
+    assert result.status is Status.CRASHED and result.source and "sin" in result.source.lower()
+
+
+@pytest.mark.parametrize("isolate", ["none", "process"])
+def test_portkit_debug_prints_each_launch_under_conform(isolate, monkeypatch, capfd):
+    monkeypatch.setenv("PORTKIT_DEBUG", "3")
+    code = main(["conform", "--backend", "interpreter", "--tier", "2", "--quick", "--dtype",
+                 "int32", "-k", "ops/XOR/*", "--isolate", isolate])
+    assert code == 0
+    err = capfd.readouterr().err
+    assert "portkit: conform" in err and "grid (" in err, err[-2000:]
+    assert '"op": "XOR"' in err        # level 3: the kernel's JSON at its first launch

@@ -41,7 +41,7 @@ from portkit.abi import (
 from portkit.abi.ops import COMPUTE
 
 HEADERS = Path(__file__).parent
-# host_grid.h, the coroutine runner the cpu backend's kernels use too, lives beside the backends.
+# host_grid.h, the coroutine runner for barriers in source run as written, lives beside the backends.
 HOST_GRID = Path(__file__).parents[2] / "reference_backends"
 FLAGS = ("-std=c++20", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
          "-Wno-unknown-attributes", "-Wno-user-defined-literals", "-w")

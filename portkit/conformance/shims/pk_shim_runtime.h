@@ -1,8 +1,8 @@
 // Runs a GPU kernel's grid on the host: the shared part of the MSL and CUDA C shims.
 //
 // Workgroups run one after another on the calling thread. A kernel without a barrier runs its
-// threads as a plain loop. A kernel with one runs them through host_grid.h, the cpu backend's
-// coroutine runner (portkit/reference_backends/host_grid.h), so that both test the same one.
+// threads as a plain loop. A kernel with one runs them through host_grid.h, a coroutine runner
+// (portkit/reference_backends/host_grid.h): the source is run as written, barriers and all.
 // Workgroup memory is a function-static array (`static thread_local`), which every coroutine
 // of the group shares.
 #pragma once

@@ -2,7 +2,7 @@
 
 C has every compute op, and float16 and bfloat16 are emulated in float (renderer.py), so every
 dtype and op is native. The limits are generous rather than hardware facts: a workgroup's
-threads are a loop (or coroutines, with a barrier), and workgroup memory is a stack array.
+threads are a loop (split at each barrier), and workgroup memory is a stack array.
 """
 from __future__ import annotations
 

@@ -3,22 +3,18 @@
 The kernel body becomes a `static inline` function of its buffers, scalars, workgroup and
 thread ids. `pk_launch`, the same entry point in every kernel's shared object, runs the grid:
 workgroups are spread across cores with OpenMP, and a workgroup's threads run as a loop over
-thread axis 0 innermost, which the compiler may vectorize. Kernels with a BARRIER run their
-threads as coroutines instead (host_grid.h, beside the backends).
+thread axis 0 innermost, which the compiler may vectorize. A kernel with a BARRIER goes through
+portkit.codegen.loops first: its threads become loops between the barriers, inside the kernel.
 """
 from __future__ import annotations
 
-from importlib import resources
 from typing import ClassVar
 
 from portkit.abi import dtypes
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.codegen.cstyle import EMULATED_FLOATS, FLOAT16_HELPERS, CStyleRenderer, local_bytes
-
-# A kernel with a BARRIER runs each workgroup's threads as coroutines, so that they can wait
-# for each other; the runner is one C header shared with the conformance shims.
-HOST_GRID = resources.files("portkit.reference_backends").joinpath("host_grid.h").read_text()
+from portkit.codegen.loops import threads_as_loops
 
 _TEMPLATE = """\
 #define _GNU_SOURCE
@@ -29,55 +25,25 @@ _TEMPLATE = """\
 
 {% if small_floats %}{{ float16_helpers }}
 {% endif %}
-{% if barrier %}{{ host_grid }}
-{% endif %}
+
 static inline void {{ name }}({{ (args + id_args) | join(", ") }}) {
 {% for line in body %}
 {{ line }}
 {% endfor %}
 }
 
-{% if barrier %}
-typedef struct {
-  void **buffers;
-  const int32_t *scalars;
-  int32_t gid[3], block[3];
-  char *local;
-} pk_workgroup;
-
-static void pk_thread(pk_group *g, int32_t t) {
-  const pk_workgroup *w = g->context;
-  const int32_t b0 = w->block[0], b1 = w->block[1];
-  {{ name }}({{ (thread_args + ["w->gid[0]", "w->gid[1]", "w->gid[2]", "t % b0", "t / b0 % b1",
-      "t / (b0 * b1)", "w->local"]) | join(", ") }});
-}
-
-{% endif %}
 /* The entry point of every kernel: buffers, int32 scalars, dims = grid[3], block[3]. */
 void pk_launch(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_dims) {
   const int32_t grid0 = pk_dims[0], grid1 = pk_dims[1], grid2 = pk_dims[2];
+{% if looped %}
+  /* One thread per group, whatever block the call names: threads_as_loops' kernels. */
+  const int32_t block0 = 1, block1 = 1, block2 = 1;
+{% else %}
   const int32_t block0 = pk_dims[3], block1 = pk_dims[4], block2 = pk_dims[5];
+{% endif %}
   const int32_t threads = block0 * block1 * block2;
   /* Waking the other cores costs microseconds: small launches stay on this one. */
   const bool pk_parallel = (int64_t)grid0 * grid1 * grid2 * threads >= {{ parallel_from }};
-{% if barrier %}
-  #pragma omp parallel if(pk_parallel)
-  {
-    pk_workgroup w = {.buffers = pk_buffers, .scalars = pk_scalars,
-                      .block = {block0, block1, block2}};
-    pk_group g;
-    pk_group_init(&g, threads, pk_thread, &w);
-    #pragma omp for collapse(3) schedule(static)
-    for (int32_t gid2 = 0; gid2 < grid2; gid2++)
-      for (int32_t gid1 = 0; gid1 < grid1; gid1++)
-        for (int32_t gid0 = 0; gid0 < grid0; gid0++) {
-          _Alignas(64) char pk_local[{{ local_bytes or 16 }}];
-          w.gid[0] = gid0, w.gid[1] = gid1, w.gid[2] = gid2, w.local = pk_local;
-          pk_group_run(&g);
-        }
-    pk_group_free(&g);
-  }
-{% else %}
 {% for p in kernel.params %}
   {{ types[loop.index0] }} *const data{{ p.arg }} = pk_buffers[{{ p.arg }}];
 {% endfor %}
@@ -106,7 +72,6 @@ void pk_launch(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_d
               for (int32_t lid0 = 0; lid0 < block0; lid0++)
                 {{ name }}({{ (loop_args + ids) | join(", ") }});
       }
-{% endif %}
 }
 """
 
@@ -117,12 +82,18 @@ _IDS = ["gid0", "gid1", "gid2", "lid0", "lid1", "lid2", "pk_local"]
 class CPURenderer(CStyleRenderer):
     """Plain C11 (GNU dialect) for gcc or clang, one shared object per kernel."""
 
-    barrier = "pk_barrier();"
     workitem: ClassVar[dict[str, str]] = {"group": "gid{}", "local": "lid{}"}
     # float16 and bfloat16 have no arithmetic type in portable C (clang 14 rejects _Float16 on
     # x86-64, and where it exists it computes in float anyway): values are held in a float.
     emulated = EMULATED_FLOATS
     template = _TEMPLATE
+
+    def render(self, kernel: Kernel) -> str:
+        """The kernel as C; one with a BARRIER as one thread per group that loops over the
+        block's threads between the barriers (portkit.codegen.loops), so no thread waits."""
+        if any(n.op is Op.BARRIER for n in kernel.nodes):
+            kernel = threads_as_loops(kernel)
+        return super().render(kernel)
 
     def render_local(self, name: str, dtype: dtypes.DType, size: int, offset: int) -> str:
         # LOCAL arrays are slices of one per-workgroup block that pk_launch provides.
@@ -133,15 +104,13 @@ class CPURenderer(CStyleRenderer):
         used = {n.dtype for n in kernel.nodes}
         types, names = [self.storage_type(p.dtype) for p in kernel.params], kernel.vars
         return {**super().template_context(kernel, body),
-                "barrier": any(n.op is Op.BARRIER for n in kernel.nodes),
+                "looped": kernel.block == (1, 1, 1),
                 "small_floats": bool(used & set(self.emulated)),
-                "float16_helpers": FLOAT16_HELPERS, "host_grid": HOST_GRID,
+                "float16_helpers": FLOAT16_HELPERS,
                 "types": types,
                 "ids": _IDS, "single": ["gid0", "gid1", "gid2", "0", "0", "0", "pk_local"],
                 # threads of a kernel with a loop may each do much work; others do little
                 "parallel_from": 2 if any(n.op is Op.RANGE for n in kernel.nodes) else 16384,
                 "id_args": [f"const int32_t {i}" for i in _IDS[:6]] + ["char *pk_local"],
                 "loop_args": [f"data{i}" for i in range(len(types))] + [f"var_{v}" for v in names],
-                "thread_args": [f"({t} *)w->buffers[{i}]" for i, t in enumerate(types)]
-                + [f"w->scalars[{i}]" for i in range(len(names))],
                 "local_bytes": local_bytes(kernel)}

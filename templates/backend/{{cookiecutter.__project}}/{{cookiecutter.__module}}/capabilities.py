@@ -1,1 +1,1 @@
-{% if cookiecutter.starter == "blank" %}{% include "blank/capabilities.py" %}{% endif %}
+{% if cookiecutter.starter in ["blank", "llvm"] %}{% include cookiecutter.starter ~ "/capabilities.py" %}{% endif %}

@@ -1,1 +1,1 @@
-{% if cookiecutter.starter == "blank" %}{% include "blank/device.py" %}{% endif %}
+{% if cookiecutter.starter in ["blank", "llvm"] %}{% include cookiecutter.starter ~ "/device.py" %}{% endif %}

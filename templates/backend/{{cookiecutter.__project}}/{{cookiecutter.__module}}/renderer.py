@@ -1,1 +1,1 @@
-{% if cookiecutter.starter == "blank" %}{% include "blank/renderer.py" %}{% endif %}
+{% if cookiecutter.starter in ["blank", "llvm"] %}{% include cookiecutter.starter ~ "/renderer.py" %}{% endif %}

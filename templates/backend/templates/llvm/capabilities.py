@@ -26,4 +26,6 @@ def capabilities(cpu: str) -> Capabilities:
         local_memory_bytes=32 * 1024,   # LOCAL arrays live on the stack
         max_buffers=32,
         threads_are_loops=True,         # codegen gives it one thread per group, long chunks
+        max_loop_trips=None,            # no loop budget on the host
+        max_name_length=None,           # LLVM symbols take names of any length
         device_name=f"{{ cookiecutter.name }} (llvm starter: LLVM JIT on the host CPU, {cpu})")

@@ -44,7 +44,9 @@ from portkit.codegen.lower import (
     check_dtypes,
     lower,
     reduce_identity,
+    serial,
 )
+from portkit.codegen.pads import pad_apart
 from portkit.graph import GraphOp, Lazy
 
 # Lowering (portkit/codegen/lower.py) recurses through a kernel's nodes, and fused chains get long.
@@ -93,6 +95,9 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None) -> list[Sc
     # every long reduce is split first (its parts may split again), then the graph is sorted
     while [n for n in order if n.op is GraphOp.REDUCE and _split_reduce(n)]:
         order = _unrealized(outs)
+    copies = {id(p) for n in order if serial(device(n.device).capabilities)
+              and (p := pad_apart(n)) is not None}
+    order = _unrealized(outs) if copies else order
     if not order:
         return []
     consumers: dict[int, set[int]] = defaultdict(set)
@@ -101,7 +106,7 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None) -> list[Sc
         for s in node.src:
             consumers[id(s)].add(id(node))
     wanted = {id(o) for o in outs if not o.realized}
-    realize = set(wanted)
+    realize = wanted | copies
     for node in order:
         if node.op is GraphOp.REDUCE:
             realize.add(id(node))

@@ -95,8 +95,9 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None) -> list[Sc
     # every long reduce is split first (its parts may split again), then the graph is sorted
     while [n for n in order if n.op is GraphOp.REDUCE and _split_reduce(n)]:
         order = _unrealized(outs)
-    copies = {id(p) for n in order if serial(device(n.device).capabilities)
-              and (p := pad_apart(n)) is not None}
+    # on a device whose threads are loops, a convolution reads a padded copy (codegen/pads.py)
+    copies = {id(p) for n in order if n.op is GraphOp.VIEW and serial(
+        device(n.device).capabilities) and (p := pad_apart(n)) is not None}
     order = _unrealized(outs) if copies else order
     if not order:
         return []

@@ -9,7 +9,8 @@ Every output element has a multi-index; `lower(node, idxs, gates)` emits the ABI
 - a REDUCE opens one loop per reduced axis around one accumulator per index (and per unrolled
   copy, see below), so all the indices share the loop and each load of it.
 Threads take contiguous chunks of output tiles: one tile per thread on devices with many
-threads, long chunks (loops a C compiler vectorizes) on devices that run one thread per group.
+threads, long chunks (loops a C compiler vectorizes) on devices that run one thread per group,
+where a kernel without a tiled reduce loops over rows, decoding each once (codegen/rows.py).
 
 A kernel with one reduce is tiled (`plan`): each thread computes a small block of outputs
 ("upcast", e.g. 4 rows x 16 columns of a matmul) so that a value loaded once feeds several
@@ -35,6 +36,7 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError, UnsupportedDType
 from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
+from portkit.codegen.rows import row_length
 from portkit.graph import GraphOp, Lazy
 from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, recombine, unravel, var
 from portkit.view import strides_for
@@ -69,8 +71,6 @@ class Limits:
 SERIAL = Limits(vector=32, reuse=8, unroll=16, accumulators=256, gather=16, compiler_lanes=True)
 THREADED = Limits(vector=4, reuse=4, unroll=4, accumulators=16)
 _MIN_REDUCE = 8
-# Rows at least this long get an inner loop of their own on a serial device (per-row decoding).
-_MIN_ROW = 8
 # A long float sum adds about sqrt(n), at most _BLOCK, terms into fresh registers before they
 # join the running total (blocked summation): the error of 10**6 additions of 0.1 in float32
 # falls from 6e-5 to 3e-7 of the result, for one extra add per block.
@@ -537,7 +537,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)
-    row = _row(tile_shape, tiling, caps)
+    row = row_length(tile_shape, serial(caps) and tiling.work == 1)
     items = tiles // row            # what a thread's loop counts: tiles, or rows of tiles
     groups, block, per_thread = launch_shape(items, caps, row * prod(amounts) * tiling.work)
     thread = b.special("group", 0)
@@ -587,12 +587,3 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     elif per_thread > 1:
         b.add(Op.END, None, (t_node,))
     return b.build(grid=(groups, 1, 1), block=(block, 1, 1))
-
-
-def _row(tile_shape: tuple[int, ...], tiling: Plan, caps: Capabilities) -> int:
-    """The inner loop's length when a thread decodes its tiles' positions once per row (a
-    serial device, a kernel without a tiled reduce, rows of at least _MIN_ROW), else 1."""
-    if (serial(caps) and tiling.work == 1 and len(tile_shape) > 1 and prod(tile_shape[:-1]) > 1
-            and tile_shape[-1] >= _MIN_ROW):
-        return tile_shape[-1]
-    return 1

@@ -1,5 +1,6 @@
-"""Sum 16M, matmul 1024 and the MLP's forward matmuls (x @ W.T) on the CPU backend, beside numpy
-and torch in one run: median [slowest-fastest] of `--repeat` runs after one warm-up.
+"""Sum 16M, matmul 1024, the MLP's forward matmuls (x @ W.T), conv2d forward and backward, and a
+padded copy on the CPU backend, beside numpy and torch in one run: median [slowest-fastest] of
+`--repeat` runs after one warm-up.
 
     PYTHONPATH=. env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/contractions.py
 
@@ -52,10 +53,37 @@ def main() -> None:
         add(f"x @ W.T {batch}x{k}x{n}, GFLOP/s", 2 * batch * k * n,
             lambda px=px, pw=pw: px @ pw.T, lambda x=x, w=w: x @ w.T,
             lambda tx=tx, tw=tw: tx @ tw.T)
+    x, w = rng.random((8, 64, 56, 56), np.float32), rng.random((64, 64, 3, 3), np.float32)
+    px, pw = Tensor(x).realize(), Tensor(w).realize()
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    conv = torch.nn.functional.conv2d
+    add("conv2d 8x64x56x56 3x3, GFLOP/s", 2 * 8 * 64 * 56 * 56 * 64 * 9,
+        lambda: px.conv2d(pw, padding=1), None, lambda: conv(tx, tw, padding=1))
+    gx, gw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    tgx, tgw = tx.clone().requires_grad_(), tw.clone().requires_grad_()
+
+    def backward():              # both gradients: twice the forward's work
+        gx.grad = gw.grad = None
+        gx.conv2d(gw, padding=1).sum().backward()
+        gw.grad.realize()
+        return gx.grad
+
+    def torch_backward():
+        tgx.grad = tgw.grad = None
+        conv(tgx, tgw, padding=1).sum().backward()
+
+    add("conv2d backward (both gradients), GFLOP/s", 4 * 8 * 64 * 56 * 56 * 64 * 9, backward,
+        None, torch_backward)
+    pad = ((0, 0), (0, 0), (1, 1), (1, 1))
+    add("padded copy 8x64x56x56, GB/s", 4 * (x.size + 8 * 64 * 58 * 58),
+        lambda: px.pad(pad), lambda: np.pad(x, pad), lambda: torch.nn.functional.pad(tx, (1,) * 4))
     print("workload | portkit | numpy | torch   (median [slowest-fastest])")
     for name, work, *fns in rows:
         cells = []
         for fn in fns:
+            if fn is None:
+                cells.append("-")
+                continue
             median, fastest, slowest = spread(fn, args.repeat)
             cells.append(f"{work / median / 1e9:.1f} [{work / slowest / 1e9:.1f}-"
                          f"{work / fastest / 1e9:.1f}]")

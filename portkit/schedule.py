@@ -44,7 +44,9 @@ from portkit.codegen.lower import (
     SCALAR_VAR_DTYPES,
     check_dtypes,
     lower,
+    serial,
 )
+from portkit.codegen.pads import pad_apart
 from portkit.graph import GraphOp, Lazy
 
 # Lowering (portkit/codegen/lower.py) recurses through a kernel's nodes, and fused chains get long.
@@ -96,6 +98,10 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
     # every long reduce is split first (its parts may split again), then the graph is sorted
     while [n for n in order if n.op is GraphOp.REDUCE and stages.split_reduce(n, chunk)]:
         order = _unrealized(outs)
+    # on a device whose threads are loops, a convolution reads a padded copy (codegen/pads.py)
+    copies = {id(p) for n in order if n.op is GraphOp.VIEW and serial(
+        device(n.device).capabilities) and (p := pad_apart(n)) is not None}
+    order = _unrealized(outs) if copies else order
     if not order:
         return []
     consumers: dict[int, set[int]] = defaultdict(set)
@@ -104,7 +110,7 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
         for s in node.src:
             consumers[id(s)].add(id(node))
     wanted = {id(o) for o in outs if not o.realized}
-    realize = set(wanted)
+    realize = wanted | copies
     for node in order:
         if node.op is GraphOp.REDUCE:
             realize.add(id(node))

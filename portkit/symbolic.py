@@ -91,10 +91,16 @@ class Lin:
         whole, rest = self._split(divisor)
         if 0 <= rest.min and rest.max < divisor:
             return whole
+        near, small = self._split_nearest(divisor)
+        if 0 <= small.min and small.max < divisor:
+            return near
         g = gcd(divisor, rest.const, *(c for _, c in rest.terms))
         if g > 1:
             return whole + Lin(tuple((a, c // g) for a, c in rest.terms),
                                rest.const // g) // (divisor // g)
+        g, scaled, _ = rest._common(divisor)
+        if g > 1:   # (g*x + s) // (g*d) == x // d for 0 <= s < g
+            return whole + scaled // (divisor // g)
         if rest.const == 0 and len(rest.terms) == 1 and rest.terms[0][1] == 1:
             atom = rest.terms[0][0]
             if isinstance(atom, Div):     # (x // a) // b == x // (a * b)
@@ -109,13 +115,42 @@ class Lin:
         _, rest = self._split(divisor)
         if 0 <= rest.min and rest.max < divisor:
             return rest
+        _, small = self._split_nearest(divisor)
+        if 0 <= small.min and small.max < divisor:
+            return small
         if rest.min == rest.max:
             return Lin((), rest.min % divisor)
         g = gcd(divisor, rest.const, *(c for _, c in rest.terms))
         if g > 1:   # (g*x) % (g*d) == g * (x % d)
             return Lin(tuple((a, c // g) for a, c in rest.terms), rest.const // g) % (
                 divisor // g) * g
+        g, scaled, small = rest._common(divisor)
+        if g > 1:   # (g*x + s) % (g*d) == g * (x % d) + s for 0 <= s < g
+            return (scaled % (divisor // g)) * g + small
         return atom_lin(Mod(rest, divisor))
+
+    def _common(self, divisor: int) -> tuple[int, Lin, Lin]:
+        """(g, x, s) with self == g*x + s, g > 1 dividing divisor and 0 <= s < g, so that
+        self // (g*d) == x // d: a lane of an aligned tile, a row of a tile grid; else
+        (1, self, 0)."""
+        for g in sorted({gcd(divisor, c) for _, c in self.terms}, reverse=True):
+            big = Lin(tuple((a, c // g) for a, c in self.terms if c % g == 0))
+            small = Lin(tuple((a, c) for a, c in self.terms if c % g), self.const)
+            if g > 1 and big.terms and 0 <= small.min and small.max < g:
+                return g, big, small
+        return 1, self, Lin()
+
+    def _split_nearest(self, divisor: int) -> tuple[Lin, Lin]:
+        """(q, r) with self == divisor*q + r, each coefficient of r in (-divisor/2, divisor/2]:
+        a padded window's `(x + 59*k) % 58` is `x + k`, which folds when x + k < 58."""
+        whole, rest = [], []
+        for atom, coef in self.terms:
+            low = coef % divisor
+            low = low - divisor if 2 * low > divisor else low
+            whole += [(atom, (coef - low) // divisor)] if coef != low else []
+            rest += [(atom, low)] if low else []
+        return (Lin(tuple(whole), self.const // divisor),
+                Lin(tuple(rest), self.const % divisor))
 
     def _split(self, divisor: int) -> tuple[Lin, Lin]:
         """(q, r) with self == divisor*q + r, q holding every term divisor divides."""

@@ -9,7 +9,8 @@ Every output element has a multi-index; `lower(node, idxs, gates)` emits the ABI
 - a REDUCE opens one loop per reduced axis around one accumulator per index (and per unrolled
   copy, see below), so all the indices share the loop and each load of it.
 Threads take contiguous chunks of output tiles: one tile per thread on devices with many
-threads, long chunks (loops a C compiler vectorizes) on devices that run one thread per group.
+threads, long chunks (loops a C compiler vectorizes) on devices that run one thread per group,
+where a kernel without a tiled reduce loops over rows, decoding each once (codegen/rows.py).
 
 A kernel with one reduce is tiled (`plan`): each thread computes a small block of outputs
 ("upcast", e.g. 4 rows x 16 columns of a matmul) so that a value loaded once feeds several
@@ -35,8 +36,9 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError, UnsupportedDType
 from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
+from portkit.codegen.rows import row_length
 from portkit.graph import GraphOp, Lazy
-from portkit.symbolic import Bound, Div, Lin, Var, bounds, recombine, unravel, var
+from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, recombine, unravel, var
 from portkit.view import strides_for
 
 # A serial device (one thread per workgroup) gets at least this much work per group: loads
@@ -63,9 +65,10 @@ class Limits:
     unroll: int
     accumulators: int
     gather: int = 0
+    compiler_lanes: bool = False    # a C compiler makes the lanes vectors (and a gate stops it)
 
 
-SERIAL = Limits(vector=32, reuse=8, unroll=16, accumulators=256, gather=16)
+SERIAL = Limits(vector=32, reuse=8, unroll=16, accumulators=256, gather=16, compiler_lanes=True)
 THREADED = Limits(vector=4, reuse=4, unroll=4, accumulators=16)
 _MIN_REDUCE = 8
 # A long float sum adds about sqrt(n), at most _BLOCK, terms into fresh registers before they
@@ -129,8 +132,9 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     params = {id(x) for x in inputs}
     loads: list[Lin] = []
     reduces: list[Lazy] = []
+    gated: set[str] = set()
     _accesses(root, [var(f"o{a}", 0, s - 1) for a, s in enumerate(root.shape)], params, loads,
-              reduces, set())
+              reduces, set(), gated)
     if len(reduces) != 1:
         return Plan()
     node = reduces[0]
@@ -139,13 +143,19 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     if work < _MIN_REDUCE:
         return Plan(work=work)
 
+    # a C compiler leaves lanes scalar (with branches) where a padding gate differs between
+    # them, so a vectorizing device upcasts no output axis that a gate depends on (partial
+    # sums along a gated reduce axis, a split reduce's padding, still keep a sum accurate)
     def vectorizes(name: str) -> bool:     # every load steps by 0 or 1 along it, one by 1
         steps = [_step(flat, name) for flat in loads]
-        return all(s in (0, 1) for s in steps) and 1 in steps
+        return all(s in (0, 1) for s in steps) and 1 in steps and not lanes_gated(name)
 
     def reused(name: str) -> bool:         # some load ignores it, and every step is known
         steps = [_step(flat, name) for flat in loads]
-        return None not in steps and 0 in steps
+        return None not in steps and 0 in steps and not lanes_gated(name)
+
+    def lanes_gated(name: str) -> bool:
+        return limits.compiler_lanes and name in gated and name.startswith("o")
 
     outputs = [a for a, s in enumerate(root.shape) if s > 1]
     upcast: dict[int, int] = {}
@@ -167,11 +177,16 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
         if contiguous:
             # any length: `reduce` sums the last size % unroll terms in a tail loop
             unroll = (contiguous[-1], limits.unroll)
-    for axis in reversed(outputs):
+    # reuse first the axes that the vector loads ignore, where one vector load then feeds
+    # several accumulators: a convolution's output channels (which may take every accumulator
+    # left, like a matmul's rows), not its rows, along which only the broadcast weight repeats
+    moving = [flat for flat in loads if vector and _step(flat, f"o{vector[-1]}") == 1]
+    score = {a: sum(_step(flat, f"o{a}") == 0 for flat in moving) for a in outputs}
+    for axis in sorted(outputs, key=lambda a: (-score[a], -a)):   # ties: innermost first
         used = prod(upcast.values()) * (unroll[1] if unroll else 1)
+        most = limits.accumulators // used if score[axis] else limits.reuse
         if axis not in upcast and reused(f"o{axis}") and used * 2 <= limits.accumulators:
-            upcast[axis] = _divisor(root.shape[axis], min(limits.reuse,
-                                                          limits.accumulators // used))
+            upcast[axis] = _divisor(root.shape[axis], min(most, limits.accumulators // used))
     upcast = {a: n for a, n in upcast.items() if n > 1}
     if unroll is not None and unroll[1] == 1:
         unroll = None
@@ -205,8 +220,9 @@ def _names(expr: Lin) -> set[str]:
 
 
 def _accesses(node: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
-              reduces: list[Lazy], seen: set) -> None:
-    """Collects the flat index of every load (over variables o<axis>, r<axis>) and the reduces."""
+              reduces: list[Lazy], seen: set, gated: set[str]) -> None:
+    """Collects the flat index of every load (over variables o<axis>, r<axis>), the reduces,
+    and into `gated` the variables that a load's padding gate depends on."""
     key = (id(node), tuple(idx))
     if key in seen:
         return
@@ -215,22 +231,24 @@ def _accesses(node: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
         loads.append(recombine(sum((i * st for i, st in zip(idx, strides_for(node.shape)) if st),
                                    Lin())))
     elif node.op is GraphOp.VIEW:
-        flat, _ = node.arg.index(idx)
+        flat, conds = node.arg.index(idx)
+        for cond in bounds(conds) or ():
+            gated |= _names(cond.expr)
         src = node.src[0]
         if id(src) in params:
             loads.append(flat)
         else:
-            _accesses(src, unravel(flat, src.shape), params, loads, reduces, seen)
+            _accesses(src, unravel(flat, src.shape), params, loads, reduces, seen, gated)
     elif node.op is GraphOp.REDUCE:
         if node not in reduces:
             reduces.append(node)
         inner = list(idx)
         for axis in node.arg[1]:
             inner[axis] = var(f"r{axis}", 0, node.src[0].shape[axis] - 1)
-        _accesses(node.src[0], inner, params, loads, reduces, seen)
+        _accesses(node.src[0], inner, params, loads, reduces, seen, gated)
     elif node.op not in (GraphOp.CONST, GraphOp.ITER):
         for s in node.src:
-            _accesses(s, idx, params, loads, reduces, seen)
+            _accesses(s, idx, params, loads, reduces, seen, gated)
 
 
 class _Lowerer:
@@ -289,6 +307,11 @@ class _Lowerer:
     def atom(self, atom) -> int:
         if isinstance(atom, Var):
             return self.vars[atom.name]
+        found = self.cached(("atom", atom))
+        return found if found is not None else self.remember(("atom", atom),
+                                                             self._divide(atom))
+
+    def _divide(self, atom: Div | Mod) -> int:
         # IDIV and MOD truncate toward zero; shift negative operands up to get floor semantics
         shift = ceil(-atom.expr.min / atom.divisor) if atom.expr.min < 0 else 0
         inner = self.index(atom.expr + shift * atom.divisor)
@@ -299,6 +322,13 @@ class _Lowerer:
         return node
 
     def condition(self, conds: tuple[Bound, ...], gate: int | None) -> int | None:
+        # one gate node per condition, so that equal gated loads are one load (a convolution
+        # reads each padded input once for all its output channels)
+        key = ("gate", conds, gate)
+        found = self.cached(key)
+        return found if found is not None else self.remember(key, self._condition(conds, gate))
+
+    def _condition(self, conds: tuple[Bound, ...], gate: int | None) -> int | None:
         b = self.b
         for c in conds:
             parts = []
@@ -508,7 +538,9 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)
-    groups, block, per_thread = launch_shape(tiles, caps, prod(amounts) * tiling.work)
+    row = row_length(tile_shape, serial(caps) and tiling.work == 1)
+    items = tiles // row            # what a thread's loop counts: tiles, or rows of tiles
+    groups, block, per_thread = launch_shape(items, caps, row * prod(amounts) * tiling.work)
     thread = b.special("group", 0)
     if block == 1:
         # A no-op for the grid it runs on, but it tells a C compiler the range of every index,
@@ -520,17 +552,28 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     opener = None
     if per_thread == 1:
         t_node = thread
-        if groups * block != tiles:
-            opener = b.add(Op.IF, None, (b.alu(Op.CMPLT, thread, lowerer.const(tiles)),))
+        if groups * block != items:
+            opener = b.add(Op.IF, None, (b.alu(Op.CMPLT, thread, lowerer.const(items)),))
             lowerer.scopes.append({})
     else:
         start = b.alu(Op.MUL, thread, lowerer.const(per_thread))
         end = b.alu(Op.ADD, start, lowerer.const(per_thread))
-        end = b.alu(Op.WHERE, b.alu(Op.CMPLT, end, lowerer.const(tiles)), end,
-                    lowerer.const(tiles))
+        end = b.alu(Op.WHERE, b.alu(Op.CMPLT, end, lowerer.const(items)), end,
+                    lowerer.const(items))
         t_node = b.add(Op.RANGE, dtypes.int32, (start, end))
         lowerer.scopes.append({})
-    tile = unravel(lowerer.new_var("t", 0, tiles - 1, t_node), tile_shape)
+    t_var = lowerer.new_var("t", 0, items - 1, t_node)
+    if row > 1:
+        # per-row decoding: the row's position is decoded once, the inner loop runs along the
+        # last axis with plain strided indices (no div or mod per element)
+        tile = unravel(t_var, tile_shape[:-1])
+        for atom, _ in (term for i in tile for term in i.terms):
+            lowerer.atom(atom)
+        column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0), lowerer.const(row)))
+        lowerer.scopes.append({})
+        tile.append(lowerer.new_var("c", 0, row - 1, column))
+    else:
+        tile = unravel(t_var, tile_shape)
     idxs = [[t * n + k for t, n, k in zip(tile, amounts, offsets)]
             for offsets in product(*(range(n) for n in amounts))]
     strides = strides_for(root.shape)
@@ -538,6 +581,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     for idx, value in zip(idxs, values):
         flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
         b.store(out, lowerer.index(flat), value)
+    if row > 1:
+        b.add(Op.END, None, (column,))
     if opener is not None:
         b.add(Op.ENDIF, None, (opener,))
     elif per_thread > 1:

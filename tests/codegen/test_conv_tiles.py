@@ -1,0 +1,166 @@
+"""Convolution on a device whose threads are loops: a padded copy, gate-free vector lanes, and
+index math without a per-load `% 58` (portkit/codegen/pads.py, portkit/symbolic.py, `plan`)."""
+from __future__ import annotations
+
+import dataclasses
+from itertools import product
+
+import numpy as np
+import pytest
+import torch
+
+from portkit import schedule
+from portkit.abi.interpreter import CAPABILITIES
+from portkit.abi.ops import Op
+from portkit.codegen.lower import SERIAL, THREADED, lower, plan
+from portkit.symbolic import Div, Mod, var
+from portkit.tensor import Tensor
+
+SERIAL_CAPS = dataclasses.replace(CAPABILITIES, threads_are_loops=True)
+
+
+def _conv(device: str, n=2, c=16, size=12, seed=0):
+    rng = np.random.default_rng(seed)
+    x, w = rng.standard_normal((n, c, size, size), np.float32), rng.standard_normal(
+        (c, c, 3, 3), np.float32)
+    out = Tensor(x, device=device).conv2d(Tensor(w, device=device), padding=1)
+    expected = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1)
+    return out, expected.numpy()
+
+
+def _atoms(expr) -> list:
+    return [a for a, _ in expr.terms if isinstance(a, (Div, Mod))]
+
+
+@pytest.mark.parametrize("divisor, coef", [(58, 59), (12, 13), (58, 57)])
+def test_a_window_index_folds_its_modulo_away(divisor, coef):
+    # a padded window's column: (x + coef*k) % divisor with x + k inside one row
+    x, k = var("x", 0, divisor - 4), var("k", 0, 2)
+    shift = 2 if coef < divisor else 0      # coef = -1 (mod divisor): x - k + 2 >= 0
+    expr = x + k * coef + shift
+    assert not _atoms(expr % divisor) and not _atoms(expr // divisor)
+    for xv, kv in product(range(divisor - 3), range(3)):
+        flat = xv + coef * kv + shift
+        env = {"x": xv, "k": kv}
+        assert _value(expr % divisor, env) == flat % divisor
+        assert _value(expr // divisor, env) == flat // divisor
+
+
+def test_a_lane_of_an_aligned_tile_divides_like_its_tile():
+    # (8*m + lane) // 56 is m // 7 and (3136*a + b) // 25088 is a // 8 when b < 3136
+    m, a, b = var("m", 0, 391), var("a", 0, 63), var("b", 0, 3135)
+    for expr, divisor in ((m * 8 + 3, 56), (a * 3136 + b, 25088)):
+        quotient, rest = expr // divisor, expr % divisor
+        assert [x.divisor for x in _atoms(quotient)] in ([7], [8]), quotient
+        for mv, av, bv in ((0, 0, 0), (391, 63, 3135), (55, 17, 1000), (6, 8, 3135)):
+            env = {"m": mv, "a": av, "b": bv}
+            flat = _value(expr, env)
+            assert (_value(quotient, env), _value(rest, env)) == divmod(flat, divisor)
+
+
+def _value(expr, env) -> int:
+    total = expr.const
+    for atom, coef in expr.terms:
+        if isinstance(atom, Div):
+            value = _value(atom.expr, env) // atom.divisor
+        elif isinstance(atom, Mod):
+            value = _value(atom.expr, env) % atom.divisor
+        else:
+            value = env[atom.name]
+        total += coef * value
+    return total
+
+
+def test_each_padded_input_is_loaded_once_for_all_output_channels():
+    out, _ = _conv("interpreter")
+    item, = schedule.create_schedule([out.lazy])
+    kernel = lower(item.root, item.inputs, CAPABILITIES)
+    loads = [n for n in kernel.nodes if n.op is Op.LOAD]
+    gated = [tuple(n.src[:2]) for n in loads if len(n.src) == 3]
+    assert gated and len(gated) == len(set(gated)), "a gated load is emitted twice"
+
+
+def test_a_serial_device_copies_the_padded_input_and_reads_it_without_gates():
+    out, expected = _conv("cpu")
+    items = schedule.create_schedule([out.lazy])
+    assert len(items) == 2, "the padded input is its own kernel"
+    kernel = lower(items[-1].root, items[-1].inputs, SERIAL_CAPS)
+    assert not [n for n in kernel.nodes if n.op is Op.LOAD and len(n.src) == 3]
+    assert not [n for n in kernel.nodes if n.op is Op.MOD and kernel.nodes[n.src[1]].arg == 14]
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_threaded_device_keeps_one_kernel():
+    out, expected = _conv("interpreter", n=1, c=4, size=6)
+    assert len(schedule.create_schedule([out.lazy])) == 1
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_padded_copy_replays_with_new_inputs():
+    # a second graph of the same structure replays the first one's steps (schedule.py)
+    for seed in (1, 2, 3):
+        out, expected = _conv("cpu", n=1, c=8, size=10, seed=seed)
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_backward_matches_torch_on_the_cpu():
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((2, 8, 9, 9), np.float32), rng.standard_normal(
+        (8, 8, 3, 3), np.float32)
+    px, pw = Tensor(x, device="cpu", requires_grad=True), Tensor(w, device="cpu",
+                                                                requires_grad=True)
+    px.conv2d(pw, padding=1).sum().backward()
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    torch.nn.functional.conv2d(tx, tw, padding=1).sum().backward()
+    np.testing.assert_allclose(px.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(pw.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_conv_tiles_take_the_row_as_lanes_and_channels_as_reuse():
+    out, _ = _conv("cpu", n=2, c=16, size=16)
+    conv = schedule.create_schedule([out.lazy])[-1]
+    tiles = dict(plan(conv.root, conv.inputs, SERIAL).upcast)
+    assert tiles.get(3, 1) > 1 and tiles.get(1, 1) > 1 and 2 not in tiles, tiles
+
+
+def test_a_vectorizing_device_takes_no_lanes_along_a_padding_gate():
+    # without the copy (a threaded device's schedule), the row axis is gated by the padding
+    out, _ = _conv("interpreter", n=2, c=16, size=16)
+    item, = schedule.create_schedule([out.lazy])
+    assert {2, 3} & dict(plan(item.root, item.inputs, SERIAL).upcast).keys() == set()
+    assert 3 in dict(plan(item.root, item.inputs, THREADED).upcast)
+
+
+def _loop_bodies(kernel):
+    """The nodes of each innermost loop (RANGE to its END)."""
+    bodies, stack = [], []
+    for node in kernel.nodes:
+        if node.op is Op.RANGE:
+            if stack:
+                stack[-1].append(node)
+            stack.append([])
+        elif node.op is Op.END and stack:
+            body = stack.pop()
+            if not any(n.op is Op.RANGE for n in body):
+                bodies.append(body)
+            if stack:
+                stack[-1] += body + [node]
+        elif stack:
+            stack[-1].append(node)
+    return bodies
+
+
+@pytest.mark.parametrize("move", ["pad", "permute"])
+def test_a_serial_device_decodes_positions_once_per_row(move):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 10, 12), np.float32)
+    px = Tensor(x, device="cpu")
+    if move == "pad":
+        out, expected = px.pad(((0, 0), (1, 1), (2, 2))) + 1, np.pad(x, ((0, 0), (1, 1), (2, 2))) + 1
+    else:
+        out, expected = px.permute(0, 2, 1) * 2, x.transpose(0, 2, 1) * 2
+    item, = schedule.create_schedule([out.lazy])
+    kernel = lower(item.root, item.inputs, SERIAL_CAPS)
+    inner, = _loop_bodies(kernel)
+    assert not [n for n in inner if n.op in (Op.IDIV, Op.MOD)], "div/mod per element"
+    np.testing.assert_allclose(out.numpy(), expected)

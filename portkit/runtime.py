@@ -341,7 +341,7 @@ class Runtime:
                                       sizes + words, program.kernel.grid, program.kernel.block,
                                       wait=wait or level >= 2)
         if level >= 2:
-            _print_launch(program, seconds, level)
+            print_launch(program, seconds, level)
         program.launched = compiled.launched = True
         found = checked.fault(fault.numpy(), sizes)
         if found is not None:

@@ -120,8 +120,9 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities, steps) -> Contracti
     if caps.threads_are_loops or caps.max_block_threads == 1 or caps.local_memory_bytes <= 0:
         return None
     node = root
-    if node.op is GraphOp.VIEW and node.arg.is_contiguous:
-        node = node.src[0]     # the reshape that drops the reduced axis
+    if (node.op is GraphOp.VIEW and node.arg.is_contiguous
+            and prod(node.shape) == prod(node.src[0].shape)):
+        node = node.src[0]     # the reshape that drops the reduced axis (not a shrink)
     if node.op is not GraphOp.REDUCE or not node.dtype.is_float:
         return None
     op, axes = node.arg

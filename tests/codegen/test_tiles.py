@@ -132,3 +132,13 @@ def test_cuda_and_metal_render_the_tiled_kernel():
     kernel = lower(item.root, item.inputs, CAPABILITIES)
     assert "__syncthreads()" in CUDARenderer().render(kernel)
     assert "threadgroup_barrier" in MetalRenderer().render(kernel)
+
+
+@pytest.mark.parametrize("backend", _gpu_backends())
+def test_a_slice_of_a_matmul_fused_into_its_kernel_stays_in_bounds(backend, monkeypatch):
+    # a shrink of the matmul's output is not a reshape: the tile must not store past it
+    monkeypatch.setenv("PORTKIT_CHECK", "1")     # a store out of bounds raises
+    x, w = RNG.standard_normal((40, 48)).astype(np.float32), \
+        RNG.standard_normal((48, 36)).astype(np.float32)
+    got = (Tensor(x, device=backend) @ Tensor(w, device=backend))[:17].numpy()
+    np.testing.assert_allclose(got, (x @ w)[:17], rtol=1e-4, atol=1e-4)

@@ -32,6 +32,7 @@ from portkit.graph import Lazy
 
 Timer = Callable[[Kernel], float]     # seconds one launch of the kernel takes on the device
 _REPEATS = 3
+_GIVE_UP = 3
 
 
 @dataclass(frozen=True)
@@ -123,15 +124,23 @@ def _describe(tiling: tiles.Tiling) -> str:
 
 def _device_timer(runtime, sizes: list[int]) -> Timer:
     """Times a kernel on `runtime` with zero buffers of `sizes` elements and zero scalars: one
-    warm-up launch, then the median of a few."""
+    warm-up launch, then the median of a few; a candidate whose first timed launch is over
+    _GIVE_UP times the best median so far is not launched again (it cannot win)."""
+    best = [float("inf")]
+
     def timed(kernel: Kernel) -> float:
         compiled = runtime.compile(kernel)
         buffers = [runtime.alloc(p.dtype, size).copyin(np.zeros(size, p.dtype.np))
                    for p, size in zip(compiled.kernel.params, sizes)]
         scalars = tuple(0 for _ in compiled.kernel.vars)
         runtime.launch(compiled, buffers, scalars, wait=True)
-        return statistics.median(runtime.launch(compiled, buffers, scalars, wait=True)
-                                 for _ in range(_REPEATS))
+        seconds = [runtime.launch(compiled, buffers, scalars, wait=True)]
+        if seconds[0] > _GIVE_UP * best[0]:
+            return seconds[0]
+        seconds += [runtime.launch(compiled, buffers, scalars, wait=True)
+                    for _ in range(_REPEATS - 1)]
+        best[0] = min(best[0], statistics.median(seconds))
+        return statistics.median(seconds)
     return timed
 
 

@@ -9,8 +9,12 @@ a contraction C[..., m, n] = sum_k A[..., m, k] * B[..., k, n] is lowered so tha
   at a BARRIER, and every thread adds per_thread_m x per_thread_n products from LOCAL into its
   registers, so one global load feeds threads_n (or threads_m) threads and one LOCAL load feeds
   per_thread_n (or per_thread_m) accumulators; a second BARRIER lets the panels be overwritten;
-- a thread's outputs are strided by the thread counts, so neighbouring threads read neighbouring
-  LOCAL words and store neighbouring outputs.
+- a thread's outputs are either strided by the thread counts (neighbouring threads read
+  neighbouring LOCAL words and store neighbouring outputs: the layout for hardware lanes) or a
+  run of adjacent ones (which a driver that loops over work-items, PoCL or lavapipe, turns into
+  vector lanes within each thread: the default, see CANDIDATES).
+Each output is a running sum over K (the untiled lowering sums in blocks of about sqrt(K) terms
+instead); the error stays within the gamma_K bound matmuls are tested against.
 Sizes need not divide the tile: panel elements past an edge are staged as zeros (their loads
 gated) and outputs past it are not stored. Float16/bfloat16 operands are widened to float32 as
 they are staged, and the sum is rounded once at the end, as the untiled reduce does.
@@ -153,14 +157,20 @@ def choose(found: Contraction, caps: Capabilities, tuned: Tiling | None = None
     """The tiling to use (None: none): `tuned` if it fits, else the first candidate that fits
     and wastes at most a third of its tile on padding (or, failing that, the least)."""
     itemsize = found.accumulate.itemsize
+    m, n, k = found.sizes
+    batch = prod(found.reduce.src[0].shape) // (m * n * k)
+
+    def fits(t: Tiling) -> bool:
+        groups = batch * ceil(m / t.block_m) * ceil(n / t.block_n)
+        return t.fits(caps, itemsize) and groups <= caps.max_grid[0]
+
     if tuned == UNTILED:
         return None
-    if tuned is not None and tuned.fits(caps, itemsize):
+    if tuned is not None and fits(tuned):
         return tuned
-    fitting = [t for t in CANDIDATES if t.fits(caps, itemsize)]
+    fitting = [t for t in CANDIDATES if fits(t)]
     if not fitting:
         return None
-    m, n, _ = found.sizes
 
     def waste(t: Tiling) -> float:
         return ceil(m / t.block_m) * t.block_m * ceil(n / t.block_n) * t.block_n / (m * n)

@@ -142,3 +142,11 @@ def test_a_slice_of_a_matmul_fused_into_its_kernel_stays_in_bounds(backend, monk
         RNG.standard_normal((48, 36)).astype(np.float32)
     got = (Tensor(x, device=backend) @ Tensor(w, device=backend))[:17].numpy()
     np.testing.assert_allclose(got, (x @ w)[:17], rtol=1e-4, atol=1e-4)
+
+
+def test_a_grid_past_the_devices_limit_is_not_tiled():
+    # WebGPU allows 65535 groups per dimension: a tile must not ask for more
+    caps = dataclasses.replace(CAPABILITIES, max_grid=(4, 65535, 65535))
+    item = _item(np.ones((128, 128), np.float32), np.ones((128, 128), np.float32))
+    kernel = lower(item.root, item.inputs, caps)
+    caps.check_launch(kernel)

@@ -53,6 +53,7 @@ class Tiling:
     per_thread_n: int = 4
     depth: int = 16
     contiguous: bool = False      # a thread's outputs adjacent (else strided by the threads)
+    unroll: int = 4               # depth steps written out per loop iteration (divides depth)
 
     @property
     def block_m(self) -> int:
@@ -75,7 +76,8 @@ class Tiling:
                 and self.local_bytes(itemsize) <= caps.local_memory_bytes
                 # every thread stages a whole number of panel elements
                 and self.block_m * self.depth % self.threads == 0
-                and self.block_n * self.depth % self.threads == 0)
+                and self.block_n * self.depth % self.threads == 0
+                and self.unroll > 0 and self.depth % self.unroll == 0)
 
 
 # Candidates, the default first; the tuner times them all, and the untiled lowering (UNTILED).
@@ -227,15 +229,21 @@ def emit(lowerer, root: Lazy, found: Contraction, tiling: Tiling, out: int) -> K
         _stage(lowerer, factor, panels[axis], at, (axis, found.k), (shape[axis], k_size),
                lane, found.contiguous_k[side], t, block, wide)
     b.barrier()
-    # the depth loop written out: a driver that loops over work-items (PoCL) then vectorizes
-    # each thread's straight-line products; GPU compilers unroll it anyway
-    for inner in range(t.depth):
-        lefts = [b.load(panels[found.m], lowerer.index(rows[r] + inner * t.block_m))
+    # the depth loop `unroll` steps at a time: a driver that loops over work-items (PoCL) then
+    # vectorizes each thread's straight-line products; all of it unrolled costs compile time
+    inner_node = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0),
+                                                lowerer.const(t.depth // t.unroll)))
+    lowerer.scopes.append({})
+    inner = lowerer.new_var("kk", 0, t.depth // t.unroll - 1, inner_node) * t.unroll
+    for copy in range(t.unroll):
+        lefts = [b.load(panels[found.m], lowerer.index(rows[r] + (inner + copy) * t.block_m))
                  for r in range(t.per_thread_m)]
-        rights = [b.load(panels[found.n], lowerer.index(columns[r] + inner * t.block_n))
+        rights = [b.load(panels[found.n], lowerer.index(columns[r] + (inner + copy) * t.block_n))
                   for r in range(t.per_thread_n)]
         for acc, (x, y) in zip(accs, product(lefts, rights)):
             b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
+    b.add(Op.END, None, (inner_node,))
+    lowerer.scopes.pop()
     b.barrier()
     b.add(Op.END, None, (step_node,))
     lowerer.scopes.pop()

@@ -78,8 +78,10 @@ def search(runtime, root: Lazy, inputs: list[Lazy], width: int, timer: Timer | N
     found = contraction(root, inputs, caps)
     if found is None:
         return None
-    options = [t for t in tiles.CANDIDATES if t.fits(caps, found.accumulate.itemsize)][:width]
-    options.append(tiles.UNTILED)
+    # the candidates this kernel can take (tile and grid fit), then the default and untiled
+    options = [t for t in tiles.CANDIDATES if tiles.choose(found, caps, t) == t][:width]
+    default = tiles.choose(found, caps) or tiles.UNTILED
+    options += [t for t in dict.fromkeys((default, tiles.UNTILED)) if t not in options]
     timer = timer or _device_timer(runtime, [prod(root.shape)] + [prod(x.shape) for x in inputs])
     start = time.perf_counter()
     seconds = {}
@@ -98,7 +100,7 @@ def search(runtime, root: Lazy, inputs: list[Lazy], width: int, timer: Timer | N
         Console(stderr=True).print(
             f"portkit tune: {found.key()} on {caps.device_name}: "
             f"{_describe(choice)} at {seconds[choice] * 1e3:.3g} ms, default "
-            f"{_describe(options[0])} at {seconds[options[0]] * 1e3:.3g} ms; "
+            f"{_describe(default)} at {seconds[default] * 1e3:.3g} ms; "
             f"{len(options)} candidates in {result.search_seconds:.1f} s")
     return result
 

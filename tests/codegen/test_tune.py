@@ -99,3 +99,16 @@ def test_portkit_tune_command_stores_a_choice(cache):
     assert cli.main(["tune", "--device", "interpreter", "--shape", "16", "16", "16",
                      "--beam", "1"]) == 0
     assert list((cache / "tune").rglob("*.json"))
+
+
+def test_a_narrow_search_still_times_the_default_and_untiled():
+    rt = runtime.get("interpreter")
+    item = _item(20, 48, 24)       # small: the default is not the first candidate
+    contraction = tune.contraction(item.root, item.inputs, rt.capabilities)
+    default = tiles.choose(contraction, rt.capabilities)
+    assert default != tiles.CANDIDATES[0]
+    timed: list = []
+    found = tune.search(rt, item.root, item.inputs, width=1,
+                        timer=_fake_timer(default.threads, timed), progress=False)
+    assert set(found.seconds) == {tiles.CANDIDATES[0], default, tiles.UNTILED}
+    assert found.choice == default

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -118,6 +119,24 @@ def compile_cached(backend: str, compiler: Compiler, source: str) -> bytes:
     if _usable(folder):
         write_atomic(path, _entry(key, binary))
     return binary
+
+
+def tuned(device: str, key: str) -> dict | None:
+    """The tuner's choice for kernel structure `key` on `device` (a device name), or None."""
+    name = f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+    try:
+        entry = json.loads((directory() / "tune" / safe_name(device) / name).read_text())
+    except (OSError, ValueError):
+        return None
+    return entry.get("choice") if isinstance(entry, dict) and entry.get("key") == key else None
+
+
+def keep_tuned(device: str, key: str, choice: dict) -> None:
+    """Stores the tuner's `choice` for kernel structure `key` on `device`."""
+    folder = directory() / "tune" / safe_name(device)
+    if _usable(folder):
+        write_atomic(folder / f"{hashlib.sha256(key.encode()).hexdigest()}.json",
+                     json.dumps({"key": key, "choice": choice}).encode())
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from portkit import __version__, backends, runtime
 # Modules with `register(subparsers)`: each adds its subcommands and sets `run(args) -> int`
 # as the parser default.
 SUBCOMMAND_MODULES = ("portkit.conformance.cli", "portkit.scaffold", "portkit.cache",
-                      "portkit.docs")
+                      "portkit.docs", "portkit.codegen.tune")
 
 
 def show_backends(args: argparse.Namespace) -> int:

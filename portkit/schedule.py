@@ -39,6 +39,7 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
+from portkit.codegen import tune
 from portkit.codegen.lower import (
     MAX_SCALARS,
     SCALAR_VAR_DTYPES,
@@ -343,6 +344,7 @@ def _lower(item: ScheduleItem, key: tuple, scalars: Scalars) -> Kernel:
         rt = device(item.root.device)
         check_dtypes([item.root, *item.inputs], rt.capabilities, rt.name)
         with _deep_recursion():
+            tune.ensure(rt, item.root, item.inputs, scalars.nodes, scalars.slots)  # PORTKIT_BEAM
             kernel = lower(item.root, item.inputs, rt.capabilities,
                            name=_name(item.root, item.inputs), scalars=scalars.nodes,
                            slots=scalars.slots)

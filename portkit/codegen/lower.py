@@ -193,6 +193,15 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     return Plan(tuple(sorted(upcast.items())), unroll, id(node), work)
 
 
+def load_steps(node: Lazy, inputs: list[Lazy], name: str) -> list[int | None]:
+    """How far each load of `node` (indexed by variables o<axis>, r<axis>) moves when `name`
+    grows by 1; None where that is not a constant."""
+    loads: list[Lin] = []
+    _accesses(node, [var(f"o{a}", 0, s - 1) for a, s in enumerate(node.shape)],
+              {id(x) for x in inputs}, loads, [], set())
+    return [_step(flat, name) for flat in loads]
+
+
 def _divisor(size: int, most: int) -> int:
     """The largest power of two <= most that divides size."""
     amount = 1
@@ -515,14 +524,21 @@ def check_dtypes(nodes: list[Lazy], caps: Capabilities, device: str) -> None:
 
 
 def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kernel",
-          scalars: list[Lazy] = (), slots: dict[int, int] | None = None) -> Kernel:
+          scalars: list[Lazy] = (), slots: dict[int, int] | None = None, local=None) -> Kernel:
     """The ABI kernel storing `root` contiguously into PARAM 0, reading `inputs` as PARAM 1...,
     and the graph constants `scalars` as VARs s0, s1... (see SCALAR_VAR_DTYPES); `slots` maps
-    id() of every constant read through a VAR to its index (default: `scalars` in order)."""
+    id() of every constant read through a VAR to its index (default: `scalars` in order).
+    A matmul on a device with workgroup memory is LOCAL-tiled (codegen/tiles.py) as `local`
+    says (a tiles.Tiling), else as the tuner stored for this device, else by default."""
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    tiling = plan(root, inputs, SERIAL if serial(caps) else THREADED)
+    from portkit.codegen import tiles as staging  # both build on this module
+    from portkit.codegen import tune
+    contraction = tune.contraction(root, inputs, caps)
+    chosen = contraction and staging.choose(contraction, caps,
+                                            local or tune.stored(caps, contraction))
+    tiling = Plan() if chosen else plan(root, inputs, SERIAL if serial(caps) else THREADED)
     lowerer = _Lowerer(name, inputs, tiling)
     b = lowerer.b
     out = b.param(root.dtype)
@@ -535,6 +551,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if slots is None:
         slots = {id(node): k for k, node in enumerate(scalars)}
     lowerer.scalars = {node: values[k] for node, k in slots.items()}
+    if chosen:
+        return staging.emit(lowerer, root, contraction, chosen, out)
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)

@@ -22,6 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from portkit.abi import Kernel, KernelBuilder, dtypes
+from portkit.abi.backend import Capabilities
 from portkit.abi.ops import Op
 from portkit.conformance.case import Case, CaseFailed, Context, Outcome, Status
 from portkit.conformance.target import Target
@@ -142,8 +143,9 @@ def matmul(size: int, rng: np.random.Generator, tiled: bool) -> Workload:
                     "GFLOP/s", (wa @ wb).reshape(-1), bound.reshape(-1))
 
 
-def lowered_matmul(size: int, rng: np.random.Generator, target: Target) -> Workload:
-    """C = A @ B as portkit's own codegen lowers it for `target`: the CPU's best kernel."""
+def lowered_matmul(size: int, rng: np.random.Generator, caps: Capabilities) -> Workload:
+    """C = A @ B as portkit's own codegen lowers it for a device with `caps`: the CPU's best
+    kernel, and on a device with workgroup memory the LOCAL-tiled one (codegen/tiles.py)."""
     from portkit import schedule
     from portkit.codegen.lower import lower
     from portkit.tensor import Tensor
@@ -151,7 +153,7 @@ def lowered_matmul(size: int, rng: np.random.Generator, target: Target) -> Workl
     a, bm = (rng.uniform(-1, 1, (size, size)).astype(np.float32) for _ in range(2))
     x, y = Tensor(a, device="interpreter"), Tensor(bm, device="interpreter")
     item, = schedule.create_schedule([(x @ y).lazy])
-    kernel = lower(item.root, item.inputs, target.capabilities, name="perf_matmul_codegen")
+    kernel = lower(item.root, item.inputs, caps, name="perf_matmul_codegen")
     inputs = [a.reshape(-1) if node is x.lazy else bm.reshape(-1) for node in item.inputs]
     expected = (a.astype(np.float64) @ bm.astype(np.float64)).reshape(-1)
     return Workload(kernel, [np.zeros(size * size, np.float32), *inputs], 2 * size ** 3,
@@ -249,13 +251,13 @@ def _report(ctx: Context, target: Target, name: str, times: list[float],
     return Outcome(Status.PASSED, message, perf=perf)
 
 
-def _throughput(ctx: Context, name: str, build: Callable[[], Workload], repeats: int,
+def _throughput(ctx: Context, name: str, build: Callable[[Target], Workload], repeats: int,
                 others: tuple[Callable[[Target], Workload], ...] = ()
                 ) -> Callable[[Target], Outcome]:
-    """A case timing `build`'s kernel; the reference runs it and `others` (other kernels for
-    the same work) and keeps its fastest."""
+    """A case timing the kernel `build` writes for the target; the reference runs it and
+    `others` (other kernels for the same work) and keeps its fastest."""
     def run(target: Target) -> Outcome:
-        workload = build()
+        workload = build(target)
         _verify(target, workload)
         times = _times(target, workload, repeats)
         seconds = statistics.median(times)
@@ -313,16 +315,26 @@ def _against_reference(ctx: Context, name: str, seconds_on: Callable[[Target], l
 
 
 def _workloads(quick: bool, rng: np.random.Generator,
-               tiled: bool) -> dict[str, Callable[[], Workload]]:
+               tiled: bool) -> dict[str, Callable[[Target], Workload]]:
     n = 1 << (20 if quick else 24)
     rows, length = (256, 1024) if quick else (4096, 4096)
+    size = 64 if quick else 256
     return {
-        "copy": lambda: copy(n),
-        "fused-elementwise": lambda: fused(n, rng),
-        "reduce": lambda: reduce_rows(rows, length, rng),
-        "matmul": lambda: matmul(64 if quick else 256, rng, tiled),
-        "conv": lambda: conv(8, 18, rng) if quick else conv(64, 58, rng),
+        "copy": lambda target: copy(n),
+        "fused-elementwise": lambda target: fused(n, rng),
+        "reduce": lambda target: reduce_rows(rows, length, rng),
+        "matmul": lambda target: matmul(size, rng, tiled),
+        # what the stack itself runs on the device (LOCAL-tiled where it has workgroup memory)
+        "matmul-codegen": lambda target: lowered_matmul(size, rng, target.capabilities),
+        "conv": lambda target: conv(8, 18, rng) if quick else conv(64, 58, rng),
     }
+
+
+@dataclass
+class _Described:
+    """Stands for the target where only its capabilities are read (which ops a case uses)."""
+
+    capabilities: Capabilities
 
 
 def cases(ctx: Context) -> list[Case]:
@@ -333,9 +345,12 @@ def cases(ctx: Context) -> list[Case]:
     # The quick workloads have the same kernels: cheap to build just to see which ops they use.
     small = _workloads(True, rng, tiled)
     size = 64 if ctx.quick else 256
-    others = {"matmul": (lambda ref: matmul(size, rng, False),
-                         lambda ref: lowered_matmul(size, rng, ref))}
-    found = [Case(f"perf/{name}", TIER, None, "float32", ESSENTIAL + ops_used(small[name]().kernel),
+    best = (lambda ref: matmul(size, rng, False),
+            lambda ref: lowered_matmul(size, rng, ref.capabilities))
+    others = {"matmul": best, "matmul-codegen": best}
+    target = _Described(ctx.capabilities)
+    found = [Case(f"perf/{name}", TIER, None, "float32",
+                  ESSENTIAL + ops_used(small[name](target).kernel),
                   fn=_throughput(ctx, name, build, repeats, others.get(name, ())))
              for name, build in _workloads(ctx.quick, rng, tiled).items()]
     found += [

@@ -15,9 +15,22 @@ def cpu() -> Target:
 
 
 def test_the_codegen_matmul_is_right_on_the_reference(cpu):
-    workload = tier6_perf.lowered_matmul(64, np.random.default_rng(0), cpu)
+    workload = tier6_perf.lowered_matmul(64, np.random.default_rng(0), cpu.capabilities)
     tier6_perf._verify(cpu, workload)        # raises CaseFailed on a wrong element
     assert workload.kernel.block == (1, 1, 1)   # the CPU's threads-as-loops lowering
+
+
+def test_the_codegen_matmul_of_a_device_with_workgroup_memory_is_local_tiled_and_right():
+    vendor = Target.load("interpreter")
+    workload = tier6_perf.lowered_matmul(64, np.random.default_rng(0), vendor.capabilities)
+    tier6_perf._verify(vendor, workload)
+    assert "BARRIER" in {n.op.name for n in workload.kernel.nodes}
+
+
+def test_tier6_times_the_codegen_matmul_of_the_target():
+    vendor = Target.load("interpreter")
+    names = [c.id for c in tier6_perf.cases(Context(vendor.capabilities, quick=True))]
+    assert "perf/matmul-codegen" in names
 
 
 def test_the_reference_keeps_its_fastest_kernel_for_the_work(cpu, monkeypatch):
@@ -29,9 +42,9 @@ def test_the_reference_keeps_its_fastest_kernel_for_the_work(cpu, monkeypatch):
     ctx = Context(cpu.capabilities, quick=True, reference=cpu)
     rng = np.random.default_rng(1)
     case = tier6_perf._throughput(
-        ctx, "matmul", lambda: tier6_perf.matmul(16, rng, True), 3,
+        ctx, "matmul", lambda target: tier6_perf.matmul(16, rng, True), 3,
         (lambda ref: tier6_perf.matmul(16, rng, False),
-         lambda ref: tier6_perf.lowered_matmul(16, rng, ref)))
+         lambda ref: tier6_perf.lowered_matmul(16, rng, ref.capabilities)))
     outcome = case(vendor)
     assert outcome.perf["reference_seconds"] == 0.01
     assert outcome.perf["ratio"] == pytest.approx(0.005)

@@ -1,0 +1,287 @@
+"""LOCAL tiling: a matmul-shaped kernel staged through workgroup memory (LOCAL) with BARRIERs.
+
+On a device whose workgroup threads are real lanes (not loops) and that has workgroup memory,
+a contraction C[..., m, n] = sum_k A[..., m, k] * B[..., k, n] is lowered so that:
+- each workgroup computes a block of (threads_m * per_thread_m) x (threads_n * per_thread_n)
+  outputs, and walks K in steps of `depth`;
+- at each step the group's threads copy the A and B panels it needs into LOCAL (each thread a
+  few elements, adjacent threads adjacent addresses along the operand's contiguous axis), wait
+  at a BARRIER, and every thread adds per_thread_m x per_thread_n products from LOCAL into its
+  registers, so one global load feeds threads_n (or threads_m) threads and one LOCAL load feeds
+  per_thread_n (or per_thread_m) accumulators; a second BARRIER lets the panels be overwritten;
+- a thread's outputs are either strided by the thread counts (neighbouring threads read
+  neighbouring LOCAL words and store neighbouring outputs: the layout for hardware lanes) or a
+  run of adjacent ones (which a driver that loops over work-items, PoCL or lavapipe, turns into
+  vector lanes within each thread: the default, see CANDIDATES).
+Each output is a running sum over K (the untiled lowering sums in blocks of about sqrt(K) terms
+instead); the error stays within the gamma_K bound matmuls are tested against.
+Sizes need not divide the tile: panel elements past an edge are staged as zeros (their loads
+gated) and outputs past it are not stored. Float16/bfloat16 operands are widened to float32 as
+they are staged, and the sum is rounded once at the end, as the untiled reduce does.
+
+What an operand is (A, B, a fused prologue such as x * 2 or x.T) is not matched by pattern: the
+lowerer computes the reduce's two factors at the staged positions, so any elementwise or
+movement graph feeding the product is staged. The pass shows at PORTKIT_DEBUG=3 as LOCAL and
+BARRIER nodes in the kernel; `Tiling` is what the tuner (portkit/codegen/tune.py) varies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from math import ceil, prod
+
+from portkit.abi import dtypes
+from portkit.abi.backend import Capabilities
+from portkit.abi.dtypes import DType
+from portkit.abi.kernel import Kernel
+from portkit.abi.ops import Op
+from portkit.graph import GraphOp, Lazy
+from portkit.symbolic import Bound, Lin, const, recombine, unravel
+from portkit.view import strides_for
+
+_MIN_SIDE = 8      # smaller matmuls keep the untiled lowering: a tile would be mostly padding
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """One workgroup tile: threads per group and outputs per thread along m and n, and the
+    K elements staged per BARRIER step."""
+
+    threads_m: int = 16
+    threads_n: int = 16
+    per_thread_m: int = 4
+    per_thread_n: int = 4
+    depth: int = 16
+    contiguous: bool = False      # a thread's outputs adjacent (else strided by the threads)
+    unroll: int = 4               # depth steps written out per loop iteration (divides depth)
+
+    @property
+    def block_m(self) -> int:
+        return self.threads_m * self.per_thread_m
+
+    @property
+    def block_n(self) -> int:
+        return self.threads_n * self.per_thread_n
+
+    @property
+    def threads(self) -> int:
+        return self.threads_m * self.threads_n
+
+    def local_bytes(self, itemsize: int) -> int:
+        return (self.block_m + self.block_n) * self.depth * itemsize
+
+    def fits(self, caps: Capabilities, itemsize: int) -> bool:
+        """True if `caps` can launch this tile: threads per group and LOCAL bytes."""
+        return (self.threads > 0 and self.threads <= min(caps.max_block_threads, caps.max_block[0])
+                and self.local_bytes(itemsize) <= caps.local_memory_bytes
+                # every thread stages a whole number of panel elements
+                and self.block_m * self.depth % self.threads == 0
+                and self.block_n * self.depth % self.threads == 0
+                and self.unroll > 0 and self.depth % self.unroll == 0)
+
+
+# Candidates, the default first; the tuner times them all, and the untiled lowering (UNTILED).
+# The default, 4 x 16 adjacent outputs per thread in 32-thread groups, is what PoCL and lavapipe
+# (work-items run as loops a C-like compiler vectorizes) run fastest: at about the speed of the
+# untiled kernel, where the GPU layout below it (outputs strided by the threads, the usual start
+# on hardware lanes) runs 5x slower there. On a GPU, `PORTKIT_BEAM` picks among them all.
+CANDIDATES = (
+    Tiling(8, 4, 4, 16, 16, True), Tiling(8, 2, 4, 32, 16, True), Tiling(4, 4, 8, 16, 16, True),
+    Tiling(8, 8, 2, 8, 16, True), Tiling(8, 8, 2, 2, 16, True),
+    Tiling(16, 16, 4, 4, 16), Tiling(16, 16, 4, 4, 32), Tiling(16, 16, 8, 8, 16),
+    Tiling(8, 8, 8, 8, 16), Tiling(8, 8, 4, 4, 16), Tiling(16, 16, 2, 2, 16),
+)
+UNTILED = Tiling(0, 0, 0, 0, 0)   # a tuner's verdict: LOCAL tiling does not pay here
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """Where the matmul sits in a kernel: the reduce, its two factors, and its axes."""
+
+    reduce: Lazy
+    left: Lazy             # the factor that ignores axis n (A)
+    right: Lazy            # the factor that ignores axis m (B)
+    m: int
+    n: int
+    k: int
+    accumulate: DType      # float32 for 16-bit floats
+    contiguous_k: tuple[bool, bool]   # whether left, right step by 1 along k somewhere
+
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        shape = self.reduce.src[0].shape
+        return shape[self.m], shape[self.n], shape[self.k]
+
+    def key(self) -> str:
+        """The structure the best tiling depends on: shapes, axes, dtype, operand layouts."""
+        layout = "".join("k" if along else "-" for along in self.contiguous_k)
+        return (f"{self.reduce.src[0].shape}|m{self.m}n{self.n}k{self.k}|{layout}|"
+                f"{self.reduce.dtype.name}")
+
+
+def find(root: Lazy, inputs: list[Lazy], caps: Capabilities, steps) -> Contraction | None:
+    """The contraction `root` computes if it can be LOCAL-tiled on `caps`, else None.
+    `steps(node, name)` gives the step along index variable `name` of each of node's loads
+    (portkit.codegen.lower.load_steps)."""
+    if caps.threads_are_loops or caps.max_block_threads == 1 or caps.local_memory_bytes <= 0:
+        return None
+    node = root
+    if (node.op is GraphOp.VIEW and node.arg.is_contiguous
+            and prod(node.shape) == prod(node.src[0].shape)):
+        node = node.src[0]     # the reshape that drops the reduced axis (not a shrink)
+    if node.op is not GraphOp.REDUCE or not node.dtype.is_float:
+        return None
+    op, axes = node.arg
+    src = node.src[0]
+    if op is not Op.ADD or len(axes) != 1 or src.op is not Op.MUL:
+        return None
+    k = axes[0]
+    left, right = src.src
+    outputs = [a for a, s in enumerate(src.shape) if s > 1 and a != k]
+
+    def ignores(factor: Lazy, axis: int) -> bool:
+        return all(s == 0 for s in steps(factor, f"o{axis}"))
+
+    ms = [a for a in outputs if ignores(right, a) and not ignores(left, a)]
+    ns = [a for a in outputs if ignores(left, a) and not ignores(right, a)]
+    if not ms or not ns:
+        return None
+    m, n = ms[-1], ns[-1]
+    if min(src.shape[m], src.shape[n], src.shape[k]) < _MIN_SIDE:
+        return None
+    wide = dtypes.float32 if node.dtype.itemsize == 2 else node.dtype
+    along_k = tuple(1 in steps(factor, f"o{k}") for factor in (left, right))
+    return Contraction(node, left, right, m, n, k, wide, along_k)
+
+
+def choose(found: Contraction, caps: Capabilities, tuned: Tiling | None = None
+           ) -> Tiling | None:
+    """The tiling to use (None: none): `tuned` if it fits, else the first candidate that fits
+    and wastes at most a third of its tile on padding (or, failing that, the least)."""
+    itemsize = found.accumulate.itemsize
+    m, n, k = found.sizes
+    batch = prod(found.reduce.src[0].shape) // (m * n * k)
+
+    def fits(t: Tiling) -> bool:
+        groups = batch * ceil(m / t.block_m) * ceil(n / t.block_n)
+        return t.fits(caps, itemsize) and groups <= caps.max_grid[0]
+
+    if tuned == UNTILED:
+        return None
+    if tuned is not None and fits(tuned):
+        return tuned
+    fitting = [t for t in CANDIDATES if fits(t)]
+    if not fitting:
+        return None
+
+    def waste(t: Tiling) -> float:
+        return ceil(m / t.block_m) * t.block_m * ceil(n / t.block_n) * t.block_n / (m * n)
+
+    good = [t for t in fitting if waste(t) <= 1.34]
+    return good[0] if good else min(fitting, key=waste)
+
+
+def emit(lowerer, root: Lazy, found: Contraction, tiling: Tiling, out: int) -> Kernel:
+    """The tiled kernel storing `root` into buffer `out`; `lowerer` (lower.py's) has its
+    PARAMs and VARs set and lowers the factors at the staged positions."""
+    b = lowerer.b
+    red = found.reduce
+    shape = red.src[0].shape
+    m_size, n_size, k_size = found.sizes
+    t = tiling
+    batch = [a for a in range(len(shape)) if a not in (found.m, found.n, found.k)]
+    grid_shape = tuple(shape[a] for a in batch) + (ceil(m_size / t.block_m),
+                                                   ceil(n_size / t.block_n))
+    groups = prod(grid_shape)
+    group = lowerer.new_var("g", 0, groups - 1, b.special("group", 0))
+    lane = lowerer.new_var("l", 0, t.threads - 1, b.special("local", 0))
+    *batch_idx, tile_m, tile_n = unravel(group, grid_shape)
+    thread_m, thread_n = unravel(lane, (t.threads_m, t.threads_n))
+    # a thread's outputs within the tile: strided by the thread counts (neighbouring threads,
+    # neighbouring words), or a contiguous run (lanes a C compiler vectorizes within a thread)
+    if t.contiguous:
+        rows = [thread_m * t.per_thread_m + r for r in range(t.per_thread_m)]
+        columns = [thread_n * t.per_thread_n + r for r in range(t.per_thread_n)]
+    else:
+        rows = [thread_m + r * t.threads_m for r in range(t.per_thread_m)]
+        columns = [thread_n + r * t.threads_n for r in range(t.per_thread_n)]
+    wide = found.accumulate
+    panels = {found.m: b.local(wide, t.block_m * t.depth),
+              found.n: b.local(wide, t.block_n * t.depth)}
+    zero = lowerer.const(0.0, wide)
+    accs = [b.acc(zero) for _ in range(t.per_thread_m * t.per_thread_n)]
+    steps = ceil(k_size / t.depth)
+    step_node = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0), lowerer.const(steps)))
+    lowerer.scopes.append({})
+    step = lowerer.new_var("k", 0, steps - 1, step_node)
+
+    def base() -> list[Lin]:
+        idx = [const(0)] * len(shape)
+        for axis, value in zip(batch, batch_idx):
+            idx[axis] = value
+        return idx
+
+    for side, (factor, axis, tile) in enumerate(((found.left, found.m, tile_m),
+                                                 (found.right, found.n, tile_n))):
+        block = t.block_m if side == 0 else t.block_n
+        at = base()
+        at[axis], at[found.k] = tile * block, step * t.depth   # the panel's first element
+        _stage(lowerer, factor, panels[axis], at, (axis, found.k), (shape[axis], k_size),
+               lane, found.contiguous_k[side], t, block, wide)
+    b.barrier()
+    # the depth loop `unroll` steps at a time: a driver that loops over work-items (PoCL) then
+    # vectorizes each thread's straight-line products; all of it unrolled costs compile time
+    inner_node = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0),
+                                                lowerer.const(t.depth // t.unroll)))
+    lowerer.scopes.append({})
+    inner = lowerer.new_var("kk", 0, t.depth // t.unroll - 1, inner_node) * t.unroll
+    for copy in range(t.unroll):
+        lefts = [b.load(panels[found.m], lowerer.index(rows[r] + (inner + copy) * t.block_m))
+                 for r in range(t.per_thread_m)]
+        rights = [b.load(panels[found.n], lowerer.index(columns[r] + (inner + copy) * t.block_n))
+                  for r in range(t.per_thread_n)]
+        for acc, (x, y) in zip(accs, product(lefts, rights)):
+            b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
+    b.add(Op.END, None, (inner_node,))
+    lowerer.scopes.pop()
+    b.barrier()
+    b.add(Op.END, None, (step_node,))
+    lowerer.scopes.pop()
+    strides = strides_for(red.shape)
+    for acc, (rm, rn) in zip(accs, product(range(t.per_thread_m), range(t.per_thread_n))):
+        idx = base()
+        idx[found.m] = tile_m * t.block_m + rows[rm]
+        idx[found.n] = tile_n * t.block_n + columns[rn]
+        gate = lowerer.condition((Bound(idx[found.m], 0, m_size), Bound(idx[found.n], 0, n_size)),
+                                 None)
+        value = acc if wide == red.dtype else b.cast(acc, red.dtype)
+        flat = recombine(sum((i * s for i, s in zip(idx, strides) if s), Lin()))
+        b.store(out, lowerer.index(flat), value, gate)
+    return b.build(grid=(groups, 1, 1), block=(t.threads, 1, 1))
+
+
+def _stage(lowerer, factor: Lazy, panel: int, first: list[Lin], axes: tuple[int, int],
+           sizes: tuple[int, int], lane: Lin, along_k: bool, t: Tiling, block: int,
+           wide: DType) -> None:
+    """Every thread stores its share of the block x depth panel of `factor` starting at index
+    `first` (rows along axes[0], columns along the reduced axes[1]) into `panel` at
+    [column * block + row]: zeros past the operand's edges (`sizes`), 16-bit floats widened.
+    Threads walk the operand's contiguous axis (k when `along_k`) so that neighbouring threads
+    load neighbouring elements."""
+    b = lowerer.b
+    axis, k = axes
+    for j in range(block * t.depth // t.threads):
+        element = lane + j * t.threads
+        if along_k:
+            row, column = unravel(element, (block, t.depth))
+        else:
+            column, row = unravel(element, (t.depth, block))
+        at = list(first)
+        at[axis], at[k] = first[axis] + row, first[k] + column
+        gate = lowerer.condition((Bound(at[axis], 0, sizes[0]), Bound(at[k], 0, sizes[1])), None)
+        value, = lowerer.lower(factor, [at], [gate])
+        if b.dtype(value) != wide:
+            value = b.cast(value, wide)
+        if gate is not None:
+            value = b.alu(Op.WHERE, gate, value, lowerer.const(0.0, wide))
+        b.store(panel, lowerer.index(column * block + row), value)

@@ -45,9 +45,9 @@ from portkit.codegen.lower import (
     SCALAR_VAR_DTYPES,
     check_dtypes,
     lower,
-    serial,
 )
 from portkit.codegen.pads import pad_apart
+from portkit.codegen.plan import serial
 from portkit.graph import GraphOp, Lazy
 
 # Lowering (portkit/codegen/lower.py) recurses through a kernel's nodes, and fused chains get long.

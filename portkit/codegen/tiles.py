@@ -122,7 +122,7 @@ class Contraction:
 def find(root: Lazy, inputs: list[Lazy], caps: Capabilities, steps) -> Contraction | None:
     """The contraction `root` computes if it can be LOCAL-tiled on `caps`, else None.
     `steps(node, name)` gives the step along index variable `name` of each of node's loads
-    (portkit.codegen.lower.load_steps)."""
+    (portkit.codegen.plan.load_steps)."""
     if caps.threads_are_loops or caps.max_block_threads == 1 or caps.local_memory_bytes <= 0:
         return None
     node = root

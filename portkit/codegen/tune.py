@@ -27,7 +27,8 @@ from portkit import cache
 from portkit.abi.backend import Capabilities
 from portkit.abi.kernel import Kernel
 from portkit.codegen import tiles
-from portkit.codegen.lower import load_steps, lower
+from portkit.codegen.lower import lower
+from portkit.codegen.plan import load_steps
 from portkit.graph import Lazy
 
 Timer = Callable[[Kernel], float]     # seconds one launch of the kernel takes on the device

@@ -12,7 +12,8 @@ import torch
 from portkit import schedule
 from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.ops import Op
-from portkit.codegen.lower import SERIAL, THREADED, lower, plan
+from portkit.codegen.lower import lower
+from portkit.codegen.plan import SERIAL, THREADED, plan
 from portkit.symbolic import Div, Mod, var
 from portkit.tensor import Tensor
 

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
+import pkgutil
 
 import numpy as np
 import pytest
 
-import portkit.codegen.lower as lowering
-from portkit import backends, runtime, schedule
+import portkit.codegen
+from portkit import backends, runtime, schedule, stages
 from portkit.abi.interpreter import CAPABILITIES
 from portkit.codegen.lower import lower
 from portkit.tensor import Tensor
@@ -58,7 +60,9 @@ def test_threads_are_loops_alone_picks_the_launch_shape(loops):
 
 
 def test_no_backend_name_appears_in_codegen_or_the_scheduler():
-    for module in (schedule, lowering):
+    codegen = [importlib.import_module(f"portkit.codegen.{m.name}")
+               for m in pkgutil.iter_modules(portkit.codegen.__path__)]
+    for module in (schedule, stages, *codegen):
         source = inspect.getsource(module)
         for name in ("\"cpu\"", "'cpu'", "\"opencl\"", "\"webgpu\"", "\"cuda\"", "\"metal\""):
             assert name not in source, f"{module.__name__} names a backend: {name}"

@@ -8,7 +8,8 @@ from portkit import runtime, schedule
 from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.kernel import validate
 from portkit.abi.ops import Op
-from portkit.codegen.lower import launch_shape, lower, plan
+from portkit.codegen.lower import lower
+from portkit.codegen.plan import launch_shape, plan
 from portkit.tensor import Tensor
 
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from portkit import runtime, schedule
+from portkit import runtime, stages
 from portkit.abi import BackendUnavailable
 from portkit.conformance import tier7_stress
 from portkit.conformance.case import Context, Status
@@ -56,8 +56,8 @@ def test_a_device_that_stops_long_loops_without_declaring_it_fails_it(monkeypatc
     device = _target("webgpu").device
     monkeypatch.setattr(device, "capabilities",
                         dataclasses.replace(device.capabilities, max_loop_trips=None))
-    monkeypatch.setattr(schedule, "_CHUNK", 1 << 30)
-    monkeypatch.setattr(schedule, "_SPLIT_FROM", 1 << 30)
+    monkeypatch.setattr(stages, "CHUNK", 1 << 30)
+    monkeypatch.setattr(stages, "_SPLIT_FROM", 1 << 30)
     outcome = _sum_1100003(Target(device, "webgpu"))
     assert outcome.status is Status.FAILED and "ones(1100003).sum()" in outcome.message
 
@@ -65,8 +65,8 @@ def test_a_device_that_stops_long_loops_without_declaring_it_fails_it(monkeypatc
 def test_the_declared_loop_budget_alone_keeps_long_sums_right(monkeypatch):
     target = _target("webgpu")
     assert target.capabilities.max_loop_trips == 65535      # lavapipe's, declared
-    monkeypatch.setattr(schedule, "_CHUNK", 1 << 30)
-    monkeypatch.setattr(schedule, "_SPLIT_FROM", 1 << 30)
+    monkeypatch.setattr(stages, "CHUNK", 1 << 30)
+    monkeypatch.setattr(stages, "_SPLIT_FROM", 1 << 30)
     outcome = _sum_1100003(target)
     assert outcome.status is Status.PASSED, outcome.message
 

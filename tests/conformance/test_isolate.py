@@ -154,14 +154,14 @@ def test_an_isolated_run_loads_the_backend_twice_probe_and_worker(
     assert "int32" in report["capabilities"]["dtypes"]
 
 
-def test_a_crashed_cases_source_is_rendered_by_the_next_worker(crashy, capsys):
+def test_a_crashed_cases_source_is_rendered_by_the_next_worker(crashy, capsys, tmp_path):
     from portkit.conformance.isolate import WorkerTarget
 
     target = WorkerTarget("crashy", "broken_backends:crashing_backend",
                           suite.Options(timeout=30))
     assert target.device is None and "float32" in {d.name for d in target.capabilities.dtypes}
     report = suite.run(target, suite.Options(tiers=(2,), quick=True, timeout=30,
-                                             pattern="ops/SIN/float32"))
+                                             pattern="ops/SIN/float32", repro_dir=str(tmp_path)))
     [result] = [r for r in report.results if r.case.id == "ops/SIN/float32"]
     assert result.status is Status.CRASHED and result.source and "sin" in result.source.lower()
 

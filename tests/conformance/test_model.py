@@ -113,7 +113,8 @@ def test_conform_model_on_the_command_line(broken, fake_backends, tmp_path, caps
     out = capsys.readouterr().out
     assert code == 1 and "first diverging node: #1 Sin 'wave'" in out
     assert json.loads((tmp_path / "r.json").read_text())["options"]["tiers"] == [8]
-    replay = f"--model {tmp_path}/repro/node1-Sin.onnx --inputs {tmp_path}/repro/node1-Sin.npz"
+    replay = (f"--model {tmp_path}/repro/node1-Sin.onnx --inputs {tmp_path}/repro/node1-Sin.npz"
+              f" --repro-dir {tmp_path}/replayed")
     assert main(["conform", "--backend", "interpreter", *replay.split()]) == 0
     assert main(["conform", "--backend", "broken-sin", *replay.split()]) == 1
     assert main(["conform", "--backend", "interpreter", "--model", str(tmp_path / "no.onnx")]) == 2

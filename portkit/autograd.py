@@ -27,13 +27,19 @@ class Rule:
     backward: Callable[..., tuple] | None     # None: not differentiable (comparisons, ints)
 
 
-@dataclass
 class Context:
     """What a backward rule may read: the inputs, the output and the op's argument."""
 
-    inputs: tuple          # Tensors
-    out: Any               # the output Tensor's lazy node wrapped as a Tensor (detached)
-    arg: Any
+    __slots__ = ("arg", "inputs", "lazy")
+
+    def __init__(self, inputs: tuple, lazy: Lazy, arg: Any):
+        self.inputs, self.lazy, self.arg = inputs, lazy, arg     # inputs: Tensors
+
+    @property
+    def out(self):
+        """The output's lazy node as a Tensor cut from the graph (made only when a rule
+        reads it: most do not)."""
+        return type(self.inputs[0])(self.lazy)
 
 
 def _alu(op: Op) -> Callable[..., Lazy]:

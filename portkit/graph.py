@@ -117,10 +117,11 @@ class Traced(float):
 
 def const(value: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
     """`value` in every element: folded into kernels, never stored."""
-    if dtype == dtypes.bool_:
-        value = bool(value)
-    elif dtype.is_float:
+    kind = dtype.kind
+    if kind == "float":
         value = value if isinstance(value, Traced) else float(value)
+    elif kind == "bool":
+        value = bool(value)
     else:
         value = int(value)
     return Lazy(GraphOp.CONST, dtype, shape, (), value, device)

@@ -184,10 +184,10 @@ class Scalars(NamedTuple):
 def _same_value(node: Lazy) -> tuple:
     # A float by its bits: -0.0 == 0.0 would share a VAR or a kernel, NaN != NaN miss one. A
     # number portkit.jit traces is itself: equal to another today, it may differ at a replay.
-    value = node.arg
+    value, dtype = node.arg, node.dtype.name      # by name: a str caches its hash
     if isinstance(value, float):
-        return node.dtype, value.hex() if type(value) is float else ("traced", id(value))
-    return node.dtype, value
+        return dtype, value.hex() if type(value) is float else ("traced", id(value))
+    return dtype, value
 
 
 def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
@@ -479,25 +479,45 @@ runtime.on_clear(_replays.clear)
 
 
 def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
-    """The structure of everything `realize(outs)` computes, and its nodes by position."""
-    found = graph.walk(outs, stop=lambda n: n.realized)
-    nodes = found.stopped + found.order
-    number = {id(n): k for k, n in enumerate(nodes)}
-    # ops and dtypes by name: a str caches its hash, an Enum or a DType computes it in Python
-    # each time, and the key is hashed at every look-up
-    entries: list[tuple] = [("in", n.dtype.name, n.shape, n.device) for n in found.stopped]
+    """The structure of everything `realize(outs)` computes, and its nodes by position.
+
+    One pass: an iterative depth-first walk that numbers each node as it leaves it (a realized
+    node at once), so its sources are numbered before it. Ops and dtypes go in by name: a str
+    caches its hash where an Enum or a DType computes it in Python at every look-up."""
+    number: dict[int, int] = {}
+    nodes: list[Lazy] = []
+    entries: list[tuple] = []
     first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
-    for node in found.order:
-        arg = node.arg
-        dtype = node.dtype.name
-        if node.op is GraphOp.CONST and dtype in _VAR_DTYPE_NAMES:
-            arg = ("scalar", first.setdefault(_same_value(node), len(first)))
-        elif isinstance(arg, float):
-            arg = arg.hex()
-        entries.append((node.op.value, dtype, node.shape, node.device, arg,
-                        tuple([number[id(s)] for s in node.src])))
-    entries.append(tuple(number[id(o)] for o in outs))
+    stack: list = list(reversed(outs))
+    while stack:
+        node = stack.pop()
+        if node is _LEAVE:
+            node = stack.pop()
+            arg, dtype = node.arg, node.dtype.name
+            if node.op is GraphOp.CONST and dtype in _VAR_DTYPE_NAMES:
+                arg = ("scalar", first.setdefault(_same_value(node), len(first)))
+            elif isinstance(arg, float):
+                arg = arg.hex()
+            # an Enum's _value_ is its value without the descriptor behind `.value`
+            entry = (node.op._value_, dtype, node.shape, node.device, arg,
+                     tuple([number[id(s)] for s in node.src]))
+        elif id(node) in number:
+            continue
+        elif node.op is GraphOp.LOAD:
+            entry = ("in", node.dtype.name, node.shape, node.device)
+        else:
+            stack += (node, _LEAVE)
+            stack += reversed(node.src)
+            continue
+        number[id(node)] = len(nodes)
+        nodes.append(node)
+        entries.append(entry)
+    entries.append(tuple([number[id(o)] for o in outs]))
     return tuple(entries), nodes
+
+
+# marks, on _graph_key's stack, that the node below it has had its sources numbered
+_LEAVE = object()
 
 
 def _compile_ahead(items: list[ScheduleItem]) -> None:
@@ -545,6 +565,8 @@ class _ByValue(NamedTuple):
 
 def realize(outs: list[Lazy]) -> None:
     """Computes every node in `outs` into its own buffer."""
+    if all(o.op is GraphOp.LOAD for o in outs):      # nothing to compute (`.numpy()` again)
+        return
     structure_key, nodes = _graph_key(outs)
     steps = _replays.get(structure_key)
     if isinstance(steps, _ByValue):

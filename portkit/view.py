@@ -8,7 +8,8 @@ expressions (portkit/symbolic.py) that codegen lowers.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 from portkit.symbolic import Bound, Lin, const, recombine, unravel
 
@@ -24,9 +25,16 @@ def strides_for(shape: Shape) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-@dataclass(frozen=True)
-class View:
-    """shape, strides and offset into a flat buffer; mask = per-dim [lo, hi) of real data."""
+# strides_for of the shapes views test for contiguity, which recur at every op of a step
+_row_major = lru_cache(maxsize=4096)(strides_for)
+
+
+class View(NamedTuple):
+    """shape, strides and offset into a flat buffer; mask = per-dim [lo, hi) of real data.
+
+    A named tuple rather than a frozen dataclass: graphs carry views in their cache keys, and a
+    tuple hashes and compares in C where a dataclass runs Python for every view at every
+    look-up (and is slower to make)."""
 
     shape: Shape
     strides: tuple[int, ...]
@@ -34,12 +42,13 @@ class View:
     mask: tuple[tuple[int, int], ...] | None = None
 
     @staticmethod
+    @lru_cache(maxsize=4096)
     def contiguous(shape: Shape) -> View:
         return View(tuple(shape), strides_for(shape))
 
     @property
     def is_contiguous(self) -> bool:
-        return self.offset == 0 and self.mask is None and self.strides == strides_for(self.shape)
+        return self.offset == 0 and self.mask is None and self.strides == _row_major(self.shape)
 
     def _with(self, shape, strides, offset, mask) -> View:
         shape, strides = tuple(shape), tuple(strides)
@@ -154,13 +163,13 @@ def _nocopy_strides(old: Shape, old_strides: tuple[int, ...], new: Shape) -> lis
     return [next(real) if s != 1 else 0 for s in new]
 
 
-@dataclass(frozen=True)
-class ShapeTracker:
+class ShapeTracker(NamedTuple):
     """A chain of views; the last one is what the user sees, the first one reads the buffer."""
 
     views: tuple[View, ...]
 
     @staticmethod
+    @lru_cache(maxsize=4096)
     def contiguous(shape: Shape) -> ShapeTracker:
         return ShapeTracker((View.contiguous(tuple(shape)),))
 

@@ -132,7 +132,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
 
     def detach(self) -> Tensor:
         """The same values, cut from the gradient graph."""
-        return Tensor(self.lazy)
+        return wrap(self.lazy)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -191,21 +191,16 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
     # -- primitives: the only place that records autograd history ----------------------------
 
     def _prim(self, name: str, *others: Tensor, arg: Any = None) -> Tensor:
-        inputs = (self,) + others
         rule = GRADIENTS[name]
-        lazy = rule.forward(*(t.lazy for t in inputs), arg=arg)
-        if name != "copy" and (lazy.size == 0 or any(t.numel() == 0 for t in inputs)):
-            # a constant keeps zero-size views out of the scheduler's index math (which divides
-            # by the sizes): an empty result is any constant, a sum or pad of nothing is 0
-            if lazy.size and name == "max_reduce":
-                raise IndexError(f"max/min/argmax over a dimension of size 0 (shape "
-                                 f"{self.shape}): it has no elements to choose from")
-            lazy = graph.const(_EMPTY_INPUT.get(name, 0), lazy.dtype, lazy.shape, lazy.device)
-        out = Tensor(lazy)
-        if rule.backward is not None and autograd.grad_enabled() and any(
-                t.requires_grad for t in inputs):
+        inputs = (self,) + others
+        lazy = rule.forward(*[t.lazy for t in inputs], arg=arg)
+        if (0 in lazy.shape or any(0 in t.lazy.shape for t in inputs)) and name != "copy":
+            lazy = _empty_result(name, lazy, self.shape)
+        out = wrap(lazy)
+        if rule.backward is not None and any(t.requires_grad for t in inputs) and (
+                autograd.grad_enabled()):
             out.requires_grad = True
-            out._ctx = (name, Context(inputs, Tensor(lazy), arg))
+            out._ctx = (name, Context(inputs, lazy, arg))
         return out
 
     # -- operators: PyTorch's, wired to the elementwise and reduce methods ---------------------
@@ -274,6 +269,27 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
             raise ValueError(f"backward: gradient shape {gradient.shape} does not match "
                              f"tensor shape {self.shape}")
         autograd.backward(self, gradient.cast(self.dtype))
+
+
+def wrap(lazy: Lazy) -> Tensor:
+    """A Tensor around `lazy` with no history: Tensor(lazy) without the argument checks, for
+    the ops that make one per node."""
+    out = _new(Tensor)
+    out.lazy, out.grad, out._ctx, out.requires_grad = lazy, None, None, False
+    return out
+
+
+_new = object.__new__
+
+
+def _empty_result(name: str, lazy: Lazy, shape: tuple[int, ...]) -> Lazy:
+    """What primitive `name` gives where its input or output has no elements: a constant keeps
+    zero-size views out of the scheduler's index math (which divides by the sizes). An empty
+    result is any constant; a sum or pad of nothing is 0."""
+    if lazy.size and name == "max_reduce":
+        raise IndexError(f"max/min/argmax over a dimension of size 0 (shape {shape}): it has "
+                         "no elements to choose from")
+    return graph.const(_EMPTY_INPUT.get(name, 0), lazy.dtype, lazy.shape, lazy.device)
 
 
 def realize(*tensors: Tensor) -> None:

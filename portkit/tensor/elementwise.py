@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from portkit import graph
 from portkit.tensor import core
 from portkit.tensor.dtype import (
     DTypeLike,
@@ -45,6 +46,7 @@ _ERFC_CHEBYSHEV = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807,
 
 
 _HALF = (float16, bfloat16)
+_HALF_NAMES = frozenset(d.name for d in _HALF)
 
 
 def in_float32(method: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -88,6 +90,8 @@ class ElementwiseOps:
 
     def cast(self: Tensor, dtype: DTypeLike) -> Tensor:
         """The values converted to `dtype` (self if it already is)."""
+        if dtype is self.lazy.dtype:
+            return self
         dtype = to_dtype(dtype)
         if dtype == self.dtype:
             return self
@@ -129,7 +133,11 @@ class ElementwiseOps:
                 dtype = int32
             # made at self's shape at once: the same constant node a reshape and an expand of a
             # 0-d one would give, without building them on every scalar operation
-            other = core.Tensor.full(self.shape, _wrapped(other, dtype), dtype, self.device)
+            other = core.wrap(graph.const(_wrapped(other, dtype), check_dtype(dtype, self.device)
+                                          if dtype is not self.dtype else dtype, self.shape,
+                                          self.device))
+            a = self.cast(dtype)
+            return (other, a) if reverse else (a, other)
         a, b = _broadcast(self.cast(dtype), other.cast(dtype))
         return (b, a) if reverse else (a, b)
 
@@ -141,7 +149,7 @@ class ElementwiseOps:
         if a.dtype.is_float and name in _INTEGER_ONLY:
             raise TypeError(f"{name} is defined on integer and bool tensors, not "
                             f"{a.dtype.name}; cast with .int() first")
-        if a.dtype == bool_:
+        if a.dtype.kind == "bool":
             # the ABI has no bool ADD/MUL; on bools they are or/and (PyTorch's results)
             name = _BOOL_ARITHMETIC.get(name, name)
             if name == "sub":
@@ -513,7 +521,7 @@ def _in_opmath(x: Tensor, other: Tensor | Scalar) -> bool:
     float32 with the number unrounded (its "opmath") and rounds once, where a 16-bit operation
     would round the number first (add and sub do: there torch rounds it too)."""
     number = _number(other)
-    return x.dtype in _HALF and number is not None and not isinstance(number, bool)
+    return x.dtype.name in _HALF_NAMES and number is not None and not isinstance(number, bool)
 
 
 def _as_bool(value: Tensor | Scalar) -> Tensor | bool:
@@ -592,4 +600,11 @@ def _broadcast(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
         if x != y and 1 not in (x, y):
             raise ValueError(f"shapes {a.shape} and {b.shape} cannot be broadcast together")
         out.append(y if x == 1 else x)
-    return a.reshape(sa).expand(tuple(out)), b.reshape(sb).expand(tuple(out))
+    out = tuple(out)
+    return _expanded(a, sa, out), _expanded(b, sb, out)
+
+
+def _expanded(x: Tensor, shape: tuple[int, ...], out: tuple[int, ...]) -> Tensor:
+    """x.reshape(shape).expand(out), for shapes _broadcast checked, without checking again."""
+    x = x if shape == x.shape else x._prim("reshape", arg=shape)
+    return x if out == shape else x._prim("expand", arg=out)

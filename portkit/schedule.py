@@ -481,43 +481,43 @@ runtime.on_clear(_replays.clear)
 def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
     """The structure of everything `realize(outs)` computes, and its nodes by position.
 
-    One pass: an iterative depth-first walk that numbers each node as it leaves it (a realized
-    node at once), so its sources are numbered before it. Ops and dtypes go in by name: a str
-    caches its hash where an Enum or a DType computes it in Python at every look-up."""
+    Two plain loops: a depth-first walk numbers the nodes in the order it meets them (any
+    order works that is the same for graphs of the same structure), then each node's entry
+    names its sources by number. Ops and dtypes go in by name: a str caches its hash where an
+    Enum or a DType computes it in Python at every look-up."""
     number: dict[int, int] = {}
     nodes: list[Lazy] = []
-    entries: list[tuple] = []
-    first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
-    stack: list = list(reversed(outs))
+    stack = list(outs)
     while stack:
         node = stack.pop()
-        if node is _LEAVE:
-            node = stack.pop()
-            arg, dtype = node.arg, node.dtype.name
-            if node.op is GraphOp.CONST and dtype in _VAR_DTYPE_NAMES:
-                arg = ("scalar", first.setdefault(_same_value(node), len(first)))
-            elif isinstance(arg, float):
-                arg = arg.hex()
-            # an Enum's _value_ is its value without the descriptor behind `.value`
-            entry = (node.op._value_, dtype, node.shape, node.device, arg,
-                     tuple([number[id(s)] for s in node.src]))
-        elif id(node) in number:
+        if id(node) not in number:
+            number[id(node)] = len(nodes)
+            nodes.append(node)
+            stack += node.src            # a realized node (LOAD) has none
+    entries: list[tuple] = []
+    first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
+    load, const, var_dtypes = GraphOp.LOAD, GraphOp.CONST, _VAR_DTYPE_NAMES
+    for node in nodes:
+        op, arg, dtype, src = node.op, node.arg, node.dtype.name, node.src
+        if op is load:
+            entries.append(("in", dtype, node.shape, node.device))
             continue
-        elif node.op is GraphOp.LOAD:
-            entry = ("in", node.dtype.name, node.shape, node.device)
-        else:
-            stack += (node, _LEAVE)
-            stack += reversed(node.src)
-            continue
-        number[id(node)] = len(nodes)
-        nodes.append(node)
-        entries.append(entry)
+        if arg is None:
+            pass
+        elif op is const and dtype in var_dtypes:
+            arg = ("scalar", first.setdefault(_same_value(node), len(first)))
+        elif isinstance(arg, float):
+            arg = arg.hex()
+        if len(src) == 1:
+            src = (number[id(src[0])],)
+        elif len(src) == 2:
+            src = (number[id(src[0])], number[id(src[1])])
+        elif src:
+            src = tuple([number[id(s)] for s in src])
+        # an Enum's _value_ is its value without the descriptor behind `.value`
+        entries.append((op._value_, dtype, node.shape, node.device, arg, src))
     entries.append(tuple([number[id(o)] for o in outs]))
     return tuple(entries), nodes
-
-
-# marks, on _graph_key's stack, that the node below it has had its sources numbered
-_LEAVE = object()
 
 
 def _compile_ahead(items: list[ScheduleItem]) -> None:

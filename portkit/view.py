@@ -59,7 +59,8 @@ class View(NamedTuple):
                 mask = tuple((0, 0) for _ in shape)
             elif all(lo == 0 and hi == s for (lo, hi), s in zip(mask, shape)):
                 mask = None
-        strides = tuple(0 if s == 1 else st for s, st in zip(shape, strides))
+        if 1 in shape:
+            strides = tuple([0 if s == 1 else st for s, st in zip(shape, strides)])
         return View(shape, strides, offset, mask)
 
     def permute(self, order: tuple[int, ...]) -> View:

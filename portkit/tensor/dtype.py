@@ -42,7 +42,7 @@ def scalar_dtype(value: Scalar) -> DType:
 
 def promote(a: DType, b: DType) -> DType:
     """The dtype of a binary op between tensors of dtypes a and b (PyTorch's rules)."""
-    if a == b:
+    if a is b or a == b:
         return a
     if a.is_float or b.is_float:
         floats = [d for d in (a, b) if d.is_float]
@@ -67,9 +67,12 @@ def promote_tensors(a, b) -> DType:
     """The dtype of a binary op between tensors a and b. As torch: a 0-d tensor beside one with
     dimensions sets the dtype only if its category (bool < integer < float) is higher, so
     `half_tensor * torch.tensor(2.0)` stays float16 and `int_tensor + tensor(0.5)` is float32."""
-    if (a.ndim == 0) == (b.ndim == 0):
-        return promote(a.dtype, b.dtype)
-    dims, zero = (a.dtype, b.dtype) if b.ndim == 0 else (b.dtype, a.dtype)
+    a_dtype, b_dtype = a.lazy.dtype, b.lazy.dtype
+    if a_dtype is b_dtype:
+        return a_dtype
+    if (not a.lazy.shape) == (not b.lazy.shape):
+        return promote(a_dtype, b_dtype)
+    dims, zero = (a_dtype, b_dtype) if not b.lazy.shape else (b_dtype, a_dtype)
     return zero if _category(zero) > _category(dims) else dims
 
 

@@ -118,11 +118,13 @@ class ElementwiseOps:
     def _operand(self: Tensor, other: Tensor | Scalar, reverse: bool = False
                  ) -> tuple[Tensor, Tensor]:
         """self and other promoted to one dtype and broadcast to one shape (swapped if reverse)."""
-        if isinstance(other, np.ndarray | np.generic):
+        tensor = isinstance(other, core.Tensor)
+        if not tensor and isinstance(other, np.ndarray | np.generic):
             other = core.Tensor(other, device=self.device) if other.ndim else other.item()
-        if isinstance(other, core.Tensor):
+            tensor = isinstance(other, core.Tensor)
+        if tensor:
             dtype = promote_tensors(self, other)
-            if other.device != self.device:
+            if other.lazy.device != self.lazy.device:
                 raise ValueError(f"tensors are on different devices: {self.device} and "
                                  f"{other.device}; move one with .to()")
         else:

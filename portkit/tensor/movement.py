@@ -28,13 +28,15 @@ class MovementOps:
 
     def reshape(self: Tensor, *shape: ShapeLike) -> Tensor:
         """The same elements in row-major order with a new shape (one dim may be -1)."""
-        shape = list(as_shape(shape))
-        if shape.count(-1) > 1:
-            raise ValueError(f"reshape to {tuple(shape)}: only one dimension can be -1")
+        shape = as_shape(shape)
+        if shape == self.lazy.shape:
+            return self
         if -1 in shape:
+            if shape.count(-1) > 1:
+                raise ValueError(f"reshape to {shape}: only one dimension can be -1")
             rest = math.prod(s for s in shape if s != -1)
-            shape[shape.index(-1)] = self.numel() // rest if rest else 0
-        shape = tuple(shape)
+            size = self.numel() // rest if rest else 0
+            shape = tuple(size if s == -1 else s for s in shape)
         if math.prod(shape) != self.numel():
             raise ValueError(f"cannot reshape a tensor of shape {self.shape} to {shape}")
         return self if shape == self.shape else self._prim("reshape", arg=shape)
@@ -69,8 +71,11 @@ class MovementOps:
 
     def permute(self: Tensor, *order: ShapeLike) -> Tensor:
         """The dims reordered: dim i of the result is dim order[i] of self."""
-        order = tuple(as_dim(o, self.ndim) for o in as_shape(order))
-        if sorted(order) != list(range(self.ndim)):
+        ndim = len(self.lazy.shape)
+        order = as_shape(order)
+        if order and (min(order) < 0 or max(order) >= ndim):
+            order = tuple(as_dim(o, ndim) for o in order)
+        if sorted(order) != list(range(ndim)):
             raise ValueError(f"permute order {order} is not a permutation of "
                              f"{self.ndim} dimensions")
         return self if order == tuple(range(self.ndim)) else self._prim("permute", arg=order)
@@ -89,8 +94,10 @@ class MovementOps:
     def expand(self: Tensor, *shape: ShapeLike) -> Tensor:
         """Size-1 dims repeated (without copying) to `shape`; -1 keeps a dim."""
         shape = as_shape(shape)
-        new = tuple(s if s != -1 else o for s, o in zip(shape, (None,) * (
-            len(shape) - self.ndim) + self.shape))
+        if shape == self.lazy.shape:
+            return self
+        new = shape if -1 not in shape else tuple(s if s != -1 else o for s, o in zip(
+            shape, (None,) * (len(shape) - self.ndim) + self.shape))
         x = self.reshape((1,) * (len(new) - self.ndim) + self.shape)
         for old, want in zip(x.shape, new):
             if old != want and old != 1:

@@ -14,7 +14,7 @@ def as_shape(shape: Sequence[ShapeLike]) -> tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
         shape = shape[0]
     try:
-        return tuple(operator.index(s) for s in shape)
+        return tuple(map(operator.index, shape))
     except TypeError:
         raise TypeError(f"sizes must be integers, got {tuple(shape)}; round them with int() "
                         "first") from None

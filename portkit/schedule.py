@@ -552,8 +552,9 @@ def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
         made.append(buffer)
         if step.root is not None:
             nodes[step.root].realize_as(buffer)
-    _report(debug, start, sum(s.compiled is not None for s in steps),
-            {s.device for s in steps})
+    if debug:
+        _report(debug, start, sum(s.compiled is not None for s in steps),
+                {s.device for s in steps})
 
 
 class _ByValue(NamedTuple):

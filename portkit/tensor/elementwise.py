@@ -78,6 +78,7 @@ def pair_in_float32(method: Callable[..., Tensor]) -> Callable[..., Tensor]:
 
 
 _BOOL_ARITHMETIC = {"add": "or", "mul": "and"}
+_NUMPY_VALUES = (np.ndarray, np.generic)
 _INTEGER_ONLY = frozenset({"and", "or", "xor", "shl", "shr"})
 
 
@@ -118,30 +119,30 @@ class ElementwiseOps:
     def _operand(self: Tensor, other: Tensor | Scalar, reverse: bool = False
                  ) -> tuple[Tensor, Tensor]:
         """self and other promoted to one dtype and broadcast to one shape (swapped if reverse)."""
-        tensor = isinstance(other, core.Tensor)
-        if not tensor and isinstance(other, np.ndarray | np.generic):
-            other = core.Tensor(other, device=self.device) if other.ndim else other.item()
-            tensor = isinstance(other, core.Tensor)
+        Tensor, lazy = core.Tensor, self.lazy
+        tensor = isinstance(other, Tensor)
+        if not tensor and isinstance(other, _NUMPY_VALUES):
+            other = Tensor(other, device=lazy.device) if other.ndim else other.item()
+            tensor = isinstance(other, Tensor)
         if tensor:
             dtype = promote_tensors(self, other)
-            if other.lazy.device != self.lazy.device:
+            if other.lazy.device != lazy.device:
                 raise ValueError(f"tensors are on different devices: {self.device} and "
                                  f"{other.device}; move one with .to()")
-        else:
-            dtype = self.dtype
-            if isinstance(other, float) and not dtype.is_float:
-                dtype = default_float
-            elif isinstance(other, int) and not isinstance(other, bool) and dtype == bool_:
-                dtype = int32
-            # made at self's shape at once: the same constant node a reshape and an expand of a
-            # 0-d one would give, without building them on every scalar operation
-            other = core.wrap(graph.const(_wrapped(other, dtype), check_dtype(dtype, self.device)
-                                          if dtype is not self.dtype else dtype, self.shape,
-                                          self.device))
-            a = self.cast(dtype)
-            return (other, a) if reverse else (a, other)
-        a, b = _broadcast(self.cast(dtype), other.cast(dtype))
-        return (b, a) if reverse else (a, b)
+            a, b = self.cast(dtype), other.cast(dtype)
+            if a.lazy.shape != b.lazy.shape:
+                a, b = _broadcast(a, b)
+            return (b, a) if reverse else (a, b)
+        dtype = lazy.dtype
+        if isinstance(other, float) and dtype.kind != "float":
+            dtype = check_dtype(default_float, lazy.device)
+        elif isinstance(other, int) and not isinstance(other, bool) and dtype.kind == "bool":
+            dtype = check_dtype(int32, lazy.device)
+        # made at self's shape at once: the same constant node a reshape and an expand of a 0-d
+        # one would give, without building them on every scalar operation
+        other = core.wrap(graph.const(_wrapped(other, dtype), dtype, lazy.shape, lazy.device))
+        a = self if dtype is lazy.dtype else self.cast(dtype)
+        return (other, a) if reverse else (a, other)
 
     def _binary(self: Tensor, name: str, other: Tensor | Scalar, reverse: bool = False
                 ) -> Tensor:
@@ -568,11 +569,14 @@ def _real_pow(x: Tensor, y: Tensor) -> Tensor:
 
 def _wrapped(value: Scalar, dtype) -> Scalar:
     """A Python int taken modulo an integer dtype's range, as PyTorch does with scalars."""
-    if not dtype.is_int or isinstance(value, bool) or not isinstance(value, int):
+    if type(value) is float or not dtype.is_int or isinstance(value, bool) or not isinstance(
+            value, int):
         return value
     span = 1 << dtype.bits
     value %= span
-    return value - span if value > dtype.max else value
+    # dtype.max without numpy's iinfo, which is made anew at every call
+    largest = span - 1 if dtype.kind == "uint" else (span >> 1) - 1
+    return value - span if value > largest else value
 
 
 def _check_int_divisor(x: Tensor, other: Tensor | Scalar, reverse: bool) -> None:

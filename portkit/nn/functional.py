@@ -33,7 +33,7 @@ from portkit.nn.spatial import (
     pad,
 )
 from portkit.tensor import Tensor
-from portkit.tensor.dtype import bool_, float_of, int32
+from portkit.tensor.dtype import bool_, float_of, int32, promote
 from portkit.tensor.elementwise import in_float32
 
 IntPair = int | tuple[int, int]
@@ -42,7 +42,13 @@ Reduction = Literal["mean", "sum", "none"]
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """input @ weight.T + bias."""
-    out = input.matmul(weight.T)
+    if input.ndim >= 2 and weight.ndim == 2 and input.shape[-1] == weight.shape[1]:
+        # matmul's product and sum with weight as it lies: matmul(weight.T) transposes it back,
+        # two movement ops each way (forward and backward) that compose to nothing
+        dtype = promote(input.dtype, weight.dtype)
+        out = (input.cast(dtype).unsqueeze(-2) * weight.cast(dtype).unsqueeze(-3)).sum(-1)
+    else:
+        out = input.matmul(weight.T)
     return out if bias is None else out + bias
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from portkit import graph
 from portkit.tensor import core
+from portkit.tensor.broadcast import broadcast, wrapped
 from portkit.tensor.dtype import (
     DTypeLike,
     Scalar,
@@ -131,7 +132,7 @@ class ElementwiseOps:
                                  f"{other.device}; move one with .to()")
             a, b = self.cast(dtype), other.cast(dtype)
             if a.lazy.shape != b.lazy.shape:
-                a, b = _broadcast(a, b)
+                a, b = broadcast(a, b)
             return (b, a) if reverse else (a, b)
         dtype = lazy.dtype
         if isinstance(other, float) and dtype.kind != "float":
@@ -140,7 +141,7 @@ class ElementwiseOps:
             dtype = check_dtype(int32, lazy.device)
         # made at self's shape at once: the same constant node a reshape and an expand of a 0-d
         # one would give, without building them on every scalar operation
-        other = core.wrap(graph.const(_wrapped(other, dtype), dtype, lazy.shape, lazy.device))
+        other = core.wrap(graph.const(wrapped(other, dtype), dtype, lazy.shape, lazy.device))
         a = self if dtype is lazy.dtype else self.cast(dtype)
         return (other, a) if reverse else (a, other)
 
@@ -417,10 +418,10 @@ class ElementwiseOps:
         else:
             x, y = core.Tensor.full((), a, scalar_dtype(a), self.device)._operand(b)
         cond = self.cast(bool_)
-        cond, x = _broadcast(cond, x)
-        cond, y = _broadcast(cond, y)
-        x, y = _broadcast(x, y)
-        cond, x = _broadcast(cond, x)
+        cond, x = broadcast(cond, x)
+        cond, y = broadcast(cond, y)
+        x, y = broadcast(x, y)
+        cond, x = broadcast(cond, x)
         return cond._prim("where", x, y)
 
     def trunc(self: Tensor) -> Tensor:
@@ -567,18 +568,6 @@ def _real_pow(x: Tensor, y: Tensor) -> Tensor:
     return ((y == 0) | (x == 1)).where(1.0, out)
 
 
-def _wrapped(value: Scalar, dtype) -> Scalar:
-    """A Python int taken modulo an integer dtype's range, as PyTorch does with scalars."""
-    if type(value) is float or not dtype.is_int or isinstance(value, bool) or not isinstance(
-            value, int):
-        return value
-    span = 1 << dtype.bits
-    value %= span
-    # dtype.max without numpy's iinfo, which is made anew at every call
-    largest = span - 1 if dtype.kind == "uint" else (span >> 1) - 1
-    return value - span if value > largest else value
-
-
 def _check_int_divisor(x: Tensor, other: Tensor | Scalar, reverse: bool) -> None:
     """Integer division by a zero known on the host raises, as PyTorch's does."""
     divisor, dividend = (x, other) if reverse else (other, x)
@@ -594,23 +583,3 @@ def _check_int_divisor(x: Tensor, other: Tensor | Scalar, reverse: bool) -> None
     if zero:
         raise ZeroDivisionError("integer division or modulo by zero; cast to a float dtype "
                                 "for inf/NaN results")
-
-
-def _broadcast(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    if a.shape == b.shape:
-        return a, b
-    ndim = max(a.ndim, b.ndim)
-    sa, sb = (1,) * (ndim - a.ndim) + a.shape, (1,) * (ndim - b.ndim) + b.shape
-    out = []
-    for x, y in zip(sa, sb):
-        if x != y and 1 not in (x, y):
-            raise ValueError(f"shapes {a.shape} and {b.shape} cannot be broadcast together")
-        out.append(y if x == 1 else x)
-    out = tuple(out)
-    return _expanded(a, sa, out), _expanded(b, sb, out)
-
-
-def _expanded(x: Tensor, shape: tuple[int, ...], out: tuple[int, ...]) -> Tensor:
-    """x.reshape(shape).expand(out), for shapes _broadcast checked, without checking again."""
-    x = x if shape == x.shape else x._prim("reshape", arg=shape)
-    return x if out == shape else x._prim("expand", arg=out)

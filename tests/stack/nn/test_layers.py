@@ -76,3 +76,21 @@ def test_optimizer_trajectories_match_torch(ours, theirs, kwargs):
         opt.step()
         topt.step()
     np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("x_shape", [(5, 7), (2, 3, 7), (7,)])
+def test_linear_is_matmul_by_the_transposed_weight_bit_for_bit(x_shape):
+    # linear skips matmul's transpose of weight.T; values and gradients must not move a bit
+    from portkit.nn import functional as F
+    data = np.random.default_rng(4).standard_normal(x_shape).astype(np.float32)
+    grads = []
+    for fast in (True, False):
+        x = Tensor(data, requires_grad=True)
+        w = Tensor(np.linspace(-1, 1, 28, dtype=np.float32).reshape(4, 7), requires_grad=True)
+        b = Tensor(np.array([0.5, -1, 2, 0], np.float32), requires_grad=True)
+        out = F.linear(x, w, b) if fast else x.matmul(w.T) + b
+        (out * out).sum().backward()
+        grads.append([t.view(np.uint32) for t in (out.numpy(), x.grad.numpy(),
+                                                   w.grad.numpy(), b.grad.numpy())])
+    for got, want in zip(*grads):
+        np.testing.assert_array_equal(got, want)

@@ -483,8 +483,9 @@ def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
 
     Two plain loops: a depth-first walk numbers the nodes in the order it meets them (any
     order works that is the same for graphs of the same structure), then each node's entry
-    names its sources by number. Ops and dtypes go in by name: a str caches its hash where an
-    Enum or a DType computes it in Python at every look-up."""
+    names its sources by number. Ops and dtypes go in by value and name: a str caches its hash
+    where an Enum or a DType computes it in Python at every look-up (and an Enum's `_value_`
+    skips the descriptor behind `.value`)."""
     number: dict[int, int] = {}
     nodes: list[Lazy] = []
     stack = list(outs)
@@ -496,7 +497,7 @@ def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
             stack += node.src            # a realized node (LOAD) has none
     entries: list[tuple] = []
     first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
-    load, const, var_dtypes = GraphOp.LOAD, GraphOp.CONST, _VAR_DTYPE_NAMES
+    load, const, reduce, var_dtypes = GraphOp.LOAD, GraphOp.CONST, GraphOp.REDUCE, _VAR_DTYPE_NAMES
     for node in nodes:
         op, arg, dtype, src = node.op, node.arg, node.dtype.name, node.src
         if op is load:
@@ -508,13 +509,14 @@ def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
             arg = ("scalar", first.setdefault(_same_value(node), len(first)))
         elif isinstance(arg, float):
             arg = arg.hex()
+        elif op is reduce:
+            arg = (arg[0]._value_, arg[1])      # (Op, axes), the Op by value
         if len(src) == 1:
             src = (number[id(src[0])],)
         elif len(src) == 2:
             src = (number[id(src[0])], number[id(src[1])])
         elif src:
             src = tuple([number[id(s)] for s in src])
-        # an Enum's _value_ is its value without the descriptor behind `.value`
         entries.append((op._value_, dtype, node.shape, node.device, arg, src))
     entries.append(tuple([number[id(o)] for o in outs]))
     return tuple(entries), nodes

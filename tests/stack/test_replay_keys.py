@@ -72,3 +72,11 @@ def test_a_number_beside_a_tensor_keeps_torchs_dtype_and_shape():
     assert (flags + 1).dtype.name == "int32"
     assert (flags + 1).numpy().tolist() == [2, 1]
     assert (Tensor(np.zeros((2, 3), np.float32)) + 1).shape == (2, 3)
+
+
+def test_reductions_that_differ_in_op_or_axes_get_their_own_results():
+    x, = _put([[1.0, 5.0], [3.0, 2.0]])
+    np.testing.assert_array_equal(x.sum(0).numpy(), [4, 7])
+    np.testing.assert_array_equal(x.amax(0).numpy(), [3, 5])
+    np.testing.assert_array_equal(x.sum(1).numpy(), [6, 5])
+    np.testing.assert_array_equal(x.prod(1).numpy(), [5, 6])

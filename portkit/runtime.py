@@ -301,22 +301,14 @@ class Runtime:
                wait: bool = False) -> float | None:
         """Runs `compiled` on its own grid and block; with `wait`, returns the seconds it took.
         `scalars` are the VARs' values (ints or floats), in argument order."""
-        kernel = compiled.kernel
         _check_arguments(compiled, buffers, scalars)
         words = compiled.words(scalars)
         mode = check_mode()
         if mode == "compiled" and self._checked(compiled) is not None:
             return self._launch_checked(compiled, buffers, words, wait)
         if mode:
-            _check_bounds(kernel, buffers, words)
-        level = debug_level()
-        with self.device_lock:
-            seconds = compiled.program([b.handle for b in buffers], words, kernel.grid,
-                                       kernel.block, wait=wait or level >= 2)
-        if level >= 2:
-            print_launch(compiled, seconds, level)
-        compiled.launched = True
-        return seconds if wait else None
+            _check_bounds(compiled.kernel, buffers, words)
+        return self._run(compiled, [b.handle for b in buffers], words, wait)
 
     def _checked(self, compiled: Compiled) -> tuple | None:
         """`compiled`'s bounds-checked build and its Compiled, made once; None where the
@@ -335,14 +327,9 @@ class Runtime:
         sizes = [b.size for b in buffers]
         fault = self.alloc(dtypes.int32, checked.fault_words)
         fault.copyin(np.zeros(checked.fault_words, np.int32))
-        level = debug_level()
-        with self.device_lock:
-            seconds = program.program([b.handle for b in buffers] + [fault.handle],
-                                      sizes + words, program.kernel.grid, program.kernel.block,
-                                      wait=wait or level >= 2)
-        if level >= 2:
-            print_launch(program, seconds, level)
-        program.launched = compiled.launched = True
+        seconds = self._run(program, [b.handle for b in buffers] + [fault.handle],
+                            sizes + words, wait)
+        compiled.launched = True
         found = checked.fault(fault.numpy(), sizes)
         if found is not None:
             raise OutOfBoundsError(f"{found.message(compiled.kernel)} (PORTKIT_CHECK=1 skipped "
@@ -353,9 +340,20 @@ class Runtime:
     def launch_again(self, compiled: Compiled, handles: list, words: list[int]) -> None:
         """Runs `compiled` on buffer handles and packed scalar words of the kinds an earlier
         `launch` of it checked (portkit.jit's replay): no checks, no waiting, no debug lines."""
+        self._run(compiled, handles, words, wait=False, level=0)
+
+    def _run(self, compiled: Compiled, handles: list, words: list, wait: bool,
+             level: int | None = None) -> float | None:
+        # the one place a program runs: under the device's lock, timed for PORTKIT_DEBUG>=2
+        level = debug_level() if level is None else level
         kernel = compiled.kernel
         with self.device_lock:
-            compiled.program(handles, words, kernel.grid, kernel.block, wait=False)
+            seconds = compiled.program(handles, words, kernel.grid, kernel.block,
+                                       wait=wait or level >= 2)
+        if level >= 2:
+            print_launch(compiled, seconds, level)
+        compiled.launched = True
+        return seconds if wait else None
 
     def run(self, kernel: Kernel, *arrays: np.ndarray, scalars: tuple = ()
             ) -> list[np.ndarray]:

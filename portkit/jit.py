@@ -504,8 +504,6 @@ class Jit:
         made: list[runtime.Buffer | None] = [None] * len(plan.steps)
         tables = ([t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state], made,
                   plan.kept)
-        # what a capture's launches checked holds at a replay; debugging still sees each one
-        checked = runtime.debug_level() or runtime.check_mode()
         for k, step in enumerate(plan.steps):
             buffers = step.template.copy()
             if step.fresh:
@@ -513,10 +511,7 @@ class Jit:
             for slot, kind, position in step.fills:
                 buffers[slot] = tables[kind][position]
             values, words = step.scalars()
-            if checked:
-                step.runtime.launch(step.compiled, buffers, values)
-            else:
-                step.runtime.launch_again(step.compiled, [b.handle for b in buffers], words)
+            step.runtime.launch_again(step.compiled, buffers, values, words)
         if plan.sets:
             values = [(obj, name, _plain(_now(value), kind))
                       for obj, name, value, kind in plan.sets]

@@ -337,10 +337,18 @@ class Runtime:
                                    "index or the buffer sizes")
         return seconds if wait else None
 
-    def launch_again(self, compiled: Compiled, handles: list, words: list[int]) -> None:
-        """Runs `compiled` on buffer handles and packed scalar words of the kinds an earlier
-        `launch` of it checked (portkit.jit's replay): no checks, no waiting, no debug lines."""
-        self._run(compiled, handles, words, wait=False, level=0)
+    def launch_again(self, compiled: Compiled, buffers: list[Buffer], scalars: tuple,
+                     words: list | None = None) -> None:
+        """Runs `compiled` again on buffers and scalars of the kinds an earlier `launch` of it
+        checked (a replay: schedule.py's of a graph seen before, portkit.jit's): no argument
+        checks and no waiting. `words`: the scalars already packed (`compiled.words`). While
+        PORTKIT_DEBUG or PORTKIT_CHECK is set it is `launch`, so each replayed launch is
+        printed or checked."""
+        if debug_level() or check_mode():
+            self.launch(compiled, buffers, scalars)
+            return
+        words = compiled.words(scalars) if words is None else words
+        self._run(compiled, [b.handle for b in buffers], words, wait=False, level=0)
 
     def _run(self, compiled: Compiled, handles: list, words: list, wait: bool,
              level: int | None = None) -> float | None:

@@ -1,0 +1,52 @@
+"""The launch path of portkit.runtime: launch_again (the replays' launch), and the settings
+PORTKIT_DEBUG and PORTKIT_CHECK that make every launch, replayed or not, printed or checked."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from portkit import runtime
+from portkit.abi import KernelBuilder, dtypes
+
+
+@pytest.fixture(autouse=True)
+def quiet(monkeypatch):
+    monkeypatch.delenv("PORTKIT_DEBUG", raising=False)
+    monkeypatch.delenv("PORTKIT_CHECK", raising=False)
+
+
+def _store_at_group(grid: int, name: str = "store_at_group"):
+    """out[group] = 1: out of bounds where the buffer is shorter than the grid."""
+    k = KernelBuilder(name)
+    out = k.param(dtypes.float32)
+    k.store(out, k.special("group", 0), k.const(1.0, dtypes.float32))
+    return k.build(grid=(grid, 1, 1))
+
+
+def test_launch_again_runs_the_kernel():
+    rt = runtime.get("cpu")
+    out = rt.alloc(dtypes.float32, 8).copyin(np.zeros(8, np.float32))
+    rt.launch_again(rt.compile(_store_at_group(8)), [out], ())
+    np.testing.assert_array_equal(out.numpy(), np.ones(8, np.float32))
+
+
+def test_launch_again_prints_each_launch_under_portkit_debug(monkeypatch, capsys):
+    rt = runtime.get("cpu")
+    compiled = rt.compile(_store_at_group(8, "again_debug"))
+    out = rt.alloc(dtypes.float32, 8)
+    rt.launch_again(compiled, [out], ())
+    assert "again_debug" not in capsys.readouterr().err
+    monkeypatch.setenv("PORTKIT_DEBUG", "2")
+    rt.launch_again(compiled, [out], ())
+    rt.launch_again(compiled, [out], ())
+    assert capsys.readouterr().err.count("again_debug ") == 2
+
+
+def test_launch_again_is_bounds_checked_under_portkit_check(monkeypatch):
+    rt = runtime.get("cpu")
+    compiled = rt.compile(_store_at_group(20))
+    short = rt.alloc(dtypes.float32, 16).copyin(np.zeros(16, np.float32))
+    monkeypatch.setenv("PORTKIT_CHECK", "1")
+    with pytest.raises(runtime.OutOfBoundsError, match=r"element 1[6-9] of a 16-element"):
+        rt.launch_again(compiled, [short], ())
+    np.testing.assert_array_equal(short.numpy(), np.ones(16, np.float32))

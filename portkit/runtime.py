@@ -193,7 +193,8 @@ class Compiled:
     program: Program
     seconds: float = field(default=0.0, compare=False)
     launched: bool = field(default=False, compare=False)
-    # PORTKIT_CHECK=1: the bounds-checked build (codegen.check.Checked) and its Compiled
+    # PORTKIT_CHECK=1: the bounds-checked build (codegen.check.Checked), its Compiled and its
+    # fault buffer
     checked: tuple | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -311,31 +312,39 @@ class Runtime:
         return self._run(compiled, [b.handle for b in buffers], words, wait)
 
     def _checked(self, compiled: Compiled) -> tuple | None:
-        """`compiled`'s bounds-checked build and its Compiled, made once; None where the
-        fault buffer would exceed the device's buffer limit (the interpreter checks then)."""
+        """`compiled`'s bounds-checked build, its Compiled and its zeroed fault buffer, made
+        once; None where the fault buffer would exceed the device's buffer limit (the
+        interpreter checks then)."""
         if compiled.checked is None:
             from portkit.codegen.check import bounds_checked
 
             checked = bounds_checked(compiled.kernel)
-            fits = len(checked.kernel.params) <= self.capabilities.max_buffers
-            compiled.checked = (checked, self.compile(checked.kernel) if fits else None)
+            if len(checked.kernel.params) > self.capabilities.max_buffers:
+                compiled.checked = (checked, None, None)
+            else:
+                fault = self.alloc(dtypes.int32, checked.fault_words)
+                fault.copyin(np.zeros(checked.fault_words, np.int32))
+                compiled.checked = (checked, self.compile(checked.kernel), fault)
         return compiled.checked if compiled.checked[1] is not None else None
 
     def _launch_checked(self, compiled: Compiled, buffers: list[Buffer], words: list,
                         wait: bool) -> float | None:
-        checked, program = compiled.checked
+        checked, program, fault = compiled.checked
         sizes = [b.size for b in buffers]
-        fault = self.alloc(dtypes.int32, checked.fault_words)
-        fault.copyin(np.zeros(checked.fault_words, np.int32))
-        seconds = self._run(program, [b.handle for b in buffers] + [fault.handle],
-                            sizes + words, wait)
-        compiled.launched = True
-        found = checked.fault(fault.numpy(), sizes)
+        # The fault buffer stays zero until an access is out of bounds; it is the kernel's, so
+        # the launch and its reading hold the device's lock together.
+        with self.device_lock:
+            seconds = self._run(program, [b.handle for b in buffers] + [fault.handle],
+                                sizes + words, wait)
+            compiled.launched = True
+            found = checked.fault(fault.numpy(), sizes)
+            if found is not None:
+                fault.copyin(np.zeros(checked.fault_words, np.int32))
         if found is not None:
             raise OutOfBoundsError(f"{found.message(compiled.kernel)} (PORTKIT_CHECK=1 skipped "
                                    f"it); the buffers hold {sizes} elements: fix the kernel's "
                                    "index or the buffer sizes")
-        return seconds if wait else None
+        return seconds
 
     def launch_again(self, compiled: Compiled, buffers: list[Buffer], scalars: tuple,
                      words: list | None = None) -> None:

@@ -50,3 +50,21 @@ def test_launch_again_is_bounds_checked_under_portkit_check(monkeypatch):
     with pytest.raises(runtime.OutOfBoundsError, match=r"element 1[6-9] of a 16-element"):
         rt.launch_again(compiled, [short], ())
     np.testing.assert_array_equal(short.numpy(), np.ones(16, np.float32))
+
+
+@pytest.mark.parametrize("device", ["cpu", "interpreter"])
+def test_checked_launches_share_one_fault_buffer_cleared_after_a_fault(monkeypatch, device):
+    rt = runtime.get(device)
+    compiled = rt.compile(_store_at_group(20, "one_fault_buffer"))
+    monkeypatch.setenv("PORTKIT_CHECK", "1")
+    wide, short = rt.alloc(dtypes.float32, 20), rt.alloc(dtypes.float32, 16)
+    rt.launch(compiled, [wide])             # builds the checked kernel and its fault buffer
+    allocated = []
+    monkeypatch.setattr(rt.pool, "take", lambda nbytes: allocated.append(nbytes) or
+                        np.zeros(nbytes, np.uint8))
+    for _ in range(3):
+        rt.launch(compiled, [wide])
+    with pytest.raises(runtime.OutOfBoundsError):
+        rt.launch(compiled, [short])
+    rt.launch(compiled, [wide])             # the fault found before is not reported again
+    assert allocated == []

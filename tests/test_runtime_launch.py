@@ -68,3 +68,16 @@ def test_checked_launches_share_one_fault_buffer_cleared_after_a_fault(monkeypat
         rt.launch(compiled, [short])
     rt.launch(compiled, [wide])             # the fault found before is not reported again
     assert allocated == []
+
+
+def test_setting_follows_the_environment_as_it_changes(monkeypatch):
+    monkeypatch.delenv("PORTKIT_SETTING_TEST", raising=False)
+    assert runtime.setting("PORTKIT_SETTING_TEST") == ""
+    monkeypatch.setenv("PORTKIT_SETTING_TEST", "värde 1")
+    assert runtime.setting("PORTKIT_SETTING_TEST") == "värde 1"
+    monkeypatch.setenv("PORTKIT_DEBUG", "3")
+    assert runtime.debug_level() == 3
+    monkeypatch.setenv("PORTKIT_CHECK", "interpreter")
+    assert runtime.check_mode() == "interpreter"
+    monkeypatch.delenv("PORTKIT_SETTING_TEST")
+    assert runtime.setting("PORTKIT_SETTING_TEST") == ""

@@ -544,6 +544,8 @@ class _ByValue(NamedTuple):
 
 def realize(outs: list[Lazy]) -> None:
     """Computes every node in `outs` into its own buffer."""
+    if all(out.realized for out in outs):     # .realize() or .numpy() of a computed tensor
+        return
     structure_key, nodes = _graph_key(outs)
     steps = _replays.get(structure_key)
     if isinstance(steps, _ByValue):

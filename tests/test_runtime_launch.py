@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from portkit import runtime
-from portkit.abi import KernelBuilder, dtypes
+from portkit.abi import BackendUnavailable, KernelBuilder, Op, dtypes
 
 
 @pytest.fixture(autouse=True)
@@ -81,3 +81,34 @@ def test_setting_follows_the_environment_as_it_changes(monkeypatch):
     assert runtime.check_mode() == "interpreter"
     monkeypatch.delenv("PORTKIT_SETTING_TEST")
     assert runtime.setting("PORTKIT_SETTING_TEST") == ""
+
+
+def _store_scalars():
+    """out[group] = a + b * 100, a and b int32 scalars."""
+    k = KernelBuilder("store_scalars")
+    out = k.param(dtypes.int32)
+    value = k.alu(Op.ADD, k.var("a"), k.alu(Op.MUL, k.var("b"), k.const(100)))
+    k.store(out, k.special("group", 0), value)
+    return k.build(grid=(4, 1, 1))
+
+
+@pytest.mark.parametrize("device", ["cpu", "interpreter", "opencl", "webgpu"])
+def test_a_program_takes_each_launchs_own_scalars_and_grid(device):
+    """Programs may keep the arrays of their last launch's arguments (the CPU's do): each
+    launch must still run on its own scalars, grid and buffers."""
+    try:
+        rt = runtime.get(device)
+    except BackendUnavailable as error:
+        pytest.skip(f"{device} is not available here: {error}")
+    program = rt.compile(_store_scalars()).program
+    out = [rt.alloc(dtypes.int32, 4).copyin(np.zeros(4, np.int32)) for _ in range(2)]
+    words = [1, 2]      # one list changed in place between launches, as a replay's are
+    launches = [(1, 2, 4, 0, [201] * 4),        # scalars, grid, buffer, what it then holds
+                (1, 2, 4, 1, [201] * 4),
+                (3, 2, 4, 0, [203] * 4),
+                (3, 2, 2, 1, [203] * 2 + [201] * 2),
+                (0, 5, 4, 0, [500] * 4)]
+    for a, b, grid, target, want in launches:
+        words[:] = a, b
+        program([out[target].handle], words, (grid, 1, 1), (1, 1, 1), wait=True)
+        np.testing.assert_array_equal(out[target].numpy(), want)

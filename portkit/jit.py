@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 from portkit import graph, runtime, schedule
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
-from portkit.abi.kernel import scalar_words
 from portkit.graph import Lazy
 from portkit.tensor.core import Tensor, realize
 
@@ -182,12 +181,10 @@ class _Step:
         """The scalars' values and words at this replay."""
         if not self.traced:
             return self.fixed, self.words
-        values, words = list(self.fixed), self.words.copy()
-        var_dtypes = self.compiled.var_dtypes
+        values = list(self.fixed)
         for slot, number, dtype in self.traced:
             values[slot] = schedule.var_value(number.compute(), dtype)
-            words[slot] = scalar_words((var_dtypes[slot],), (values[slot],))[0]
-        return tuple(values), words
+        return tuple(values), self.compiled.words(values)
 
 
 @dataclass

@@ -18,6 +18,7 @@ import functools
 import gc
 import hashlib
 import os
+import struct
 import sys
 import threading
 import time
@@ -222,12 +223,20 @@ class Compiled:
         self.buffer_dtypes = tuple(p.dtype for p in kernel.params)
         self.var_dtypes = kernel.var_dtypes
         self.words_are_values = all(d == dtypes.int32 for d in self.var_dtypes)
+        # scalar_words' packing, with its formats built once (VAR dtypes' numpy codes are
+        # struct's): about 0.2 us a launch instead of 1
+        self.packing = (struct.Struct("<" + "".join(d.np.char for d in self.var_dtypes)),
+                        struct.Struct(f"<{len(self.var_dtypes)}i"))
 
     def words(self, scalars: tuple) -> list:
         """The scalar arguments' values as the 32-bit words the program takes."""
         if self.words_are_values:
             return list(scalars)
-        return scalar_words(self.var_dtypes, scalars)
+        values, words = self.packing
+        try:
+            return list(words.unpack(values.pack(*scalars)))
+        except (struct.error, OverflowError):     # out of range: scalar_words wraps it
+            return scalar_words(self.var_dtypes, scalars)
 
 
 class Runtime:

@@ -7,6 +7,7 @@ import pytest
 
 from portkit import runtime
 from portkit.abi import BackendUnavailable, KernelBuilder, Op, dtypes
+from portkit.abi.kernel import scalar_words
 
 
 @pytest.fixture(autouse=True)
@@ -112,3 +113,27 @@ def test_a_program_takes_each_launchs_own_scalars_and_grid(device):
         words[:] = a, b
         program([out[target].handle], words, (grid, 1, 1), (1, 1, 1), wait=True)
         np.testing.assert_array_equal(out[target].numpy(), want)
+
+
+def _vars(*var_dtypes):
+    """out[k] = the bits of scalar k."""
+    k = KernelBuilder("vars_" + "_".join(d.name for d in var_dtypes))
+    out = k.param(dtypes.int32)
+    for position, dtype in enumerate(var_dtypes):
+        k.store(out, k.const(position), k.cast(k.var(f"v{position}", dtype), dtypes.int32,
+                                               bitcast=True))
+    return k.build()
+
+
+@pytest.mark.parametrize("values", [(0.5, 7, 3), (-0.0, -1, 2**32 - 1), (float("nan"), 0, 0),
+                                    (float("inf"), 2**31 - 1, 2**32 + 5), (1e40, -2**31, -1),
+                                    (float(2**-149), 0, 2**31)])
+def test_compiled_words_are_scalar_words(values):
+    """Compiled.words packs with formats made once; its words are scalar_words' exactly."""
+    var_dtypes = (dtypes.float32, dtypes.int32, dtypes.uint32)
+    rt = runtime.get("cpu")
+    compiled = rt.compile(_vars(*var_dtypes))
+    assert compiled.words(values) == scalar_words(var_dtypes, values)
+    out = rt.alloc(dtypes.int32, 3)
+    rt.launch(compiled, [out], values)
+    assert out.numpy().tolist() == scalar_words(var_dtypes, values)

@@ -377,14 +377,18 @@ def _fill(template: Any, tensors: list[Tensor]) -> Any:
 _STATIC = (int, bool, str, type(None))
 
 
-def _signature(values: tuple, name: str) -> tuple[tuple, list[Tensor], list[float]]:
-    """What a call's arguments must match, its Tensor arguments and its float arguments."""
-    signature, tensors, numbers = [], [], []
+def _signature(values: tuple, name: str
+               ) -> tuple[tuple, list[Tensor], list[float], list[Tensor]]:
+    """What a call's arguments must match, its Tensor arguments, its float arguments and the
+    Tensor arguments not yet realized."""
+    signature, tensors, numbers, pending = [], [], [], []
     for position, value in enumerate(values):
         if isinstance(value, Tensor):
             lazy = value.lazy       # the dtype by name: compared in C, a DType in Python
             signature.append((lazy.shape, lazy.dtype.name, lazy.device))
             tensors.append(value)
+            if not lazy.realized:
+                pending.append(value)
         elif type(value) is float or isinstance(value, Number):
             signature.append(float)
             numbers.append(float(value))
@@ -394,7 +398,7 @@ def _signature(values: tuple, name: str) -> tuple[tuple, list[Tensor], list[floa
             raise JitError(f"argument {position} of {name} is a {type(value).__name__}; a "
                            "jitted function takes Tensors, floats (read again at every call) "
                            "and ints, bools, strings or None (fixed at capture)")
-    return tuple(signature), tensors, numbers
+    return tuple(signature), tensors, numbers, pending
 
 
 def _describe(entry: Any) -> str:
@@ -424,14 +428,13 @@ class Jit:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = args + tuple(kwargs[k] for k in sorted(kwargs)) if kwargs else args
-        signature, tensors, numbers = _signature(values, self.name)
-        if self.signature is None:
+        signature, tensors, numbers, pending = _signature(values, self.name)
+        if signature != self.signature:
+            if self.signature is not None:
+                raise JitError(self._mismatch(signature))
             self.signature = signature
-        elif signature != self.signature:
-            raise JitError(self._mismatch(signature))
         if schedule.recording() is not None:    # inside another capture: part of it
             return self.fn(*args, **kwargs)
-        pending = [t for t in tensors if not t.lazy.realized]
         if pending:
             realize(*pending)
         if self.plan is not None:

@@ -387,7 +387,7 @@ class Runtime:
             self.launch(compiled, buffers, scalars)
             return
         words = compiled.words(scalars) if words is None else words
-        self._run(compiled, [b.handle for b in buffers], words, wait=False, level=0)
+        self._run(compiled, [b.handle for b in buffers], words, False, 0)
 
     def _run(self, compiled: Compiled, handles: list, words: list, wait: bool,
              level: int | None = None) -> float | None:

@@ -1,5 +1,6 @@
-"""The launch path of portkit.runtime: launch_again (the replays' launch), and the settings
-PORTKIT_DEBUG and PORTKIT_CHECK that make every launch, replayed or not, printed or checked."""
+"""The launch path of portkit.runtime: launch_again (the replays' launch) and the settings
+PORTKIT_DEBUG and PORTKIT_CHECK that make every launch printed or checked; the checked launch's
+fault buffer; scalar packing; programs that keep their last launch's arrays; read-back."""
 from __future__ import annotations
 
 import numpy as np
@@ -137,3 +138,13 @@ def test_compiled_words_are_scalar_words(values):
     out = rt.alloc(dtypes.int32, 3)
     rt.launch(compiled, [out], values)
     assert out.numpy().tolist() == scalar_words(var_dtypes, values)
+
+
+@pytest.mark.parametrize("device", ["cpu", "interpreter"])
+def test_a_host_buffers_numpy_is_a_copy_of_its_elements(device):
+    rt = runtime.get(device)
+    buffer = rt.alloc(dtypes.bfloat16, 3).copyin(np.arange(3).astype(dtypes.bfloat16.np))
+    first = buffer.numpy()
+    assert first.dtype == dtypes.bfloat16.np and first.shape == (3,) and first.flags.writeable
+    first[:] = 7
+    np.testing.assert_array_equal(buffer.numpy(), np.arange(3).astype(dtypes.bfloat16.np))

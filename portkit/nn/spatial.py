@@ -179,7 +179,7 @@ def _weight_grad(g: Tensor, input: Tensor, shape: tuple[int, ...], stride: tuple
     # (n, groups, cin_g, *kernel, cout_g, *out[:-1], out / lanes, lanes)
     order = (0, 1, 3, *range(5 + d, 5 + 2 * d), 2, *range(4, 5 + d))
     dw = (dy.permute(order) * x.permute(order)).sum(tuple(range(4 + d, 4 + 2 * d)))
-    dw = dw.sum((0, dw.ndim - 1)).reshape(groups, cin_g, *kernel, cout // groups)
+    dw = dw.sum(0).sum(-1).reshape(groups, cin_g, *kernel, cout // groups)
     return dw.permute(0, 2 + d, 1, *range(2, 2 + d)).reshape(shape).cast(g.dtype)
 
 

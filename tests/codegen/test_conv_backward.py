@@ -124,3 +124,18 @@ def test_the_weight_gradient_sums_vector_lanes_in_square_blocks():
     blocks = sorted((tiles.get(2, 1), tiles.get(5, 1)))
     assert blocks[1] <= 2 * blocks[0] and blocks[0] > 1, tiles
     assert blocks[0] * blocks[1] * 8 <= SERIAL.accumulators
+
+
+def test_the_gradient_of_a_sum_is_copied_padded_before_the_input_gradient():
+    # sum()'s gradient is a constant; its padded view (expanded and masked on the same axes)
+    # gets a copy of its own too, so the input gradient's lanes carry no padding gate
+    px = Tensor(_data(2, 16, 12, 16), device="cpu", requires_grad=True)
+    pw = Tensor(_data(16, 16, 3, 3, seed=1), device="cpu")
+    px.conv2d(pw, padding=1).sum().backward()
+    items = schedule.create_schedule([px.grad.lazy])
+    assert len(items) == 2 and items[0].root.shape == (2, 16, 1, 14, 1, 18)
+    tiles = dict(plan(items[-1].root, items[-1].inputs, SERIAL).upcast)
+    assert tiles.get(3, 1) > 1 and tiles.get(1, 1) > 1, tiles
+    expected = torch.nn.functional.conv_transpose2d(
+        torch.ones(2, 16, 12, 16), torch.from_numpy(_data(16, 16, 3, 3, seed=1)), padding=1)
+    np.testing.assert_allclose(px.grad.numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)

@@ -96,6 +96,8 @@ class CPURenderer(CStyleRenderer):
     # x86-64, and where it exists it computes in float anyway): values are held in a float.
     emulated = EMULATED_FLOATS
     template = _TEMPLATE
+    # clang proves neighbouring loads adjacent (one vector load) only for signed positions
+    signed_positions = True
 
     def render(self, kernel: Kernel) -> str:
         """The kernel as C; one with a BARRIER as one thread per group that loops over the

@@ -99,6 +99,8 @@ def cases(device: str) -> list[Case]:
          lambda: m_np @ m2_np, None),
         ("conv2d 8x64x56x56 3x3", "GFLOP/s", conv_flops, lambda: x.conv2d(w, padding=1).realize(),
          None, None),
+        ("conv2d backward 8x64x56x56 3x3", "GFLOP/s", 2 * conv_flops,
+         _conv_backward(x_np, w_np, device), None, None),
         ("tiny add end to end", "ops/s", 1, lambda: (one + 1).numpy(), lambda: one_np + 1, None),
         ("MLP 784-512-512-10 SGD step", "steps/s", 1, mlp_step, None, None),
         ("MLP Adam step, constant LR", "steps/s", 1, _portkit_mlp(device, "adam"), None, None),
@@ -125,13 +127,33 @@ def cases(device: str) -> list[Case]:
     def torch_put(a: np.ndarray):
         return torch.from_numpy(a).to(where)
     torch_fns = [lambda: tcopy.clone(), lambda: ((ta * tb + tc).relu() * 2), lambda: ta.sum(),
-                 lambda: tm @ tm2, lambda: conv(tx, tw, padding=1),
+                 lambda: tm @ tm2, lambda: conv(tx, tw, padding=1), _torch_conv_backward(tx, tw),
                  lambda: (tone + 1).cpu().numpy(), _torch_mlp(where),
                  _torch_mlp(where, "adam"), _torch_mlp(where, "cosine"),
                  _changing_number(tsmall), None, _torch_mlp(where), _three_ops(torch_put),
                  _three_ops(torch_put)]
     wait = torch.cuda.synchronize if where == "cuda" else lambda: None
     return [row[:5] + (_waiting(fn, wait) if fn else None,) for row, fn in zip(rows, torch_fns)]
+
+
+def _conv_backward(x: np.ndarray, w: np.ndarray, device: str) -> Callable:
+    """Both gradients of conv2d(x, w, padding=1).sum() (twice the forward's work), realized."""
+    x, w = (Tensor(a, device=device, requires_grad=True).realize() for a in (x, w))
+
+    def run() -> None:
+        x.grad = w.grad = None
+        x.conv2d(w, padding=1).sum().backward()
+        portkit.tensor.realize(x.grad, w.grad)
+    return run
+
+
+def _torch_conv_backward(x, w) -> Callable:
+    x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+
+    def run() -> None:
+        x.grad = w.grad = None
+        torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
+    return run
 
 
 def _learning_rate(opt, rule: str, counter: list[int]) -> None:

@@ -103,6 +103,11 @@ GRADIENTS: dict[str, Rule] = {
     # computes its value by any formula and still gets the derivative PyTorch defines
     "given_grad": Rule(lambda value, *rest, arg=None: value, lambda c, g: (None,) + tuple(
         grad for d in c.inputs[2::2] for grad in (g * d, None))),
+    # a value whose gradients a function gives: inputs (value, x1, x2, ...), arg(g) returns the
+    # gradients of x1, x2, ... (a convolution's input gradient is a transposed convolution,
+    # where the gradients of its windows would sum nine shifted copies of a 9x larger tensor)
+    "given_vjp": Rule(lambda value, *rest, arg=None: value,
+                      lambda c, g: (None,) + tuple(c.arg(g))),
 }
 
 

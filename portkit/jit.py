@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 from portkit import graph, runtime, schedule
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
-from portkit.abi.kernel import scalar_words
 from portkit.graph import Lazy
 from portkit.tensor.core import Tensor, realize
 
@@ -182,12 +181,10 @@ class _Step:
         """The scalars' values and words at this replay."""
         if not self.traced:
             return self.fixed, self.words
-        values, words = list(self.fixed), self.words.copy()
-        var_dtypes = self.compiled.var_dtypes
+        values = list(self.fixed)
         for slot, number, dtype in self.traced:
             values[slot] = schedule.var_value(number.compute(), dtype)
-            words[slot] = scalar_words((var_dtypes[slot],), (values[slot],))[0]
-        return tuple(values), words
+        return tuple(values), self.compiled.words(values)
 
 
 @dataclass
@@ -380,14 +377,18 @@ def _fill(template: Any, tensors: list[Tensor]) -> Any:
 _STATIC = (int, bool, str, type(None))
 
 
-def _signature(values: tuple, name: str) -> tuple[tuple, list[Tensor], list[float]]:
-    """What a call's arguments must match, its Tensor arguments and its float arguments."""
-    signature, tensors, numbers = [], [], []
+def _signature(values: tuple, name: str
+               ) -> tuple[tuple, list[Tensor], list[float], list[Tensor]]:
+    """What a call's arguments must match, its Tensor arguments, its float arguments and the
+    Tensor arguments not yet realized."""
+    signature, tensors, numbers, pending = [], [], [], []
     for position, value in enumerate(values):
         if isinstance(value, Tensor):
             lazy = value.lazy       # the dtype by name: compared in C, a DType in Python
             signature.append((lazy.shape, lazy.dtype.name, lazy.device))
             tensors.append(value)
+            if not lazy.realized:
+                pending.append(value)
         elif type(value) is float or isinstance(value, Number):
             signature.append(float)
             numbers.append(float(value))
@@ -397,7 +398,7 @@ def _signature(values: tuple, name: str) -> tuple[tuple, list[Tensor], list[floa
             raise JitError(f"argument {position} of {name} is a {type(value).__name__}; a "
                            "jitted function takes Tensors, floats (read again at every call) "
                            "and ints, bools, strings or None (fixed at capture)")
-    return tuple(signature), tensors, numbers
+    return tuple(signature), tensors, numbers, pending
 
 
 def _describe(entry: Any) -> str:
@@ -427,14 +428,13 @@ class Jit:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = args + tuple(kwargs[k] for k in sorted(kwargs)) if kwargs else args
-        signature, tensors, numbers = _signature(values, self.name)
-        if self.signature is None:
+        signature, tensors, numbers, pending = _signature(values, self.name)
+        if signature != self.signature:
+            if self.signature is not None:
+                raise JitError(self._mismatch(signature))
             self.signature = signature
-        elif signature != self.signature:
-            raise JitError(self._mismatch(signature))
         if schedule.recording() is not None:    # inside another capture: part of it
             return self.fn(*args, **kwargs)
-        pending = [t for t in tensors if not t.lazy.realized]
         if pending:
             realize(*pending)
         if self.plan is not None:
@@ -504,8 +504,6 @@ class Jit:
         made: list[runtime.Buffer | None] = [None] * len(plan.steps)
         tables = ([t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state], made,
                   plan.kept)
-        # what a capture's launches checked holds at a replay; debugging still sees each one
-        checked = runtime.debug_level() or runtime.check_mode()
         for k, step in enumerate(plan.steps):
             buffers = step.template.copy()
             if step.fresh:
@@ -513,10 +511,7 @@ class Jit:
             for slot, kind, position in step.fills:
                 buffers[slot] = tables[kind][position]
             values, words = step.scalars()
-            if checked:
-                step.runtime.launch(step.compiled, buffers, values)
-            else:
-                step.runtime.launch_again(step.compiled, [b.handle for b in buffers], words)
+            step.runtime.launch_again(step.compiled, buffers, values, words)
         if plan.sets:
             values = [(obj, name, _plain(_now(value), kind))
                       for obj, name, value, kind in plan.sets]

@@ -18,6 +18,7 @@ import functools
 import gc
 import hashlib
 import os
+import struct
 import sys
 import threading
 import time
@@ -45,8 +46,27 @@ class OutOfBoundsError(LaunchError):
     """PORTKIT_CHECK found a LOAD or STORE outside its buffer (and did not perform it)."""
 
 
+# The dict behind os.environ (CPython's, keyed by encoded names), which os.environ[...] = ...
+# and monkeypatch.setenv update. os.environ.get costs about 1 us for a name that is not set (it
+# encodes the name, then raises and catches KeyError inside); the launch path reads its settings
+# on every launch, so that a change takes effect at once, from here in about 50 ns.
+_ENVIRON: dict | None = getattr(os.environ, "_data", None)
+_KEYS: dict[str, Any] = {}
+
+
+def setting(name: str) -> str:
+    """`os.environ.get(name, "")`, cheap enough for every launch."""
+    if _ENVIRON is None:
+        return os.environ.get(name, "")
+    key = _KEYS.get(name)
+    if key is None:
+        key = _KEYS[name] = os.environ.encodekey(name)
+    raw = _ENVIRON.get(key)
+    return "" if raw is None else os.environ.decodevalue(raw)
+
+
 def _env_mb(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
+    value = setting(name)
     return (int(value) if value.isdigit() else default) << 20
 
 
@@ -171,8 +191,10 @@ class Buffer:
 
     def numpy(self) -> np.ndarray:
         """The buffer's contents as a new 1-D host array (waits for the device)."""
-        out = np.empty(self.size, self.dtype.np)
         with self._pool.lock:
+            if isinstance(self._allocator, HostAllocator):   # the handle is the bytes
+                return self.handle[:self.nbytes].view(self.dtype.np).copy()
+            out = np.empty(self.size, self.dtype.np)
             self._allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
         return out
 
@@ -193,7 +215,8 @@ class Compiled:
     program: Program
     seconds: float = field(default=0.0, compare=False)
     launched: bool = field(default=False, compare=False)
-    # PORTKIT_CHECK=1: the bounds-checked build (codegen.check.Checked) and its Compiled
+    # PORTKIT_CHECK=1: the bounds-checked build (codegen.check.Checked), its Compiled and its
+    # fault buffer
     checked: tuple | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -202,12 +225,20 @@ class Compiled:
         self.buffer_dtypes = tuple(p.dtype for p in kernel.params)
         self.var_dtypes = kernel.var_dtypes
         self.words_are_values = all(d == dtypes.int32 for d in self.var_dtypes)
+        # scalar_words' packing, with its formats built once (VAR dtypes' numpy codes are
+        # struct's): about 0.2 us a launch instead of 1
+        self.packing = (struct.Struct("<" + "".join(d.np.char for d in self.var_dtypes)),
+                        struct.Struct(f"<{len(self.var_dtypes)}i"))
 
     def words(self, scalars: tuple) -> list:
         """The scalar arguments' values as the 32-bit words the program takes."""
         if self.words_are_values:
             return list(scalars)
-        return scalar_words(self.var_dtypes, scalars)
+        values, words = self.packing
+        try:
+            return list(words.unpack(values.pack(*scalars)))
+        except (struct.error, OverflowError):     # out of range: scalar_words wraps it
+            return scalar_words(self.var_dtypes, scalars)
 
 
 class Runtime:
@@ -301,61 +332,75 @@ class Runtime:
                wait: bool = False) -> float | None:
         """Runs `compiled` on its own grid and block; with `wait`, returns the seconds it took.
         `scalars` are the VARs' values (ints or floats), in argument order."""
-        kernel = compiled.kernel
         _check_arguments(compiled, buffers, scalars)
         words = compiled.words(scalars)
         mode = check_mode()
         if mode == "compiled" and self._checked(compiled) is not None:
             return self._launch_checked(compiled, buffers, words, wait)
         if mode:
-            _check_bounds(kernel, buffers, words)
-        level = debug_level()
-        with self.device_lock:
-            seconds = compiled.program([b.handle for b in buffers], words, kernel.grid,
-                                       kernel.block, wait=wait or level >= 2)
-        if level >= 2:
-            print_launch(compiled, seconds, level)
-        compiled.launched = True
-        return seconds if wait else None
+            _check_bounds(compiled.kernel, buffers, words)
+        return self._run(compiled, [b.handle for b in buffers], words, wait)
 
     def _checked(self, compiled: Compiled) -> tuple | None:
-        """`compiled`'s bounds-checked build and its Compiled, made once; None where the
-        fault buffer would exceed the device's buffer limit (the interpreter checks then)."""
+        """`compiled`'s bounds-checked build, its Compiled and its zeroed fault buffer, made
+        once; None where the fault buffer would exceed the device's buffer limit (the
+        interpreter checks then)."""
         if compiled.checked is None:
             from portkit.codegen.check import bounds_checked
 
             checked = bounds_checked(compiled.kernel)
-            fits = len(checked.kernel.params) <= self.capabilities.max_buffers
-            compiled.checked = (checked, self.compile(checked.kernel) if fits else None)
+            if len(checked.kernel.params) > self.capabilities.max_buffers:
+                compiled.checked = (checked, None, None)
+            else:
+                fault = self.alloc(dtypes.int32, checked.fault_words)
+                fault.copyin(np.zeros(checked.fault_words, np.int32))
+                compiled.checked = (checked, self.compile(checked.kernel), fault)
         return compiled.checked if compiled.checked[1] is not None else None
 
     def _launch_checked(self, compiled: Compiled, buffers: list[Buffer], words: list,
                         wait: bool) -> float | None:
-        checked, program = compiled.checked
+        checked, program, fault = compiled.checked
         sizes = [b.size for b in buffers]
-        fault = self.alloc(dtypes.int32, checked.fault_words)
-        fault.copyin(np.zeros(checked.fault_words, np.int32))
-        level = debug_level()
+        # The fault buffer stays zero until an access is out of bounds; it is the kernel's, so
+        # the launch and its reading hold the device's lock together.
         with self.device_lock:
-            seconds = program.program([b.handle for b in buffers] + [fault.handle],
-                                      sizes + words, program.kernel.grid, program.kernel.block,
-                                      wait=wait or level >= 2)
-        if level >= 2:
-            print_launch(program, seconds, level)
-        program.launched = compiled.launched = True
-        found = checked.fault(fault.numpy(), sizes)
+            seconds = self._run(program, [b.handle for b in buffers] + [fault.handle],
+                                sizes + words, wait)
+            compiled.launched = True
+            found = checked.fault(fault.numpy(), sizes)
+            if found is not None:
+                fault.copyin(np.zeros(checked.fault_words, np.int32))
         if found is not None:
             raise OutOfBoundsError(f"{found.message(compiled.kernel)} (PORTKIT_CHECK=1 skipped "
                                    f"it); the buffers hold {sizes} elements: fix the kernel's "
                                    "index or the buffer sizes")
-        return seconds if wait else None
+        return seconds
 
-    def launch_again(self, compiled: Compiled, handles: list, words: list[int]) -> None:
-        """Runs `compiled` on buffer handles and packed scalar words of the kinds an earlier
-        `launch` of it checked (portkit.jit's replay): no checks, no waiting, no debug lines."""
+    def launch_again(self, compiled: Compiled, buffers: list[Buffer], scalars: tuple,
+                     words: list | None = None) -> None:
+        """Runs `compiled` again on buffers and scalars of the kinds an earlier `launch` of it
+        checked (a replay: schedule.py's of a graph seen before, portkit.jit's): no argument
+        checks and no waiting. `words`: the scalars already packed (`compiled.words`). While
+        PORTKIT_DEBUG or PORTKIT_CHECK is set it is `launch`, so each replayed launch is
+        printed or checked."""
+        if debug_level() or check_mode():
+            self.launch(compiled, buffers, scalars)
+            return
+        words = compiled.words(scalars) if words is None else words
+        self._run(compiled, [b.handle for b in buffers], words, False, 0)
+
+    def _run(self, compiled: Compiled, handles: list, words: list, wait: bool,
+             level: int | None = None) -> float | None:
+        # the one place a program runs: under the device's lock, timed for PORTKIT_DEBUG>=2
+        level = debug_level() if level is None else level
         kernel = compiled.kernel
         with self.device_lock:
-            compiled.program(handles, words, kernel.grid, kernel.block, wait=False)
+            seconds = compiled.program(handles, words, kernel.grid, kernel.block,
+                                       wait=wait or level >= 2)
+        if level >= 2:
+            print_launch(compiled, seconds, level)
+        compiled.launched = True
+        return seconds if wait else None
 
     def run(self, kernel: Kernel, *arrays: np.ndarray, scalars: tuple = ()
             ) -> list[np.ndarray]:
@@ -378,7 +423,7 @@ class Runtime:
 
 def kernel_cache_size() -> int:
     """How many compiled kernels a runtime keeps: PORTKIT_KERNEL_CACHE (default 1024)."""
-    value = os.environ.get("PORTKIT_KERNEL_CACHE", "")
+    value = setting("PORTKIT_KERNEL_CACHE")
     return int(value) if value.isdigit() and int(value) > 0 else 1024
 
 
@@ -402,7 +447,7 @@ def clear() -> None:
 
 def default_device() -> str:
     """The device a Tensor gets when none is named: $PORTKIT_DEVICE, else "cpu"."""
-    return os.environ.get("PORTKIT_DEVICE") or "cpu"
+    return setting("PORTKIT_DEVICE") or "cpu"
 
 
 _runtimes: dict[str, Runtime] = {}
@@ -433,7 +478,7 @@ _DEBUG_WORDS = {"": 0, "0": 0, "no": 0, "false": 0, "off": 0, "yes": 1, "true": 
 def debug_level() -> int:
     """PORTKIT_DEBUG as a level 0-4: digits, or yes/true/on (1) and no/false/off (0); anything
     else is a ValueError naming the accepted values (`portkit` reports it and exits 2)."""
-    return _debug_level(os.environ.get("PORTKIT_DEBUG", ""))
+    return _debug_level(setting("PORTKIT_DEBUG"))
 
 
 @functools.lru_cache(maxsize=16)
@@ -459,7 +504,7 @@ def check_mode() -> str:
     OutOfBoundsError after the launch) or "interpreter" (every launch first runs in the ABI
     interpreter on copies of its buffers, and the device runs nothing out of bounds; slow).
     Anything else is a ValueError naming the accepted values."""
-    raw = os.environ.get("PORTKIT_CHECK", "")
+    raw = setting("PORTKIT_CHECK")
     if not raw:         # read on every launch: the usual case costs one look-up
         return ""
     mode = _CHECK_WORDS.get(raw.strip().lower())

@@ -311,7 +311,7 @@ def _launch(name: str, compiled: runtime.Compiled, buffers: list, scalars: list[
     # code: constants held as code (past MAX_SCALARS); again: a replay (buffers checked before)
     values = scalar_values(scalars)
     if again:
-        device(name).launch_again(compiled, [b.handle for b in buffers], compiled.words(values))
+        device(name).launch_again(compiled, buffers, values)
     else:
         device(name).launch(compiled, buffers, values)
     recorder = recording()
@@ -541,7 +541,6 @@ def _compile_ahead(items: list[ScheduleItem]) -> None:
 
 def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
     debug = runtime.debug_level()
-    again = not debug and not runtime.check_mode()
     start = time.perf_counter()
     made: list[runtime.Buffer] = []
     for step in steps:
@@ -550,7 +549,7 @@ def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
             buffers = [buffer] + [made[k] if p is None else nodes[p].buffer
                                   for p, k in step.inputs]
             _launch(step.device, step.compiled, buffers, [nodes[p] for p in step.scalars],
-                    again=again)
+                    again=True)
         made.append(buffer)
         if step.root is not None:
             nodes[step.root].realize_as(buffer)
@@ -568,7 +567,7 @@ class _ByValue(NamedTuple):
 
 def realize(outs: list[Lazy]) -> None:
     """Computes every node in `outs` into its own buffer."""
-    if all(o.op is GraphOp.LOAD for o in outs):      # nothing to compute (`.numpy()` again)
+    if all(o.op is GraphOp.LOAD for o in outs):   # .realize() or .numpy() of a computed tensor
         return
     structure_key, nodes = _graph_key(outs)
     steps = _replays.get(structure_key)

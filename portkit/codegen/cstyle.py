@@ -33,6 +33,7 @@ from portkit.abi.backend import Renderer
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel, Node
 from portkit.abi.ops import COMPARISON, Op
+from portkit.codegen.positions import positions
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ class CStyleRenderer(Renderer):
     local_prefix = ""             # before a LOCAL array declaration, e.g. "__local "
     locals_at_module_scope = False   # True: LOCAL arrays are declared before the function
     barrier = ""                  # the BARRIER statement
+    signed_positions = False      # True: element positions in signed int (codegen/positions.py)
     # SPECIAL ("group" | "local", axis) -> expression; "{}" is the axis number, "{xyz}" its letter
     workitem: ClassVar[dict[str, str]] = {"group": "group_id({})", "local": "local_id({})"}
     type_map: ClassVar[dict[DType, str]] = _C_TYPES
@@ -275,6 +277,7 @@ class CStyleRenderer(Renderer):
         local_lines = [] if self.locals_at_module_scope else self.render_locals(kernel)
         lines = [self.indent + line for line in local_lines]
         depth = 1
+        signed = positions(kernel) if self.signed_positions else set()
         for i, node in enumerate(nodes):
             src = [names.get(s, "") for s in node.src]
             line = None
@@ -309,7 +312,8 @@ class CStyleRenderer(Renderer):
                 line = self.barrier
             else:
                 names[i] = f"v{i}"
-                value = self.render_value(node, [nodes[s] for s in node.src], src)
+                value = (self.code_for_op[node.op](*src, node.dtype) if i in signed else
+                         self.render_value(node, [nodes[s] for s in node.src], src))
                 line = self.declare(names[i], self.value_type(node.dtype), value)
             if line is not None:
                 lines.append(self.indent * depth + line)

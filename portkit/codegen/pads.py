@@ -17,7 +17,7 @@ from portkit.view import ShapeTracker, View
 def pad_apart(node: Lazy) -> Lazy | None:
     """If `node` is a padded view read again through an expanding view (a convolution's
     windows), rewrites it to read a new padded copy, which it returns; else None."""
-    if node.op is not GraphOp.VIEW or node.src[0].op is GraphOp.CONST:
+    if node.op is not GraphOp.VIEW:
         return None
     views = node.arg.views
     if not any(st == 0 and size > 1 for view in views[1:]
@@ -29,11 +29,10 @@ def pad_apart(node: Lazy) -> Lazy | None:
     if view.mask is None:
         return None
     # the copy holds each element once: axes the first view expands (stride 0) become size 1
-    # in it, and the rewritten view expands them again
-    spread = [st == 0 and size > 1 for size, st in zip(view.shape, view.strides)]
-    if any(wide and (lo, hi) != (0, size)
-           for wide, (lo, hi), size in zip(spread, view.mask, view.shape)):
-        return None
+    # in it, and the rewritten view expands them again; an expanded axis that is also padded
+    # (a constant's, such as the gradient of a sum) is copied whole
+    spread = [st == 0 and size > 1 and (lo, hi) == (0, size)
+              for size, st, (lo, hi) in zip(view.shape, view.strides, view.mask)]
     shape = tuple(1 if wide else size for wide, size in zip(spread, view.shape))
     mask = tuple((0, 1) if wide else m for wide, m in zip(spread, view.mask))
     first = ShapeTracker((View(shape, view.strides, view.offset, mask),))

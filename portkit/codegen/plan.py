@@ -6,7 +6,7 @@ lower.py emits the kernel a plan describes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil, prod
+from math import ceil, isqrt, prod
 
 from portkit.abi.backend import Capabilities
 from portkit.graph import GraphOp, Lazy
@@ -129,11 +129,25 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     # left, like a matmul's rows), not its rows, along which only the broadcast weight repeats
     moving = [flat for flat in loads if vector and _step(flat, f"o{vector[-1]}") == 1]
     score = {a: sum(_step(flat, f"o{a}") == 0 for flat in moving) for a in outputs}
-    for axis in sorted(outputs, key=lambda a: (-score[a], -a)):   # ties: innermost first
+    ignored = {a: {k for k, flat in enumerate(moving) if _step(flat, f"o{a}") == 0}
+               for a in outputs}
+    order = sorted(outputs, key=lambda a: (-score[a], -a))   # ties: innermost first
+    # `accumulators` counts full vector registers (limits.vector is two of them): lanes along
+    # a shorter row (8 of a convolution's 56 columns) fill half a register each, so the same
+    # registers hold fewer accumulators (256 of them in 8-lane vectors spilled a third)
+    room = limits.accumulators
+    if vector and 1 < upcast[vector[-1]] < limits.vector // 2:
+        room = limits.accumulators * upcast[vector[-1]] // (limits.vector // 2)
+    for k, axis in enumerate(order):
         used = prod(upcast.values()) * (unroll[1] if unroll else 1)
-        most = limits.accumulators // used if score[axis] else limits.reuse
-        if axis not in upcast and reused(f"o{axis}") and used * 2 <= limits.accumulators:
-            upcast[axis] = _divisor(root.shape[axis], min(most, limits.accumulators // used))
+        most = room // used if score[axis] else limits.reuse
+        if score[axis] and any(score[b] and ignored[b] != ignored[axis] and reused(f"o{b}")
+                               and root.shape[b] % 2 == 0 for b in order[k + 1:]):
+            # two vector loads, each reused along its own axis (a convolution's weight
+            # gradient): an a x b block loads a + b vectors for a * b sums, not 1 + a * b
+            most = 1 << (isqrt(most).bit_length() - 1)
+        if axis not in upcast and reused(f"o{axis}") and used * 2 <= room:
+            upcast[axis] = _divisor(root.shape[axis], min(most, room // used))
     upcast = {a: n for a, n in upcast.items() if n > 1}
     if unroll is not None and unroll[1] == 1:
         unroll = None

@@ -3,7 +3,10 @@
 average pools (max_pool with return_indices, max_unpool), interpolate and grid_sample.
 
 All are views (pad, shrink, expand, reshape) of the input into sliding windows, then an
-elementwise op and a reduction, so autograd differentiates them with no rule of their own.
+elementwise op and a reduction, so autograd differentiates them with no rule of their own, except
+the convolution: its gradients are given (autograd's "given_vjp") as a convolution of the output
+gradient (the input's) and a sum of lanes (the weight's), laid out for vector lanes, where the
+windows' own gradient would sum nine shifted copies of a tensor nine times the input's size.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import Literal
 
 import numpy as np
 
-from portkit.tensor import Tensor, cat, int32
+from portkit.tensor import Tensor, cat, float32, int32
 from portkit.tensor.dtype import float_of
 
 IntTuple = int | Sequence[int]
@@ -95,13 +98,30 @@ def _conv(input: Tensor, weight: Tensor, bias: Tensor | None, stride: IntTuple,
     if input.ndim != d + 2 or weight.ndim != d + 2:
         raise ValueError(f"{name} needs {d + 2}-d input (or {d + 1}-d unbatched) and a "
                          f"{d + 2}-d weight, got shapes {input.shape} and {weight.shape}")
-    n, cin = input.shape[:2]
+    cin = input.shape[1]
     cout, cin_g, *kernel = weight.shape
     if groups < 1 or cin != cin_g * groups or cout % groups:
         raise ValueError(f"{name}: input shape {input.shape} and weight shape {weight.shape} "
                          f"do not match for groups={groups}")
     stride, dilation = _ntuple(stride, d, "stride"), _ntuple(dilation, d, "dilation")
     pads = _conv_padding(padding, kernel, stride, dilation, name)
+    y = _correlate(input.detach(), weight.detach(), stride, pads, dilation, groups)
+    if input.requires_grad or weight.requires_grad:
+        y = y._prim("given_vjp", input, weight, arg=lambda g: (
+            _input_grad(g, weight.detach(), input.shape, stride, pads, dilation, groups).cast(
+                input.dtype),
+            _weight_grad(g, input.detach(), weight.shape, stride, pads, dilation, groups).cast(
+                weight.dtype)))
+    return y if bias is None else y + bias.reshape(1, -1, *(1,) * d)
+
+
+def _correlate(input: Tensor, weight: Tensor, stride: tuple[int, ...],
+               pads: tuple[tuple[int, int], ...], dilation: tuple[int, ...],
+               groups: int) -> Tensor:
+    """The convolution's value: windows of the padded input times the weight, summed."""
+    d = len(stride)
+    n = input.shape[0]
+    cout, cin_g, *kernel = weight.shape
     x = _windows(input.pad(((0, 0), (0, 0)) + pads), tuple(kernel), stride, dilation)
     out = x.shape[2:2 + d]
     per_group = cout // groups
@@ -110,8 +130,57 @@ def _conv(input: Tensor, weight: Tensor, bias: Tensor | None, stride: IntTuple,
         n, groups, cin_g, per_group, *out, *kernel).permute(
         0, 1, 3, *range(4, 4 + d), 2, *range(4 + d, 4 + 2 * d))
     w = weight.reshape(1, groups, per_group, *(1,) * d, cin_g, *kernel)
-    y = (x * w).sum(tuple(range(3 + d, 4 + 2 * d))).reshape(n, cout, *out)
-    return y if bias is None else y + bias.reshape(1, -1, *(1,) * d)
+    return (x * w).sum(tuple(range(3 + d, 4 + 2 * d))).reshape(n, cout, *out)
+
+
+def _input_grad(g: Tensor, weight: Tensor, shape: tuple[int, ...], stride: tuple[int, ...],
+                pads: tuple[tuple[int, int], ...], dilation: tuple[int, ...],
+                groups: int) -> Tensor:
+    """d conv / d input: the output gradient spread by the stride, padded, and correlated with
+    the flipped weight (in and out channels swapped per group), a convolution itself."""
+    d = len(stride)
+    cout, cin_g, *kernel = weight.shape
+    x = g
+    for axis, s in enumerate(stride, start=2):
+        x = spread(x, axis, s)
+    # before: the kernel's reach less the forward's padding; after: up to the input's size
+    edges = [(dd * (k - 1) - lo, size - x.shape[2 + i] + lo)
+             for i, (k, dd, (lo, _), size) in enumerate(zip(kernel, dilation, pads, shape[2:]))]
+    x = x.pad(((0, 0), (0, 0)) + tuple((max(0, b), max(0, a)) for b, a in edges))
+    if any(b < 0 or a < 0 for b, a in edges):
+        x = x.shrink([None, None] + [(max(0, -b), x.shape[2 + i] - max(0, -a))
+                                     for i, (b, a) in enumerate(edges)])
+    w = weight.reshape(groups, cout // groups, cin_g, *kernel).transpose(1, 2).reshape(
+        groups * cin_g, cout // groups, *kernel).flip(tuple(range(2, 2 + d)))
+    return _correlate(x, w, (1,) * d, ((0, 0),) * d, dilation, groups)
+
+
+def _weight_grad(g: Tensor, input: Tensor, shape: tuple[int, ...], stride: tuple[int, ...],
+                 pads: tuple[tuple[int, int], ...], dilation: tuple[int, ...],
+                 groups: int) -> Tensor:
+    """d conv / d weight: the output gradient times the input's windows, summed over the batch
+    and the output positions."""
+    d = len(stride)
+    n = input.shape[0]
+    cout, cin_g, *kernel = shape
+    x = _windows(input.pad(((0, 0), (0, 0)) + pads), tuple(kernel), stride, dilation)
+    out = x.shape[2:2 + d]
+    # The last output axis is cut into (out / lanes, lanes) and the lanes stay an output axis
+    # of the first sum, which also keeps the batch: both operands are contiguous along the
+    # lanes, so they become vector lanes of partial sums (the reduce alone is a scalar loop
+    # along a row), and each group reads one image's planes, not the whole batch's. A second,
+    # short sum adds the batch and the lanes; 16-bit floats sum in float32 throughout.
+    lanes = next(k for k in (8, 4, 2, 1) if out[-1] % k == 0)
+    x = x.reshape(n, groups, 1, cin_g, *out[:-1], out[-1] // lanes, lanes, *kernel)
+    dy = g.reshape(n, groups, cout // groups, 1, *out[:-1], out[-1] // lanes, lanes,
+                   *(1,) * d)
+    if g.dtype.is_float and g.dtype.itemsize == 2:
+        x, dy = x.cast(float32), dy.cast(float32)
+    # (n, groups, cin_g, *kernel, cout_g, *out[:-1], out / lanes, lanes)
+    order = (0, 1, 3, *range(5 + d, 5 + 2 * d), 2, *range(4, 5 + d))
+    dw = (dy.permute(order) * x.permute(order)).sum(tuple(range(4 + d, 4 + 2 * d)))
+    dw = dw.sum(0).sum(-1).reshape(groups, cin_g, *kernel, cout // groups)
+    return dw.permute(0, 2 + d, 1, *range(2, 2 + d)).reshape(shape).cast(g.dtype)
 
 
 def _conv_padding(padding: IntTuple | str, kernel: Sequence[int], stride: tuple[int, ...],

@@ -165,3 +165,12 @@ def test_a_serial_device_decodes_positions_once_per_row(move):
     inner, = _loop_bodies(kernel)
     assert not [n for n in inner if n.op in (Op.IDIV, Op.MOD)], "div/mod per element"
     np.testing.assert_allclose(out.numpy(), expected)
+
+
+def test_eight_lane_tiles_keep_to_the_vector_registers():
+    # rows of 24 columns make 8 lanes, half a 16-lane register: the channels take half the
+    # accumulators (16, not 32 x 8 = 32 registers' worth, which spilled a third of them)
+    out, _ = _conv("cpu", n=1, c=64, size=24)
+    conv = schedule.create_schedule([out.lazy])[-1]
+    tiles = dict(plan(conv.root, conv.inputs, SERIAL).upcast)
+    assert tiles[3] == 8 and tiles[1] * tiles[3] == SERIAL.accumulators // 2, tiles

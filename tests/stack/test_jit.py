@@ -259,3 +259,14 @@ def test_keyword_arguments_are_read_like_positional_ones():
         np.testing.assert_array_equal(jitted(x, shift=1.0, scale=float(k)).numpy(),
                                       np.arange(4) * k + 1)
     assert jitted.plan is not None
+
+
+def test_reading_a_replays_result_walks_no_graph(monkeypatch):
+    x = Tensor(np.arange(4, dtype=np.float32))
+    jitted = _replaying(lambda x, s: (x * s).relu(), x, 2.0)
+
+    def no_walk(*args, **kwargs):
+        raise AssertionError("realizing a computed tensor walked a graph")
+    monkeypatch.setattr(portkit.graph, "walk", no_walk)
+    result = jitted(x, 3.0)
+    np.testing.assert_array_equal(result.realize().numpy(), np.arange(4) * 3)

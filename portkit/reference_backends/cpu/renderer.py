@@ -54,7 +54,7 @@ void pk_launch(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_d
      is decoded once per chunk, and a loop over one axis stays innermost for the vectorizer:
      thread axis 0, or workgroup axis 0 when a workgroup has one thread. */
   const int64_t chunks = ((int64_t)grid0 + 63) / 64;
-  #pragma omp parallel for collapse(3) schedule(static) if(pk_parallel)
+{% macro groups() %}
   for (int32_t gid2 = 0; gid2 < grid2; gid2++)
     for (int32_t gid1 = 0; gid1 < grid1; gid1++)
       for (int64_t chunk = 0; chunk < chunks; chunk++) {
@@ -72,6 +72,15 @@ void pk_launch(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_d
               for (int32_t lid0 = 0; lid0 < block0; lid0++)
                 {{ name }}({{ (loop_args + ids) | join(", ") }});
       }
+{%- endmacro %}
+  /* Not `omp parallel for if(pk_parallel)`: OpenMP starts a team even for one thread, which
+     costs about 1 us a launch. */
+  if (pk_parallel) {
+    #pragma omp parallel for collapse(3) schedule(static)
+{{ groups() | indent(2, first=True) }}
+  } else {
+{{ groups() | indent(2, first=True) }}
+  }
 }
 """
 
@@ -87,6 +96,8 @@ class CPURenderer(CStyleRenderer):
     # x86-64, and where it exists it computes in float anyway): values are held in a float.
     emulated = EMULATED_FLOATS
     template = _TEMPLATE
+    # clang proves neighbouring loads adjacent (one vector load) only for signed positions
+    signed_positions = True
 
     def render(self, kernel: Kernel) -> str:
         """The kernel as C; one with a BARRIER as one thread per group that loops over the

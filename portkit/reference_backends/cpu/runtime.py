@@ -71,13 +71,21 @@ class CPUProgram(Program):
         with cache.file_holding("cpu", binary, ".so") as path:
             self.library = _ffi.dlopen(str(path))
         self.launch = self.library.pk_launch
+        # The C arrays of the last scalars and dims: a kernel is launched again and again with
+        # the same ones, and making an array costs about as much as the call.
+        self.scalars: tuple[list, object] = ([], _ffi.NULL)
+        self.dims: tuple[tuple, object] = ((), _ffi.NULL)
 
     def __call__(self, buffers: list[np.ndarray], scalars: list[int], grid, block,
                  wait: bool = False) -> float | None:
         pointers = _ffi.new("void *[]", [_ffi.from_buffer(b) for b in buffers])
+        last_scalars, last_dims = self.scalars, self.dims
+        if scalars != last_scalars[0]:
+            last_scalars = self.scalars = (list(scalars), _ffi.new("int32_t[]", list(scalars)))
+        if (grid, block) != last_dims[0]:
+            last_dims = self.dims = ((grid, block), _ffi.new("int32_t[6]", [*grid, *block]))
         start = time.perf_counter()
-        self.launch(pointers, _ffi.new("int32_t[]", list(scalars)),
-                    _ffi.new("int32_t[6]", [*grid, *block]))
+        self.launch(pointers, last_scalars[1], last_dims[1])
         return time.perf_counter() - start if wait else None
 
 

@@ -98,7 +98,11 @@ class OpenCLProgram(Program):
             self.kernel = cl.Kernel(program, function_name(name))
 
     def __call__(self, buffers, scalars, grid, block, wait: bool = False) -> float | None:
-        self.kernel.set_args(*buffers, *(np.int32(s) for s in scalars))
+        if not self.launched:
+            # Telling pyopencl which arguments are int32 scalars lets it set them through a
+            # generated setter: 0.6 us for five arguments instead of 7.7.
+            self.kernel.set_scalar_arg_dtypes([None] * len(buffers) + [np.int32] * len(scalars))
+        self.kernel.set_args(*buffers, *scalars)
         launch = functools.partial(cl.enqueue_nd_range_kernel, self.queue, self.kernel,
                                    [g * b for g, b in zip(grid, block)], list(block))
         if self.launched:

@@ -1,0 +1,141 @@
+"""A convolution's gradients (portkit/nn/spatial.py): the input gradient is a convolution of the
+output gradient, the weight gradient keeps lanes and the batch in a first sum, and `plan` tiles
+that sum as a block of two reused axes; each against torch on odd shapes, strides, dilation,
+groups, padding modes and float16."""
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+import pytest
+import torch
+
+from portkit import schedule
+from portkit.codegen.plan import SERIAL, plan
+from portkit.nn import functional as F
+from portkit.tensor import Tensor, float16
+
+TF = torch.nn.functional
+
+
+def _grads(device, x, w, seed=0, dtype=None, **kwargs):
+    """(y, dx, dw) of sum(conv(x, w) * r) in portkit and in torch (float64)."""
+    d = x.ndim - 2
+    px = Tensor(x, dtype, device=device, requires_grad=True)
+    pw = Tensor(w, dtype, device=device, requires_grad=True)
+    y = getattr(F, f"conv{d}d")(px, pw, **kwargs)
+    r = np.random.default_rng(seed).standard_normal(y.shape).astype(np.float32)
+    (y * Tensor(r, dtype, device=device)).sum().backward()
+    tx = torch.from_numpy(x.astype(np.float64)).requires_grad_()
+    tw = torch.from_numpy(w.astype(np.float64)).requires_grad_()
+    ty = getattr(TF, f"conv{d}d")(tx, tw, **kwargs)
+    (ty * torch.from_numpy(r.astype(np.float64))).sum().backward()
+    return (y, px.grad, pw.grad), (ty, tx.grad, tw.grad)
+
+
+def _data(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, kwargs", [
+    ((2, 3, 7, 9), (4, 3, 3, 3), {"padding": 1}),
+    ((1, 4, 11, 10), (6, 2, 3, 3), {"stride": 2, "padding": 1, "groups": 2}),
+    ((2, 3, 10, 13), (3, 3, 3, 2), {"padding": 2, "dilation": 2}),
+    ((2, 2, 8, 9), (4, 2, 3, 3), {"padding": "same", "dilation": (2, 1)}),
+    ((1, 2, 9, 9), (2, 2, 2, 2), {"stride": 2, "padding": 3}),     # padding > kernel reach
+    ((1, 2, 5, 6), (2, 2, 5, 5), {"padding": 4}),
+    ((2, 3, 13), (4, 3, 4), {"stride": 3}),
+    ((1, 2, 5, 6, 7), (2, 2, 3, 3, 3), {"stride": (1, 2, 1), "padding": 1}),
+])
+@pytest.mark.parametrize("device", ["cpu", "interpreter"])
+def test_conv_gradients_match_torch(device, x_shape, w_shape, kwargs):
+    ours, theirs = _grads(device, _data(*x_shape), _data(*w_shape, seed=1), **kwargs)
+    for name, a, b in zip(("output", "input grad", "weight grad"), ours, theirs):
+        np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-4, atol=1e-4,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_conv_gradients_through_a_padding_mode(mode):
+    # what torch's Conv2d(padding_mode=mode) computes: pad(x, mode), then a convolution
+    x, w = _data(2, 3, 8, 7), _data(4, 3, 3, 3, seed=1)
+    px, pw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    y = F.conv2d(F.pad(px, (1, 2, 2, 1), mode=mode), pw)
+    (y * y).sum().backward()
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    ty = TF.conv2d(TF.pad(tx, (1, 2, 2, 1), mode=mode), tw)
+    (ty * ty).sum().backward()
+    np.testing.assert_allclose(px.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(pw.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_float16_conv_gradients_sum_in_float32():
+    x, w = _data(2, 8, 12, 16), _data(8, 8, 3, 3, seed=1)
+    x, w = x.astype(np.float16).astype(np.float32), w.astype(np.float16).astype(np.float32)
+    ours, theirs = _grads("cpu", x, w, dtype=float16, padding=1)
+    assert ours[1].dtype == ours[2].dtype == float16
+    for a, b in zip(ours[1:], theirs[1:]):
+        b = b.numpy()
+        # one float16 rounding of the result, not one per partial sum
+        np.testing.assert_allclose(a.numpy().astype(np.float64), b, rtol=2e-3,
+                                   atol=2e-3 * np.abs(b).max())
+
+
+def test_only_the_gradients_asked_for_flow():
+    x, w = _data(1, 2, 6, 6), _data(3, 2, 3, 3, seed=1)
+    px, pw = Tensor(x), Tensor(w, requires_grad=True)
+    px.conv2d(pw, padding=1).sum().backward()
+    assert px.grad is None and pw.grad is not None
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w).requires_grad_()
+    TF.conv2d(tx, tw, padding=1).sum().backward()
+    np.testing.assert_allclose(pw.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _backward_schedule(which: str):
+    x, w = _data(2, 16, 12, 16), _data(16, 16, 3, 3, seed=1)
+    px, pw = Tensor(x, device="cpu", requires_grad=True), Tensor(w, device="cpu",
+                                                                requires_grad=True)
+    r = Tensor(_data(2, 16, 12, 16, seed=2), device="cpu").realize()
+    (px.conv2d(pw, padding=1) * r).sum().backward()
+    grad = px.grad if which == "input" else pw.grad
+    return schedule.create_schedule([grad.lazy])
+
+
+def test_the_input_gradient_is_a_convolution_of_the_output_gradient():
+    # before: a reduce over the output channels into nine shifted planes (9x the input), then
+    # a gated sum of them; now the padded gradient's copy and one convolution kernel
+    items = _backward_schedule("input")
+    assert max(prod(it.root.shape) for it in items) <= prod((2, 16, 14, 18))
+    conv = items[-1]
+    tiles = dict(plan(conv.root, conv.inputs, SERIAL).upcast)
+    assert tiles.get(3, 1) > 1 and tiles.get(1, 1) > 1, tiles
+
+
+def test_the_weight_gradient_sums_vector_lanes_in_square_blocks():
+    # the first sum's output (n, groups, cin, kh, kw, cout, 1, 1, lanes): the lanes are vector
+    # lanes and both channel axes are reused, each by its own operand (before: one scalar sum
+    # per weight, each reading the whole batch)
+    items = _backward_schedule("weight")
+    first = next(it for it in items if it.root.shape[-1] == 8 and it.root.shape[0] == 2)
+    assert first.root.shape == (2, 1, 16, 3, 3, 16, 1, 1, 8)
+    tiles = dict(plan(first.root, first.inputs, SERIAL).upcast)
+    assert tiles.get(8) == 8, tiles
+    # a block of a x b loads a + b vectors for a * b sums: near square (before: 2 x 16)
+    blocks = sorted((tiles.get(2, 1), tiles.get(5, 1)))
+    assert blocks[1] <= 2 * blocks[0] and blocks[0] > 1, tiles
+    assert blocks[0] * blocks[1] * 8 <= SERIAL.accumulators
+
+
+def test_the_gradient_of_a_sum_is_copied_padded_before_the_input_gradient():
+    # sum()'s gradient is a constant; its padded view (expanded and masked on the same axes)
+    # gets a copy of its own too, so the input gradient's lanes carry no padding gate
+    px = Tensor(_data(2, 16, 12, 16), device="cpu", requires_grad=True)
+    pw = Tensor(_data(16, 16, 3, 3, seed=1), device="cpu")
+    px.conv2d(pw, padding=1).sum().backward()
+    items = schedule.create_schedule([px.grad.lazy])
+    assert len(items) == 2 and items[0].root.shape == (2, 16, 1, 14, 1, 18)
+    tiles = dict(plan(items[-1].root, items[-1].inputs, SERIAL).upcast)
+    assert tiles.get(3, 1) > 1 and tiles.get(1, 1) > 1, tiles
+    expected = torch.nn.functional.conv_transpose2d(
+        torch.ones(2, 16, 12, 16), torch.from_numpy(_data(16, 16, 3, 3, seed=1)), padding=1)
+    np.testing.assert_allclose(px.grad.numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)

@@ -192,7 +192,7 @@ def _three_ops(put: Callable, jitted: bool = False) -> Callable:
         out = fn(a, b, c)
         if isinstance(out, Tensor):
             out.realize()
-    return run
+    return _replaying(run, fn)
 
 
 def _cold_mlp(device: str) -> Callable:
@@ -232,7 +232,22 @@ def _portkit_mlp(device: str, rule: str = "sgd", jitted: bool = False) -> Callab
     def step() -> None:
         _learning_rate(opt, rule, counter)
         train(x, y).item()
-    return step
+    return _replaying(step, train)
+
+
+def _replaying(run: Callable, fn: Callable) -> Callable:
+    """`run`; when `fn` is a portkit.jit function, its first call first calls `run` until `fn`
+    replays, so that the timed calls of a jitted row are replays (the captures are warm-up)."""
+    if not hasattr(fn, "CAPTURES"):
+        return run
+
+    def replay() -> None:
+        for _ in range(fn.CAPTURES):
+            if fn.plan is not None:
+                break
+            run()
+        run()
+    return replay
 
 
 def _torch_mlp(where: str, rule: str = "sgd") -> Callable:

@@ -169,10 +169,13 @@ def backward(root, grad) -> None:
     if root._ctx is None:       # a leaf (a 0-d sum or reshape of itself returns it)
         root.grad = grad if root.grad is None else root.grad + grad
         return
-    order = graph.toposort(
+    found = graph.walk(
         [root], stop=lambda t: t._ctx is None or t._ctx is FREED,
         sources=lambda t: [p for p in t._ctx[1].inputs if p.requires_grad][::-1])
-    if any(t._ctx is FREED for t in order):
+    order = found.order
+    # a freed node stops the walk, so it is among the stopped ones: its gradient would go
+    # nowhere (PyTorch raises too)
+    if any(t._ctx is FREED for t in found.stopped):
         raise RuntimeError("backward() through a graph that an earlier backward() freed; "
                            "compute the result again")
     grads = {id(root): grad}

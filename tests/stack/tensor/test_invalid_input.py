@@ -67,6 +67,16 @@ def test_backward_twice_raises():
     np.testing.assert_allclose(x.grad.numpy(), 4 * X)
 
 
+def test_backward_through_a_freed_intermediate_raises():
+    # the freed node sits inside the new graph: its gradient used to vanish without a word
+    x = Tensor(X, requires_grad=True)
+    y = x * 2
+    (y * 3).sum().backward()
+    with pytest.raises(RuntimeError, match="freed"):
+        (y * 4).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.full_like(X, 6))
+
+
 def test_dropout_p_1_zeroes_everything():
     assert F.dropout(Tensor(X), 1.0, training=True).numpy().tolist() == np.zeros_like(X).tolist()
 

@@ -340,12 +340,15 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    from portkit.codegen import tiles as staging  # both build on this module
+    from portkit.codegen import pack as packing  # these build on this module
+    from portkit.codegen import tiles as staging
     from portkit.codegen import tune
     contraction = tune.contraction(root, inputs, caps)
     chosen = contraction and staging.choose(contraction, caps,
                                             local or tune.stored(caps, contraction))
-    tiling = Plan() if chosen else plan(root, inputs, SERIAL if serial(caps) else THREADED)
+    packed = None if chosen else packing.find(root, inputs, caps)
+    tiling = Plan() if chosen or packed else plan(root, inputs,
+                                                  SERIAL if serial(caps) else THREADED)
     lowerer = _Lowerer(name, inputs, tiling)
     b = lowerer.b
     out = b.param(root.dtype)
@@ -360,6 +363,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     lowerer.scalars = {node: values[k] for node, k in slots.items()}
     if chosen:
         return staging.emit(lowerer, root, contraction, chosen, out)
+    if packed:
+        return packing.emit(lowerer, *packed, caps, out)
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)

@@ -21,7 +21,10 @@ _TEMPLATE = """\
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
-#include <tgmath.h>  /* sqrt, exp2, ...: the float or the double function, by argument */
+#include <tgmath.h>  /* sqrt, exp2, fma...: the float or the double function, by argument */
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 {% if small_floats %}{{ float16_helpers }}
 {% endif %}
@@ -50,16 +53,25 @@ void pk_launch(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_d
 {% for v in kernel.vars %}
   const int32_t var_{{ v }} = pk_scalars[{{ loop.index0 }}];
 {% endfor %}
-  /* Workgroups go to cores in chunks of 64 along axis 0, so that the parallel loop's index
-     is decoded once per chunk, and a loop over one axis stays innermost for the vectorizer:
-     thread axis 0, or workgroup axis 0 when a workgroup has one thread. */
-  const int64_t chunks = ((int64_t)grid0 + 63) / 64;
+  /* Workgroups go to cores in chunks of up to 64 along axis 0, so that the parallel loop's
+     index is decoded once per chunk, and a loop over one axis stays innermost for the
+     vectorizer: thread axis 0, or workgroup axis 0 when a workgroup has one thread. A short
+     grid gets shorter chunks, at least 4 per core, so that every core has work. */
+#ifdef _OPENMP
+  const int64_t cores = pk_parallel ? omp_get_max_threads() : 1;
+#else
+  const int64_t cores = 1;
+#endif
+  const int64_t fair = (int64_t)grid0 / (4 * cores);
+  const int64_t size = fair < 1 ? 1 : (fair < 64 ? fair : 64);
+  const int64_t chunks = ((int64_t)grid0 + size - 1) / size;
   #pragma omp parallel for collapse(3) schedule(static) if(pk_parallel)
   for (int32_t gid2 = 0; gid2 < grid2; gid2++)
     for (int32_t gid1 = 0; gid1 < grid1; gid1++)
       for (int64_t chunk = 0; chunk < chunks; chunk++) {
-        const int32_t first = (int32_t)(chunk * 64);
-        const int32_t last = (int32_t)(chunk * 64 + 64 < grid0 ? chunk * 64 + 64 : grid0);
+        const int32_t first = (int32_t)(chunk * size);
+        const int32_t last = (int32_t)(chunk * size + size < grid0 ? chunk * size + size
+                                                                    : grid0);
         _Alignas(64) char pk_local[{{ local_bytes or 16 }}];
         if (threads == 1) {
           for (int32_t gid0 = first; gid0 < last; gid0++)
@@ -87,6 +99,13 @@ class CPURenderer(CStyleRenderer):
     # x86-64, and where it exists it computes in float anyway): values are held in a float.
     emulated = EMULATED_FLOATS
     template = _TEMPLATE
+
+    def render_alu(self, op: Op, operands: list[str], dtype: dtypes.DType) -> str:
+        # MULACC on float and double rounds once (the ABI allows it): fma(), which the
+        # compiler makes a vector FMA. Other dtypes multiply, then add (integers wrap).
+        if op is Op.MULACC and dtype in (dtypes.float32, dtypes.float64):
+            return f"fma({', '.join(operands)})"
+        return super().render_alu(op, operands, dtype)
 
     def render(self, kernel: Kernel) -> str:
         """The kernel as C; one with a BARRIER as one thread per group that loops over the

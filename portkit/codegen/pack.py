@@ -39,9 +39,10 @@ from portkit.view import strides_for
 # K elements per panel, at most: 256 x 32 float32 is 32 KiB, which stays in L1 (48 KiB on the
 # 2-core AVX-512 Xeon measured, where 256 ran matmul 1024 at 1.2x the speed of 128).
 DEPTH = 256
-# Register blocks per workgroup along m, at most: more reuse one B panel more often, fewer
-# give more workgroups to share among cores.
-_BLOCKS = 8
+# Register blocks per workgroup along m, at most: more reuse one B panel more often (copying
+# the panels cost a quarter of matmul 1024's time at 8; 32 ran it at 1.5-2x the speed of 8),
+# fewer give more workgroups to share among cores.
+_BLOCKS = 32
 _MIN_GROUPS = 16     # enough workgroups to keep a few cores busy and balanced
 _MIN_WORK = 1 << 15  # smaller matmuls (m * n * k) keep the untiled lowering
 
@@ -76,14 +77,15 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     tiles = m // rows
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
     panels = batch * ceil(n / limits.vector)
-    blocks = max(d for d in range(1, _BLOCKS + 1) if tiles % d == 0)
-    while blocks > 1 and panels * (tiles // blocks) < _MIN_GROUPS:
-        blocks = max(d for d in range(1, blocks) if tiles % d == 0)
     depth = ceil(k / ceil(k / DEPTH))
-    packing = Packing(rows, limits.vector, blocks, depth)
-    if packing.local_bytes(found.accumulate.itemsize) > caps.local_memory_bytes:
-        return None
-    return found, packing
+    itemsize = found.accumulate.itemsize
+    # the most register blocks per group that divide m's, leave enough groups, and fit
+    for blocks in sorted((d for d in range(1, _BLOCKS + 1) if tiles % d == 0), reverse=True):
+        packing = Packing(rows, limits.vector, blocks, depth)
+        enough = panels * (tiles // blocks) >= _MIN_GROUPS or blocks == 1
+        if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
+            return found, packing
+    return None
 
 
 def emit(lowerer, found: Contraction, packing: Packing, caps: Capabilities, out: int) -> Kernel:

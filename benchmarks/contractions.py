@@ -60,13 +60,13 @@ def main() -> None:
             lambda tx=tx, tw=tw: tx @ tw.T)
     # the MLP's backward matmuls: dy @ W (input gradient) and dy.T @ x (weight gradient), whose
     # reduce is the batch of 64
-    dy, w, x = (rng.random(shape, np.float32) for shape in ((64, 512), (512, 784), (64, 784)))
-    pdy, pw, px = (Tensor(v).realize() for v in (dy, w, x))
-    tdy, tw, tx = (torch.from_numpy(v) for v in (dy, w, x))
-    add("dy @ W 64x512x784, GFLOP/s", 2 * 64 * 512 * 784, lambda: pdy @ pw, lambda: dy @ w,
-        lambda: tdy @ tw)
-    add("dy.T @ x 512x64x784, GFLOP/s", 2 * 64 * 512 * 784, lambda: pdy.T @ px,
-        lambda: dy.T @ x, lambda: tdy.T @ tx)
+    dy, dw, dx = (rng.random(shape, np.float32) for shape in ((64, 512), (512, 784), (64, 784)))
+    pdy, pdw, pdx = (Tensor(v).realize() for v in (dy, dw, dx))
+    tdy, tdw, tdx = (torch.from_numpy(v) for v in (dy, dw, dx))
+    add("dy @ W 64x512x784, GFLOP/s", 2 * 64 * 512 * 784, lambda: pdy @ pdw, lambda: dy @ dw,
+        lambda: tdy @ tdw)
+    add("dy.T @ x 512x64x784, GFLOP/s", 2 * 64 * 512 * 784, lambda: pdy.T @ pdx,
+        lambda: dy.T @ dx, lambda: tdy.T @ tdx)
     x, w = rng.random((8, 64, 56, 56), np.float32), rng.random((64, 64, 3, 3), np.float32)
     px, pw = Tensor(x).realize(), Tensor(w).realize()
     tx, tw = torch.from_numpy(x), torch.from_numpy(w)

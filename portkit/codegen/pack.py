@@ -16,7 +16,8 @@ walks K in blocks of `depth`:
 - at the end it stores the sums, rounded once to the output dtype (float16 and bfloat16 are
   summed in float32, as torch does).
 Workgroups run along n fastest, so neighbouring groups (on one core, see the launcher) share
-A's rows in the cache. The pass shows at PORTKIT_DEBUG=3 as two LOCALs and no BARRIER.
+A's rows in the cache. The pass shows at PORTKIT_DEBUG=3 as two LOCALs and no BARRIER (one LOCAL
+when K fits one depth block: the registers then go straight to the output).
 What an operand is (a load, x.T, a fused x * 2) is not matched by pattern: the lowerer computes
 the reduce's factors at the panel's positions, as codegen/tiles.py does for GPU-class devices.
 """
@@ -112,13 +113,26 @@ def emit(lowerer, found: Contraction, packing: Packing, caps: Capabilities, out:
         idx[found.m], idx[found.n], idx[found.k] = m, n, k
         return idx
 
-    panel = b.local(wide, p.depth * p.width)
-    sums = b.local(wide, p.rows * p.blocks * p.width)
-    zero = lowerer.const(0.0, wide)
-    with _loop(lowerer, "z", p.rows * p.blocks * p.width) as z:
-        b.store(sums, lowerer.index(z), zero)
     column0 = tile_n * p.width
     edge = n_size % p.width != 0        # the last panel is partly past N: staged as zeros
+    strides = strides_for(red.shape)
+
+    def write(t: Lin, r: int, j: int, value: int) -> None:
+        """Stores register block t's output (r, j), rounded to the output's dtype."""
+        idx = at((tile_m * p.blocks + t) * p.rows + r, column0 + j, const(0))
+        gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
+        value = value if wide == red.dtype else b.cast(value, red.dtype)
+        flat = recombine(sum((i * s for i, s in zip(idx, strides) if s), Lin()))
+        b.store(out, lowerer.index(flat), value, gate)
+
+    panel = b.local(wide, p.depth * p.width)
+    zero = lowerer.const(0.0, wide)
+    # one depth block (k <= DEPTH, as in the MLP's weight gradient): the registers are the sums
+    single = k_size <= p.depth
+    if not single:
+        sums = b.local(wide, p.rows * p.blocks * p.width)
+        with _loop(lowerer, "z", p.rows * p.blocks * p.width) as z:
+            b.store(sums, lowerer.index(z), zero)
     with _loop(lowerer, "kb", ceil(k_size / p.depth)) as block:
         k0 = block * p.depth
         end = lowerer.const(p.depth)
@@ -148,17 +162,15 @@ def emit(lowerer, found: Contraction, packing: Packing, caps: Capabilities, out:
                     else:
                         b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
             for acc, (r, j) in zip(accs, product(range(p.rows), range(p.width))):
+                if single:
+                    write(t, r, j, acc)
+                    continue
                 where = lowerer.index((t * p.rows + r) * p.width + j)
                 b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
-    strides = strides_for(red.shape)
-    with _loop(lowerer, "mo", p.blocks) as t:
-        for r, j in product(range(p.rows), range(p.width)):
-            idx = at((tile_m * p.blocks + t) * p.rows + r, column0 + j, const(0))
-            gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
-            value = b.load(sums, lowerer.index((t * p.rows + r) * p.width + j))
-            value = value if wide == red.dtype else b.cast(value, red.dtype)
-            flat = recombine(sum((i * s for i, s in zip(idx, strides) if s), Lin()))
-            b.store(out, lowerer.index(flat), value, gate)
+    if not single:
+        with _loop(lowerer, "mo", p.blocks) as t:
+            for r, j in product(range(p.rows), range(p.width)):
+                write(t, r, j, b.load(sums, lowerer.index((t * p.rows + r) * p.width + j)))
     return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
 
 

@@ -50,6 +50,12 @@ def test_a_matmul_on_a_device_whose_threads_are_loops_is_packed():
     LOOPS.check_launch(kernel)
 
 
+def test_a_reduce_of_one_depth_block_keeps_its_sums_in_registers():
+    item = _item(_floats(512, 64), _floats(64, 784))        # the MLP's weight gradient
+    ops = _ops(lower(item.root, item.inputs, LOOPS))
+    assert ops.count(Op.LOCAL) == 1 and Op.MULACC in ops
+
+
 @pytest.mark.parametrize("change", [{"threads_are_loops": False}, {"local_memory_bytes": 0},
                                     {"local_memory_bytes": 4096}])
 def test_devices_with_lanes_or_without_room_for_the_panels_are_not_packed(change):

@@ -78,14 +78,16 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     tiles = m // rows
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
     panels = batch * ceil(n / limits.vector)
-    depth = ceil(k / ceil(k / DEPTH))
     itemsize = found.accumulate.itemsize
-    # the most register blocks per group that divide m's, leave enough groups, and fit
-    for blocks in sorted((d for d in range(1, _BLOCKS + 1) if tiles % d == 0), reverse=True):
-        packing = Packing(rows, limits.vector, blocks, depth)
-        enough = panels * (tiles // blocks) >= _MIN_GROUPS or blocks == 1
-        if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
-            return found, packing
+    # the deepest panel, then the most register blocks per group that divide m's, leave
+    # enough groups, and fit the device's workgroup memory
+    for most in (DEPTH, DEPTH // 2, DEPTH // 4):
+        depth = ceil(k / ceil(k / most))
+        for blocks in sorted((d for d in range(1, _BLOCKS + 1) if tiles % d == 0), reverse=True):
+            packing = Packing(rows, limits.vector, blocks, depth)
+            enough = panels * (tiles // blocks) >= _MIN_GROUPS or blocks == 1
+            if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
+                return found, packing
     return None
 
 

@@ -56,6 +56,13 @@ def test_a_reduce_of_one_depth_block_keeps_its_sums_in_registers():
     assert ops.count(Op.LOCAL) == 1 and Op.MULACC in ops
 
 
+def test_a_device_with_less_workgroup_memory_gets_shallower_panels():
+    item = _item(_floats(64, 300), _floats(300, 70))
+    caps = dataclasses.replace(LOOPS, local_memory_bytes=32 * 1024)   # the LLVM starter's
+    _, packing = pack.find(item.root, item.inputs, caps)
+    assert packing.depth < pack.DEPTH and packing.local_bytes(4) <= 32 * 1024
+
+
 @pytest.mark.parametrize("change", [{"threads_are_loops": False}, {"local_memory_bytes": 0},
                                     {"local_memory_bytes": 4096}])
 def test_devices_with_lanes_or_without_room_for_the_panels_are_not_packed(change):
@@ -161,3 +168,13 @@ def test_a_long_sum_of_products_is_blocked():
     exact = k * np.float64(np.float32(0.1))
     bound = (pack.DEPTH + k / pack.DEPTH) * np.finfo(np.float32).eps
     np.testing.assert_allclose(out, exact, rtol=bound)
+
+
+def test_float64_matmuls_are_packed_and_exact_to_their_bound():
+    import portkit
+    a, b = RNG.standard_normal((100, 520)), RNG.standard_normal((520, 96))
+    x, w = Tensor(a, dtype=portkit.float64), Tensor(b, dtype=portkit.float64)
+    item, = schedule.create_schedule([(x @ w).lazy])
+    assert pack.find(item.root, item.inputs, runtime.get("cpu").capabilities) is not None
+    bound = 2 * 520 * np.finfo(np.float64).eps * (np.abs(a) @ np.abs(b)).max()
+    np.testing.assert_allclose((x @ w).numpy(), a @ b, rtol=0, atol=bound)

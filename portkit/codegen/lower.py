@@ -77,6 +77,7 @@ class _Lowerer:
         self.vars: dict[str, int] = {}          # symbolic Var name -> node
         self.scalars: dict[int, int] = {}       # id(graph CONST) -> its VAR (cast) node
         self.counter = 0
+        self.fixed: dict[int, int] = {}         # id(Lazy) -> the node holding its value here
 
     # -- memo with scopes: a value computed inside a loop is not visible after it ---------------
 
@@ -174,6 +175,8 @@ class _Lowerer:
 
     def _lower(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
         b = self.b
+        if id(node) in self.fixed:       # computed by a pass, for the one element it lowers
+            return [self.fixed[id(node)]] * len(idxs)
         if id(node) in self.params:
             strides = strides_for(node.shape)
             return [self.load(self.params[id(node)], self.index(recombine(
@@ -364,7 +367,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if chosen:
         return staging.emit(lowerer, root, contraction, chosen, out)
     if packed:
-        return packing.emit(lowerer, *packed, caps, out)
+        return packing.emit(lowerer, root, *packed, caps, out)
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)

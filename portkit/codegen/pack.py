@@ -33,7 +33,7 @@ from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.codegen.plan import SERIAL, Limits, divisor, load_steps, serial
 from portkit.codegen.tiles import Contraction, match
-from portkit.graph import Lazy
+from portkit.graph import GraphOp, Lazy
 from portkit.symbolic import Bound, Lin, const, recombine, unravel
 from portkit.view import strides_for
 
@@ -68,7 +68,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     device whose threads are loops, with workgroup memory for the panels; else None."""
     if not serial(caps) or caps.local_memory_bytes <= 0:
         return None
-    found = match(root, lambda node, name: load_steps(node, inputs, name))
+    reduce = _under_epilogue(root, {id(x) for x in inputs})
+    found = reduce and match(reduce, lambda node, name: load_steps(node, inputs, name))
     if found is None:
         return None
     m, n, k = found.sizes
@@ -91,9 +92,11 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     return None
 
 
-def emit(lowerer, found: Contraction, packing: Packing, caps: Capabilities, out: int) -> Kernel:
-    """The packed kernel storing the contraction into buffer `out`; `lowerer` (lower.py's) has
-    its PARAMs and VARs set and lowers the factors at the panel's positions."""
+def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabilities,
+         out: int) -> Kernel:
+    """The packed kernel storing `root` (the contraction, or an elementwise epilogue of it) into
+    buffer `out`; `lowerer` (lower.py's) has its PARAMs and VARs set and lowers the factors at
+    the panel's positions."""
     b, p = lowerer.b, packing
     red = found.reduce
     shape = red.src[0].shape
@@ -125,6 +128,12 @@ def emit(lowerer, found: Contraction, packing: Packing, caps: Capabilities, out:
         gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
         value = value if wide == red.dtype else b.cast(value, red.dtype)
         flat = recombine(sum((i * s for i, s in zip(idx, strides) if s), Lin()))
+        if root is not red and not (root.op is GraphOp.VIEW and root.src[0] is red):
+            # an epilogue (an optimizer's W - lr * grad): the root at this element, with the
+            # reduce's value taken from the registers; its own loads gated like the store
+            lowerer.fixed[id(red)] = value
+            value, = lowerer.lower(root, [unravel(flat, root.shape)], [gate])
+            del lowerer.fixed[id(red)]
         b.store(out, lowerer.index(flat), value, gate)
 
     panel = b.local(wide, p.depth * p.width)
@@ -174,6 +183,33 @@ def emit(lowerer, found: Contraction, packing: Packing, caps: Capabilities, out:
             for r, j in product(range(p.rows), range(p.width)):
                 write(t, r, j, b.load(sums, lowerer.index((t * p.rows + r) * p.width + j)))
     return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
+
+
+def _under_epilogue(root: Lazy, params: set[int]) -> Lazy | None:
+    """The REDUCE that `root` is an elementwise function of (through reshapes that keep the
+    element order), if there is exactly one on that path; else None."""
+    node = root
+    while node.op is not GraphOp.REDUCE:
+        if id(node) in params:
+            return None
+        if node.op is GraphOp.VIEW and node.arg.is_contiguous and (
+                prod(node.shape) == prod(node.src[0].shape)):
+            node = node.src[0]
+            continue
+        if not isinstance(node.op, Op) or node.shape != root.shape:
+            return None
+        holding = [s for s in node.src if _holds_reduce(s, params, set())]
+        if len(holding) != 1:
+            return None
+        node = holding[0]
+    return node if id(node) not in params else None
+
+
+def _holds_reduce(node: Lazy, params: set[int], seen: set[int]) -> bool:
+    if id(node) in params or id(node) in seen:
+        return False
+    seen.add(id(node))
+    return node.op is GraphOp.REDUCE or any(_holds_reduce(s, params, seen) for s in node.src)
 
 
 class _loop:

@@ -120,6 +120,25 @@ def test_cpu_matmuls_match_numpy(m, k, n):
     _close(out, a.astype(np.float64) @ b, k)
 
 
+def test_an_elementwise_epilogue_is_computed_from_the_registers():
+    # an SGD update of a weight by its gradient, one kernel: W - (dy.T @ x) * lr
+    w, dy, x = _floats(512, 784), _floats(64, 512), _floats(64, 784)
+    tw, tdy, tx = (Tensor(v, device="interpreter") for v in (w, dy, x))
+    item, = schedule.create_schedule([(tw - (tdy.T @ tx) * 0.01).lazy])
+    kernel = lower(item.root, item.inputs, LOOPS)
+    assert Op.LOCAL in _ops(kernel) and Op.MULACC in _ops(kernel)
+    arrays = {id(t.lazy): v for t, v in ((tw, w), (tdy, dy), (tx, x))}
+    out, *_ = runtime.get("interpreter").run(kernel, np.zeros(w.size, np.float32),
+                                             *(arrays[id(node)] for node in item.inputs))
+    _close(out.reshape(w.shape), w - (dy.T.astype(np.float64) @ x) * np.float32(0.01), 64)
+
+
+def test_an_epilogue_on_the_cpu_with_a_bias_and_relu():
+    a, b, c = _floats(70, 300), _floats(300, 50), _floats(50)
+    out = ((Tensor(a) @ Tensor(b)) + Tensor(c)).relu().numpy()
+    _close(out, np.maximum(a.astype(np.float64) @ b + c, 0), 300)
+
+
 def test_x_at_w_transposed_reads_the_weight_along_k():
     x, w = _floats(64, 784), _floats(512, 784)
     item = _item(x, w, transposed=True)

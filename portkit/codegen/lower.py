@@ -339,7 +339,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     and the graph constants `scalars` as VARs s0, s1... (see SCALAR_VAR_DTYPES); `slots` maps
     id() of every constant read through a VAR to its index (default: `scalars` in order).
     A matmul on a device with workgroup memory is LOCAL-tiled (codegen/tiles.py) as `local`
-    says (a tiles.Tiling), else as the tuner stored for this device, else by default."""
+    says (a tiles.Tiling), else as the tuner stored for this device, else by default; on one
+    whose threads are loops it copies B into panels instead (codegen/pack.py)."""
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")

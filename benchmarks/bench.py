@@ -82,6 +82,11 @@ def cases(device: str) -> list[Case]:
     a, b, c = put(a_np), put(b_np), put(c_np)
     m_np, m2_np = _floats(1024, 1024), _floats(1024, 1024) + 1
     m, m2 = put(m_np), put(m2_np)
+    s_np, s2_np, l_np, l2_np = _floats(512, 512), _floats(512, 512), _floats(2048, 2048), \
+        _floats(2048, 2048)
+    s, s2, big_m, big_m2 = put(s_np), put(s2_np), put(l_np), put(l2_np)
+    h_np, hw_np = _floats(64, 784), _floats(512, 784)     # the MLP's first layer, forward
+    h, hw = put(h_np), put(hw_np)
     x_np, w_np = _floats(8, 64, 56, 56), _floats(64, 64, 3, 3)
     x, w = put(x_np), put(w_np)
     one_np = np.ones(4, np.float32)
@@ -97,6 +102,12 @@ def cases(device: str) -> list[Case]:
         ("sum 16M", "GB/s", 4 * n, lambda: a.sum().realize(), lambda: a_np.sum(), None),
         ("matmul 1024", "GFLOP/s", 2 * 1024 ** 3, lambda: (m @ m2).realize(),
          lambda: m_np @ m2_np, None),
+        ("matmul 512", "GFLOP/s", 2 * 512 ** 3, lambda: (s @ s2).realize(),
+         lambda: s_np @ s2_np, None),
+        ("matmul 2048", "GFLOP/s", 2 * 2048 ** 3, lambda: (big_m @ big_m2).realize(),
+         lambda: l_np @ l2_np, None),
+        ("MLP forward x @ W.T 64x784x512", "GFLOP/s", 2 * 64 * 784 * 512,
+         lambda: (h @ hw.T).realize(), lambda: h_np @ hw_np.T, None),
         ("conv2d 8x64x56x56 3x3", "GFLOP/s", conv_flops, lambda: x.conv2d(w, padding=1).realize(),
          None, None),
         ("conv2d backward 8x64x56x56 3x3", "GFLOP/s", 2 * conv_flops,
@@ -121,13 +132,16 @@ def cases(device: str) -> list[Case]:
     where = torch_device(device)
     ta, tb, tc, tm, tm2, tx, tw, tone, tcopy = (torch.from_numpy(v).to(where) for v in (
         a_np, b_np, c_np, m_np, m2_np, x_np, w_np, one_np, copy_np))
+    ts, ts2, tl, tl2, th, thw = (torch.from_numpy(v).to(where) for v in (
+        s_np, s2_np, l_np, l2_np, h_np, hw_np))
     conv = torch.nn.functional.conv2d
     tsmall = torch.from_numpy(_floats(4096)).to(where)
 
     def torch_put(a: np.ndarray):
         return torch.from_numpy(a).to(where)
     torch_fns = [lambda: tcopy.clone(), lambda: ((ta * tb + tc).relu() * 2), lambda: ta.sum(),
-                 lambda: tm @ tm2, lambda: conv(tx, tw, padding=1), _torch_conv_backward(tx, tw),
+                 lambda: tm @ tm2, lambda: ts @ ts2, lambda: tl @ tl2, lambda: th @ thw.T,
+                 lambda: conv(tx, tw, padding=1), _torch_conv_backward(tx, tw),
                  lambda: (tone + 1).cpu().numpy(), _torch_mlp(where),
                  _torch_mlp(where, "adam"), _torch_mlp(where, "cosine"),
                  _changing_number(tsmall), None, _torch_mlp(where), _three_ops(torch_put),

@@ -278,10 +278,13 @@ class CStyleRenderer(Renderer):
         lines = [self.indent + line for line in local_lines]
         depth = 1
         signed = positions(kernel) if self.signed_positions else set()
+        own = self.rendered_together(kernel)
         for i, node in enumerate(nodes):
             src = [names.get(s, "") for s in node.src]
             line = None
-            if node.op is Op.PARAM:
+            if i in own:
+                names[i], line = own[i](names)
+            elif node.op is Op.PARAM:
                 names[i] = f"data{node.arg}"
             elif node.op is Op.VAR:
                 names[i] = f"var_{node.arg}"
@@ -320,6 +323,12 @@ class CStyleRenderer(Renderer):
             if node.op in (Op.RANGE, Op.IF):
                 depth += 1
         return lines
+
+    def rendered_together(self, kernel: Kernel) -> dict[int, Callable[[dict], tuple]]:
+        """Nodes a language renders as a group (accumulators held in one vector, say): node ->
+        a function of the names given so far returning (its name, its line or None). None
+        here: every node is rendered on its own."""
+        return {}
 
     def render_value(self, node: Node, src_nodes: list[Node], src: list[str]) -> str:
         """The expression of a value node: SPECIAL, LOAD or a compute op."""

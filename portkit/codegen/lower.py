@@ -77,6 +77,7 @@ class _Lowerer:
         self.vars: dict[str, int] = {}          # symbolic Var name -> node
         self.scalars: dict[int, int] = {}       # id(graph CONST) -> its VAR (cast) node
         self.counter = 0
+        self.fixed: dict[int, int] = {}         # id(Lazy) -> the node holding its value here
 
     # -- memo with scopes: a value computed inside a loop is not visible after it ---------------
 
@@ -174,6 +175,8 @@ class _Lowerer:
 
     def _lower(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
         b = self.b
+        if id(node) in self.fixed:       # computed by a pass, for the one element it lowers
+            return [self.fixed[id(node)]] * len(idxs)
         if id(node) in self.params:
             strides = strides_for(node.shape)
             return [self.load(self.params[id(node)], self.index(recombine(
@@ -336,16 +339,20 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     and the graph constants `scalars` as VARs s0, s1... (see SCALAR_VAR_DTYPES); `slots` maps
     id() of every constant read through a VAR to its index (default: `scalars` in order).
     A matmul on a device with workgroup memory is LOCAL-tiled (codegen/tiles.py) as `local`
-    says (a tiles.Tiling), else as the tuner stored for this device, else by default."""
+    says (a tiles.Tiling), else as the tuner stored for this device, else by default; on one
+    whose threads are loops it copies B into panels instead (codegen/pack.py)."""
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    from portkit.codegen import tiles as staging  # both build on this module
+    from portkit.codegen import pack as packing  # these build on this module
+    from portkit.codegen import tiles as staging
     from portkit.codegen import tune
     contraction = tune.contraction(root, inputs, caps)
     chosen = contraction and staging.choose(contraction, caps,
                                             local or tune.stored(caps, contraction))
-    tiling = Plan() if chosen else plan(root, inputs, SERIAL if serial(caps) else THREADED)
+    packed = None if chosen else packing.find(root, inputs, caps)
+    tiling = Plan() if chosen or packed else plan(root, inputs,
+                                                  SERIAL if serial(caps) else THREADED)
     lowerer = _Lowerer(name, inputs, tiling)
     b = lowerer.b
     out = b.param(root.dtype)
@@ -360,6 +367,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     lowerer.scalars = {node: values[k] for node, k in slots.items()}
     if chosen:
         return staging.emit(lowerer, root, contraction, chosen, out)
+    if packed:
+        return packing.emit(lowerer, root, *packed, caps, out)
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)

@@ -111,13 +111,13 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     # a contraction whose every output axis is ignored by some load (x @ W.T): no contiguous
     # output axis, but a strided one still makes independent lanes
     shared = [a for a in outputs if reused(f"o{a}")]
-    wide = [a for a in shared if _divisor(root.shape[a], limits.gather) == limits.gather > 0]
+    wide = [a for a in shared if divisor(root.shape[a], limits.gather) == limits.gather > 0]
     if vector:
-        upcast[vector[-1]] = _divisor(root.shape[vector[-1]], limits.vector)
+        upcast[vector[-1]] = divisor(root.shape[vector[-1]], limits.vector)
     elif len(shared) >= 2 and wide:
         upcast[wide[-1]] = limits.gather
         other = [a for a in shared if a != wide[-1]][-1]
-        upcast[other] = _divisor(root.shape[other], limits.accumulators // limits.gather)
+        upcast[other] = divisor(root.shape[other], limits.accumulators // limits.gather)
     else:
         contiguous = [a for a in axes
                       if src.shape[a] >= 2 * limits.unroll and vectorizes(f"r{a}")]
@@ -147,7 +147,7 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
             # gradient): an a x b block loads a + b vectors for a * b sums, not 1 + a * b
             most = 1 << (isqrt(most).bit_length() - 1)
         if axis not in upcast and reused(f"o{axis}") and used * 2 <= room:
-            upcast[axis] = _divisor(root.shape[axis], min(most, room // used))
+            upcast[axis] = divisor(root.shape[axis], min(most, room // used))
     upcast = {a: n for a, n in upcast.items() if n > 1}
     if unroll is not None and unroll[1] == 1:
         unroll = None
@@ -163,7 +163,7 @@ def load_steps(node: Lazy, inputs: list[Lazy], name: str) -> list[int | None]:
     return [_step(flat, name) for flat in loads]
 
 
-def _divisor(size: int, most: int) -> int:
+def divisor(size: int, most: int) -> int:
     """The largest power of two <= most that divides size."""
     amount = 1
     while amount * 2 <= most and size % (amount * 2) == 0:

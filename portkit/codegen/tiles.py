@@ -125,6 +125,12 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities, steps) -> Contracti
     (portkit.codegen.plan.load_steps)."""
     if caps.threads_are_loops or caps.max_block_threads == 1 or caps.local_memory_bytes <= 0:
         return None
+    return match(root, steps)
+
+
+def match(root: Lazy, steps) -> Contraction | None:
+    """The contraction `root` computes (a float sum of one product over one axis, outputs
+    along m and n at least _MIN_SIDE wide), on any device; None if it is not one."""
     node = root
     if (node.op is GraphOp.VIEW and node.arg.is_contiguous
             and prod(node.shape) == prod(node.src[0].shape)):

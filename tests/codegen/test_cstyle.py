@@ -63,9 +63,14 @@ def test_unary_and_composed_ops():
     assert value_of(r, Op.NEG, dtypes.int8) == "(int8_t)(-(uint32_t)v2)"
     assert value_of(r, Op.SQRT, dtypes.float64) == "sqrt(v2)"
     assert value_of(r, Op.RECIP, dtypes.float32) == "(1.0f / v2)"
-    # MULACC rounds after the product (unfused), so float16 needs the rounding inside too
+    # MULACC on an emulated float rounds after the product (unfused), so float16 needs the
+    # rounding inside too; float and double round once (fma, which the ABI allows), integers
+    # multiply and add, each wrapping
     assert value_of(r, Op.MULACC, dtypes.float16, 3) == "pk_f16((pk_f16((v2 * v5)) + v8))"
-    assert value_of(r, Op.MULACC, dtypes.float32, 3) == "((v2 * v5) + v8)"
+    assert value_of(r, Op.MULACC, dtypes.float32, 3) == "fma(v2, v5, v8)"
+    assert value_of(r, Op.MULACC, dtypes.float64, 3) == "fma(v2, v5, v8)"
+    assert value_of(r, Op.MULACC, dtypes.int32, 3) == (
+        "(int32_t)((uint32_t)(int32_t)((uint32_t)v2 * (uint32_t)v5) + (uint32_t)v8)")
 
 
 @pytest.mark.parametrize("value, dtype, literal", [

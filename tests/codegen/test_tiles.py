@@ -43,7 +43,8 @@ def test_a_matmul_on_a_device_with_workgroup_memory_stages_through_local():
 def test_devices_without_workgroup_memory_or_lanes_are_not_tiled(change):
     caps = dataclasses.replace(CAPABILITIES, **change)
     item = _item(np.ones((70, 90), np.float32), np.ones((90, 50), np.float32))
-    assert Op.LOCAL not in _ops(lower(item.root, item.inputs, caps))
+    # (a device whose threads are loops may pack panels in LOCAL instead: codegen/pack.py)
+    assert Op.BARRIER not in _ops(lower(item.root, item.inputs, caps))
 
 
 def test_small_matmuls_and_plain_sums_are_not_tiled():

@@ -13,6 +13,7 @@ from typing import ClassVar
 from portkit.abi import dtypes
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
+from portkit.codegen import lanes
 from portkit.codegen.cstyle import EMULATED_FLOATS, FLOAT16_HELPERS, CStyleRenderer, local_bytes
 from portkit.codegen.loops import threads_as_loops
 
@@ -21,9 +22,24 @@ _TEMPLATE = """\
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
-#include <tgmath.h>  /* sqrt, exp2, ...: the float or the double function, by argument */
+#include <tgmath.h>  /* sqrt, exp2, fma...: the float or the double function, by argument */
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 {% if small_floats %}{{ float16_helpers }}
+{% endif %}
+{% if vectors %}
+/* Accumulators held in vectors (portkit.codegen.lanes): lanes += a * b[0..n), one rounding. */
+{% for type, element, lanes in vectors %}
+typedef {{ element }} {{ type }} __attribute__((vector_size({{ vector_bytes }})));
+static inline {{ type }} {{ type }}_fma({{ element }} a, const {{ element }} *b, {{ type }} c) {
+  #pragma STDC FP_CONTRACT ON
+  {{ type }} v;
+  memcpy(&v, b, sizeof v);
+  return a * v + c;
+}
+{% endfor %}
 {% endif %}
 
 static inline void {{ name }}({{ (args + id_args) | join(", ") }}) {
@@ -50,16 +66,25 @@ void pk_launch(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_d
 {% for v in kernel.vars %}
   const int32_t var_{{ v }} = pk_scalars[{{ loop.index0 }}];
 {% endfor %}
-  /* Workgroups go to cores in chunks of 64 along axis 0, so that the parallel loop's index
-     is decoded once per chunk, and a loop over one axis stays innermost for the vectorizer:
-     thread axis 0, or workgroup axis 0 when a workgroup has one thread. */
-  const int64_t chunks = ((int64_t)grid0 + 63) / 64;
+  /* Workgroups go to cores in chunks of up to 64 along axis 0, so that the parallel loop's
+     index is decoded once per chunk, and a loop over one axis stays innermost for the
+     vectorizer: thread axis 0, or workgroup axis 0 when a workgroup has one thread. A short
+     grid gets shorter chunks, at least 4 per core, so that every core has work. */
+#ifdef _OPENMP
+  const int64_t cores = pk_parallel ? omp_get_max_threads() : 1;
+#else
+  const int64_t cores = 1;
+#endif
+  const int64_t fair = (int64_t)grid0 / (4 * cores);
+  const int64_t size = fair < 1 ? 1 : (fair < 64 ? fair : 64);
+  const int64_t chunks = ((int64_t)grid0 + size - 1) / size;
 {% macro groups() %}
   for (int32_t gid2 = 0; gid2 < grid2; gid2++)
     for (int32_t gid1 = 0; gid1 < grid1; gid1++)
       for (int64_t chunk = 0; chunk < chunks; chunk++) {
-        const int32_t first = (int32_t)(chunk * 64);
-        const int32_t last = (int32_t)(chunk * 64 + 64 < grid0 ? chunk * 64 + 64 : grid0);
+        const int32_t first = (int32_t)(chunk * size);
+        const int32_t last = (int32_t)(chunk * size + size < grid0 ? chunk * size + size
+                                                                    : grid0);
         _Alignas(64) char pk_local[{{ local_bytes or 16 }}];
         if (threads == 1) {
           for (int32_t gid0 = first; gid0 < last; gid0++)
@@ -92,6 +117,11 @@ class CPURenderer(CStyleRenderer):
     """Plain C11 (GNU dialect) for gcc or clang, one shared object per kernel."""
 
     workitem: ClassVar[dict[str, str]] = {"group": "gid{}", "local": "lid{}"}
+    # Runs of accumulators held in one GNU C vector (codegen/lanes.py): 64 bytes, one AVX-512
+    # register (two or four elsewhere, which the compiler splits them into).
+    vector_bytes = 64
+    vector_types: ClassVar[dict[dtypes.DType, str]] = {dtypes.float32: "pk_f32x16",
+                                                       dtypes.float64: "pk_f64x8"}
     # float16 and bfloat16 have no arithmetic type in portable C (clang 14 rejects _Float16 on
     # x86-64, and where it exists it computes in float anyway): values are held in a float.
     emulated = EMULATED_FLOATS
@@ -99,12 +129,27 @@ class CPURenderer(CStyleRenderer):
     # clang proves neighbouring loads adjacent (one vector load) only for signed positions
     signed_positions = True
 
+    def render_alu(self, op: Op, operands: list[str], dtype: dtypes.DType) -> str:
+        # MULACC on float and double rounds once (the ABI allows it): fma(), which the
+        # compiler makes a vector FMA. Other dtypes multiply, then add (integers wrap).
+        if op is Op.MULACC and dtype in (dtypes.float32, dtypes.float64):
+            return f"fma({', '.join(operands)})"
+        return super().render_alu(op, operands, dtype)
+
     def render(self, kernel: Kernel) -> str:
         """The kernel as C; one with a BARRIER as one thread per group that loops over the
         block's threads between the barriers (portkit.codegen.loops), so no thread waits."""
         if any(n.op is Op.BARRIER for n in kernel.nodes):
             kernel = threads_as_loops(kernel)
         return super().render(kernel)
+
+    def rendered_together(self, kernel: Kernel) -> dict:
+        own = {}
+        widths = {d: self.vector_bytes // d.itemsize for d in self.vector_types}
+        for run in lanes.find(kernel, widths):
+            first = kernel.nodes[run.accs[0]]
+            own.update(_vector_lines(run, self.vector_types[first.dtype], first.src[0]))
+        return own
 
     def render_local(self, name: str, dtype: dtypes.DType, size: int, offset: int) -> str:
         # LOCAL arrays are slices of one per-workgroup block that pk_launch provides.
@@ -124,4 +169,31 @@ class CPURenderer(CStyleRenderer):
                 "parallel_from": 2 if any(n.op is Op.RANGE for n in kernel.nodes) else 16384,
                 "id_args": [f"const int32_t {i}" for i in _IDS[:6]] + ["char *pk_local"],
                 "loop_args": [f"data{i}" for i in range(len(types))] + [f"var_{v}" for v in names],
-                "local_bytes": local_bytes(kernel)}
+                "local_bytes": local_bytes(kernel), "vector_bytes": self.vector_bytes,
+                "vectors": [(name, self.type_map[d], self.vector_bytes // d.itemsize)
+                            for d, name in self.vector_types.items()
+                            if any(n.op is Op.ACC and n.dtype == d for n in kernel.nodes)]}
+
+
+def _vector_lines(run: lanes.Run, vector: str, init: int) -> dict:
+    """Name-and-line functions (see CStyleRenderer.rendered_together) for one run whose
+    accumulators start at node `init`: the first ACC declares the vector, the other lanes are
+    its elements, and the last update adds every lane's product at once."""
+    lead = f"acc{run.accs[0]}"
+
+    def declare(names: dict) -> tuple:
+        values = ", ".join([names[init]] * len(run.accs))
+        return f"{lead}[0]", f"{vector} {lead} = {{{values}}};"
+
+    own = {run.accs[0]: declare}
+    for lane, acc in enumerate(run.accs[1:], 1):
+        own[acc] = lambda names, lane=lane: (f"{lead}[{lane}]", None)
+    for node in (*run.updates, *run.assigns):
+        own[node] = lambda names: ("", None)
+
+    def update(names: dict) -> tuple:
+        where = f"&{names[run.buffer]}[{names[run.base]} + {run.offset}]"
+        return "", f"{lead} = {vector}_fma({names[run.shared]}, {where}, {lead});"
+
+    own[run.last] = update
+    return own

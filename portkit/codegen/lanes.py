@@ -1,0 +1,128 @@
+"""Lanes: runs of accumulators that a C-like renderer may hold in one vector register.
+
+A register block (codegen/pack.py's 8 x 32 float32) is, in the ABI, 256 scalar ACCs, each
+updated once per loop iteration by MULACC(a, b[j], acc[j]): one operand shared by a row, the
+other a load at consecutive addresses. A C compiler's straight-line (SLP) vectorizer turns
+these into vector FMAs, but clang 14 also keeps each accumulator's previous value alive across
+the loop's exit and spills a dozen registers per iteration. `find` names the runs a renderer
+can write as vectors itself: `width` consecutive ACC nodes (one vector of the device), each
+updated in one loop by one MULACC whose shared operand is the same for the run and whose other
+operand loads `base + offset + lane` from one buffer, with no other use of the accumulators
+inside the loop and no STORE among the updates. Everything else stays scalar; a run the
+pattern does not fit is left to the compiler, so the pass only changes how a kernel is
+spelled, never what it computes (the interpreter runs the same ABI kernel).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from portkit.abi.dtypes import DType
+from portkit.abi.kernel import Kernel, Node
+from portkit.abi.ops import Op
+
+
+@dataclass(frozen=True)
+class Run:
+    """Accumulators held in one vector: their ACC, MULACC and ASSIGN nodes in lane order, the
+    operand every lane shares, and where the lanes' own operands are loaded from: buffer
+    node, index node and the constant added to it for lane 0 (lane k adds k more)."""
+
+    accs: tuple[int, ...]
+    updates: tuple[int, ...]
+    assigns: tuple[int, ...]
+    shared: int
+    buffer: int
+    base: int
+    offset: int
+
+    @property
+    def last(self) -> int:
+        """The node after which every lane's operands exist: the vector update goes there."""
+        return max(self.assigns)
+
+
+def find(kernel: Kernel, widths: dict[DType, int]) -> list[Run]:
+    """The runs of `kernel` to hold in vectors of widths[dtype] lanes (dtypes not in `widths`
+    stay scalar)."""
+    nodes = kernel.nodes
+    users: dict[int, list[int]] = defaultdict(list)
+    for i, node in enumerate(nodes):
+        for s in node.src:
+            users[s].append(i)
+    loop_of, end_of, open_loops = [], {}, []
+    for i, node in enumerate(nodes):
+        if node.op is Op.END and nodes[node.src[0]].op is Op.RANGE:
+            end_of[open_loops.pop()] = i
+        loop_of.append(open_loops[-1] if open_loops else None)
+        if node.op is Op.RANGE:
+            open_loops.append(i)
+    updates: dict[int, tuple[int, int] | None] = {}     # ACC -> (MULACC, ASSIGN)
+    for i, node in enumerate(nodes):
+        if node.op is Op.ASSIGN:
+            acc, value = node.src
+            fits = nodes[value].op is Op.MULACC and nodes[value].src[2] == acc
+            fits = fits and users[value] == [i] and acc not in updates
+            updates[acc] = (value, i) if fits else None
+    accs = [i for i, node in enumerate(nodes) if node.op is Op.ACC and node.dtype in widths]
+    runs, at = [], 0
+    while at < len(accs):
+        width = widths[nodes[accs[at]].dtype]
+        block = accs[at:at + width]
+        run = None
+        if len(block) == width and block[-1] - block[0] == width - 1:
+            run = _run(nodes, block, updates, users, loop_of, end_of)
+        if run is None:
+            at += 1
+        else:
+            runs.append(run)
+            at += width
+    return runs
+
+
+def _run(nodes: tuple[Node, ...], accs: list[int], updates, users, loop_of, end_of
+         ) -> Run | None:
+    if len({nodes[a].src[0] for a in accs}) != 1 or any(updates.get(a) is None for a in accs):
+        return None
+    mulaccs = [updates[a][0] for a in accs]
+    assigns = [updates[a][1] for a in accs]
+    left = [nodes[m].src[0] for m in mulaccs]
+    right = [nodes[m].src[1] for m in mulaccs]
+    if len(set(left)) == 1:
+        shared, loads = left[0], right
+    elif len(set(right)) == 1:
+        shared, loads = right[0], left
+    else:
+        return None
+    if any(nodes[x].op is not Op.LOAD or len(nodes[x].src) != 2 for x in loads):
+        return None
+    buffers = {nodes[x].src[0] for x in loads}
+    buffer = buffers.pop()
+    if buffers or nodes[buffer].dtype != nodes[accs[0]].dtype:
+        return None
+    places = [_split(nodes, nodes[x].src[1]) for x in loads]
+    base, offset = places[0]
+    if places != [(base, offset + lane) for lane in range(len(accs))]:
+        return None
+    loop = loop_of[assigns[0]]
+    first, last = min(loads + mulaccs), max(assigns)
+    if loop is None or any(loop_of[x] != loop for x in mulaccs + assigns):
+        return None
+    if any(nodes[i].op is Op.STORE for i in range(first, last)):
+        return None
+    for acc, mulacc, assign in zip(accs, mulaccs, assigns):
+        if any(first <= u <= end_of[loop] for u in users[acc] if u not in (mulacc, assign)):
+            return None
+    return Run(tuple(accs), tuple(mulaccs), tuple(assigns), shared, buffer, base, offset)
+
+
+def _split(nodes: tuple[Node, ...], index: int) -> tuple[int, int]:
+    """(node, constant) with index = node + constant; (index, 0) if it is not such a sum."""
+    node = nodes[index]
+    if node.op is Op.ADD:
+        a, b = node.src
+        if nodes[b].op is Op.CONST:
+            return a, nodes[b].arg
+        if nodes[a].op is Op.CONST:
+            return b, nodes[a].arg
+    return index, 0

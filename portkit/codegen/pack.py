@@ -1,0 +1,232 @@
+"""Packed panels: a matmul-shaped kernel on a device whose threads are loops (a CPU), with its
+B operand copied into contiguous panels in workgroup memory (LOCAL) and its A operand read in
+place, so the inner loop streams memory and the C compiler keeps the register block in vectors.
+
+For C[..., m, n] = sum_k A[..., m, k] * B[..., k, n], each workgroup (one thread) owns a block
+of `rows` x `width` outputs (width = `Limits.vector`, e.g. 32 float32: two 512-bit vectors) and
+walks K in blocks of `depth`:
+- it copies the B panel B[k0:k0+depth, n0:n0+width] into LOCAL as [depth][width] (zeros past
+  N's edge), whatever B's layout: x @ W.T reads W along k, and the panel is then contiguous
+  along n. The copy is its own short loop, paid once per workgroup and depth block;
+- for each register block of `Limits.reuse` rows (8 x 32: sixteen 16-lane accumulators), it
+  sums the depth block's products into fresh registers, with MULACC where the device has it
+  (the C renderer writes fma(), one rounding, which the compiler makes a vector FMA), and adds
+  them into the block's running sums, kept in LOCAL: blocked summation, as the untiled reduce
+  does, so no register adds more than `depth` terms;
+- at the end it stores the sums, rounded once to the output dtype (float16 and bfloat16 are
+  summed in float32, as torch does).
+Workgroups run along n fastest, so neighbouring groups (on one core, see the launcher) share
+A's rows in the cache. The pass shows at PORTKIT_DEBUG=3 as two LOCALs and no BARRIER (one LOCAL
+when K fits one depth block: the registers then go straight to the output).
+What an operand is (a load, x.T, a fused x * 2) is not matched by pattern: the lowerer computes
+the reduce's factors at the panel's positions, as codegen/tiles.py does for GPU-class devices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from math import ceil, prod
+
+from portkit.abi import dtypes
+from portkit.abi.backend import Capabilities
+from portkit.abi.kernel import Kernel
+from portkit.abi.ops import Op
+from portkit.codegen.plan import SERIAL, Limits, divisor, load_steps, serial
+from portkit.codegen.tiles import Contraction, match
+from portkit.graph import GraphOp, Lazy
+from portkit.symbolic import Bound, Lin, const, recombine, unravel
+from portkit.view import strides_for
+
+# K elements per panel, at most: 256 x 32 float32 is 32 KiB, which stays in L1 (48 KiB on the
+# 2-core AVX-512 Xeon measured, where 256 ran matmul 1024 at 1.2x the speed of 128).
+DEPTH = 256
+# Register blocks per workgroup along m, at most: more reuse one B panel more often (copying
+# the panels cost a quarter of matmul 1024's time at 8; 32 ran it at 1.5-2x the speed of 8),
+# fewer give more workgroups to share among cores.
+_BLOCKS = 32
+_MIN_GROUPS = 16     # enough workgroups to keep a few cores busy and balanced
+_MIN_WORK = 1 << 15  # smaller matmuls (m * n * k) keep the untiled lowering
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The blocking of one packed matmul: register rows and columns, register blocks per
+    workgroup along m, and K elements per panel."""
+
+    rows: int
+    width: int
+    blocks: int
+    depth: int
+
+    def local_bytes(self, itemsize: int) -> int:
+        return (self.depth + self.rows * self.blocks) * self.width * itemsize
+
+
+def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
+         limits: Limits = SERIAL) -> tuple[Contraction, Packing] | None:
+    """The contraction `root` computes and its packing on `caps`, if packing pays there: a
+    device whose threads are loops, with workgroup memory for the panels; else None."""
+    if not serial(caps) or caps.local_memory_bytes <= 0:
+        return None
+    reduce = _under_epilogue(root, {id(x) for x in inputs})
+    found = reduce and match(reduce, lambda node, name: load_steps(node, inputs, name))
+    if found is None:
+        return None
+    m, n, k = found.sizes
+    if m * n * k < _MIN_WORK or n < limits.vector // 2:
+        return None
+    rows = divisor(m, limits.reuse)     # register rows divide m: A is read in place, ungated
+    tiles = m // rows
+    batch = prod(found.reduce.src[0].shape) // (m * n * k)
+    panels = batch * ceil(n / limits.vector)
+    itemsize = found.accumulate.itemsize
+    # the deepest panel, then the most register blocks per group that divide m's, leave
+    # enough groups, and fit the device's workgroup memory
+    for most in (DEPTH, DEPTH // 2, DEPTH // 4):
+        depth = ceil(k / ceil(k / most))
+        for blocks in sorted((d for d in range(1, _BLOCKS + 1) if tiles % d == 0), reverse=True):
+            packing = Packing(rows, limits.vector, blocks, depth)
+            enough = panels * (tiles // blocks) >= _MIN_GROUPS or blocks == 1
+            if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
+                return found, packing
+    return None
+
+
+def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabilities,
+         out: int) -> Kernel:
+    """The packed kernel storing `root` (the contraction, or an elementwise epilogue of it) into
+    buffer `out`; `lowerer` (lower.py's) has its PARAMs and VARs set and lowers the factors at
+    the panel's positions."""
+    b, p = lowerer.b, packing
+    red = found.reduce
+    shape = red.src[0].shape
+    m_size, n_size, k_size = found.sizes
+    wide = found.accumulate
+    batch = [a for a in range(len(shape)) if a not in (found.m, found.n, found.k)]
+    grid_shape = (*(shape[a] for a in batch), m_size // (p.rows * p.blocks),
+                  ceil(n_size / p.width))
+    groups = prod(grid_shape)
+    # the MOD is a no-op on this grid; it tells a C compiler every index's range
+    group_node = b.alu(Op.MOD, b.special("group", 0), lowerer.const(groups))
+    group = lowerer.new_var("g", 0, groups - 1, group_node)
+    *batch_idx, tile_m, tile_n = unravel(group, grid_shape)
+
+    def at(m: Lin, n: Lin, k: Lin) -> list[Lin]:
+        idx = [const(0)] * len(shape)
+        for axis, value in zip(batch, batch_idx):
+            idx[axis] = value
+        idx[found.m], idx[found.n], idx[found.k] = m, n, k
+        return idx
+
+    column0 = tile_n * p.width
+    edge = n_size % p.width != 0        # the last panel is partly past N: staged as zeros
+    strides = strides_for(red.shape)
+
+    def write(t: Lin, r: int, j: int, value: int) -> None:
+        """Stores register block t's output (r, j), rounded to the output's dtype."""
+        idx = at((tile_m * p.blocks + t) * p.rows + r, column0 + j, const(0))
+        gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
+        value = value if wide == red.dtype else b.cast(value, red.dtype)
+        flat = recombine(sum((i * s for i, s in zip(idx, strides) if s), Lin()))
+        if root is not red and not (root.op is GraphOp.VIEW and root.src[0] is red):
+            # an epilogue (an optimizer's W - lr * grad): the root at this element, with the
+            # reduce's value taken from the registers; its own loads gated like the store
+            lowerer.fixed[id(red)] = value
+            value, = lowerer.lower(root, [unravel(flat, root.shape)], [gate])
+            del lowerer.fixed[id(red)]
+        b.store(out, lowerer.index(flat), value, gate)
+
+    panel = b.local(wide, p.depth * p.width)
+    zero = lowerer.const(0.0, wide)
+    # one depth block (k <= DEPTH, as in the MLP's weight gradient): the registers are the sums
+    single = k_size <= p.depth
+    if not single:
+        sums = b.local(wide, p.rows * p.blocks * p.width)
+        with _loop(lowerer, "z", p.rows * p.blocks * p.width) as z:
+            b.store(sums, lowerer.index(z), zero)
+    with _loop(lowerer, "kb", ceil(k_size / p.depth)) as block:
+        k0 = block * p.depth
+        end = lowerer.const(p.depth)
+        if k_size % p.depth:
+            left = b.alu(Op.ADD, lowerer.const(k_size), b.alu(Op.MUL, lowerer.index(block),
+                                                              lowerer.const(-p.depth)))
+            end = b.alu(Op.WHERE, b.alu(Op.CMPLT, left, end), left, end)
+        with _loop(lowerer, "pk", p.depth, end) as kk, _loop(lowerer, "pn", p.width) as j:
+            idx = at(const(0), column0 + j, k0 + kk)
+            gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
+            value, = lowerer.lower(found.right, [idx], [gate])
+            value = value if b.dtype(value) == wide else b.cast(value, wide)
+            if gate is not None:
+                value = b.alu(Op.WHERE, gate, value, zero)
+            b.store(panel, lowerer.index(kk * p.width + j), value)
+        with _loop(lowerer, "mb", p.blocks) as t:
+            accs = [b.acc(zero) for _ in range(p.rows * p.width)]
+            row0 = (tile_m * p.blocks + t) * p.rows
+            with _loop(lowerer, "kk", p.depth, end) as kk:
+                lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k0 + kk)
+                                                   for r in range(p.rows)], [None] * p.rows)
+                rights = [b.load(panel, lowerer.index(kk * p.width + j)) for j in range(p.width)]
+                for acc, (x, y) in zip(accs, product(lefts, rights)):
+                    x = x if b.dtype(x) == wide else b.cast(x, wide)
+                    if Op.MULACC in caps.ops:
+                        b.assign(acc, b.alu(Op.MULACC, x, y, acc))
+                    else:
+                        b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
+            for acc, (r, j) in zip(accs, product(range(p.rows), range(p.width))):
+                if single:
+                    write(t, r, j, acc)
+                    continue
+                where = lowerer.index((t * p.rows + r) * p.width + j)
+                b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
+    if not single:
+        with _loop(lowerer, "mo", p.blocks) as t:
+            for r, j in product(range(p.rows), range(p.width)):
+                write(t, r, j, b.load(sums, lowerer.index((t * p.rows + r) * p.width + j)))
+    return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
+
+
+def _under_epilogue(root: Lazy, params: set[int]) -> Lazy | None:
+    """The REDUCE that `root` is an elementwise function of (through reshapes that keep the
+    element order), if there is exactly one on that path; else None."""
+    node = root
+    while node.op is not GraphOp.REDUCE:
+        if id(node) in params:
+            return None
+        if node.op is GraphOp.VIEW and node.arg.is_contiguous and (
+                prod(node.shape) == prod(node.src[0].shape)):
+            node = node.src[0]
+            continue
+        if not isinstance(node.op, Op) or node.shape != root.shape:
+            return None
+        holding = [s for s in node.src if _holds_reduce(s, params, set())]
+        if len(holding) != 1:
+            return None
+        node = holding[0]
+    return node if id(node) not in params else None
+
+
+def _holds_reduce(node: Lazy, params: set[int], seen: set[int]) -> bool:
+    if id(node) in params or id(node) in seen:
+        return False
+    seen.add(id(node))
+    return node.op is GraphOp.REDUCE or any(_holds_reduce(s, params, seen) for s in node.src)
+
+
+class _loop:
+    """`with _loop(lowerer, name, trips[, end]) as i`: a RANGE from 0 to `end` (a node; the
+    constant `trips` by default), i its counter as an index variable below `trips`."""
+
+    def __init__(self, lowerer, name: str, trips: int, end: int | None = None):
+        self.lowerer, self.name, self.trips, self.end = lowerer, name, trips, end
+
+    def __enter__(self) -> Lin:
+        low = self.lowerer
+        end = low.const(self.trips) if self.end is None else self.end
+        self.node = low.b.add(Op.RANGE, dtypes.int32, (low.const(0), end))
+        low.scopes.append({})
+        return low.new_var(self.name, 0, self.trips - 1, self.node)
+
+    def __exit__(self, *exc) -> None:
+        self.lowerer.b.add(Op.END, None, (self.node,))
+        self.lowerer.scopes.pop()
+

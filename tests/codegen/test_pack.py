@@ -1,0 +1,199 @@
+"""Packed panels for devices whose threads are loops (portkit/codegen/pack.py): when the pass
+applies, what its kernel holds, and that it computes what numpy does at odd sizes, for
+transposed, broadcast and batched operands and 16-bit floats, on the CPU and in the interpreter
+(the executable definition of the ABI)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from portkit import runtime, schedule
+from portkit.abi.interpreter import CAPABILITIES
+from portkit.abi.ops import Op
+from portkit.codegen import pack
+from portkit.codegen.lower import lower
+from portkit.tensor import Tensor
+
+RNG = np.random.default_rng(0)
+# a device whose threads are loops, as the CPU backend declares, on the interpreter's datasheet
+LOOPS = dataclasses.replace(CAPABILITIES, threads_are_loops=True)
+
+
+def _item(a: np.ndarray, b: np.ndarray, device: str = "interpreter", transposed: bool = False):
+    x, w = Tensor(a, device=device), Tensor(b, device=device)
+    item, = schedule.create_schedule([(x @ (w.T if transposed else w)).lazy])
+    return item
+
+
+def _ops(kernel) -> list[Op]:
+    return [n.op for n in kernel.nodes]
+
+
+def _floats(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _close(actual: np.ndarray, expected: np.ndarray, k: int) -> None:
+    """Within the gamma_k bound of a float32 dot product of length k (with margin)."""
+    bound = 2 * k * np.finfo(np.float32).eps * (np.abs(expected).max() + 1)
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=bound)
+
+
+def test_a_matmul_on_a_device_whose_threads_are_loops_is_packed():
+    item = _item(_floats(64, 300), _floats(300, 70))
+    kernel = lower(item.root, item.inputs, LOOPS)
+    ops = _ops(kernel)
+    assert ops.count(Op.LOCAL) == 2 and Op.BARRIER not in ops     # the panel and the sums
+    assert Op.MULACC in ops and kernel.block == (1, 1, 1)
+    LOOPS.check_launch(kernel)
+
+
+def test_a_reduce_of_one_depth_block_keeps_its_sums_in_registers():
+    item = _item(_floats(512, 64), _floats(64, 784))        # the MLP's weight gradient
+    ops = _ops(lower(item.root, item.inputs, LOOPS))
+    assert ops.count(Op.LOCAL) == 1 and Op.MULACC in ops
+
+
+def test_a_device_with_less_workgroup_memory_gets_shallower_panels():
+    item = _item(_floats(64, 300), _floats(300, 70))
+    caps = dataclasses.replace(LOOPS, local_memory_bytes=32 * 1024)   # the LLVM starter's
+    _, packing = pack.find(item.root, item.inputs, caps)
+    assert packing.depth < pack.DEPTH and packing.local_bytes(4) <= 32 * 1024
+
+
+@pytest.mark.parametrize("change", [{"threads_are_loops": False}, {"local_memory_bytes": 0},
+                                    {"local_memory_bytes": 4096}])
+def test_devices_with_lanes_or_without_room_for_the_panels_are_not_packed(change):
+    caps = dataclasses.replace(LOOPS, **change)
+    item = _item(_floats(64, 300), _floats(300, 70))
+    assert pack.find(item.root, item.inputs, caps) is None
+
+
+def test_small_matmuls_and_plain_sums_are_not_packed():
+    small = _item(_floats(7, 13), _floats(13, 5))
+    assert pack.find(small.root, small.inputs, LOOPS) is None
+    x = Tensor(_floats(64, 64), device="interpreter")
+    item, = schedule.create_schedule([(x * x).sum(axis=1).lazy])
+    assert pack.find(item.root, item.inputs, LOOPS) is None
+
+
+def test_without_mulacc_the_products_are_added():
+    caps = dataclasses.replace(LOOPS, ops=LOOPS.ops - {Op.MULACC})
+    item = _item(_floats(64, 300), _floats(300, 70))
+    ops = _ops(lower(item.root, item.inputs, caps))
+    assert Op.MULACC not in ops and Op.LOCAL in ops
+
+
+def test_blocking_follows_the_shape():
+    m_by_8 = _item(_floats(64, 784), _floats(512, 784), transposed=True)
+    _, packing = pack.find(m_by_8.root, m_by_8.inputs, LOOPS)
+    assert (packing.rows, packing.width) == (8, 32)        # an 8 x 32 register block
+    assert packing.depth <= pack.DEPTH and 784 % packing.depth == 0
+    # m = 64 is one block of 8 x 8 rows, so 16 panels along n are the workgroups
+    assert 64 // (packing.rows * packing.blocks) * 16 >= 16
+    odd = _item(_floats(33, 65), _floats(65, 50))
+    _, packing = pack.find(odd.root, odd.inputs, LOOPS)
+    assert packing.rows == 1                                # register rows divide m
+
+
+# (m, k, n): an edge in each of m (a register block), n (a panel) and k (a depth block)
+SHAPES = [(64, 300, 70), (40, 301, 33), (33, 65, 50), (8, 520, 16), (96, 128, 128)]
+
+
+@pytest.mark.parametrize("m, k, n", SHAPES)
+def test_packed_kernels_compute_the_matmul_in_the_interpreter(m, k, n):
+    a, b = _floats(m, k), _floats(k, n)
+    item = _item(a, b)
+    kernel = lower(item.root, item.inputs, LOOPS)
+    assert Op.LOCAL in _ops(kernel)
+    out, *_ = runtime.get("interpreter").run(kernel, np.zeros(m * n, np.float32), a, b)
+    _close(out.reshape(m, n), a.astype(np.float64) @ b, k)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (7, 13, 5), (33, 65, 17), *SHAPES,
+                                     (512, 512, 512)])
+def test_cpu_matmuls_match_numpy(m, k, n):
+    a, b = _floats(m, k), _floats(k, n)
+    out = (Tensor(a) @ Tensor(b)).numpy()
+    _close(out, a.astype(np.float64) @ b, k)
+
+
+def test_an_elementwise_epilogue_is_computed_from_the_registers():
+    # an SGD update of a weight by its gradient, one kernel: W - (dy.T @ x) * lr
+    w, dy, x = _floats(512, 784), _floats(64, 512), _floats(64, 784)
+    tw, tdy, tx = (Tensor(v, device="interpreter") for v in (w, dy, x))
+    item, = schedule.create_schedule([(tw - (tdy.T @ tx) * 0.01).lazy])
+    kernel = lower(item.root, item.inputs, LOOPS)
+    assert Op.LOCAL in _ops(kernel) and Op.MULACC in _ops(kernel)
+    arrays = {id(t.lazy): v for t, v in ((tw, w), (tdy, dy), (tx, x))}
+    out, *_ = runtime.get("interpreter").run(kernel, np.zeros(w.size, np.float32),
+                                             *(arrays[id(node)] for node in item.inputs))
+    _close(out.reshape(w.shape), w - (dy.T.astype(np.float64) @ x) * np.float32(0.01), 64)
+
+
+def test_an_epilogue_on_the_cpu_with_a_bias_and_relu():
+    a, b, c = _floats(70, 300), _floats(300, 50), _floats(50)
+    out = ((Tensor(a) @ Tensor(b)) + Tensor(c)).relu().numpy()
+    _close(out, np.maximum(a.astype(np.float64) @ b + c, 0), 300)
+
+
+def test_x_at_w_transposed_reads_the_weight_along_k():
+    x, w = _floats(64, 784), _floats(512, 784)
+    item = _item(x, w, transposed=True)
+    assert pack.find(item.root, item.inputs, LOOPS) is not None
+    _close((Tensor(x) @ Tensor(w).T).numpy(), x.astype(np.float64) @ w.T, 784)
+
+
+def test_transposed_broadcast_and_batched_operands():
+    a, b = _floats(300, 40), _floats(70, 300)          # a.T @ b.T: both operands strided
+    _close((Tensor(a).T @ Tensor(b).T).numpy(), a.T.astype(np.float64) @ b.T, 300)
+    batched, shared = _floats(3, 40, 64), _floats(64, 48)   # B broadcast over the batch
+    _close((Tensor(batched) @ Tensor(shared)).numpy(), batched.astype(np.float64) @ shared, 64)
+    left, right = _floats(2, 3, 24, 64), _floats(2, 3, 64, 40)
+    _close((Tensor(left) @ Tensor(right)).numpy(), left.astype(np.float64) @ right, 64)
+
+
+def test_a_fused_operand_is_computed_at_the_panel_positions():
+    a, b = _floats(64, 96), _floats(96, 64)
+    out = ((Tensor(a) * 2).relu() @ (Tensor(b) + 1)).numpy()
+    _close(out, np.maximum(a.astype(np.float64) * 2, 0) @ (b + 1.0), 96)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_matmuls_accumulate_in_float32(dtype):
+    import portkit
+    a = RNG.random((64, 512)).astype(np.float32)
+    b = RNG.random((512, 64)).astype(np.float32)
+    wide = getattr(portkit, dtype)
+    x, w = Tensor(a).cast(wide), Tensor(b).cast(wide)
+    item, = schedule.create_schedule([(x @ w).lazy])
+    kernel = lower(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert Op.LOCAL in _ops(kernel)
+    exact = x.cast(portkit.float32).numpy().astype(np.float64) @ w.cast(
+        portkit.float32).numpy().astype(np.float64)
+    out = (x @ w).cast(portkit.float32).numpy()
+    tolerance = 1e-3 if dtype == "float16" else 8e-3     # one rounding of the result
+    np.testing.assert_allclose(out, exact, rtol=tolerance)
+
+
+def test_a_long_sum_of_products_is_blocked():
+    # each depth block sums into fresh registers, then into the total: the error grows with
+    # depth + k / depth additions, not with k (one running sum is off by 2e-3 here)
+    k = 1 << 16
+    a, b = np.full((8, k), 0.1, np.float32), np.ones((k, 32), np.float32)
+    out = (Tensor(a) @ Tensor(b)).numpy()
+    exact = k * np.float64(np.float32(0.1))
+    bound = (pack.DEPTH + k / pack.DEPTH) * np.finfo(np.float32).eps
+    np.testing.assert_allclose(out, exact, rtol=bound)
+
+
+def test_float64_matmuls_are_packed_and_exact_to_their_bound():
+    import portkit
+    a, b = RNG.standard_normal((100, 520)), RNG.standard_normal((520, 96))
+    x, w = Tensor(a, dtype=portkit.float64), Tensor(b, dtype=portkit.float64)
+    item, = schedule.create_schedule([(x @ w).lazy])
+    assert pack.find(item.root, item.inputs, runtime.get("cpu").capabilities) is not None
+    bound = 2 * 520 * np.finfo(np.float64).eps * (np.abs(a) @ np.abs(b)).max()
+    np.testing.assert_allclose((x @ w).numpy(), a @ b, rtol=0, atol=bound)

@@ -3,6 +3,7 @@ binary cross entropies, against PyTorch CPU on every backend (forward and backwa
 import numpy as np
 import pytest
 
+import portkit as pk
 from portkit.nn import functional as F
 from portkit.tensor import Tensor
 
@@ -75,3 +76,15 @@ def test_cross_entropy_checks_every_new_target_and_each_class_count():
     with pytest.raises(IndexError, match="class -1"):
         F.nll_loss(logits, Tensor([-1, 0]), ignore_index=-100)
     F.nll_loss(logits, Tensor([-1, 0]), ignore_index=-1)
+
+
+def test_cross_entropy_checks_borrowed_host_memory_every_call(monkeypatch):
+    monkeypatch.setenv("PORTKIT_DEVICE", "cpu")     # where from_dlpack borrows host memory
+    classes = np.array([0, 1], np.int32)
+    target = pk.from_dlpack(classes)        # shares the array's memory on the CPU
+    assert not target.lazy.buffer.owned
+    logits = Tensor(np.zeros((2, 3), np.float32))
+    F.cross_entropy(logits, target)
+    classes[1] = 7
+    with pytest.raises(IndexError, match="class 7 is out of bounds"):
+        F.cross_entropy(logits, target)

@@ -70,30 +70,72 @@ def _env_mb(name: str, default: int) -> int:
     return (int(value) if value.isdigit() else default) << 20
 
 
-class LRU(OrderedDict):
+class _Key:
+    """A cache key that hashes once: graph keys are long nested tuples, and a look-up that
+    pops and re-inserts would otherwise hash the whole key twice."""
+
+    __slots__ = ("hash", "key")
+
+    def __init__(self, key: Any):
+        self.key, self.hash = key, hash(key)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return self.key == other.key if isinstance(other, _Key) else NotImplemented
+
+
+_MISSING = object()
+
+
+class LRU:
     """A dict that keeps its `size` most recently used entries (get and set both use one);
-    safe to share between threads."""
+    safe to share between threads. A look-up hashes its key once and compares it once."""
 
     def __init__(self, size: int):
-        super().__init__()
         self.size = size
         self._guard = threading.RLock()
+        self._entries: dict[_Key, Any] = {}     # least recently used first
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of `key` (now the most recently used), or `default`."""
+        probe = _Key(key)
         with self._guard:
-            try:
-                self.move_to_end(key)
-            except KeyError:
+            value = self._entries.pop(probe, _MISSING)
+            if value is _MISSING:
                 return default
-            return self[key]
+            self._entries[probe] = value
+            return value
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        probe = _Key(key)
         with self._guard:
-            super().__setitem__(key, value)
-            self.move_to_end(key)
-            while len(self) > self.size:
-                self.popitem(last=False)
+            self._entries.pop(probe, None)
+            self._entries[probe] = value
+            while len(self._entries) > self.size:
+                del self._entries[next(iter(self._entries))]
+
+    def setdefault(self, key: Any, value: Any) -> Any:
+        """The value of `key` if there is one, else `value`, stored; either is now the most
+        recently used."""
+        with self._guard:
+            found = self.get(key, _MISSING)
+            if found is not _MISSING:
+                return found
+            self[key] = value
+            return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self):
+        return iter([probe.key for probe in self._entries])
+
+    def clear(self) -> None:
+        """Forgets every entry."""
+        with self._guard:
+            self._entries.clear()
 
 
 class BufferPool:

@@ -48,6 +48,25 @@ def test_the_lru_keeps_the_most_recently_used():
     assert list(cache) == ["a", "c"] and cache.get("b") is None
 
 
+def test_an_lru_look_up_hashes_and_compares_its_key_once():
+    class Key(tuple):
+        hashes = compares = 0
+
+        def __hash__(self):
+            Key.hashes += 1
+            return tuple.__hash__(self)
+
+        def __eq__(self, other):
+            Key.compares += 1
+            return tuple.__eq__(self, other)
+
+    cache = runtime.LRU(4)
+    cache[Key((1, 2))] = "a"
+    Key.hashes = Key.compares = 0
+    assert cache.get(Key((1, 2))) == "a" and cache.setdefault(Key((1, 2)), "b") == "a"
+    assert (Key.hashes, Key.compares) == (2, 2)     # one each per look-up
+
+
 def test_many_shapes_keep_a_bounded_number_of_kernels(monkeypatch):
     monkeypatch.setattr(schedule, "_lowered", runtime.LRU(8))
     monkeypatch.setattr(schedule, "_compiled", runtime.LRU(8))

@@ -12,13 +12,33 @@ import numpy as np
 from portkit.abi.errors import UnsupportedDType
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DType:
     """An element type: its ABI name, size in bytes and kind ("bool", "int", "uint", "float")."""
 
     name: str
     itemsize: int
     kind: str
+
+    # Equal fields make equal dtypes, as a dataclass's; spelled out because `dtype in
+    # caps.dtypes` and graph keys hash and compare dtypes on every op, and the generated
+    # methods build field tuples each call.
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.name, self.itemsize, self.kind)))
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, DType):
+            return NotImplemented
+        return (self.name, self.itemsize, self.kind) == (other.name, other.itemsize, other.kind)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:
+        # rebuilt from the fields: a str hash differs between processes
+        return DType, (self.name, self.itemsize, self.kind)
 
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"

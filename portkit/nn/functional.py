@@ -8,6 +8,7 @@ these. They compose Tensor ops only, so autograd differentiates them with no rul
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Literal
 
@@ -147,17 +148,30 @@ def _reduce(loss: Tensor, reduction: Reduction) -> Tensor:
     return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
 
 
+# The class indices of target buffers already checked, by buffer: a training loop passes the
+# same target every step, and checking it again would copy it to the host every step. A
+# buffer the stack owns is written once (every result gets a new one), so what was checked
+# stays true; memory borrowed from the user (from_dlpack) may change and is checked each time.
+_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _check_classes(target: Tensor, classes: int, ignore_index: int | None = None
                    ) -> np.ndarray | None:
     """The class indices, where the host holds them (else None); IndexError for any outside
     [0, classes) but ignore_index."""
     if not target.lazy.realized or target.numel() == 0 or schedule.recording():
         return None     # inside portkit.jit the values are the device's, as unrealized ones
+    buffer = target.lazy.buffer
+    known = _checked.get(buffer) if buffer.owned else None
+    if known is not None and known[0] == (classes, ignore_index, target.shape):
+        return known[1]
     values = target.numpy()
     bad = values[((values < 0) | (values >= classes)) & (values != ignore_index)]
     if bad.size:
         raise IndexError(f"cross_entropy: target class {int(bad[0])} is out of bounds for "
                          f"{classes} classes")
+    if buffer.owned:
+        _checked[buffer] = ((classes, ignore_index, target.shape), values)
     return values
 
 

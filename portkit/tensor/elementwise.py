@@ -15,6 +15,7 @@ import numpy as np
 from portkit import graph
 from portkit.tensor import core
 from portkit.tensor.broadcast import broadcast, wrapped
+from portkit.tensor.composition import Composition
 from portkit.tensor.dtype import (
     DTypeLike,
     Scalar,
@@ -244,7 +245,7 @@ class ElementwiseOps:
         """e ** self, within a few ulp: exp2 of the rounded x * log2(e) lost up to 59 ulp in
         float32 (399 in float64), so x is reduced by Cody-Waite to r = x - k ln2 first."""
         x = self._float()
-        value = _exp(x.detach())
+        value = _EXP(x.detach())
         return value._with_grad((x, value))
 
     @in_float32
@@ -547,6 +548,8 @@ def _exp(x: Tensor) -> Tensor:
     scale = [((h + bias) << mantissa).bitcast(x.dtype) for h in (half, k - half)]
     return (r * (1 / math.log(2))).exp2() * scale[0] * scale[1]
 
+
+_EXP = Composition(_exp)
 
 # ln2 as high + low: high has few enough bits (9, 33) that k * high is exact for every k the
 # clipped argument gives (past the limit e^x overflows or is 0); then the float's int type,

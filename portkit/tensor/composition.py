@@ -1,0 +1,79 @@
+"""Elementwise compositions built once and copied: exp is 31 ABI ops, and building them through
+Tensor ops (promotion, broadcasting, autograd bookkeeping per op) cost a fifth of an eager MLP
+step's forward Python. The first call per dtype and device records the graph the Tensor ops
+build; later calls copy it node by node onto the new operand, the same graph without the
+dispatch.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from portkit.graph import GraphOp, Lazy
+
+if TYPE_CHECKING:
+    from portkit.tensor.core import Tensor
+
+# Nodes a recording may not hold: it keeps elementwise ones and constants, whose shape is the
+# operand's whatever that is
+_NOT_ELEMENTWISE = {GraphOp.LOAD, GraphOp.VIEW, GraphOp.REDUCE, GraphOp.COPY, GraphOp.ITER}
+
+# One recorded node: (op, dtype, arg, sources), a source by its index in the recording and
+# the operand as -1
+Recording = tuple[tuple, ...]
+
+
+class Composition:
+    """`build`, a function of one tensor with no gradient made of elementwise ops and
+    constants only, recorded once per dtype and device and then copied onto each operand."""
+
+    def __init__(self, build: Callable[[Tensor], Tensor]):
+        self.build = build
+        self._recordings: dict[tuple, Recording | None] = {}   # None: not elementwise
+
+    def __call__(self, x: Tensor) -> Tensor:
+        from portkit.tensor.core import wrap
+
+        lazy = x.lazy
+        if 0 in lazy.shape:       # empty tensors take their own path through the ops
+            return self.build(x)
+        key = (lazy.dtype, lazy.device)
+        if key in self._recordings:
+            recording = self._recordings[key]
+            return self.build(x) if recording is None else wrap(_copy(recording, lazy))
+        out = self.build(x)
+        self._recordings[key] = _record(out.lazy, lazy)
+        return out
+
+
+def _record(out: Lazy, operand: Lazy) -> Recording | None:
+    """The nodes between `operand` and `out` in an order where sources come first, or None
+    where one is not elementwise at the operand's shape."""
+    index: dict[int, int] = {id(operand): -1}
+    nodes: list[tuple] = []
+    stack: list[tuple[Lazy, bool]] = [(out, False)]
+    while stack:
+        node, ready = stack.pop()
+        if id(node) in index:
+            continue
+        if ready:
+            index[id(node)] = len(nodes)
+            nodes.append((node.op, node.dtype, node.arg,
+                          tuple(index[id(s)] for s in node.src)))
+            continue
+        if (node.op in _NOT_ELEMENTWISE or node.shape != operand.shape
+                or node.device != operand.device):
+            return None
+        stack.append((node, True))
+        stack += [(s, False) for s in reversed(node.src) if id(s) not in index]
+    return tuple(nodes)
+
+
+def _copy(recording: Recording, operand: Lazy) -> Lazy:
+    """The recorded graph over `operand`: new nodes, shared where the recording shares."""
+    shape, device = operand.shape, operand.device
+    made: list[Lazy] = []
+    for op, dtype, arg, sources in recording:
+        src = tuple(operand if k < 0 else made[k] for k in sources)
+        made.append(Lazy(op, dtype, shape, src, arg, device))
+    return made[-1] if made else operand

@@ -1,0 +1,43 @@
+"""Compositions (portkit/tensor/composition.py): a copied recording is the very graph the
+Tensor ops build, for any shape, and a build that is not elementwise is never copied."""
+import numpy as np
+import pytest
+
+from portkit import schedule
+from portkit.tensor import Tensor
+from portkit.tensor.composition import Composition
+from portkit.tensor.elementwise import _exp
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_copied_exp_is_the_graph_the_tensor_ops_build(dtype):
+    exp = Composition(_exp)
+    exp(Tensor(np.ones((2, 3), dtype)).realize())            # recorded at one shape
+    for shape in [(2, 3), (7,), (), (4, 1, 5)]:
+        x = Tensor(np.linspace(-90, 90, int(np.prod(shape)), dtype=dtype).reshape(shape))
+        x.realize()
+        built, copied = _exp(x), exp(x)
+        assert copied.lazy is not built.lazy and copied.shape == shape
+        assert schedule._graph_key([copied.lazy])[0] == schedule._graph_key([built.lazy])[0]
+        np.testing.assert_array_equal(copied.numpy(), built.numpy())
+
+
+def test_a_build_with_a_reduce_or_a_view_is_built_every_time():
+    calls = []
+
+    def softmax_sum(x):
+        calls.append(x.shape)
+        return x.exp() / x.exp().sum()
+
+    composed = Composition(softmax_sum)
+    for n in (3, 5):
+        out = composed(Tensor(np.arange(n, dtype=np.float32)).realize())
+        np.testing.assert_allclose(out.numpy(), np.exp(np.arange(n)) / np.exp(np.arange(n)).sum(),
+                                   rtol=1e-6)
+    assert calls == [(3,), (5,)]
+
+
+def test_an_empty_operand_is_built_by_the_tensor_ops():
+    exp = Composition(_exp)
+    exp(Tensor(np.ones(3, np.float32)).realize())
+    assert exp(Tensor(np.ones((0, 2), np.float32))).shape == (0, 2)

@@ -145,3 +145,23 @@ def test_cache_info_and_clear(cache_dir, capsys):
     args = parser.parse_args(["cache", "clear"])
     assert args.run(args) == 0 and "removed" in capsys.readouterr().out
     assert cache.info()["bytes"] == 0
+
+
+def test_cpu_probe_compiles_once_per_cache(monkeypatch):
+    """The cpu backend's OpenMP probe is a build like any other: a second process (here, a
+    second find_device) reads it from the disk cache instead of running the compiler again."""
+    from portkit.reference_backends.cpu import device
+    from portkit.reference_backends.cpu import runtime as cpu_runtime
+
+    calls = []
+    compile_for_real = cpu_runtime.CPUCompiler.compile
+
+    def counting(self, source):
+        calls.append(source)
+        return compile_for_real(self, source)
+
+    monkeypatch.setattr(cpu_runtime.CPUCompiler, "compile", counting)
+    first = device.find_device()
+    second = device.find_device()
+    assert len(calls) == 1
+    assert (first.openmp, first.cache_key) == (second.openmp, second.cache_key)

@@ -1,12 +1,15 @@
 """The device: the host CPU and its C compiler, found, probed and joined into one `Device`.
 
-The compiler is $PORTKIT_CC, else clang, else gcc. It is probed once with a small OpenMP
-program: a compiler without OpenMP (clang without libomp) still builds kernels, on one core.
+The compiler is $PORTKIT_CC, else clang, else gcc. It is probed with a small OpenMP program: a
+compiler without OpenMP (clang without libomp) still builds kernels, on one core. The probe's
+build goes through the disk cache like a kernel's (same compiler, flags and CPU in the key), so
+only a process that finds no earlier build pays the compiler's 0.3-0.5 s.
 """
 from __future__ import annotations
 
 import shlex
 
+from portkit import cache
 from portkit.abi.backend import Device
 from portkit.abi.errors import BackendUnavailable, CompileError
 from portkit.reference_backends.cpu.capabilities import capabilities
@@ -29,7 +32,7 @@ def find_device() -> CPUCompiler:
     for openmp in (True, False):
         try:
             compiler = CPUCompiler(command, openmp)
-            compiler.compile(_PROBE)
+            cache.compile_cached("cpu", compiler, _PROBE)
             return compiler
         except CompileError as error:
             log = error.log.strip()

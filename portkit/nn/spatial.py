@@ -118,19 +118,26 @@ def _conv(input: Tensor, weight: Tensor, bias: Tensor | None, stride: IntTuple,
 def _correlate(input: Tensor, weight: Tensor, stride: tuple[int, ...],
                pads: tuple[tuple[int, int], ...], dilation: tuple[int, ...],
                groups: int) -> Tensor:
-    """The convolution's value: windows of the padded input times the weight, summed."""
+    """The convolution's value: windows of the padded input times the weight, summed.
+
+    The window's (in channel, *kernel) axes are read as one axis K, so the sum is a matmul
+    over K (an implicit GEMM: M the output positions, N the output channels, A read through
+    the windows in place), which codegen/pack.py blocks like any matmul; with K in the
+    weight's own order, a K block's positions decode with no div or mod per element when the
+    block holds whole channels. Three sums over (channel, *kernel) are not a matmul to it."""
     d = len(stride)
     n = input.shape[0]
     cout, cin_g, *kernel = weight.shape
     x = _windows(input.pad(((0, 0), (0, 0)) + pads), tuple(kernel), stride, dilation)
     out = x.shape[2:2 + d]
     per_group = cout // groups
-    # (n, groups, per_group, *out, cin_g, *kernel) times the weight, summed over the last 1 + d
-    x = x.reshape(n, groups, cin_g, 1, *out, *kernel).expand(
-        n, groups, cin_g, per_group, *out, *kernel).permute(
-        0, 1, 3, *range(4, 4 + d), 2, *range(4 + d, 4 + 2 * d))
-    w = weight.reshape(1, groups, per_group, *(1,) * d, cin_g, *kernel)
-    return (x * w).sum(tuple(range(3 + d, 4 + 2 * d))).reshape(n, cout, *out)
+    depth = cin_g * math.prod(kernel)
+    # (n, groups, per_group, *out, K) times the weight (1, groups, per_group, *1, K), summed
+    x = x.reshape(n, groups, cin_g, *out, *kernel).permute(
+        0, 1, *range(3, 3 + d), 2, *range(3 + d, 3 + 2 * d)).reshape(
+        n, groups, 1, *out, depth).expand(n, groups, per_group, *out, depth)
+    w = weight.reshape(1, groups, per_group, *(1,) * d, depth)
+    return (x * w).sum(-1).reshape(n, cout, *out)
 
 
 def _input_grad(g: Tensor, weight: Tensor, shape: tuple[int, ...], stride: tuple[int, ...],

@@ -128,3 +128,24 @@ def test_a_depthwise_conv_keeps_three_sums():
     while node.op is not GraphOp.REDUCE:
         node = node.src[0]
     assert len(node.arg[1]) == 3 and pack.find(item.root, item.inputs, LOOPS) is None
+
+
+def test_float16_packed_conv_and_its_gradients_round_once():
+    # float16 operands of a packed conv are widened as they are staged and summed in float32:
+    # each result is within one float16 rounding of the exact float64 value
+    x = _data(2, 16, 9, 24).astype(np.float16)
+    w = _data(32, 16, 3, 3, seed=1).astype(np.float16)
+    item = _conv_item(x.astype(np.float32), w.astype(np.float32), padding=1, stride=(1, 2))
+    assert pack.find(item.root, item.inputs, LOOPS) is not None
+    px, pw = (Tensor(a, float16, device="cpu", requires_grad=True) for a in (x, w))
+    y = F.conv2d(px, pw, padding=1, stride=(1, 2))
+    r = _data(*y.shape, seed=2).astype(np.float16)
+    (y * Tensor(r, float16, device="cpu")).sum().backward()
+    tx, tw = (torch.from_numpy(a.astype(np.float64)).requires_grad_() for a in (x, w))
+    ty = TF.conv2d(tx, tw, padding=1, stride=(1, 2))
+    (ty * torch.from_numpy(r.astype(np.float64))).sum().backward()
+    for ours, theirs in ((y, ty), (px.grad, tx.grad), (pw.grad, tw.grad)):
+        assert ours.dtype == float16
+        expected = theirs.detach().numpy()
+        np.testing.assert_allclose(ours.numpy().astype(np.float64), expected, rtol=1e-3,
+                                   atol=1e-3 * np.abs(expected).max())

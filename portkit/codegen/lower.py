@@ -78,6 +78,7 @@ class _Lowerer:
         self.scalars: dict[int, int] = {}       # id(graph CONST) -> its VAR (cast) node
         self.counter = 0
         self.fixed: dict[int, int] = {}         # id(Lazy) -> the node holding its value here
+        self.ranges = False                     # a two-sided bound as one uint32 compare
 
     # -- memo with scopes: a value computed inside a loop is not visible after it ---------------
 
@@ -149,10 +150,18 @@ class _Lowerer:
         b = self.b
         for c in conds:
             parts = []
-            if c.expr.min < c.lo:
-                parts.append(b.alu(Op.CMPLT, self.const(c.lo - 1), self.index(c.expr)))
-            if c.expr.max >= c.hi:
-                parts.append(b.alu(Op.CMPLT, self.index(c.expr), self.const(c.hi)))
+            below, above = c.expr.min < c.lo, c.expr.max >= c.hi
+            if self.ranges and below and above:
+                # lo <= x < hi as one unsigned compare, (uint32)(x - lo) < hi - lo: clang
+                # turns the two signed ones along a padded row into a switch (x == 0, x == 57)
+                # and then leaves the row's loop scalar (a padded copy ran at half speed)
+                offset = b.cast(self.index(c.expr + (-c.lo)), dtypes.uint32)
+                parts.append(b.alu(Op.CMPLT, offset, self.const(c.hi - c.lo, dtypes.uint32)))
+            else:
+                if below:
+                    parts.append(b.alu(Op.CMPLT, self.const(c.lo - 1), self.index(c.expr)))
+                if above:
+                    parts.append(b.alu(Op.CMPLT, self.index(c.expr), self.const(c.hi)))
             for p in parts:
                 gate = p if gate is None else b.alu(Op.AND, gate, p)
         return gate
@@ -354,6 +363,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     tiling = Plan() if chosen or packed else plan(root, inputs,
                                                   SERIAL if serial(caps) else THREADED)
     lowerer = _Lowerer(name, inputs, tiling)
+    lowerer.ranges = dtypes.uint32 in caps.dtypes
     b = lowerer.b
     out = b.param(root.dtype)
     for node in inputs:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from portkit import schedule
+from portkit.abi import dtypes
 from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.ops import Op
 from portkit.codegen.lower import lower
@@ -174,3 +175,34 @@ def test_eight_lane_tiles_keep_to_the_vector_registers():
     conv = schedule.create_schedule([out.lazy])[-1]
     tiles = dict(plan(conv.root, conv.inputs, SERIAL).upcast)
     assert tiles[3] == 8 and tiles[1] * tiles[3] == SERIAL.accumulators // 2, tiles
+
+
+def _gate_compares(kernel) -> list:
+    """The CMPLT nodes that a LOAD's gate is made of (through ANDs)."""
+    stack = [n.src[2] for n in kernel.nodes if n.op is Op.LOAD and len(n.src) == 3]
+    found: dict[int, object] = {}
+    while stack:
+        i = stack.pop()
+        node = kernel.nodes[i]
+        if node.op is Op.AND:
+            stack += node.src
+        elif node.op is Op.CMPLT:
+            found[i] = node
+    return list(found.values())
+
+
+def test_a_two_sided_padding_gate_is_one_unsigned_compare():
+    # 0 <= column - 1 < 12 as (uint32)(column - 1) < 12: clang turned the two signed compares
+    # into a switch on the column and left a padded row's copy scalar (half speed)
+    px = Tensor(np.arange(3 * 10 * 12, dtype=np.float32).reshape(3, 10, 12), device="cpu")
+    out = px.pad(((0, 0), (1, 1), (1, 1)))
+    item, = schedule.create_schedule([out.lazy])
+    kernel = lower(item.root, item.inputs, SERIAL_CAPS)
+    compares = _gate_compares(kernel)
+    assert compares and all(kernel.nodes[n.src[0]].dtype == dtypes.uint32 for n in compares)
+    # a device without uint32 keeps two signed compares per bound
+    signed = dataclasses.replace(SERIAL_CAPS, dtypes=SERIAL_CAPS.dtypes - {dtypes.uint32})
+    kernel = lower(item.root, item.inputs, signed)
+    assert len(_gate_compares(kernel)) == 2 * len(compares)
+    assert all(kernel.nodes[n.src[0]].dtype == dtypes.int32 for n in _gate_compares(kernel))
+    np.testing.assert_array_equal(out.numpy(), np.pad(px.numpy(), ((0, 0), (1, 1), (1, 1))))

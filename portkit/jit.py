@@ -504,6 +504,7 @@ class Jit:
         made: list[runtime.Buffer | None] = [None] * len(plan.steps)
         tables = ([t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state], made,
                   plan.kept)
+        settings = runtime.launch_settings()     # once per replay, not per launch
         for k, step in enumerate(plan.steps):
             buffers = step.template.copy()
             if step.fresh:
@@ -511,7 +512,7 @@ class Jit:
             for slot, kind, position in step.fills:
                 buffers[slot] = tables[kind][position]
             values, words = step.scalars()
-            step.runtime.launch_again(step.compiled, buffers, values, words)
+            step.runtime.launch_again(step.compiled, buffers, values, words, settings)
         if plan.sets:
             values = [(obj, name, _plain(_now(value), kind))
                       for obj, name, value, kind in plan.sets]

@@ -307,13 +307,13 @@ def record(recorder):
 
 
 def _launch(name: str, compiled: runtime.Compiled, buffers: list, scalars: list[Lazy],
-            code: list[Lazy] = (), again: bool = False) -> None:
+            settings: runtime.Settings, code: list[Lazy] = (), again: bool = False) -> None:
     # code: constants held as code (past MAX_SCALARS); again: a replay (buffers checked before)
     values = scalar_values(scalars)
     if again:
-        device(name).launch_again(compiled, buffers, values)
+        device(name).launch_again(compiled, buffers, values, settings=settings)
     else:
-        device(name).launch(compiled, buffers, values)
+        device(name).launch(compiled, buffers, values, settings=settings)
     recorder = recording()
     if recorder is not None:
         recorder.launch(name, compiled, buffers, scalars, code)
@@ -413,7 +413,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None
     """Runs the items; given the graph's walk `number` (id -> position), also returns the
     steps that replay them on another graph of the same structure (None if they cannot), and
     the positions of the constants those steps hold as code."""
-    debug = runtime.debug_level()
+    settings = runtime.launch_settings()
     start = time.perf_counter()
     steps: list[_Step] | None = [] if number is not None else None
     made: dict[int, int] = {}       # id(root) -> its step
@@ -438,7 +438,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None
                 compiled = _compiled[key] = device(root.device).compile(
                     _lower(item, key, scalars))
             _launch(root.device, compiled, [buffer] + [x.buffer for x in item.inputs],
-                    scalars.nodes, scalars.code)
+                    scalars.nodes, settings, scalars.code)
             launched += 1
         if steps is not None:
             # A replay reads every number from the graph, by position; it cannot read those
@@ -457,7 +457,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None
                           for x in item.inputs),
                     tuple(number[id(n)] for n in scalars.nodes)))
         root.realize_as(buffer)
-    _report(debug, start, launched, {item.root.device for item in items})
+    _report(settings.debug, start, launched, {item.root.device for item in items})
     return steps, code
 
 
@@ -540,7 +540,7 @@ def _compile_ahead(items: list[ScheduleItem]) -> None:
 
 
 def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
-    debug = runtime.debug_level()
+    settings = runtime.launch_settings()
     start = time.perf_counter()
     made: list[runtime.Buffer] = []
     for step in steps:
@@ -549,12 +549,12 @@ def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
             buffers = [buffer] + [made[k] if p is None else nodes[p].buffer
                                   for p, k in step.inputs]
             _launch(step.device, step.compiled, buffers, [nodes[p] for p in step.scalars],
-                    again=True)
+                    settings, again=True)
         made.append(buffer)
         if step.root is not None:
             nodes[step.root].realize_as(buffer)
-    if debug:
-        _report(debug, start, sum(s.compiled is not None for s in steps),
+    if settings.debug:
+        _report(settings.debug, start, sum(s.compiled is not None for s in steps),
                 {s.device for s in steps})
 
 

@@ -60,7 +60,7 @@ def _env_mb(name: str, default: int) -> int:
 
 class _Key:
     """A cache key that hashes once: graph keys are long nested tuples, and a look-up that
-    pops and re-inserts would otherwise hash the whole key twice."""
+    then moves its entry to the end would otherwise hash the whole key twice."""
 
     __slots__ = ("hash", "key")
 
@@ -84,25 +84,26 @@ class LRU:
     def __init__(self, size: int):
         self.size = size
         self._guard = threading.RLock()
-        self._entries: dict[_Key, Any] = {}     # least recently used first
+        # key -> (that key as stored, value), least recently used first. Moving an entry to
+        # the end with its stored key matches by identity: the long key is not compared again.
+        self._entries: OrderedDict[_Key, tuple[_Key, Any]] = OrderedDict()
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of `key` (now the most recently used), or `default`."""
-        probe = _Key(key)
         with self._guard:
-            value = self._entries.pop(probe, _MISSING)
-            if value is _MISSING:
+            found = self._entries.get(_Key(key))
+            if found is None:
                 return default
-            self._entries[probe] = value
-            return value
+            self._entries.move_to_end(found[0])
+            return found[1]
 
     def __setitem__(self, key: Any, value: Any) -> None:
         probe = _Key(key)
         with self._guard:
-            self._entries.pop(probe, None)
-            self._entries[probe] = value
+            self._entries.pop(probe, None)      # so that the key stored is `probe`
+            self._entries[probe] = (probe, value)
             while len(self._entries) > self.size:
-                del self._entries[next(iter(self._entries))]
+                self._entries.popitem(last=False)
 
     def setdefault(self, key: Any, value: Any) -> Any:
         """The value of `key` if there is one, else `value`, stored; either is now the most

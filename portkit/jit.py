@@ -46,7 +46,7 @@ from portkit import graph, runtime, schedule
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
 from portkit.graph import Lazy
-from portkit.tensor.core import Tensor, realize
+from portkit.tensor.core import Tensor, realize, wrap
 
 if TYPE_CHECKING:
     from typing import Self
@@ -520,7 +520,7 @@ class Jit:
                 obj.__dict__[name] = value
         for tensor, (kind, k) in zip(targets, plan.state_out):
             tensor.lazy = graph.load(tables[kind][k], tensor.dtype, tensor.shape, tensor.device)
-        return _fill(plan.template, [Tensor(graph.load(tables[kind][k], dtype, shape, device))
+        return _fill(plan.template, [wrap(graph.load(tables[kind][k], dtype, shape, device))
                                      for (kind, k), dtype, shape, device in plan.outputs])
 
 

@@ -541,7 +541,7 @@ def _compile_ahead(items: list[ScheduleItem]) -> None:
 
 def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
     settings = runtime.launch_settings()
-    start = time.perf_counter()
+    start = time.perf_counter() if settings.debug else 0.0
     made: list[runtime.Buffer] = []
     for step in steps:
         buffer = step.runtime.alloc(step.dtype, step.size)

@@ -48,8 +48,7 @@ class OutOfBoundsError(LaunchError):
 
 
 def setting(name: str) -> str:
-    """`os.environ.get(name, "")`: read once per realize or replay (see `launch_settings`),
-    never per launch."""
+    """`os.environ.get(name, "")`; launches get theirs once per realize (`launch_settings`)."""
     return os.environ.get(name, "")
 
 

@@ -46,7 +46,7 @@ from portkit import graph, runtime, schedule
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
 from portkit.graph import Lazy
-from portkit.tensor.core import Tensor, realize
+from portkit.tensor.core import Tensor, realize, wrap
 
 if TYPE_CHECKING:
     from typing import Self
@@ -504,6 +504,7 @@ class Jit:
         made: list[runtime.Buffer | None] = [None] * len(plan.steps)
         tables = ([t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state], made,
                   plan.kept)
+        settings = runtime.launch_settings()     # once per replay, not per launch
         for k, step in enumerate(plan.steps):
             buffers = step.template.copy()
             if step.fresh:
@@ -511,7 +512,7 @@ class Jit:
             for slot, kind, position in step.fills:
                 buffers[slot] = tables[kind][position]
             values, words = step.scalars()
-            step.runtime.launch_again(step.compiled, buffers, values, words)
+            step.runtime.launch_again(step.compiled, buffers, values, words, settings)
         if plan.sets:
             values = [(obj, name, _plain(_now(value), kind))
                       for obj, name, value, kind in plan.sets]
@@ -519,7 +520,7 @@ class Jit:
                 obj.__dict__[name] = value
         for tensor, (kind, k) in zip(targets, plan.state_out):
             tensor.lazy = graph.load(tables[kind][k], tensor.dtype, tensor.shape, tensor.device)
-        return _fill(plan.template, [Tensor(graph.load(tables[kind][k], dtype, shape, device))
+        return _fill(plan.template, [wrap(graph.load(tables[kind][k], dtype, shape, device))
                                      for (kind, k), dtype, shape, device in plan.outputs])
 
 

@@ -9,7 +9,8 @@ go through it. Freed buffers return to a per-device pool and the next buffer of 
 reuses them.
 
 PORTKIT_DEBUG=2 prints one line per launch (name, grid, block, time); 3 adds the kernel's JSON
-and 4 its rendered source, both at a kernel's first launch.
+and 4 its rendered source, both at a kernel's first launch. A realize or a replay reads it and
+PORTKIT_CHECK once (`launch_settings`) and hands them to each of its launches.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -46,23 +47,9 @@ class OutOfBoundsError(LaunchError):
     """PORTKIT_CHECK found a LOAD or STORE outside its buffer (and did not perform it)."""
 
 
-# The dict behind os.environ (CPython's, keyed by encoded names), which os.environ[...] = ...
-# and monkeypatch.setenv update. os.environ.get costs about 1 us for a name that is not set (it
-# encodes the name, then raises and catches KeyError inside); the launch path reads its settings
-# on every launch, so that a change takes effect at once, from here in about 50 ns.
-_ENVIRON: dict | None = getattr(os.environ, "_data", None)
-_KEYS: dict[str, Any] = {}
-
-
 def setting(name: str) -> str:
-    """`os.environ.get(name, "")`, cheap enough for every launch."""
-    if _ENVIRON is None:
-        return os.environ.get(name, "")
-    key = _KEYS.get(name)
-    if key is None:
-        key = _KEYS[name] = os.environ.encodekey(name)
-    raw = _ENVIRON.get(key)
-    return "" if raw is None else os.environ.decodevalue(raw)
+    """`os.environ.get(name, "")`; launches get theirs once per realize (`launch_settings`)."""
+    return os.environ.get(name, "")
 
 
 def _env_mb(name: str, default: int) -> int:
@@ -72,7 +59,7 @@ def _env_mb(name: str, default: int) -> int:
 
 class _Key:
     """A cache key that hashes once: graph keys are long nested tuples, and a look-up that
-    pops and re-inserts would otherwise hash the whole key twice."""
+    then moves its entry to the end would otherwise hash the whole key twice."""
 
     __slots__ = ("hash", "key")
 
@@ -96,25 +83,26 @@ class LRU:
     def __init__(self, size: int):
         self.size = size
         self._guard = threading.RLock()
-        self._entries: dict[_Key, Any] = {}     # least recently used first
+        # key -> (that key as stored, value), least recently used first. Moving an entry to
+        # the end with its stored key matches by identity: the long key is not compared again.
+        self._entries: OrderedDict[_Key, tuple[_Key, Any]] = OrderedDict()
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of `key` (now the most recently used), or `default`."""
-        probe = _Key(key)
         with self._guard:
-            value = self._entries.pop(probe, _MISSING)
-            if value is _MISSING:
+            found = self._entries.get(_Key(key))
+            if found is None:
                 return default
-            self._entries[probe] = value
-            return value
+            self._entries.move_to_end(found[0])
+            return found[1]
 
     def __setitem__(self, key: Any, value: Any) -> None:
         probe = _Key(key)
         with self._guard:
-            self._entries.pop(probe, None)
-            self._entries[probe] = value
+            self._entries.pop(probe, None)      # so that the key stored is `probe`
+            self._entries[probe] = (probe, value)
             while len(self._entries) > self.size:
-                del self._entries[next(iter(self._entries))]
+                self._entries.popitem(last=False)
 
     def setdefault(self, key: Any, value: Any) -> Any:
         """The value of `key` if there is one, else `value`, stored; either is now the most
@@ -371,17 +359,18 @@ class Runtime:
         self.pool.clear()
 
     def launch(self, compiled: Compiled, buffers: list[Buffer], scalars: tuple = (),
-               wait: bool = False) -> float | None:
+               wait: bool = False, settings: Settings | None = None) -> float | None:
         """Runs `compiled` on its own grid and block; with `wait`, returns the seconds it took.
-        `scalars` are the VARs' values (ints or floats), in argument order."""
+        `scalars` are the VARs' values (ints or floats), in argument order; `settings`: the
+        caller's `launch_settings()`, read now if not given."""
+        settings = settings or launch_settings()
         _check_arguments(compiled, buffers, scalars)
         words = compiled.words(scalars)
-        mode = check_mode()
-        if mode == "compiled" and self._checked(compiled) is not None:
-            return self._launch_checked(compiled, buffers, words, wait)
-        if mode:
+        if settings.check == "compiled" and self._checked(compiled) is not None:
+            return self._launch_checked(compiled, buffers, words, wait, settings.debug)
+        if settings.check:
             _check_bounds(compiled.kernel, buffers, words)
-        return self._run(compiled, [b.handle for b in buffers], words, wait)
+        return self._run(compiled, [b.handle for b in buffers], words, wait, settings.debug)
 
     def _checked(self, compiled: Compiled) -> tuple | None:
         """`compiled`'s bounds-checked build, its Compiled and its zeroed fault buffer, made
@@ -400,14 +389,14 @@ class Runtime:
         return compiled.checked if compiled.checked[1] is not None else None
 
     def _launch_checked(self, compiled: Compiled, buffers: list[Buffer], words: list,
-                        wait: bool) -> float | None:
+                        wait: bool, level: int) -> float | None:
         checked, program, fault = compiled.checked
         sizes = [b.size for b in buffers]
         # The fault buffer stays zero until an access is out of bounds; it is the kernel's, so
         # the launch and its reading hold the device's lock together.
         with self.device_lock:
             seconds = self._run(program, [b.handle for b in buffers] + [fault.handle],
-                                sizes + words, wait)
+                                sizes + words, wait, level)
             compiled.launched = True
             found = checked.fault(fault.numpy(), sizes)
             if found is not None:
@@ -419,22 +408,22 @@ class Runtime:
         return seconds
 
     def launch_again(self, compiled: Compiled, buffers: list[Buffer], scalars: tuple,
-                     words: list | None = None) -> None:
+                     words: list | None = None, settings: Settings | None = None) -> None:
         """Runs `compiled` again on buffers and scalars of the kinds an earlier `launch` of it
         checked (a replay: schedule.py's of a graph seen before, portkit.jit's): no argument
-        checks and no waiting. `words`: the scalars already packed (`compiled.words`). While
-        PORTKIT_DEBUG or PORTKIT_CHECK is set it is `launch`, so each replayed launch is
-        printed or checked."""
-        if debug_level() or check_mode():
-            self.launch(compiled, buffers, scalars)
+        checks and no waiting. `words`: the scalars already packed (`compiled.words`);
+        `settings`: the replay's `launch_settings()`. While PORTKIT_DEBUG or PORTKIT_CHECK is
+        set it is `launch`, so each replayed launch is printed or checked."""
+        settings = settings or launch_settings()
+        if settings.debug or settings.check:
+            self.launch(compiled, buffers, scalars, settings=settings)
             return
         words = compiled.words(scalars) if words is None else words
         self._run(compiled, [b.handle for b in buffers], words, False, 0)
 
     def _run(self, compiled: Compiled, handles: list, words: list, wait: bool,
-             level: int | None = None) -> float | None:
+             level: int) -> float | None:
         # the one place a program runs: under the device's lock, timed for PORTKIT_DEBUG>=2
-        level = debug_level() if level is None else level
         kernel = compiled.kernel
         with self.device_lock:
             seconds = compiled.program(handles, words, kernel.grid, kernel.block,
@@ -525,8 +514,6 @@ def debug_level() -> int:
 
 @functools.lru_cache(maxsize=16)
 def _debug_level(raw: str) -> int:
-    # Read on every launch: the environment lookup stays (tests and users change it), the
-    # parse is done once per value.
     value = raw.strip().lower()
     if value.isdigit():
         return int(value)
@@ -546,14 +533,35 @@ def check_mode() -> str:
     OutOfBoundsError after the launch) or "interpreter" (every launch first runs in the ABI
     interpreter on copies of its buffers, and the device runs nothing out of bounds; slow).
     Anything else is a ValueError naming the accepted values."""
-    raw = setting("PORTKIT_CHECK")
-    if not raw:         # read on every launch: the usual case costs one look-up
+    return _check_mode(setting("PORTKIT_CHECK"))
+
+
+def _check_mode(raw: str) -> str:
+    if not raw:
         return ""
     mode = _CHECK_WORDS.get(raw.strip().lower())
     if mode is None:
         raise ValueError(f"PORTKIT_CHECK={raw!r} is not a mode: use 1 (compiled), "
                          "interpreter, or 0")
     return mode
+
+
+class Settings(NamedTuple):
+    """What every launch of a realize or a replay obeys, read once for all of them."""
+
+    debug: int      # PORTKIT_DEBUG's level
+    check: str      # PORTKIT_CHECK's mode
+
+
+_QUIET = Settings(0, "")
+
+
+def launch_settings() -> Settings:
+    """PORTKIT_DEBUG and PORTKIT_CHECK now (ValueError for a value neither accepts)."""
+    debug, check = setting("PORTKIT_DEBUG"), setting("PORTKIT_CHECK")
+    if not debug and not check:
+        return _QUIET       # the usual case: two look-ups (each about 0.6 us when unset)
+    return Settings(_debug_level(debug), _check_mode(check))
 
 
 def _check_bounds(kernel: Kernel, buffers: list[Buffer], words: list[int]) -> None:

@@ -306,17 +306,17 @@ def record(recorder):
         _capture.recorder = previous
 
 
-def _launch(name: str, compiled: runtime.Compiled, buffers: list, scalars: list[Lazy],
-            code: list[Lazy] = (), again: bool = False) -> None:
+def _launch(rt: runtime.Runtime, compiled: runtime.Compiled, buffers: list, scalars: list[Lazy],
+            settings: runtime.Settings, code: list[Lazy] = (), again: bool = False) -> None:
     # code: constants held as code (past MAX_SCALARS); again: a replay (buffers checked before)
-    values = scalar_values(scalars)
+    values = scalar_values(scalars) if scalars else ()
     if again:
-        device(name).launch_again(compiled, buffers, values)
+        rt.launch_again(compiled, buffers, values, settings=settings)
     else:
-        device(name).launch(compiled, buffers, values)
+        rt.launch(compiled, buffers, values, settings=settings)
     recorder = recording()
     if recorder is not None:
-        recorder.launch(name, compiled, buffers, scalars, code)
+        recorder.launch(rt.name, compiled, buffers, scalars, code)
 
 
 # (device, structure) -> the ABI kernel, and the program compiled from it: the most recent
@@ -400,9 +400,9 @@ class _Step:
     """One kernel of a Replay; every node is named by its position in the graph's walk."""
 
     compiled: runtime.Compiled | None   # None: a node of no elements, which needs no kernel
-    device: str
+    runtime: runtime.Runtime            # its device's
     dtype: DType
-    size: int
+    size: int                           # of its buffer: at least 1 (see _alloc)
     root: int | None                    # the node it realizes; None: one the scheduler made
     inputs: tuple[tuple[int | None, int], ...]   # (position, or None and an earlier step)
     scalars: tuple[int, ...]            # the position of each VAR's constant
@@ -413,7 +413,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None
     """Runs the items; given the graph's walk `number` (id -> position), also returns the
     steps that replay them on another graph of the same structure (None if they cannot), and
     the positions of the constants those steps hold as code."""
-    debug = runtime.debug_level()
+    settings = runtime.launch_settings()
     start = time.perf_counter()
     steps: list[_Step] | None = [] if number is not None else None
     made: dict[int, int] = {}       # id(root) -> its step
@@ -437,8 +437,8 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None
             if compiled is None:
                 compiled = _compiled[key] = device(root.device).compile(
                     _lower(item, key, scalars))
-            _launch(root.device, compiled, [buffer] + [x.buffer for x in item.inputs],
-                    scalars.nodes, scalars.code)
+            _launch(device(root.device), compiled, [buffer] + [x.buffer for x in item.inputs],
+                    scalars.nodes, settings, scalars.code)
             launched += 1
         if steps is not None:
             # A replay reads every number from the graph, by position; it cannot read those
@@ -452,12 +452,12 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None
                 code += [number[id(n)] for n in scalars.code]
                 made[id(root)] = len(steps)
                 steps.append(_Step(
-                    compiled, root.device, root.dtype, root.size, number.get(id(root)),
+                    compiled, device(root.device), root.dtype, buffer.size, number.get(id(root)),
                     tuple((number[id(x)], 0) if id(x) in number else (None, made[id(x)])
                           for x in item.inputs),
                     tuple(number[id(n)] for n in scalars.nodes)))
         root.realize_as(buffer)
-    _report(debug, start, launched, {item.root.device for item in items})
+    _report(settings.debug, start, launched, {item.root.device for item in items})
     return steps, code
 
 
@@ -540,22 +540,22 @@ def _compile_ahead(items: list[ScheduleItem]) -> None:
 
 
 def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
-    debug = runtime.debug_level()
-    start = time.perf_counter()
+    settings = runtime.launch_settings()
+    start = time.perf_counter() if settings.debug else 0.0
     made: list[runtime.Buffer] = []
     for step in steps:
-        buffer = _alloc(step.device, step.dtype, step.size)
+        buffer = step.runtime.alloc(step.dtype, step.size)
         if step.compiled is not None:
             buffers = [buffer] + [made[k] if p is None else nodes[p].buffer
                                   for p, k in step.inputs]
-            _launch(step.device, step.compiled, buffers, [nodes[p] for p in step.scalars],
-                    again=True)
+            _launch(step.runtime, step.compiled, buffers, [nodes[p] for p in step.scalars],
+                    settings, again=True)
         made.append(buffer)
         if step.root is not None:
             nodes[step.root].realize_as(buffer)
-    if debug:
-        _report(debug, start, sum(s.compiled is not None for s in steps),
-                {s.device for s in steps})
+    if settings.debug:
+        _report(settings.debug, start, sum(s.compiled is not None for s in steps),
+                {s.runtime.name for s in steps})
 
 
 class _ByValue(NamedTuple):

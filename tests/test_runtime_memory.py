@@ -86,3 +86,12 @@ def test_clear_forgets_kernels_and_pooled_buffers():
     assert len(schedule._lowered) == 0 and len(rt._compiled) == 0 and rt.pool.bytes == 0
     np.testing.assert_array_equal((Tensor.ones(37, device="cpu") + 1).numpy(),
                                   np.full(37, 2, np.float32))
+
+
+def test_an_lru_entry_set_again_is_the_most_recent_and_holds_the_new_value():
+    cache = runtime.LRU(2)
+    cache["a"], cache["b"] = 1, 2
+    cache["a"] = 3
+    cache["c"] = 4
+    assert list(cache) == ["a", "c"] and cache.get("a") == 3 and len(cache) == 2
+    assert cache.setdefault("d", 5) == 5 and list(cache) == ["a", "d"]

@@ -103,7 +103,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
     known = _check_classes(target, classes, ignore_index)
     valid = target != ignore_index
     safe = valid.where(target, 0)
-    picked = (one_hot(safe, classes).cast(bool_)).where(input, 0).sum(-1)
+    picked = _class_mask(safe, classes).where(input, 0).sum(-1)
     w = valid.cast(input.dtype)
     if weight is not None:
         w = w * weight.cast(input.dtype).index_select(0, safe)
@@ -190,7 +190,12 @@ def one_hot(input: Tensor, num_classes: int = -1) -> Tensor:
         if values.min() < 0 or values.max() >= num_classes:
             raise RuntimeError(f"one_hot: class values must be in [0, {num_classes}), got "
                                f"{int(values.min() if values.min() < 0 else values.max())}")
-    return (input.unsqueeze(-1) == Tensor.arange(num_classes, device=input.device)).cast(int32)
+    return _class_mask(input, num_classes).cast(int32)
+
+
+def _class_mask(input: Tensor, classes: int) -> Tensor:
+    """True where the new last dim's index equals `input` (one_hot, as bools)."""
+    return input.unsqueeze(-1) == Tensor.arange(classes, device=input.device)
 
 
 def layernorm(input: Tensor, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Tensor:

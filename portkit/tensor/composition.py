@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from portkit.graph import GraphOp, Lazy
+from portkit.graph import GraphOp, Lazy, walk
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -49,24 +49,15 @@ class Composition:
 def _record(out: Lazy, operand: Lazy) -> Recording | None:
     """The nodes between `operand` and `out` in an order where sources come first, or None
     where one is not elementwise at the operand's shape."""
-    index: dict[int, int] = {id(operand): -1}
-    nodes: list[tuple] = []
-    stack: list[tuple[Lazy, bool]] = [(out, False)]
-    while stack:
-        node, ready = stack.pop()
-        if id(node) in index:
-            continue
-        if ready:
-            index[id(node)] = len(nodes)
-            nodes.append((node.op, node.dtype, node.arg,
-                          tuple(index[id(s)] for s in node.src)))
-            continue
-        if (node.op in _NOT_ELEMENTWISE or node.shape != operand.shape
-                or node.device != operand.device):
-            return None
-        stack.append((node, True))
-        stack += [(s, False) for s in reversed(node.src) if id(s) not in index]
-    return tuple(nodes)
+    def ends(node: Lazy) -> bool:
+        return (node is operand or node.op in _NOT_ELEMENTWISE or node.shape != operand.shape
+                or node.device != operand.device)
+    found = walk([out], stop=ends)
+    if any(node is not operand for node in found.stopped):
+        return None
+    index = {id(operand): -1} | {id(node): k for k, node in enumerate(found.order)}
+    return tuple((node.op, node.dtype, node.arg, tuple(index[id(s)] for s in node.src))
+                 for node in found.order)
 
 
 def _copy(recording: Recording, operand: Lazy) -> Lazy:

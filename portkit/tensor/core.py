@@ -144,7 +144,8 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
 
     def realize(self) -> Tensor:
         """Runs the graph behind this tensor; returns self."""
-        realize(self)
+        if self.lazy.op is not graph.GraphOp.LOAD:    # computed already: nothing to walk
+            realize(self)
         return self
 
     def schedule(self) -> list[Kernel]:

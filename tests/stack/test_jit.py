@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import portkit
-from portkit import nn, optim, schedule
+from portkit import nn, optim, runtime, schedule
 from portkit.jit import JitError
 from portkit.tensor import Tensor
 
@@ -270,3 +270,39 @@ def test_reading_a_replays_result_walks_no_graph(monkeypatch):
     monkeypatch.setattr(portkit.graph, "walk", no_walk)
     result = jitted(x, 3.0)
     np.testing.assert_array_equal(result.realize().numpy(), np.arange(4) * 3)
+
+
+def _counting_reads(monkeypatch) -> list[str]:
+    """The names of the settings read from now on."""
+    reads: list[str] = []
+    setting = runtime.setting
+    monkeypatch.setattr(runtime, "setting", lambda name: reads.append(name) or setting(name))
+    return reads
+
+
+def test_a_replay_reads_the_launch_settings_once_not_per_launch(monkeypatch, capsys):
+    monkeypatch.delenv("PORTKIT_DEBUG", raising=False)
+    monkeypatch.delenv("PORTKIT_CHECK", raising=False)
+    step, _, _ = _training("sgd")
+    jitted = portkit.jit(step)
+    x, y = (Tensor(v).realize() for v in _batches(1)[0])
+    while jitted.plan is None:
+        jitted(x, y)
+    assert len(jitted.plan.steps) > 3
+    reads = _counting_reads(monkeypatch)
+    jitted(x, y)
+    assert sorted(reads) == ["PORTKIT_CHECK", "PORTKIT_DEBUG"]
+    monkeypatch.setenv("PORTKIT_DEBUG", "2")       # a change still takes effect at the next call
+    jitted(x, y)
+    assert capsys.readouterr().err.count("portkit: ") >= len(jitted.plan.steps)
+
+
+def test_an_eager_realize_reads_the_launch_settings_once(monkeypatch):
+    monkeypatch.delenv("PORTKIT_DEBUG", raising=False)
+    monkeypatch.delenv("PORTKIT_CHECK", raising=False)
+    x = Tensor(RNG.standard_normal((6, 5)).astype(np.float32)).realize()
+    w = Tensor(RNG.standard_normal((5, 5)).astype(np.float32)).realize()
+    for run in range(2):        # the first schedules and runs, the second replays
+        reads = _counting_reads(monkeypatch)
+        (((x @ w).relu() @ w).sum(1) * 2).realize()
+        assert sorted(reads) == ["PORTKIT_CHECK", "PORTKIT_DEBUG"], run

@@ -55,6 +55,17 @@ def test_reading_a_realized_tensor_again_walks_no_graph(monkeypatch):
     np.testing.assert_array_equal(out.numpy(), [3, 6])
 
 
+def test_realizing_a_computed_tensor_again_calls_no_scheduler(monkeypatch):
+    a, = _put([1.0, 2.0])
+    out = (a * 3.0).realize()
+
+    def scheduled(outs):
+        raise AssertionError("a realized tensor went to the scheduler again")
+    monkeypatch.setattr(schedule, "realize", scheduled)
+    assert out.realize() is out
+    np.testing.assert_array_equal(out.numpy(), [3, 6])
+
+
 def test_views_are_values_equal_and_hashed_alike_when_built_apart():
     one = ShapeTracker.contiguous((4, 3)).permute((1, 0))
     other = ShapeTracker.contiguous((4, 3)).permute((1, 0))

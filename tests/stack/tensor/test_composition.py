@@ -41,3 +41,18 @@ def test_an_empty_operand_is_built_by_the_tensor_ops():
     exp = Composition(_exp)
     exp(Tensor(np.ones(3, np.float32)).realize())
     assert exp(Tensor(np.ones((0, 2), np.float32))).shape == (0, 2)
+
+
+def test_a_recording_shares_the_nodes_the_build_shares():
+    def build(x):
+        doubled = x * 2
+        return doubled * doubled + doubled
+    composed = Composition(build)
+    composed(Tensor(np.ones(4, np.float32)).realize())
+    x = Tensor(np.arange(6, dtype=np.float32)).realize()
+    copied = composed(x)
+    assert schedule._graph_key([copied.lazy])[0] == schedule._graph_key([build(x).lazy])[0]
+    np.testing.assert_array_equal(copied.numpy(), (np.arange(6) * 2) ** 2 + np.arange(6) * 2)
+    same = Composition(lambda x: x)
+    same(x)
+    assert same(x).lazy is x.lazy

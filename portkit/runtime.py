@@ -527,16 +527,13 @@ _CHECK_WORDS = {**dict.fromkeys(("", "0", "no", "false", "off"), ""),
                 "interpreter": "interpreter"}
 
 
-def check_mode() -> str:
+def check_mode(raw: str | None = None) -> str:
     """PORTKIT_CHECK: "" (off), "compiled" (1: every launch runs its bounds-checked build,
     codegen/check.py, natively: an out-of-bounds LOAD or STORE is skipped and raises
     OutOfBoundsError after the launch) or "interpreter" (every launch first runs in the ABI
     interpreter on copies of its buffers, and the device runs nothing out of bounds; slow).
-    Anything else is a ValueError naming the accepted values."""
-    return _check_mode(setting("PORTKIT_CHECK"))
-
-
-def _check_mode(raw: str) -> str:
+    Anything else is a ValueError naming the accepted values. `raw`: its value, if read."""
+    raw = setting("PORTKIT_CHECK") if raw is None else raw
     if not raw:
         return ""
     mode = _CHECK_WORDS.get(raw.strip().lower())
@@ -554,14 +551,18 @@ class Settings(NamedTuple):
 
 
 _QUIET = Settings(0, "")
+# Whether either is set is asked of the dict behind os.environ (CPython's, by encoded name; what
+# os.environ[...] = ... and monkeypatch.setenv update) in 50 ns: os.environ.get takes 0.6 us.
+_ENVIRON, _KEY = ((os.environ._data, os.environ.encodekey) if hasattr(os.environ, "_data")
+                  else (os.environ, str))
+_DEBUG, _CHECK = _KEY("PORTKIT_DEBUG"), _KEY("PORTKIT_CHECK")
 
 
 def launch_settings() -> Settings:
     """PORTKIT_DEBUG and PORTKIT_CHECK now (ValueError for a value neither accepts)."""
-    debug, check = setting("PORTKIT_DEBUG"), setting("PORTKIT_CHECK")
-    if not debug and not check:
-        return _QUIET       # the usual case: two look-ups (each about 0.6 us when unset)
-    return Settings(_debug_level(debug), _check_mode(check))
+    if _DEBUG not in _ENVIRON and _CHECK not in _ENVIRON:
+        return _QUIET
+    return Settings(_debug_level(setting("PORTKIT_DEBUG")), check_mode())
 
 
 def _check_bounds(kernel: Kernel, buffers: list[Buffer], words: list[int]) -> None:

@@ -18,6 +18,12 @@ walks K in blocks of `depth`:
 Workgroups run along n fastest, so neighbouring groups (on one core, see the launcher) share
 A's rows in the cache. The pass shows at PORTKIT_DEBUG=3 as two LOCALs and no BARRIER (one LOCAL
 when K fits one depth block: the registers then go straight to the output).
+When K fits one depth block (a weight gradient, K = the batch) and A is more than a load (the
+relu mask of dy, a softmax's gradient, fused in by the scheduler), A's block is computed once
+per group into a second LOCAL ([k][row]) and the group spans several panels along n, so A is
+evaluated once per group instead of once per panel and never inside the multiply-add loop.
+An output at most half a block wide (a classifier's logits) takes half-width blocks, and a
+small matmul gets fewer workgroups than a few cores' worth (each is worth waking a core for).
 What an operand is (a load, x.T, a fused x * 2) is not matched by pattern: the lowerer computes
 the reduce's factors at the panel's positions, as codegen/tiles.py does for GPU-class devices.
 """
@@ -92,8 +98,9 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # enough groups for a few cores, but no more than the work is worth splitting into
     wanted = max(1, min(_MIN_GROUPS, m * n * k // _GROUP_WORK))
     if k <= DEPTH:
-        return found, _one_block(found, inputs, caps, wanted,
-                                 Packing(rows, width, 1, k), tiles, panels, batch)
+        packing = _one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k), tiles,
+                             panels, batch)
+        return None if packing is None else (found, packing)
     # the deepest panel, then the most register blocks per group that divide m's, leave
     # enough groups, and fit the device's workgroup memory
     for most in (DEPTH, DEPTH // 2, DEPTH // 4):
@@ -119,8 +126,9 @@ def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
     itemsize = found.accumulate.itemsize
     best, best_cost = None, None
     for blocks in (d for d in range(1, _BLOCKS + 1) if tiles % d == 0):
-        for spans in (d for d in range(1, panels + 1) if panels % d == 0):
-            packed_a = cost > 1 or spans > 1
+        # a plain load of A is read in place, as in the deeper matmuls: one panel per group
+        for spans in (d for d in range(1, panels + 1) if panels % d == 0 and cost > 1 or d == 1):
+            packed_a = cost > 1
             packing = Packing(base.rows, base.width, blocks, base.depth, spans, packed_a)
             groups = batch * (tiles // blocks) * (panels // spans)
             if groups < wanted and (blocks, spans) != (1, 1):

@@ -273,3 +273,15 @@ def test_a_narrow_output_takes_one_vector_and_few_groups():
                                              *(arrays[id(node)] for node in item.inputs))
     _close(out.reshape(64, 10), a.astype(np.float64) @ b.T, 512)
     _close((Tensor(a) @ Tensor(b).T).numpy(), a.astype(np.float64) @ b.T, 512)
+
+
+def test_staged_a_with_a_batch_and_a_transposed_b():
+    # a batched weight-gradient shape (K = 48 fits one depth block) whose A is relu'd and
+    # whose B is read transposed: the staged block and the spanned panels follow the batch
+    a, b = _floats(2, 3, 40, 48), _floats(2, 3, 72, 48)
+    grad = Tensor(a).relu() @ Tensor(b).transpose(-1, -2)
+    item, = schedule.create_schedule([grad.lazy])
+    _, packing = pack.find(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert packing.packed_a and packing.spans > 1
+    expected = np.maximum(a, 0).astype(np.float64) @ np.swapaxes(b, -1, -2)
+    _close(grad.numpy(), expected, 48)

@@ -18,10 +18,12 @@ walks K in blocks of `depth`:
 Workgroups run along n fastest, so neighbouring groups (on one core, see the launcher) share
 A's rows in the cache. The pass shows at PORTKIT_DEBUG=3 as two LOCALs and no BARRIER (one LOCAL
 when K fits one depth block: the registers then go straight to the output).
-When K fits one depth block (a weight gradient, K = the batch) and A is more than a load (the
-relu mask of dy, a softmax's gradient, fused in by the scheduler), A's block is computed once
-per group into a second LOCAL ([k][row]) and the group spans several panels along n, so A is
-evaluated once per group instead of once per panel and never inside the multiply-add loop.
+When A is more than a load (a relu mask of dy, relu(h + b), a softmax's gradient, fused in by
+the scheduler), each group computes A's block once per depth block into a second LOCAL, laid
+out in A's own order ([row][k] when A steps by 1 along k, else [k][row]) so the copy loop
+vectorizes, and the multiply-add loop only reads it. When K also fits one depth block (a weight
+gradient, K = the batch) the group spans several panels along n, so A is evaluated once per
+group instead of once per panel.
 An output at most half a block wide (a classifier's logits) takes half-width blocks, and a
 small matmul gets fewer workgroups than a few cores' worth (each is worth waking a core for).
 What an operand is (a load, x.T, a fused x * 2) is not matched by pattern: the lowerer computes
@@ -67,11 +69,13 @@ class Packing:
     blocks: int
     depth: int
     spans: int = 1          # panels along n per workgroup (one depth block only)
-    packed_a: bool = False  # A's block computed once per group into LOCAL (one depth block)
+    packed_a: bool = False  # A's block computed once per group and depth block into LOCAL
+    summed: bool = True     # several depth blocks: running sums in LOCAL
+    along_k: bool = False   # the staged A is [row][k] (A steps by 1 along k), else [k][row]
 
     def local_bytes(self, itemsize: int) -> int:
         staged = self.depth * self.rows * self.blocks if self.packed_a else 0
-        sums = 0 if self.spans > 1 or self.packed_a else self.rows * self.blocks * self.width
+        sums = self.rows * self.blocks * self.width if self.summed else 0
         return (self.depth * self.width + staged + sums) * itemsize
 
 
@@ -101,15 +105,24 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         packing = _one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k), tiles,
                              panels, batch)
         return None if packing is None else (found, packing)
-    # the deepest panel, then the most register blocks per group that divide m's, leave
-    # enough groups, and fit the device's workgroup memory
-    for most in (DEPTH, DEPTH // 2, DEPTH // 4):
+    # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
+    # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
+    # then register blocks come first (the staged block repays more rows), depth second
+    staged = _evaluation_cost(found.left, {id(x) for x in inputs}) > 1
+    choices = [(most, blocks) for most in (DEPTH, DEPTH // 2, DEPTH // 4)
+               for blocks in sorted((d for d in range(1, _BLOCKS + 1) if tiles % d == 0),
+                                    reverse=True)]
+    if staged:
+        choices.sort(key=lambda choice: -choice[1])
+    # else the deepest panel, then the most register blocks per group that divide m's,
+    # leave enough groups, and fit the device's workgroup memory
+    for most, blocks in choices:
         depth = ceil(k / ceil(k / most))
-        for blocks in sorted((d for d in range(1, _BLOCKS + 1) if tiles % d == 0), reverse=True):
-            packing = Packing(rows, width, blocks, depth)
-            enough = batch * panels * (tiles // blocks) >= wanted or blocks == 1
-            if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
-                return found, packing
+        packing = Packing(rows, width, blocks, depth, packed_a=staged,
+                          along_k=found.contiguous_k[0])
+        enough = batch * panels * (tiles // blocks) >= wanted or blocks == 1
+        if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
+            return found, packing
     return None
 
 
@@ -129,7 +142,8 @@ def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
         # a plain load of A is read in place, as in the deeper matmuls: one panel per group
         for spans in (d for d in range(1, panels + 1) if panels % d == 0 and cost > 1 or d == 1):
             packed_a = cost > 1
-            packing = Packing(base.rows, base.width, blocks, base.depth, spans, packed_a)
+            packing = Packing(base.rows, base.width, blocks, base.depth, spans, packed_a,
+                              summed=False, along_k=found.contiguous_k[0])
             groups = batch * (tiles // blocks) * (panels // spans)
             if groups < wanted and (blocks, spans) != (1, 1):
                 continue
@@ -204,6 +218,10 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
 
     panel = b.local(wide, p.depth * p.width)
     staged = b.local(wide, p.depth * across) if p.packed_a else None
+
+    def at_a(row: Lin, kk: Lin) -> Lin:
+        """Where the staged A holds (row, kk)."""
+        return row * p.depth + kk if p.along_k else kk * across + row
     zero = lowerer.const(0.0, wide)
     # one depth block (k <= DEPTH, as in the MLP's weight gradient): the registers are the sums
     single = k_size <= p.depth
@@ -219,12 +237,18 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                                                               lowerer.const(-p.depth)))
             end = b.alu(Op.WHERE, b.alu(Op.CMPLT, left, end), left, end)
         if p.packed_a:
-            # A's block, [k][row], computed once for every panel the group spans
-            with _loop(lowerer, "ak", p.depth, end) as kk, _loop(lowerer, "am", across) as i:
+            # A's block, computed once for every panel the group spans, in A's order
+            def stage(kk: Lin, i: Lin) -> None:
                 value, = lowerer.lower(found.left, [at(tile_m * across + i, const(0), k0 + kk)],
                                        [None])
                 value = value if b.dtype(value) == wide else b.cast(value, wide)
-                b.store(staged, lowerer.index(kk * across + i), value)
+                b.store(staged, lowerer.index(at_a(i, kk)), value)
+            if p.along_k:
+                with _loop(lowerer, "am", across) as i, _loop(lowerer, "ak", p.depth, end) as kk:
+                    stage(kk, i)
+            else:
+                with _loop(lowerer, "ak", p.depth, end) as kk, _loop(lowerer, "am", across) as i:
+                    stage(kk, i)
         with _spans(lowerer, p.spans) as span:
             column0 = (tile_n * p.spans + span) * p.width
             with _loop(lowerer, "pk", p.depth, end) as kk, _loop(lowerer, "pn", p.width) as j:
@@ -240,7 +264,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 row0 = (tile_m * p.blocks + t) * p.rows
                 with _loop(lowerer, "kk", p.depth, end) as kk:
                     if p.packed_a:
-                        lefts = [b.load(staged, lowerer.index(kk * across + t * p.rows + r))
+                        lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, kk)))
                                  for r in range(p.rows)]
                     else:
                         lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k0 + kk)

@@ -237,11 +237,12 @@ def test_staged_a_on_the_cpu_at_odd_sizes_and_with_an_epilogue(m, k, n):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_a_staged_16_bit_a_is_summed_in_float32(dtype):
+@pytest.mark.parametrize("k", [64, 520])        # one depth block, and three with an edge
+def test_a_staged_16_bit_a_is_summed_in_float32(dtype, k):
     import portkit
-    h, dy = RNG.random((64, 96)).astype(np.float32) - 0.5, RNG.random((64, 96)).astype(
+    h, dy = RNG.random((k, 96)).astype(np.float32) - 0.5, RNG.random((k, 96)).astype(
         np.float32)
-    x = RNG.random((64, 80)).astype(np.float32)
+    x = RNG.random((k, 80)).astype(np.float32)
     wide = getattr(portkit, dtype)
     th, tdy, tx = (Tensor(v).cast(wide) for v in (h, dy, x))
     grad = (tdy * (th > 0).cast(wide)).T @ tx
@@ -285,3 +286,31 @@ def test_staged_a_with_a_batch_and_a_transposed_b():
     assert packing.packed_a and packing.spans > 1
     expected = np.maximum(a, 0).astype(np.float64) @ np.swapaxes(b, -1, -2)
     _close(grad.numpy(), expected, 48)
+
+
+def test_a_fused_a_of_several_depth_blocks_is_staged_out_of_the_multiply_adds():
+    # layer 2's input relu(h + b) @ W.T: K = 600 is three depth blocks, the last one short
+    h, bias, w = _floats(40, 600), _floats(600), _floats(70, 600)
+    th, tb, tw = (Tensor(v, device="interpreter") for v in (h, bias, w))
+    item, = schedule.create_schedule([((th + tb).relu() @ tw.T).lazy])
+    _, packing = pack.find(item.root, item.inputs, LOOPS)
+    assert packing.packed_a and packing.along_k and packing.depth < 600
+    kernel = lower(item.root, item.inputs, LOOPS)
+    assert _ops(kernel).count(Op.LOCAL) == 3          # the panel, the staged A, the sums
+    arrays = {id(t.lazy): v for t, v in ((th, h), (tb, bias), (tw, w))}
+    out, *_ = runtime.get("interpreter").run(kernel, np.zeros(40 * 70, np.float32),
+                                             *(arrays[id(node)] for node in item.inputs))
+    expected = np.maximum(h.astype(np.float64) + bias, 0) @ w.T
+    _close(out.reshape(40, 70), expected, 600)
+    _close(((Tensor(h) + Tensor(bias)).relu() @ Tensor(w).T).numpy(), expected, 600)
+
+
+def test_a_staged_a_read_across_k_on_the_cpu():
+    # A = relu(x).T steps by 1 along m: staged [k][row]; 24 rows, K = 300 (an edge)
+    x, b = _floats(300, 24), _floats(300, 50)
+    product = Tensor(x).relu().T @ Tensor(b)
+    item, = schedule.create_schedule([product.lazy])
+    _, packing = pack.find(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert packing.packed_a and not packing.along_k
+    out = product.numpy()
+    _close(out, np.maximum(x, 0).T.astype(np.float64) @ b, 300)

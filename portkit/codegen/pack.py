@@ -18,11 +18,21 @@ walks K in blocks of `depth`:
 Workgroups run along n fastest, so neighbouring groups (on one core, see the launcher) share
 A's rows in the cache. The pass shows at PORTKIT_DEBUG=3 as two LOCALs and no BARRIER (one LOCAL
 when K fits one depth block: the registers then go straight to the output).
+When A is more than a load (a relu mask of dy, relu(h + b), a softmax's gradient, fused in by
+the scheduler), each group computes A's block once per depth block into a second LOCAL, laid
+out in A's own order ([row][k] when A steps by 1 along k, else [k][row]) so the copy loop
+vectorizes, and the multiply-add loop only reads it. When K also fits one depth block (a weight
+gradient, K = the batch) the group spans several panels along n, so A is evaluated once per
+group instead of once per panel.
+An output at most half a block wide (a classifier's logits) takes half-width blocks, and a
+small matmul gets fewer workgroups than a few cores' worth (each is worth waking a core for).
 What an operand is (a load, x.T, a fused x * 2) is not matched by pattern: the lowerer computes
 the reduce's factors at the panel's positions, as codegen/tiles.py does for GPU-class devices.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import product
 from math import ceil, prod
@@ -46,6 +56,7 @@ DEPTH = 256
 _BLOCKS = 32
 _MIN_GROUPS = 16     # enough workgroups to keep a few cores busy and balanced
 _MIN_WORK = 1 << 15  # smaller matmuls (m * n * k) keep the untiled lowering
+_GROUP_WORK = 1 << 17   # multiply-adds worth a workgroup of their own (tens of microseconds)
 
 
 @dataclass(frozen=True)
@@ -57,9 +68,15 @@ class Packing:
     width: int
     blocks: int
     depth: int
+    spans: int = 1          # panels along n per workgroup (one depth block only)
+    packed_a: bool = False  # A's block computed once per group and depth block into LOCAL
+    summed: bool = True     # several depth blocks: running sums in LOCAL
+    along_k: bool = False   # the staged A is [row][k] (A steps by 1 along k), else [k][row]
 
     def local_bytes(self, itemsize: int) -> int:
-        return (self.depth + self.rows * self.blocks) * self.width * itemsize
+        staged = self.depth * self.rows * self.blocks if self.packed_a else 0
+        sums = self.rows * self.blocks * self.width if self.summed else 0
+        return (self.depth * self.width + staged + sums) * itemsize
 
 
 def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
@@ -73,23 +90,86 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     if found is None:
         return None
     m, n, k = found.sizes
-    if m * n * k < _MIN_WORK or n < limits.vector // 2:
+    if m * n * k < _MIN_WORK or n < limits.vector // 4:
         return None
+    # a narrow output (a classifier's 10 logits) takes half a block: one vector of float32
+    width = limits.vector if n > limits.vector // 2 else limits.vector // 2
     rows = divisor(m, limits.reuse)     # register rows divide m: A is read in place, ungated
     tiles = m // rows
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
-    panels = batch * ceil(n / limits.vector)
+    panels = ceil(n / width)
     itemsize = found.accumulate.itemsize
-    # the deepest panel, then the most register blocks per group that divide m's, leave
-    # enough groups, and fit the device's workgroup memory
-    for most in (DEPTH, DEPTH // 2, DEPTH // 4):
+    # enough groups for a few cores, but no more than the work is worth splitting into
+    wanted = max(1, min(_MIN_GROUPS, m * n * k // _GROUP_WORK))
+    if k <= DEPTH:
+        packing = _one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k), tiles,
+                             panels, batch)
+        return None if packing is None else (found, packing)
+    # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
+    # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
+    # then register blocks come first (the staged block repays more rows), depth second
+    staged = _evaluation_cost(found.left, {id(x) for x in inputs}) > 1
+    choices = [(most, blocks) for most in (DEPTH, DEPTH // 2, DEPTH // 4)
+               for blocks in sorted((d for d in range(1, _BLOCKS + 1) if tiles % d == 0),
+                                    reverse=True)]
+    if staged:
+        choices.sort(key=lambda choice: -choice[1])
+    # else the deepest panel, then the most register blocks per group that divide m's,
+    # leave enough groups, and fit the device's workgroup memory
+    for most, blocks in choices:
         depth = ceil(k / ceil(k / most))
-        for blocks in sorted((d for d in range(1, _BLOCKS + 1) if tiles % d == 0), reverse=True):
-            packing = Packing(rows, limits.vector, blocks, depth)
-            enough = panels * (tiles // blocks) >= _MIN_GROUPS or blocks == 1
-            if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
-                return found, packing
+        packing = Packing(rows, width, blocks, depth, packed_a=staged,
+                          along_k=found.contiguous_k[0])
+        enough = batch * panels * (tiles // blocks) >= wanted or blocks == 1
+        if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
+            return found, packing
     return None
+
+
+def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
+               wanted: int, base: Packing, tiles: int, panels: int, batch: int
+               ) -> Packing | None:
+    """The packing of a reduce that fits one depth block (a weight gradient: K is the batch).
+    Its A block is worth computing once per group into LOCAL when A is more than a load (the
+    MLP's relu gradient, a softmax's): a group then spans several panels along n. The blocking
+    minimizes the operands' evaluations, A's (weighted by its ops) once per group along n,
+    B's once per group along m, over those that leave `wanted` groups and fit."""
+    m, n = found.sizes[:2]
+    cost = _evaluation_cost(found.left, {id(x) for x in inputs})
+    itemsize = found.accumulate.itemsize
+    best, best_cost = None, None
+    for blocks in (d for d in range(1, _BLOCKS + 1) if tiles % d == 0):
+        # a plain load of A is read in place, as in the deeper matmuls: one panel per group
+        for spans in (d for d in range(1, panels + 1) if panels % d == 0 and cost > 1 or d == 1):
+            packed_a = cost > 1
+            packing = Packing(base.rows, base.width, blocks, base.depth, spans, packed_a,
+                              summed=False, along_k=found.contiguous_k[0])
+            groups = batch * (tiles // blocks) * (panels // spans)
+            if groups < wanted and (blocks, spans) != (1, 1):
+                continue
+            if packing.local_bytes(itemsize) > caps.local_memory_bytes:
+                continue
+            total = cost * (panels // spans) * m + (tiles // blocks) * n
+            # ties: more groups (cores), then more blocks per group (fewer loops)
+            if best is None or (total, -groups, -blocks) < best_cost:
+                best, best_cost = packing, (total, -groups, -blocks)
+    return best
+
+
+def _evaluation_cost(node: Lazy, params: set[int]) -> int:
+    """What computing one element of `node` costs, roughly: its loads and ops."""
+    seen: set[int] = set()
+    stack, cost = [node], 0
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if id(x) in params or x.op is GraphOp.LOAD or isinstance(x.op, Op):
+            cost += 1
+        if id(x) not in params:
+            stack.extend(x.src)
+    return max(cost, 1)
 
 
 def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabilities,
@@ -103,8 +183,9 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     m_size, n_size, k_size = found.sizes
     wide = found.accumulate
     batch = [a for a in range(len(shape)) if a not in (found.m, found.n, found.k)]
-    grid_shape = (*(shape[a] for a in batch), m_size // (p.rows * p.blocks),
-                  ceil(n_size / p.width))
+    across = p.rows * p.blocks          # rows per workgroup
+    grid_shape = (*(shape[a] for a in batch), m_size // across,
+                  ceil(n_size / p.width) // p.spans)
     groups = prod(grid_shape)
     # the MOD is a no-op on this grid; it tells a C compiler every index's range
     group_node = b.alu(Op.MOD, b.special("group", 0), lowerer.const(groups))
@@ -118,13 +199,12 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         idx[found.m], idx[found.n], idx[found.k] = m, n, k
         return idx
 
-    column0 = tile_n * p.width
     edge = n_size % p.width != 0        # the last panel is partly past N: staged as zeros
     strides = strides_for(red.shape)
 
-    def write(t: Lin, r: int, j: int, value: int) -> None:
-        """Stores register block t's output (r, j), rounded to the output's dtype."""
-        idx = at((tile_m * p.blocks + t) * p.rows + r, column0 + j, const(0))
+    def write(t: Lin, r: int, column: Lin, value: int) -> None:
+        """Stores register block t's output (r, column), rounded to the output's dtype."""
+        idx = at((tile_m * p.blocks + t) * p.rows + r, column, const(0))
         gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
         value = value if wide == red.dtype else b.cast(value, red.dtype)
         flat = recombine(sum((i * s for i, s in zip(idx, strides) if s), Lin()))
@@ -137,12 +217,17 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         b.store(out, lowerer.index(flat), value, gate)
 
     panel = b.local(wide, p.depth * p.width)
+    staged = b.local(wide, p.depth * across) if p.packed_a else None
+
+    def at_a(row: Lin, kk: Lin) -> Lin:
+        """Where the staged A holds (row, kk)."""
+        return row * p.depth + kk if p.along_k else kk * across + row
     zero = lowerer.const(0.0, wide)
     # one depth block (k <= DEPTH, as in the MLP's weight gradient): the registers are the sums
     single = k_size <= p.depth
     if not single:
-        sums = b.local(wide, p.rows * p.blocks * p.width)
-        with _loop(lowerer, "z", p.rows * p.blocks * p.width) as z:
+        sums = b.local(wide, across * p.width)
+        with _loop(lowerer, "z", across * p.width) as z:
             b.store(sums, lowerer.index(z), zero)
     with _loop(lowerer, "kb", ceil(k_size / p.depth)) as block:
         k0 = block * p.depth
@@ -151,37 +236,60 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             left = b.alu(Op.ADD, lowerer.const(k_size), b.alu(Op.MUL, lowerer.index(block),
                                                               lowerer.const(-p.depth)))
             end = b.alu(Op.WHERE, b.alu(Op.CMPLT, left, end), left, end)
-        with _loop(lowerer, "pk", p.depth, end) as kk, _loop(lowerer, "pn", p.width) as j:
-            idx = at(const(0), column0 + j, k0 + kk)
-            gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
-            value, = lowerer.lower(found.right, [idx], [gate])
-            value = value if b.dtype(value) == wide else b.cast(value, wide)
-            if gate is not None:
-                value = b.alu(Op.WHERE, gate, value, zero)
-            b.store(panel, lowerer.index(kk * p.width + j), value)
-        with _loop(lowerer, "mb", p.blocks) as t:
-            accs = [b.acc(zero) for _ in range(p.rows * p.width)]
-            row0 = (tile_m * p.blocks + t) * p.rows
-            with _loop(lowerer, "kk", p.depth, end) as kk:
-                lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k0 + kk)
-                                                   for r in range(p.rows)], [None] * p.rows)
-                rights = [b.load(panel, lowerer.index(kk * p.width + j)) for j in range(p.width)]
-                for acc, (x, y) in zip(accs, product(lefts, rights)):
-                    x = x if b.dtype(x) == wide else b.cast(x, wide)
-                    if Op.MULACC in caps.ops:
-                        b.assign(acc, b.alu(Op.MULACC, x, y, acc))
+        if p.packed_a:
+            # A's block, computed once for every panel the group spans, in A's order
+            def stage(kk: Lin, i: Lin) -> None:
+                value, = lowerer.lower(found.left, [at(tile_m * across + i, const(0), k0 + kk)],
+                                       [None])
+                value = value if b.dtype(value) == wide else b.cast(value, wide)
+                b.store(staged, lowerer.index(at_a(i, kk)), value)
+            if p.along_k:
+                with _loop(lowerer, "am", across) as i, _loop(lowerer, "ak", p.depth, end) as kk:
+                    stage(kk, i)
+            else:
+                with _loop(lowerer, "ak", p.depth, end) as kk, _loop(lowerer, "am", across) as i:
+                    stage(kk, i)
+        with _spans(lowerer, p.spans) as span:
+            column0 = (tile_n * p.spans + span) * p.width
+            with _loop(lowerer, "pk", p.depth, end) as kk, _loop(lowerer, "pn", p.width) as j:
+                idx = at(const(0), column0 + j, k0 + kk)
+                gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
+                value, = lowerer.lower(found.right, [idx], [gate])
+                value = value if b.dtype(value) == wide else b.cast(value, wide)
+                if gate is not None:
+                    value = b.alu(Op.WHERE, gate, value, zero)
+                b.store(panel, lowerer.index(kk * p.width + j), value)
+            with _loop(lowerer, "mb", p.blocks) as t:
+                accs = [b.acc(zero) for _ in range(p.rows * p.width)]
+                row0 = (tile_m * p.blocks + t) * p.rows
+                with _loop(lowerer, "kk", p.depth, end) as kk:
+                    if p.packed_a:
+                        lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, kk)))
+                                 for r in range(p.rows)]
                     else:
-                        b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
-            for acc, (r, j) in zip(accs, product(range(p.rows), range(p.width))):
-                if single:
-                    write(t, r, j, acc)
-                    continue
-                where = lowerer.index((t * p.rows + r) * p.width + j)
-                b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
+                        lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k0 + kk)
+                                                           for r in range(p.rows)],
+                                              [None] * p.rows)
+                    rights = [b.load(panel, lowerer.index(kk * p.width + j))
+                              for j in range(p.width)]
+                    for acc, (x, y) in zip(accs, product(lefts, rights)):
+                        x = x if b.dtype(x) == wide else b.cast(x, wide)
+                        if Op.MULACC in caps.ops:
+                            b.assign(acc, b.alu(Op.MULACC, x, y, acc))
+                        else:
+                            b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
+                for acc, (r, j) in zip(accs, product(range(p.rows), range(p.width))):
+                    if single:
+                        write(t, r, column0 + j, acc)
+                        continue
+                    where = lowerer.index((t * p.rows + r) * p.width + j)
+                    b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
     if not single:
+        column0 = tile_n * p.width
         with _loop(lowerer, "mo", p.blocks) as t:
             for r, j in product(range(p.rows), range(p.width)):
-                write(t, r, j, b.load(sums, lowerer.index((t * p.rows + r) * p.width + j)))
+                where = lowerer.index((t * p.rows + r) * p.width + j)
+                write(t, r, column0 + j, b.load(sums, where))
     return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
 
 
@@ -230,3 +338,12 @@ class _loop:
         self.lowerer.b.add(Op.END, None, (self.node,))
         self.lowerer.scopes.pop()
 
+
+@contextmanager
+def _spans(lowerer, spans: int) -> Iterator[Lin]:
+    """The panel a group is at: a loop over its `spans` panels, or panel 0 without a loop."""
+    if spans == 1:
+        yield const(0)
+        return
+    with _loop(lowerer, "ns", spans) as span:
+        yield span

@@ -52,8 +52,10 @@ def test_a_matmul_on_a_device_whose_threads_are_loops_is_packed():
 
 def test_a_reduce_of_one_depth_block_keeps_its_sums_in_registers():
     item = _item(_floats(512, 64), _floats(64, 784))        # the MLP's weight gradient
+    _, packing = pack.find(item.root, item.inputs, LOOPS)
     ops = _ops(lower(item.root, item.inputs, LOOPS))
-    assert ops.count(Op.LOCAL) == 1 and Op.MULACC in ops
+    # the B panel, and A's block when it is staged; no running sums
+    assert ops.count(Op.LOCAL) == 1 + packing.packed_a and Op.MULACC in ops
 
 
 def test_a_device_with_less_workgroup_memory_gets_shallower_panels():
@@ -197,3 +199,118 @@ def test_float64_matmuls_are_packed_and_exact_to_their_bound():
     assert pack.find(item.root, item.inputs, runtime.get("cpu").capabilities) is not None
     bound = 2 * 520 * np.finfo(np.float64).eps * (np.abs(a) @ np.abs(b)).max()
     np.testing.assert_allclose((x @ w).numpy(), a @ b, rtol=0, atol=bound)
+
+
+def _relu_gradient(h: np.ndarray, dy: np.ndarray, x: np.ndarray, device: str):
+    """The MLP's weight gradient with its relu mask fused into A: (dy * (h > 0)).T @ x."""
+    th, tdy, tx = (Tensor(v, device=device) for v in (h, dy, x))
+    return th, tdy, tx, (tdy * (th > 0).cast(tdy.dtype)).T @ tx
+
+
+def test_a_fused_a_of_one_depth_block_is_staged_once_for_several_panels():
+    h, dy, x = _floats(64, 512), _floats(64, 512), _floats(64, 784)
+    th, tdy, tx, grad = _relu_gradient(h, dy, x, "interpreter")
+    item, = schedule.create_schedule([grad.lazy])
+    _, packing = pack.find(item.root, item.inputs, LOOPS)
+    # each A element (three loads, a compare, a select) is computed by fewer groups than
+    # there are panels along n, so the block is staged and a group spans several panels
+    assert packing.packed_a and packing.spans > 1
+    kernel = lower(item.root, item.inputs, LOOPS)
+    assert _ops(kernel).count(Op.LOCAL) == 2 and kernel.grid[0] >= 16
+    source = runtime.get("cpu").compile(lower(item.root, item.inputs,
+                                              runtime.get("cpu").capabilities)).source
+    assert "pk_f32x16_fma" in source      # the register block is still held in vectors
+    arrays = {id(t.lazy): v for t, v in ((th, h), (tdy, dy), (tx, x))}
+    out, *_ = runtime.get("interpreter").run(kernel, np.zeros(512 * 784, np.float32),
+                                             *(arrays[id(node)] for node in item.inputs))
+    expected = (dy * (h > 0)).T.astype(np.float64) @ x
+    _close(out.reshape(512, 784), expected, 64)
+
+
+@pytest.mark.parametrize("m, k, n", [(40, 33, 70), (24, 64, 100), (512, 64, 784)])
+def test_staged_a_on_the_cpu_at_odd_sizes_and_with_an_epilogue(m, k, n):
+    h, dy, x, w = _floats(k, m), _floats(k, m), _floats(k, n), _floats(m, n)
+    *_, grad = _relu_gradient(h, dy, x, "cpu")
+    out = (Tensor(w) - grad * 0.01).numpy()            # an SGD update from the registers
+    expected = w - ((dy * (h > 0)).T.astype(np.float64) @ x) * np.float32(0.01)
+    _close(out, expected, k)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("k", [64, 520])        # one depth block, and three with an edge
+def test_a_staged_16_bit_a_is_summed_in_float32(dtype, k):
+    import portkit
+    h, dy = RNG.random((k, 96)).astype(np.float32) - 0.5, RNG.random((k, 96)).astype(
+        np.float32)
+    x = RNG.random((k, 80)).astype(np.float32)
+    wide = getattr(portkit, dtype)
+    th, tdy, tx = (Tensor(v).cast(wide) for v in (h, dy, x))
+    grad = (tdy * (th > 0).cast(wide)).T @ tx
+    item, = schedule.create_schedule([grad.lazy])
+    _, packing = pack.find(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert packing.packed_a
+
+    def f32(t):
+        return t.cast(portkit.float32).numpy().astype(np.float64)
+
+    exact = (f32(tdy) * (f32(th) > 0)).T @ f32(tx)
+    out = grad.cast(portkit.float32).numpy()
+    tolerance = 1e-3 if dtype == "float16" else 8e-3     # one rounding of the result
+    np.testing.assert_allclose(out, exact, rtol=tolerance, atol=tolerance)
+
+
+def test_a_narrow_output_takes_one_vector_and_few_groups():
+    # the MLP's logits: 10 columns, a half-width (one float32 vector) block, and 64 x 10 x 512
+    # multiply-adds are not worth 16 workgroups
+    a, b = _floats(64, 512), _floats(10, 512)
+    x, w = Tensor(a, device="interpreter"), Tensor(b, device="interpreter")
+    item, = schedule.create_schedule([(x @ w.T).lazy])
+    _, packing = pack.find(item.root, item.inputs, LOOPS)
+    assert packing.width == 16
+    kernel = lower(item.root, item.inputs, LOOPS)
+    assert kernel.grid[0] < 16
+    arrays = {id(x.lazy): a, id(w.lazy): b}
+    out, *_ = runtime.get("interpreter").run(kernel, np.zeros(640, np.float32),
+                                             *(arrays[id(node)] for node in item.inputs))
+    _close(out.reshape(64, 10), a.astype(np.float64) @ b.T, 512)
+    _close((Tensor(a) @ Tensor(b).T).numpy(), a.astype(np.float64) @ b.T, 512)
+
+
+def test_staged_a_with_a_batch_and_a_transposed_b():
+    # a batched weight-gradient shape (K = 48 fits one depth block) whose A is relu'd and
+    # whose B is read transposed: the staged block and the spanned panels follow the batch
+    a, b = _floats(2, 3, 40, 48), _floats(2, 3, 72, 48)
+    grad = Tensor(a).relu() @ Tensor(b).transpose(-1, -2)
+    item, = schedule.create_schedule([grad.lazy])
+    _, packing = pack.find(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert packing.packed_a and packing.spans > 1
+    expected = np.maximum(a, 0).astype(np.float64) @ np.swapaxes(b, -1, -2)
+    _close(grad.numpy(), expected, 48)
+
+
+def test_a_fused_a_of_several_depth_blocks_is_staged_out_of_the_multiply_adds():
+    # layer 2's input relu(h + b) @ W.T: K = 600 is three depth blocks, the last one short
+    h, bias, w = _floats(40, 600), _floats(600), _floats(70, 600)
+    th, tb, tw = (Tensor(v, device="interpreter") for v in (h, bias, w))
+    item, = schedule.create_schedule([((th + tb).relu() @ tw.T).lazy])
+    _, packing = pack.find(item.root, item.inputs, LOOPS)
+    assert packing.packed_a and packing.along_k and packing.depth < 600
+    kernel = lower(item.root, item.inputs, LOOPS)
+    assert _ops(kernel).count(Op.LOCAL) == 3          # the panel, the staged A, the sums
+    arrays = {id(t.lazy): v for t, v in ((th, h), (tb, bias), (tw, w))}
+    out, *_ = runtime.get("interpreter").run(kernel, np.zeros(40 * 70, np.float32),
+                                             *(arrays[id(node)] for node in item.inputs))
+    expected = np.maximum(h.astype(np.float64) + bias, 0) @ w.T
+    _close(out.reshape(40, 70), expected, 600)
+    _close(((Tensor(h) + Tensor(bias)).relu() @ Tensor(w).T).numpy(), expected, 600)
+
+
+def test_a_staged_a_read_across_k_on_the_cpu():
+    # A = relu(x).T steps by 1 along m: staged [k][row]; 24 rows, K = 300 (an edge)
+    x, b = _floats(300, 24), _floats(300, 50)
+    product = Tensor(x).relu().T @ Tensor(b)
+    item, = schedule.create_schedule([product.lazy])
+    _, packing = pack.find(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert packing.packed_a and not packing.along_k
+    out = product.numpy()
+    _close(out, np.maximum(x, 0).T.astype(np.float64) @ b, 300)

@@ -15,6 +15,7 @@ spelled, never what it computes (the interpreter runs the same ABI kernel).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from portkit.abi.dtypes import DType
@@ -126,3 +127,48 @@ def _split(nodes: tuple[Node, ...], index: int) -> tuple[int, int]:
         if nodes[a].op is Op.CONST:
             return b, nodes[a].arg
     return index, 0
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How a renderer writes a run as a vector: the declaration of vector `lead` with every
+    lane set to `init` (n lanes), lane k of it, and `lead = a * (the n values from at) + lead`
+    with one rounding (`at` names the first value, e.g. buf[i + 3])."""
+
+    declare: Callable[[str, str, int], str]
+    lane: Callable[[str, int], str]
+    fma: Callable[[str, str, str], str]
+
+
+def lines(run: Run, init: int, spelling: Spelling) -> dict:
+    """Name-and-line functions (see CStyleRenderer.rendered_together) for one run whose
+    accumulators start at node `init`: the first ACC declares the vector, the other lanes are
+    its elements, and the last update adds every lane's product at once."""
+    lead = f"acc{run.accs[0]}"
+
+    def declare(names: dict) -> tuple:
+        return spelling.lane(lead, 0), spelling.declare(lead, names[init], len(run.accs))
+
+    own = {run.accs[0]: declare}
+    for k, acc in enumerate(run.accs[1:], 1):
+        own[acc] = lambda names, k=k: (spelling.lane(lead, k), None)
+    for node in (*run.updates, *run.assigns):
+        own[node] = lambda names: ("", None)
+
+    def update(names: dict) -> tuple:
+        at = f"{names[run.buffer]}[{names[run.base]} + {run.offset}]"
+        return "", spelling.fma(lead, names[run.shared], at)
+
+    own[run.last] = update
+    return own
+
+
+def spelled(kernel: Kernel, types: dict[DType, str], vector_bytes: int,
+            spelling: Callable[[str], Spelling]) -> dict:
+    """A renderer's `rendered_together`: every run of `kernel` in a vector of `vector_bytes`
+    (types[dtype] names the vector type), written as spelling(that name) says."""
+    own: dict = {}
+    for run in find(kernel, {d: vector_bytes // d.itemsize for d in types}):
+        first = kernel.nodes[run.accs[0]]
+        own.update(lines(run, first.src[0], spelling(types[first.dtype])))
+    return own

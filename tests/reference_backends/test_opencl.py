@@ -7,6 +7,9 @@ machine with no OpenCL driver skips the tests that need a device, and still runs
 """
 from __future__ import annotations
 
+import re
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -185,3 +188,63 @@ def test_a_build_waits_while_another_process_builds_in_pocls_cache(device):
         released = time.monotonic()
     builder.join(60)
     assert finished and finished[0][1] >= released and finished[0][0]
+
+
+# -- a CPU device: work-items as loops, packed matmuls, vector accumulators ---------------------
+
+def _device_info(kind: str) -> SimpleNamespace:
+    """What capabilities() reads of a pyopencl Device, for a device of type `kind`."""
+    cl = pytest.importorskip("pyopencl")
+    return SimpleNamespace(
+        extensions="cl_khr_fp64", double_fp_config=1, max_work_group_size=4096,
+        single_fp_config=cl.device_fp_config.DENORM, max_work_item_sizes=[4096] * 3,
+        local_mem_size=65536, max_parameter_size=1024, address_bits=64, name="fake",
+        platform=SimpleNamespace(name="fake platform"), type=getattr(cl.device_type, kind))
+
+
+def test_a_cpu_device_runs_work_items_as_loops_and_a_gpu_as_lanes():
+    from portkit.reference_backends.opencl.capabilities import capabilities
+
+    assert capabilities(_device_info("CPU")).threads_are_loops
+    assert not capabilities(_device_info("GPU")).threads_are_loops
+    assert not capabilities(_device_info("ACCELERATOR")).threads_are_loops
+
+
+def test_a_register_block_is_held_in_opencl_vectors():
+    """The 16 accumulators of a run are one float16 vector, read lane by lane as .s0-.sf and
+    updated by one fma of a broadcast scalar and a vload16; no double8 without fp64."""
+    from tests.codegen.test_lanes import _kernel
+
+    source = OpenCLRenderer(fp16=False, fp64=False).render(_kernel())
+    lead = re.search(r"float16 (acc\d+) = \(float16\)\(", source).group(1)
+    assert f"{lead} = fma((float16)(" in source and "vload16(0, &" in source
+    assert f"{lead}.sf" in source and "double8" not in source
+    assert source.count("fma(") == 1       # the whole run, once per iteration
+
+
+@pytest.mark.parametrize("dtype, m, k, n, transposed", [
+    (np.float32, 67, 300, 45, False),      # edges in m, n and k
+    (np.float32, 64, 784, 512, True),      # x @ W.T, the MLP's first layer
+    (np.float16, 33, 520, 40, False),      # summed in float32
+])
+def test_packed_matmuls_on_opencl_match_numpy(device, dtype, m, k, n, transposed):
+    from portkit import schedule
+    from portkit.codegen.lower import lower
+    from portkit.tensor import Tensor
+
+    rng = np.random.default_rng(m + k + n)
+    a = rng.uniform(-1, 1, (m, k)).astype(dtype)
+    b = rng.uniform(-1, 1, (n, k) if transposed else (k, n)).astype(dtype)
+    x, y = Tensor(a, device="opencl"), Tensor(b, device="opencl")
+    product = x @ (y.T if transposed else y)
+    caps = runtime.get("opencl").capabilities
+    if caps.threads_are_loops:      # PoCL: the packed lowering (panels in LOCAL), in vectors
+        item, = schedule.create_schedule([product.lazy])
+        source = device.renderer.render(lower(item.root, item.inputs, caps))
+        # float16 panels hold float16 and the sums are float32: those lanes stay scalar
+        assert "__local" in source and ("vload16" in source) == (dtype == np.float32)
+    wide = a.astype(np.float64) @ (b.T if transposed else b).astype(np.float64)
+    bound = np.abs(a.astype(np.float64)) @ np.abs(b.T if transposed else b).astype(np.float64)
+    error = np.abs(product.numpy().astype(np.float64) - wide)
+    epsilon = 1e-3 if dtype == np.float16 else 1e-6     # one rounding of the output, and sums
+    assert (error <= epsilon * bound + 1e-6).all()

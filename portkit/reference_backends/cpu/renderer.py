@@ -144,12 +144,7 @@ class CPURenderer(CStyleRenderer):
         return super().render(kernel)
 
     def rendered_together(self, kernel: Kernel) -> dict:
-        own = {}
-        widths = {d: self.vector_bytes // d.itemsize for d in self.vector_types}
-        for run in lanes.find(kernel, widths):
-            first = kernel.nodes[run.accs[0]]
-            own.update(_vector_lines(run, self.vector_types[first.dtype], first.src[0]))
-        return own
+        return lanes.spelled(kernel, self.vector_types, self.vector_bytes, _gnu_vectors)
 
     def render_local(self, name: str, dtype: dtypes.DType, size: int, offset: int) -> str:
         # LOCAL arrays are slices of one per-workgroup block that pk_launch provides.
@@ -175,25 +170,9 @@ class CPURenderer(CStyleRenderer):
                             if any(n.op is Op.ACC and n.dtype == d for n in kernel.nodes)]}
 
 
-def _vector_lines(run: lanes.Run, vector: str, init: int) -> dict:
-    """Name-and-line functions (see CStyleRenderer.rendered_together) for one run whose
-    accumulators start at node `init`: the first ACC declares the vector, the other lanes are
-    its elements, and the last update adds every lane's product at once."""
-    lead = f"acc{run.accs[0]}"
-
-    def declare(names: dict) -> tuple:
-        values = ", ".join([names[init]] * len(run.accs))
-        return f"{lead}[0]", f"{vector} {lead} = {{{values}}};"
-
-    own = {run.accs[0]: declare}
-    for lane, acc in enumerate(run.accs[1:], 1):
-        own[acc] = lambda names, lane=lane: (f"{lead}[{lane}]", None)
-    for node in (*run.updates, *run.assigns):
-        own[node] = lambda names: ("", None)
-
-    def update(names: dict) -> tuple:
-        where = f"&{names[run.buffer]}[{names[run.base]} + {run.offset}]"
-        return "", f"{lead} = {vector}_fma({names[run.shared]}, {where}, {lead});"
-
-    own[run.last] = update
-    return own
+def _gnu_vectors(vector: str) -> lanes.Spelling:
+    """GNU C vectors: {a, a, ...} literals, v[k] lanes, and the template's <vector>_fma."""
+    return lanes.Spelling(
+        declare=lambda lead, init, n: f"{vector} {lead} = {{{', '.join([init] * n)}}};",
+        lane=lambda lead, k: f"{lead}[{k}]",
+        fma=lambda lead, a, at: f"{lead} = {vector}_fma({a}, &{at}, {lead});")

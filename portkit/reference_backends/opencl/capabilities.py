@@ -37,8 +37,9 @@ def capabilities(device) -> Capabilities:
         # half the argument space for buffer pointers, the rest for scalars
         max_buffers=device.max_parameter_size // (device.address_bits // 8) // 2,
         denormals="preserve" if denormal else "flush",
-        # work-items are hardware lanes, or (PoCL) loops the driver itself vectorizes
-        threads_are_loops=False,
+        # A CPU device (PoCL's) runs a workgroup's work-items as loops: codegen then lays out
+        # work as for the cpu backend (one work-item per group, packed matmuls in LOCAL).
+        threads_are_loops=bool(device.type & cl.device_type.CPU),
         # PoCL 3.1 aborts the process (SIGABRT in its kernel cache) on a function name of
         # more than 252 characters; the C-style renderer puts "k_" before the kernel's name.
         max_name_length=250,

@@ -12,6 +12,8 @@ from typing import ClassVar
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
+from portkit.abi.ops import Op
+from portkit.codegen import lanes
 from portkit.codegen.cstyle import CStyleRenderer, Emulated
 
 _CL_TYPES = {
@@ -62,8 +64,14 @@ class OpenCLRenderer(CStyleRenderer):
     int_suffix: ClassVar[dict[DType, str]] = {dtypes.int64: "L", dtypes.uint32: "u",
                                               dtypes.uint64: "UL"}
 
+    # Runs of accumulators held in one OpenCL vector (codegen/lanes.py): a packed matmul's
+    # register block on a CPU device (threads_are_loops), where PoCL compiles it as written.
+    vector_bytes = 64
+
     def __init__(self, fp16: bool, fp64: bool):
         self.fp16, self.fp64 = fp16, fp64
+        self.vector_types = {dtypes.float32: "float16", **({dtypes.float64: "double8"} if fp64
+                                                           else {})}
         self.emulated = {dtypes.bfloat16: _BF16} if fp16 else {dtypes.float16: _F16,
                                                                dtypes.bfloat16: _BF16}
         # Emulated casts round from the widest float; without fp64 that is float.
@@ -71,6 +79,15 @@ class OpenCLRenderer(CStyleRenderer):
 
     def storage_type(self, dtype: DType) -> str:
         return "uchar" if dtype == dtypes.bool_ else super().storage_type(dtype)
+
+    def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
+        # MULACC on float and double rounds once (the ABI allows it), as the vector form does
+        if op is Op.MULACC and dtype in self.vector_types:
+            return f"fma({', '.join(operands)})"
+        return super().render_alu(op, operands, dtype)
+
+    def rendered_together(self, kernel: Kernel) -> dict:
+        return lanes.spelled(kernel, self.vector_types, self.vector_bytes, _cl_vectors)
 
     def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
         return f"as_{self.value_type(dst)}(({self.value_type(src)}){expr})"
@@ -83,3 +100,13 @@ class OpenCLRenderer(CStyleRenderer):
         if {n.dtype for n in kernel.nodes} & set(self.emulated):
             lines.append(_HELPERS.format(wide="double" if self.fp64 else "float"))
         return "\n".join(lines)
+
+
+def _cl_vectors(vector: str) -> lanes.Spelling:
+    """OpenCL C vectors: a cast broadcasts a scalar, .s0-.sf name lanes, vloadN reads N values
+    from any element-aligned address, and fma rounds once per lane."""
+    width = vector.lstrip("abcdefghijklmnopqrstuvwxyz")
+    return lanes.Spelling(
+        declare=lambda lead, init, n: f"{vector} {lead} = ({vector})({init});",
+        lane=lambda lead, k: f"{lead}.s{k:x}",
+        fma=lambda lead, a, at: f"{lead} = fma(({vector})({a}), vload{width}(0, &{at}), {lead});")

@@ -50,7 +50,7 @@ def test_json_report_has_the_versioned_schema(broken_report, tmp_path):
         assert {"id", "tier", "op", "dtype", "status", "max_ulp", "max_error",
                 "message"} <= set(case)
     names = {p["name"] for p in data["perf"]}
-    assert names == {"copy", "fused-elementwise", "reduce", "matmul", "matmul-codegen", "conv",
+    assert names == {"copy", "fused-elementwise", "reduce", "matmul-handwritten", "matmul-codegen", "conv",
                      "launch-latency", "compile-time"}
     for p in data["perf"]:
         assert p["seconds"] > 0 and p["reference_seconds"] > 0 and p["ratio"] > 0

@@ -61,3 +61,18 @@ def test_a_wide_spread_is_flagged_noisy(cpu, times, reference, noisy):
                                  1.0, "GB/s")
     assert outcome.status is Status.PASSED and outcome.perf["noisy"] is noisy
     assert ("noisy" in (outcome.perf["warning"] or "")) is noisy
+
+
+def test_the_handwritten_matmul_is_compared_with_the_same_kernel_on_the_reference(cpu,
+                                                                                  monkeypatch):
+    """A fixed kernel rates the device's compiler: its reference runs that kernel, not the
+    CPU's packed matmul (against which every emulated device read 0.00x)."""
+    ran = []
+    monkeypatch.setattr(tier6_perf, "_times", lambda target, workload, repeats: ran.append(
+        (target is cpu, workload.kernel.name)) or [1.0] * repeats)
+    vendor = Target.load("interpreter")
+    ctx = Context(vendor.capabilities, quick=True, reference=cpu)
+    case, = [c for c in tier6_perf.cases(ctx) if c.id == "perf/matmul-handwritten"]
+    outcome = case.fn(vendor)
+    assert ran == [(False, "perf_matmul_tiled"), (True, "perf_matmul_tiled")]
+    assert outcome.perf["ratio"] == 1.0

@@ -6,8 +6,8 @@
 PyTorch runs on the GPU when `--device` is a GPU backend and torch sees CUDA, else on the CPU.
 Each timed run ends by waiting for the device (portkit's synchronize, torch.cuda.synchronize).
 
-Rates are work / median seconds of `--repeat` timed runs after one warm-up run (compiles,
-caches, page faults). A peer that is not installed shows as "-".
+Rates are work / median seconds per call over `--repeat` timed runs, after one warm-up run
+(compiles, caches, page faults); a run of a workload that takes microseconds calls it many times. A peer that is not installed shows as "-".
 """
 from __future__ import annotations
 
@@ -37,14 +37,24 @@ except ImportError:
 Case = tuple[str, str, float, Callable, Callable | None, Callable | None]
 
 
+# A timed run lasts at least this long: a workload of microseconds runs several times in a row
+# (as timeit does), since one call's time holds the clock's own cost and each call's misses.
+MIN_RUN = 2e-3
+
+
 def timings(fn: Callable, repeat: int) -> list[float]:
-    """Wall times of `repeat` runs of fn, after one warm-up run."""
+    """Seconds per call of `repeat` timed runs of fn, after one warm-up run (compiles, caches,
+    page faults); a run calls fn enough times in a row to last MIN_RUN, as a second call says."""
     fn()
+    start = time.perf_counter()
+    fn()
+    calls = max(1, min(10_000, int(MIN_RUN / max(time.perf_counter() - start, 1e-7))))
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls)
     return times
 
 

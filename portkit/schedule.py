@@ -486,13 +486,13 @@ def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
     names its sources by number. Ops and dtypes go in by value and name: a str caches its hash
     where an Enum or a DType computes it in Python at every look-up (and an Enum's `_value_`
     skips the descriptor behind `.value`)."""
-    number: dict[int, int] = {}
+    number: dict[Lazy, int] = {}     # a Lazy hashes by identity, in C: no call per node
     nodes: list[Lazy] = []
     stack = list(outs)
     while stack:
         node = stack.pop()
-        if id(node) not in number:
-            number[id(node)] = len(nodes)
+        if node not in number:
+            number[node] = len(nodes)
             nodes.append(node)
             stack += node.src            # a realized node (LOAD) has none
     entries: list[tuple] = []
@@ -512,13 +512,13 @@ def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
         elif op is reduce:
             arg = (arg[0]._value_, arg[1])      # (Op, axes), the Op by value
         if len(src) == 1:
-            src = (number[id(src[0])],)
+            src = (number[src[0]],)
         elif len(src) == 2:
-            src = (number[id(src[0])], number[id(src[1])])
+            src = (number[src[0]], number[src[1]])
         elif src:
-            src = tuple([number[id(s)] for s in src])
+            src = tuple([number[s] for s in src])
         entries.append((op._value_, dtype, node.shape, node.device, arg, src))
-    entries.append(tuple([number[id(o)] for o in outs]))
+    entries.append(tuple([number[o] for o in outs]))
     return tuple(entries), nodes
 
 

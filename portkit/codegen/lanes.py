@@ -164,11 +164,13 @@ def lines(run: Run, init: int, spelling: Spelling) -> dict:
 
 
 def spelled(kernel: Kernel, types: dict[DType, str], vector_bytes: int,
-            spelling: Callable[[str], Spelling]) -> dict:
+            spelling: Callable[[str, int], Spelling]) -> dict:
     """A renderer's `rendered_together`: every run of `kernel` in a vector of `vector_bytes`
-    (types[dtype] names the vector type), written as spelling(that name) says."""
+    (types[dtype] names the vector type), written as spelling(that name, its lanes) says."""
     own: dict = {}
-    for run in find(kernel, {d: vector_bytes // d.itemsize for d in types}):
+    widths = {d: vector_bytes // d.itemsize for d in types}
+    for run in find(kernel, widths):
         first = kernel.nodes[run.accs[0]]
-        own.update(lines(run, first.src[0], spelling(types[first.dtype])))
+        spelled_as = spelling(types[first.dtype], widths[first.dtype])
+        own.update(lines(run, first.src[0], spelled_as))
     return own

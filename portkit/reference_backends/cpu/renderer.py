@@ -170,7 +170,7 @@ class CPURenderer(CStyleRenderer):
                             if any(n.op is Op.ACC and n.dtype == d for n in kernel.nodes)]}
 
 
-def _gnu_vectors(vector: str) -> lanes.Spelling:
+def _gnu_vectors(vector: str, width: int) -> lanes.Spelling:
     """GNU C vectors: {a, a, ...} literals, v[k] lanes, and the template's <vector>_fma."""
     return lanes.Spelling(
         declare=lambda lead, init, n: f"{vector} {lead} = {{{', '.join([init] * n)}}};",

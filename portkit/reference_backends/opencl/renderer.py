@@ -102,10 +102,9 @@ class OpenCLRenderer(CStyleRenderer):
         return "\n".join(lines)
 
 
-def _cl_vectors(vector: str) -> lanes.Spelling:
+def _cl_vectors(vector: str, width: int) -> lanes.Spelling:
     """OpenCL C vectors: a cast broadcasts a scalar, .s0-.sf name lanes, vloadN reads N values
     from any element-aligned address, and fma rounds once per lane."""
-    width = vector.lstrip("abcdefghijklmnopqrstuvwxyz")
     return lanes.Spelling(
         declare=lambda lead, init, n: f"{vector} {lead} = ({vector})({init});",
         lane=lambda lead, k: f"{lead}.s{k:x}",

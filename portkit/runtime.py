@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from math import prod
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -57,22 +58,6 @@ def _env_mb(name: str, default: int) -> int:
     return (int(value) if value.isdigit() else default) << 20
 
 
-class _Key:
-    """A cache key that hashes once: graph keys are long nested tuples, and a look-up that
-    then moves its entry to the end would otherwise hash the whole key twice."""
-
-    __slots__ = ("hash", "key")
-
-    def __init__(self, key: Any):
-        self.key, self.hash = key, hash(key)
-
-    def __hash__(self) -> int:
-        return self.hash
-
-    def __eq__(self, other: object) -> bool:
-        return self.key == other.key if isinstance(other, _Key) else NotImplemented
-
-
 _MISSING = object()
 
 
@@ -83,24 +68,27 @@ class LRU:
     def __init__(self, size: int):
         self.size = size
         self._guard = threading.RLock()
-        # key -> (that key as stored, value), least recently used first. Moving an entry to
-        # the end with its stored key matches by identity: the long key is not compared again.
-        self._entries: OrderedDict[_Key, tuple[_Key, Any]] = OrderedDict()
+        # hash(key) -> (key, value), least recently used first. Graph keys are long nested
+        # tuples: stored under their hash, a look-up hashes one once (in C, where a key object
+        # with Python __hash__ and __eq__ took 0.6 us more), and moving the entry to the end
+        # hashes an int. Two keys of one hash keep the later; the other is then a miss.
+        self._entries: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of `key` (now the most recently used), or `default`."""
+        digest = hash(key)
         with self._guard:
-            found = self._entries.get(_Key(key))
-            if found is None:
-                return default
-            self._entries.move_to_end(found[0])
-            return found[1]
+            found = self._entries.get(digest)
+            if found is not None and found[0] == key:
+                self._entries.move_to_end(digest)
+                return found[1]
+            return default
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        probe = _Key(key)
+        digest = hash(key)
         with self._guard:
-            self._entries.pop(probe, None)      # so that the key stored is `probe`
-            self._entries[probe] = (probe, value)
+            self._entries.pop(digest, None)     # so that it is the most recent
+            self._entries[digest] = (key, value)
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
 
@@ -118,7 +106,7 @@ class LRU:
         return len(self._entries)
 
     def __iter__(self):
-        return iter([probe.key for probe in self._entries])
+        return iter([key for key, _ in self._entries.values()])
 
     def clear(self) -> None:
         """Forgets every entry."""
@@ -148,7 +136,7 @@ class BufferPool:
     def take(self, nbytes: int) -> Any:
         """A handle of `nbytes` bytes: a freed one if there is one, else a new allocation."""
         with self.lock:
-            free = self._free.get(nbytes, [])
+            free = self._free.get(nbytes)
             while free:
                 handle = free.pop()
                 self.bytes -= nbytes
@@ -201,6 +189,9 @@ class Buffer:
     the buffer of a host-memory device; never taken from or given back to the pool.
     """
 
+    __slots__ = ("__weakref__", "_allocator", "_pool", "dtype", "handle", "nbytes", "owned",
+                 "size")
+
     def __init__(self, pool: BufferPool, dtype: DType, size: int,
                  borrowed: np.ndarray | None = None):
         self.dtype, self.size, self.nbytes = dtype, size, size * dtype.itemsize
@@ -219,14 +210,17 @@ class Buffer:
             self._allocator.copyin(self.handle, memoryview(array.reshape(-1).view(np.uint8)))
         return self
 
-    def numpy(self) -> np.ndarray:
-        """The buffer's contents as a new 1-D host array (waits for the device)."""
+    def numpy(self, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """A new host array of the buffer's first elements in `shape` (default: all of them,
+        1-D); waits for the device."""
+        shape = (self.size,) if shape is None else shape
         with self._pool.lock:
             if isinstance(self._allocator, HostAllocator):   # the handle is the bytes
-                return self.handle[:self.nbytes].view(self.dtype.np).copy()
+                return np.ndarray(shape, self.dtype.np, self.handle).copy()
             out = np.empty(self.size, self.dtype.np)
             self._allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
-        return out
+        count = prod(shape)
+        return out.reshape(shape) if count == self.size else out[:count].reshape(shape).copy()
 
     def __del__(self) -> None:
         handle = getattr(self, "handle", None)
@@ -419,7 +413,9 @@ class Runtime:
             self.launch(compiled, buffers, scalars, settings=settings)
             return
         words = compiled.words(scalars) if words is None else words
-        self._run(compiled, [b.handle for b in buffers], words, False, 0)
+        kernel = compiled.kernel
+        with self.device_lock:      # _run without its timing and printing: a replay's path
+            compiled.program([b.handle for b in buffers], words, kernel.grid, kernel.block)
 
     def _run(self, compiled: Compiled, handles: list, words: list, wait: bool,
              level: int) -> float | None:

@@ -67,6 +67,19 @@ def test_an_lru_look_up_hashes_and_compares_its_key_once():
     assert (Key.hashes, Key.compares) == (2, 2)     # one each per look-up
 
 
+def test_an_lru_never_answers_for_another_key_of_the_same_hash():
+    class Colliding(tuple):
+        def __hash__(self):
+            return 7
+
+    cache = runtime.LRU(4)
+    cache[Colliding((1,))] = "one"
+    assert cache.get(Colliding((2,))) is None       # same hash, other key: a miss
+    cache[Colliding((2,))] = "two"                   # keeps the later of the two
+    assert cache.get(Colliding((2,))) == "two" and cache.get(Colliding((1,))) is None
+    assert cache.setdefault(Colliding((1,)), "uno") == "uno"
+
+
 def test_many_shapes_keep_a_bounded_number_of_kernels(monkeypatch):
     monkeypatch.setattr(schedule, "_lowered", runtime.LRU(8))
     monkeypatch.setattr(schedule, "_compiled", runtime.LRU(8))

@@ -239,7 +239,7 @@ def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
 def scalar_values(scalars: list[Lazy]) -> tuple:
     """The values of constants as their VARs take them (narrow types rounded to their own dtype
     first, so that widening them is exact)."""
-    return tuple(var_value(node.arg, node.dtype) for node in scalars)
+    return tuple([var_value(node.arg, node.dtype) for node in scalars])
 
 
 def var_value(value, dtype: DType):
@@ -288,12 +288,18 @@ def upload(array: np.ndarray, device_name: str, dtype: DType) -> runtime.Buffer:
 # -- capture (portkit.jit) ------------------------------------------------------------------
 # While a recorder is set (in this thread), every launch, upload, copy between devices and read
 # back to the host is reported to it: portkit/jit.py records a function's launches this way.
-_capture = threading.local()
+class _Capture(threading.local):
+    # a class default, so that a thread that never recorded reads None without the
+    # AttributeError a getattr default costs (0.4 us; a launch asks at every replay)
+    recorder = None
+
+
+_capture = _Capture()
 
 
 def recording():
     """The recorder of this thread's capture (portkit/jit.py), or None."""
-    return getattr(_capture, "recorder", None)
+    return _capture.recorder
 
 
 @contextmanager
@@ -307,14 +313,15 @@ def record(recorder):
 
 
 def _launch(rt: runtime.Runtime, compiled: runtime.Compiled, buffers: list, scalars: list[Lazy],
-            settings: runtime.Settings, code: list[Lazy] = (), again: bool = False) -> None:
-    # code: constants held as code (past MAX_SCALARS); again: a replay (buffers checked before)
+            settings: runtime.Settings, recorder, code: list[Lazy] = (),
+            again: bool = False) -> None:
+    # settings and recorder: the realize's, read once for all its launches; code: constants
+    # held as code (past MAX_SCALARS); again: a replay (buffers checked before)
     values = scalar_values(scalars) if scalars else ()
     if again:
         rt.launch_again(compiled, buffers, values, settings=settings)
     else:
         rt.launch(compiled, buffers, values, settings=settings)
-    recorder = recording()
     if recorder is not None:
         recorder.launch(rt.name, compiled, buffers, scalars, code)
 
@@ -413,7 +420,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None
     """Runs the items; given the graph's walk `number` (id -> position), also returns the
     steps that replay them on another graph of the same structure (None if they cannot), and
     the positions of the constants those steps hold as code."""
-    settings = runtime.launch_settings()
+    settings, recorder = runtime.launch_settings(), recording()
     start = time.perf_counter()
     steps: list[_Step] | None = [] if number is not None else None
     made: dict[int, int] = {}       # id(root) -> its step
@@ -424,9 +431,9 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None
         if item.is_copy:
             steps = None
             src = root.src[0]
-            if recording() is not None:
-                recording().copy(root)
-            data = src.buffer.numpy()[:src.size]
+            if recorder is not None:
+                recorder.copy(root)
+            data = src.buffer.numpy((src.size,))
             root.realize_as(upload(data, root.device, root.dtype))
             continue
         buffer = _alloc(root.device, root.dtype, root.size)
@@ -438,7 +445,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int] | None
                 compiled = _compiled[key] = device(root.device).compile(
                     _lower(item, key, scalars))
             _launch(device(root.device), compiled, [buffer] + [x.buffer for x in item.inputs],
-                    scalars.nodes, settings, scalars.code)
+                    scalars.nodes, settings, recorder, scalars.code)
             launched += 1
         if steps is not None:
             # A replay reads every number from the graph, by position; it cannot read those
@@ -481,28 +488,29 @@ runtime.on_clear(_replays.clear)
 def _graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
     """The structure of everything `realize(outs)` computes, and its nodes by position.
 
-    Two plain loops: a depth-first walk numbers the nodes in the order it meets them (any
-    order works that is the same for graphs of the same structure), then each node's entry
-    names its sources by number. Ops and dtypes go in by value and name: a str caches its hash
-    where an Enum or a DType computes it in Python at every look-up (and an Enum's `_value_`
-    skips the descriptor behind `.value`)."""
+    One loop over the nodes in the order they are first seen (breadth first from `outs`: any
+    order works that is the same for graphs of the same structure). Seeing a node numbers its
+    sources, so its entry names them by number at once. Ops and dtypes go in by value and
+    name: a str caches its hash where an Enum or a DType computes it in Python at every
+    look-up (and an Enum's `_value_` skips the descriptor behind `.value`)."""
     number: dict[Lazy, int] = {}     # a Lazy hashes by identity, in C: no call per node
     nodes: list[Lazy] = []
-    stack = list(outs)
-    while stack:
-        node = stack.pop()
+    for node in outs:
         if node not in number:
             number[node] = len(nodes)
             nodes.append(node)
-            stack += node.src            # a realized node (LOAD) has none
     entries: list[tuple] = []
     first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
     load, const, reduce, var_dtypes = GraphOp.LOAD, GraphOp.CONST, GraphOp.REDUCE, _VAR_DTYPE_NAMES
-    for node in nodes:
+    for node in nodes:               # grows as the loop sees new sources
         op, arg, dtype, src = node.op, node.arg, node.dtype.name, node.src
         if op is load:
             entries.append(("in", dtype, node.shape, node.device))
             continue
+        for source in src:
+            if source not in number:
+                number[source] = len(nodes)
+                nodes.append(source)
         if arg is None:
             pass
         elif op is const and dtype in var_dtypes:
@@ -540,7 +548,7 @@ def _compile_ahead(items: list[ScheduleItem]) -> None:
 
 
 def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
-    settings = runtime.launch_settings()
+    settings, recorder = runtime.launch_settings(), recording()
     start = time.perf_counter() if settings.debug else 0.0
     made: list[runtime.Buffer] = []
     for step in steps:
@@ -549,7 +557,7 @@ def _replay(steps: list[_Step], nodes: list[Lazy]) -> None:
             buffers = [buffer] + [made[k] if p is None else nodes[p].buffer
                                   for p, k in step.inputs]
             _launch(step.runtime, step.compiled, buffers, [nodes[p] for p in step.scalars],
-                    settings, again=True)
+                    settings, recorder, again=True)
         made.append(buffer)
         if step.root is not None:
             nodes[step.root].realize_as(buffer)
@@ -567,7 +575,8 @@ class _ByValue(NamedTuple):
 
 def realize(outs: list[Lazy]) -> None:
     """Computes every node in `outs` into its own buffer."""
-    if all(o.op is GraphOp.LOAD for o in outs):   # .realize() or .numpy() of a computed tensor
+    load = GraphOp.LOAD
+    if not [o for o in outs if o.op is not load]:   # .realize() or .numpy() of computed ones
         return
     structure_key, nodes = _graph_key(outs)
     steps = _replays.get(structure_key)

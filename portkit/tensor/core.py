@@ -145,7 +145,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
     def realize(self) -> Tensor:
         """Runs the graph behind this tensor; returns self."""
         if self.lazy.op is not graph.GraphOp.LOAD:    # computed already: nothing to walk
-            realize(self)
+            schedule.realize([self.lazy])
         return self
 
     def schedule(self) -> list[Kernel]:
@@ -157,13 +157,12 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
         recorder = schedule.recording()
         if recorder is not None:       # inside portkit.jit: a replay could not redo it
             recorder.host_read(self)
-        self.realize()
-        size = self.numel()
-        if size == 0:
-            return np.zeros(self.shape, self.dtype.np)
-        values = self.lazy.buffer.numpy()      # a new array: copied again only if it is longer
-        return values.reshape(self.shape) if values.size == size else (
-            values[:size].reshape(self.shape).copy())
+        lazy = self.lazy
+        if lazy.op is not graph.GraphOp.LOAD:
+            schedule.realize([lazy])        # which makes it a LOAD
+        if 0 in lazy.shape:
+            return np.zeros(lazy.shape, lazy.dtype.np)
+        return lazy.buffer.numpy(lazy.shape)
 
     def item(self) -> Scalar:
         """The value of a one-element tensor, as a Python number."""

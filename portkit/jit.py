@@ -382,12 +382,13 @@ def _signature(values: tuple, name: str
     """What a call's arguments must match, its Tensor arguments, its float arguments and the
     Tensor arguments not yet realized."""
     signature, tensors, numbers, pending = [], [], [], []
+    load = graph.GraphOp.LOAD       # not the `realized` property: a call fewer per argument
     for position, value in enumerate(values):
         if isinstance(value, Tensor):
             lazy = value.lazy       # the dtype by name: compared in C, a DType in Python
             signature.append((lazy.shape, lazy.dtype.name, lazy.device))
             tensors.append(value)
-            if not lazy.realized:
+            if lazy.op is not load:
                 pending.append(value)
         elif type(value) is float or isinstance(value, Number):
             signature.append(float)

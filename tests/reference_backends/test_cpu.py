@@ -310,3 +310,17 @@ def test_without_openmp_kernels_run_on_one_core(monkeypatch, tmp_path):
     assert "-fopenmp" not in device.compiler.flags
     check_against_interpreter(device, tree_sum_kernel(16, 3),
                               [np.arange(48, dtype=np.float32), np.zeros(3, np.float32)])
+
+
+def test_the_allocator_keeps_each_buffers_pointer_until_it_frees_it(device):
+    # launches read a buffer's C pointer from here instead of making it anew each time
+    allocator, before = device.allocator, dict(runtime._pointers)
+    made = [allocator.alloc(64) for _ in range(5)]
+
+    def address(pointer) -> int:
+        return int(runtime._ffi.cast("uintptr_t", pointer))
+    assert [address(runtime._pointers[id(m)]) for m in made] == [
+        address(runtime._ffi.from_buffer(m)) for m in made]
+    for m in made:
+        allocator.free(m, 64)
+    assert runtime._pointers == before

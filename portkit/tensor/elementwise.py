@@ -151,7 +151,7 @@ class ElementwiseOps:
         if name == "mul" and _in_opmath(self, other):
             return self.float()._binary(name, _number(other)).cast(self.dtype)
         a, b = self._operand(other, reverse)
-        if a.dtype.is_float and name in _INTEGER_ONLY:
+        if name in _INTEGER_ONLY and a.dtype.is_float:
             raise TypeError(f"{name} is defined on integer and bool tensors, not "
                             f"{a.dtype.name}; cast with .int() first")
         if a.dtype.kind == "bool":

@@ -54,6 +54,18 @@ def test_buffer_round_trip(dtype):
         buffer.copyin(np.zeros(8, dtype.np))
 
 
+@pytest.mark.parametrize("name", [n for n in ("cpu", "interpreter", "opencl", "webgpu")
+                                  if backends.available().get(n, "absent") is None])
+def test_a_buffer_reads_back_its_first_elements_in_a_shape(name):
+    # host memory (cpu, interpreter) is viewed in place; a device's is copied out first
+    buffer = runtime.get(name).alloc(dtypes.int32, 6).copyin(np.arange(6, dtype=np.int32))
+    np.testing.assert_array_equal(buffer.numpy((2, 2)), [[0, 1], [2, 3]])
+    np.testing.assert_array_equal(buffer.numpy(()), 0)
+    whole = buffer.numpy()
+    whole[0] = 7                    # a copy: the buffer keeps its values
+    np.testing.assert_array_equal(buffer.numpy((6,)), np.arange(6))
+
+
 def test_run_uploads_launches_and_returns_every_param():
     x = np.arange(16, dtype=np.float32).reshape(4, 4)
     y = np.ones((4, 4), np.float32)

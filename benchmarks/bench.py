@@ -79,9 +79,7 @@ def median_seconds(fns: list[Callable | None], repeat: int) -> list[float | None
     """Median seconds per call of each fn (None stays None) over `repeat` rounds; each round
     times one run of every fn in turn. On a shared machine the speed of a core moves for
     seconds at a time (a neighbour on its other hyperthread, say): in turns, the libraries of
-    a row meet the same moods, and their ratio holds where the absolute figures move. After
-    each pause, one untimed call wakes the library's threads and warms its caches: a torch
-    MLP step timed cold read 63-88 steps/s against 230-360 warm in the same hour."""
+    a row meet the same moods, and their ratio holds where the absolute figures move."""
     present = [fn for fn in fns if fn is not None]
     calls = []
     for fn in present:
@@ -91,7 +89,6 @@ def median_seconds(fns: list[Callable | None], repeat: int) -> list[float | None
     for _ in range(repeat):
         for fn, count, runs in zip(present, calls, times):
             time.sleep(SETTLE)
-            fn()
             runs.append(_timed(fn, count))
     medians = iter([statistics.median(runs) for runs in times])
     return [None if fn is None else next(medians) for fn in fns]

@@ -7,9 +7,7 @@ PyTorch runs on the GPU when `--device` is a GPU backend and torch sees CUDA, el
 Each timed run ends by waiting for the device (portkit's synchronize, torch.cuda.synchronize).
 
 Rates are work / median seconds per call over `--repeat` timed runs, after one warm-up run
-(compiles, caches, page faults); a run of a workload that takes microseconds calls it many times.
-The runs of a row's libraries are taken in turns (portkit, numpy, torch, portkit, ...), so that
-a ratio compares figures from the same minutes. A peer that is not installed shows as "-".
+(compiles, caches, page faults); a run of a workload that takes microseconds calls it many times. A peer that is not installed shows as "-".
 """
 from __future__ import annotations
 
@@ -44,27 +42,20 @@ Case = tuple[str, str, float, Callable, Callable | None, Callable | None]
 MIN_RUN = 2e-3
 
 
-def _calls(fn: Callable) -> int:
-    """Calls per timed run of fn, after one warm-up call (compiles, caches, page faults):
-    enough to last MIN_RUN, as a second call says."""
-    fn()
-    start = time.perf_counter()
-    fn()
-    return max(1, min(10_000, int(MIN_RUN / max(time.perf_counter() - start, 1e-7))))
-
-
-def _timed(fn: Callable, calls: int) -> float:
-    """Seconds per call of `calls` calls in a row."""
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
-
-
 def timings(fn: Callable, repeat: int) -> list[float]:
-    """Seconds per call of `repeat` timed runs of fn, after a warm-up (see _calls)."""
-    calls = _calls(fn)
-    return [_timed(fn, calls) for _ in range(repeat)]
+    """Seconds per call of `repeat` timed runs of fn, after one warm-up run (compiles, caches,
+    page faults); a run calls fn enough times in a row to last MIN_RUN, as a second call says."""
+    fn()
+    start = time.perf_counter()
+    fn()
+    calls = max(1, min(10_000, int(MIN_RUN / max(time.perf_counter() - start, 1e-7))))
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls)
+    return times
 
 
 # After a parallel region each library's threads keep spinning a while (portkit's OpenMP, clang's
@@ -75,23 +66,9 @@ def timings(fn: Callable, repeat: int) -> list[float]:
 SETTLE = 0.3
 
 
-def median_seconds(fns: list[Callable | None], repeat: int) -> list[float | None]:
-    """Median seconds per call of each fn (None stays None) over `repeat` rounds; each round
-    times one run of every fn in turn. On a shared machine the speed of a core moves for
-    seconds at a time (a neighbour on its other hyperthread, say): in turns, the libraries of
-    a row meet the same moods, and their ratio holds where the absolute figures move."""
-    present = [fn for fn in fns if fn is not None]
-    calls = []
-    for fn in present:
-        time.sleep(SETTLE)
-        calls.append(_calls(fn))
-    times: list[list[float]] = [[] for _ in present]
-    for _ in range(repeat):
-        for fn, count, runs in zip(present, calls, times):
-            time.sleep(SETTLE)
-            runs.append(_timed(fn, count))
-    medians = iter([statistics.median(runs) for runs in times])
-    return [None if fn is None else next(medians) for fn in fns]
+def median_seconds(fn: Callable, repeat: int) -> float:
+    time.sleep(SETTLE)
+    return statistics.median(timings(fn, repeat))
 
 
 def _floats(*shape: int) -> np.ndarray:
@@ -347,9 +324,9 @@ def main() -> None:
     for name, unit, work, *fns in cases(args.device):
         if args.only and not any(words in name for words in args.only):
             continue
-        scale = 1 if unit in ("ops/s", "steps/s") else 1e9
-        rates = [None if seconds is None else work / seconds / scale
-                 for seconds in median_seconds(fns, args.repeat)]
+        rates = [work / median_seconds(fn, args.repeat) / (1 if unit in ("ops/s", "steps/s")
+                                                             else 1e9) if fn else None
+                 for fn in fns]
         ours, numpy_rate, torch_rate = rates
         results.append({"workload": name, "unit": unit, "portkit": ours, "numpy": numpy_rate,
                         "torch": torch_rate})

@@ -8,6 +8,8 @@ Each timed run ends by waiting for the device (portkit's synchronize, torch.cuda
 
 Rates are work / median seconds per call over `--repeat` timed runs, after one warm-up run
 (compiles, caches, page faults); a run of a workload that takes microseconds calls it many times. A peer that is not installed shows as "-".
+Below the table, the Adam step's time with a cosine learning rate over its time with a constant
+one, the two timed in turns (`in_turns`): the rows, timed a minute apart, swing more than that.
 """
 from __future__ import annotations
 
@@ -69,6 +71,22 @@ SETTLE = 0.3
 def median_seconds(fn: Callable, repeat: int) -> float:
     time.sleep(SETTLE)
     return statistics.median(timings(fn, repeat))
+
+
+def in_turns(first: Callable, second: Callable, rounds: int = 40, calls: int = 5) -> float:
+    """second's median seconds per call over first's, timed in turns (`calls` calls of one,
+    then of the other, `rounds` times): two configurations of portkit compared in the same
+    minutes. The Adam rows, a minute apart, gave cosine/constant ratios of 0.86-1.41."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for fn in (first, second):
+        fn()
+    for _ in range(rounds):
+        for fn, runs in zip((first, second), times):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            runs.append((time.perf_counter() - start) / calls)
+    return statistics.median(times[1]) / statistics.median(times[0])
 
 
 def _floats(*shape: int) -> np.ndarray:
@@ -334,6 +352,11 @@ def main() -> None:
                       _cell(ours / numpy_rate if numpy_rate else None, ratio=True),
                       _cell(ours / torch_rate if torch_rate else None, ratio=True))
     Console(width=120).print(table)
+    if not args.only or any(words in "MLP Adam step, cosine LR" for words in args.only):
+        ratio = in_turns(_portkit_mlp(args.device, "adam"), _portkit_mlp(args.device, "cosine"))
+        results.append({"workload": "MLP Adam step time, cosine / constant LR, in turns",
+                        "unit": "x", "portkit": ratio, "numpy": None, "torch": None})
+        print(f"MLP Adam step time, cosine / constant LR, in turns: {ratio:.3f}x")
     if args.json:
         meta = {"device": args.device, "device_name": device.capabilities.device_name,
                 "machine": platform.processor() or platform.machine(),

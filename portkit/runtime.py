@@ -413,9 +413,7 @@ class Runtime:
             self.launch(compiled, buffers, scalars, settings=settings)
             return
         words = compiled.words(scalars) if words is None else words
-        kernel = compiled.kernel
-        with self.device_lock:      # _run without its timing and printing: a replay's path
-            compiled.program([b.handle for b in buffers], words, kernel.grid, kernel.block)
+        self._run(compiled, [b.handle for b in buffers], words, False, 0)
 
     def _run(self, compiled: Compiled, handles: list, words: list, wait: bool,
              level: int) -> float | None:

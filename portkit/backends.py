@@ -22,7 +22,7 @@ GROUP = "portkit.backends"
 # (tests/test_backends.py keeps the two equal).
 _REFERENCE = {name: f"portkit.reference_backends.{name}:backend"
               for name in ("cpu", "opencl", "cuda", "metal", "webgpu")}
-_REFERENCE["interpreter"] = "portkit.abi.interpreter:backend"
+_REFERENCE["interpreter"] = "portkit.reference_backends.interpreter:backend"
 
 
 class BrokenBackend(BackendUnavailable):

@@ -11,7 +11,6 @@ least recently used entries go. `portkit cache info|clear` inspects and empties 
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import platformdirs
 
+from portkit import settings
 from portkit.abi.backend import Compiler
 
 MAGIC = b"portkit-cache-1\n"
@@ -38,14 +38,13 @@ class CacheWarning(UserWarning):
 
 def directory() -> Path:
     """The cache's root folder (it may not exist yet)."""
-    override = os.environ.get("PORTKIT_CACHE")
+    override = settings.read("PORTKIT_CACHE")
     return Path(override) if override else platformdirs.user_cache_path("portkit")
 
 
 def max_bytes() -> int:
     """The size the cache is kept under: PORTKIT_CACHE_MAX_MB megabytes (default 1024)."""
-    value = os.environ.get("PORTKIT_CACHE_MAX_MB", "")
-    return (int(value) if value.isdigit() else DEFAULT_MAX_MB) << 20
+    return settings.megabytes("PORTKIT_CACHE_MAX_MB")
 
 
 def safe_name(name: str) -> str:
@@ -228,23 +227,3 @@ def clear() -> int:
     freed = sum(st.st_size for _, st in _files())
     shutil.rmtree(directory(), ignore_errors=True)
     return freed
-
-
-def _run_cache(args: argparse.Namespace) -> int:
-    if args.action == "clear":
-        print(f"removed {clear() / 1e6:.1f} MB from {directory()}")
-        return 0
-    about = info()
-    print(f"{about['directory']}: {about['bytes'] / 1e6:.1f} MB of "
-          f"{about['max_bytes'] / 1e6:.0f} MB (PORTKIT_CACHE_MAX_MB)")
-    for name, entry in sorted(about["backends"].items()):
-        print(f"  {name:<12} {entry['entries']:6d} files {entry['bytes'] / 1e6:9.1f} MB")
-    return 0
-
-
-def register(subparsers) -> None:
-    """Adds `portkit cache info|clear` to the command line."""
-    parser = subparsers.add_parser("cache", help="show or empty the compiled-kernel cache")
-    parser.add_argument("action", choices=("info", "clear"),
-                        help="info: folder, size and entries; clear: delete every entry")
-    parser.set_defaults(run=_run_cache)

@@ -9,12 +9,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from portkit import __version__, backends, runtime
+from portkit import __version__, backends, cache, settings
 
 # Modules with `register(subparsers)`: each adds its subcommands and sets `run(args) -> int`
 # as the parser default.
-SUBCOMMAND_MODULES = ("portkit.conformance.cli", "portkit.scaffold", "portkit.cache",
-                      "portkit.docs", "portkit.codegen.tune")
+SUBCOMMAND_MODULES = ("portkit.conformance.cli", "portkit.scaffold", "portkit.docs")
 
 
 def show_backends(args: argparse.Namespace) -> int:
@@ -29,6 +28,43 @@ def show_backends(args: argparse.Namespace) -> int:
     return 0
 
 
+def show_cache(args: argparse.Namespace) -> int:
+    """`portkit cache info|clear`: the compiled-kernel cache's folder, size and entries, or
+    every entry deleted."""
+    if args.action == "clear":
+        print(f"removed {cache.clear() / 1e6:.1f} MB from {cache.directory()}")
+        return 0
+    about = cache.info()
+    print(f"{about['directory']}: {about['bytes'] / 1e6:.1f} MB of "
+          f"{about['max_bytes'] / 1e6:.0f} MB (PORTKIT_CACHE_MAX_MB)")
+    for name, entry in sorted(about["backends"].items()):
+        print(f"  {name:<12} {entry['entries']:6d} files {entry['bytes'] / 1e6:9.1f} MB")
+    return 0
+
+
+def tune(args: argparse.Namespace) -> int:
+    """`portkit tune`: times one matmul shape's LOCAL tilings on a device, keeps the fastest."""
+    import numpy as np
+
+    from portkit import runtime, schedule
+    from portkit.codegen import tiles
+    from portkit.schedule import search
+    from portkit.tensor import Tensor
+
+    m, k, n = args.shape
+    left = Tensor(np.zeros((m, k), np.float32), device=args.device)
+    right = Tensor(np.zeros((n, k) if args.transposed else (k, n), np.float32),
+                   device=args.device)
+    product = left @ (right.T if args.transposed else right)
+    item, = schedule.create_schedule([product.lazy])
+    width = len(tiles.CANDIDATES) if args.beam is None else args.beam
+    if search.search(runtime.get(args.device), item.root, item.inputs, width) is None:
+        Console(stderr=True).print(f"portkit tune: nothing to tune on {args.device}: it has "
+                                   "no workgroup memory, or its threads are loops")
+        return 1
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand whose module is installed."""
     root = argparse.ArgumentParser(prog="portkit", description="Port a deep-learning stack to "
@@ -37,6 +73,19 @@ def parser() -> argparse.ArgumentParser:
     subparsers = root.add_subparsers(dest="command", required=True)
     subparsers.add_parser("backends", help="list backends and whether they run here"
                           ).set_defaults(run=show_backends)
+    caches = subparsers.add_parser("cache", help="show or empty the compiled-kernel cache")
+    caches.add_argument("action", choices=("info", "clear"),
+                        help="info: folder, size and entries; clear: delete every entry")
+    caches.set_defaults(run=show_cache)
+    tuning = subparsers.add_parser("tune", help="time a matmul's LOCAL tilings on a device and "
+                                   "keep the fastest in the cache")
+    tuning.add_argument("--device", required=True, help="backend name, e.g. opencl")
+    tuning.add_argument("--shape", type=int, nargs=3, metavar=("M", "K", "N"),
+                        default=(1024, 1024, 1024))
+    tuning.add_argument("--transposed", action="store_true", help="time x @ W.T (W is N x K)")
+    tuning.add_argument("--beam", type=int, default=None,
+                        help="how many tilings to time (default: all)")
+    tuning.set_defaults(run=tune)
     for name in SUBCOMMAND_MODULES:
         try:
             module = importlib.import_module(name)
@@ -52,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the command line `argv` (default: sys.argv) and returns the exit code."""
     args = parser().parse_args(argv)
     try:
-        runtime.debug_level()     # a bad PORTKIT_DEBUG is a usage error now, not mid-run
+        settings.launch()     # a bad PORTKIT_DEBUG or PORTKIT_CHECK is a usage error now
     except ValueError as error:
         Console(stderr=True).print(Text(f"portkit: {error}", style="red"))
         return 2

@@ -4,7 +4,7 @@ A `Lazy` node is one high-level op on whole tensors: an ALU op of the ABI (eleme
 REDUCE (sum, product or max over axes), a VIEW (a movement op, as a ShapeTracker over its source: it
 costs nothing), or a leaf: LOAD (a realized device buffer), CONST (one value in every element)
 and ITER (the index along one axis, for arange and random numbers). COPY moves data between
-devices. Realizing a node (portkit/schedule.py) turns it into a LOAD of its buffer.
+devices. Realizing a node (portkit/schedule/) turns it into a LOAD of its buffer.
 """
 from __future__ import annotations
 

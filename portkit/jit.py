@@ -22,14 +22,18 @@ A replay takes afresh:
 - the tensors the function `assign`s (an optimizer's parameters and state): a replay reads
   their buffers when it starts and gives them their new values when it ends.
 Everything else is as it was captured: tensors the function reads without taking them as
-arguments (a model's frozen weights, a closure's constants) and every other number. int, bool,
+arguments (a model's frozen weights, a closure's constants) and every other number, including
+what `math` functions (math.cos, math.exp, ...) make of a float argument: they read a float's
+value without asking it, so nothing can trace or refuse them; compute such numbers outside the
+function and pass them in as float arguments. int, bool,
 str and None arguments are static: another value raises JitError. A replay returns new Tensors
 without autograd history (call backward inside the function).
 
 JitError refuses what a replay cannot redo: another shape, dtype or device; reading values
 back to the host inside the function (.numpy(), .item()); a copy between devices; a float
 argument that compares otherwise than it did at capture (the comparisons of traced numbers are
-noted and checked); and two capture calls that launched different kernels or different numbers
+noted and checked); a float argument turned into a plain number by float(), int(), round(),
+math.floor, math.ceil or math.trunc (a replay could not recompute it); and two capture calls that launched different kernels or different numbers
 (Python control flow on values, random ops, a counter the function keeps in Python).
 """
 from __future__ import annotations
@@ -38,6 +42,7 @@ import functools
 import operator
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -46,6 +51,8 @@ from portkit import graph, runtime, schedule
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
 from portkit.graph import Lazy
+from portkit.schedule import replay
+from portkit.schedule.replay import ARGS, KEPT, MADE, STATE, Step
 from portkit.tensor.core import Tensor, realize, wrap
 
 if TYPE_CHECKING:
@@ -59,24 +66,28 @@ class JitError(PortkitError, RuntimeError):
 # -- numbers a replay recomputes --------------------------------------------------------------
 
 
+_float = float.__float__    # a Number's value as a plain float, without the checks below
+
+
 class Number(graph.Traced):
     """A float that came from an argument or a Live attribute, or was computed from those with
-    Python arithmetic; `compute()` gives its value at a replay."""
+    Python arithmetic; `compute(numbers)` gives its value at a replay whose float arguments
+    are `numbers` (each call hands its own, so threads replaying at once do not mix them)."""
 
     __slots__ = ("compute",)
 
-    def __new__(cls, value: float, compute: Callable[[], float]) -> Self:
+    def __new__(cls, value: float, compute: Callable[[list[float]], float]) -> Self:
         number = super().__new__(cls, value)
         number.compute = compute
         return number
 
 
 def _value(x: Any) -> Any:
-    return float(x) if isinstance(x, Number) else x
+    return _float(x) if isinstance(x, Number) else x
 
 
-def _now(x: Any) -> Any:
-    return x.compute() if isinstance(x, Number) else x
+def _now(x: Any, numbers: list[float]) -> Any:
+    return x.compute(numbers) if isinstance(x, Number) else x
 
 
 def _traced(op: Callable, reflected: bool = False) -> Callable:
@@ -84,13 +95,14 @@ def _traced(op: Callable, reflected: bool = False) -> Callable:
         if not isinstance(other, int | float):
             return NotImplemented       # a Tensor operand: Tensor's reflected operator runs
         a, b = (other, self) if reflected else (self, other)
-        return Number(op(_value(a), _value(b)), lambda: op(_now(a), _now(b)))
+        return Number(op(_value(a), _value(b)),
+                      lambda numbers: op(_now(a, numbers), _now(b, numbers)))
     return method
 
 
 def _traced_unary(op: Callable) -> Callable:
     def method(self: Number) -> Number:
-        return Number(op(float(self)), lambda: op(self.compute()))
+        return Number(op(_float(self)), lambda numbers: op(self.compute(numbers)))
     return method
 
 
@@ -108,7 +120,7 @@ def _guarded(op: Callable) -> Callable:
     def method(self: Number, other: Any = None) -> Any:
         if not isinstance(other, int | float | None):
             return NotImplemented
-        result = op(float(self), _value(other))
+        result = op(_float(self), _value(other))
         capture = schedule.recording()
         if capture is not None:
             capture.guards.append((self, op, other, result))
@@ -120,6 +132,29 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     setattr(Number, f"__{_name}__", _guarded(getattr(operator, _name)))
 Number.__bool__ = _guarded(lambda value, _: bool(value))
 Number.__hash__ = float.__hash__
+
+
+def _untraceable(name: str) -> Callable:
+    # float(s), int(s), round(s), math.floor(s): Python's conversions give a plain number, which
+    # a capture would keep as it was; refused inside a capture rather than replayed stale.
+    plain = getattr(float, name)
+
+    def method(self: Number, *args: Any) -> Any:
+        capture = schedule.recording()
+        if capture is not None:
+            spelled = {"__float__": "float", "__int__": "int", "__index__": "operator.index"}
+            raise JitError(
+                f"{capture.name} converts a float argument with "
+                f"{spelled.get(name, name.strip('_'))}() inside portkit.jit: the result is a "
+                "plain Python number, which a replay would not recompute. Compute with + - * / "
+                "// % ** on the float itself (or with Tensor ops), or pass the converted value "
+                "as the argument")
+        return plain(self, *args)
+    return method
+
+
+for _name in ("__float__", "__int__", "__round__", "__trunc__", "__floor__", "__ceil__"):
+    setattr(Number, _name, _untraceable(_name))
 
 
 class Live:
@@ -156,42 +191,14 @@ def _plain(value: Any, kind: type) -> Any:
 
 # -- recording --------------------------------------------------------------------------------
 
-ARGS, STATE, MADE, KEPT = range(4)      # where a replay finds a buffer: tables[kind][position]
-
-
-@dataclass
-class _Step:
-    """One launch of a Plan."""
-
-    runtime: runtime.Runtime
-    compiled: runtime.Compiled
-    dtype: DType
-    size: int
-    sources: tuple[tuple[int, int], ...]    # the input buffers, as (kind, position)
-    fixed: tuple                            # the scalars as captured
-    traced: tuple[tuple[int, Number, DType], ...]   # (slot, number, dtype) recomputed per call
-    # made by Plan.prepare: the buffers a replay passes (None: filled per call, at `fills`)
-    # and the scalars packed as the program takes them
-    template: list = field(default_factory=list)
-    fills: list[tuple[int, int, int]] = field(default_factory=list)
-    words: list[int] = field(default_factory=list)
-    fresh: bool = True                      # its output outlives the call: a new buffer each
-
-    def scalars(self) -> tuple[tuple, list[int]]:
-        """The scalars' values and words at this replay."""
-        if not self.traced:
-            return self.fixed, self.words
-        values = list(self.fixed)
-        for slot, number, dtype in self.traced:
-            values[slot] = schedule.var_value(number.compute(), dtype)
-        return tuple(values), self.compiled.words(values)
-
 
 @dataclass
 class Plan:
-    """What one capture call launched, with every buffer named by where a replay finds it."""
+    """What one capture call launched, as steps of the replay engine (schedule/replay.py):
+    every buffer named by where a replay finds it (ARGS: the Tensor arguments, STATE: the
+    assigned tensors' entry buffers, MADE: earlier steps', KEPT: buffers kept as captured)."""
 
-    steps: list[_Step]
+    steps: list[Step]
     kept: list[runtime.Buffer]              # read as captured (closure tensors, uploads)
     uploads: list[bytes]                    # what the function uploaded, to compare calls
     state: list[Tensor]                     # tensors the function assigns
@@ -203,14 +210,14 @@ class Plan:
     sets: list[tuple[Any, str, Any, type]] = field(default_factory=list)
     guards: list[tuple[Number, Callable, Any, bool]] = field(default_factory=list)
 
-    def check(self, name: str) -> None:
+    def check(self, name: str, numbers: list[float]) -> None:
         """JitError if this call's numbers compare otherwise than the captured ones did."""
         for number, op, other, result in self.guards:
-            if op(number.compute(), _now(other)) != result:
+            if op(number.compute(numbers), _now(other, numbers)) != result:
                 raise JitError(
                     f"{name} compared a float argument with {other!r} while it was captured "
                     f"(an op that treats some values specially, like x ** 0.5), and this "
-                    f"call's value {number.compute()!r} compares otherwise, so the captured "
+                    f"call's value {number.compute(numbers)!r} compares otherwise, so the captured "
                     "kernels would be wrong; call the eager function for such values, or keep "
                     "the number fixed in the function")
 
@@ -220,19 +227,12 @@ class Plan:
         and number that does not change between replays is filled in once."""
         outlive = {k for kind, k in self.state_out + [o[0] for o in self.outputs]
                    if kind == MADE}
+
+        def owned(position: int) -> runtime.Buffer | None:
+            return None if position in outlive else self.steps[position].template[0]
+
         for k, step in enumerate(self.steps):
-            step.fresh = k in outlive
-            step.template = [None if step.fresh else step.runtime.alloc(step.dtype, step.size)]
-            for kind, position in step.sources:
-                if kind == KEPT:
-                    step.template.append(self.kept[position])
-                elif kind == MADE and position not in outlive:
-                    step.template.append(self.steps[position].template[0])
-                else:
-                    step.template.append(None)
-            step.fills = [(slot, kind, position) for slot, (kind, position) in
-                          enumerate(step.sources, 1) if step.template[slot] is None]
-            step.words = step.compiled.words(step.fixed)
+            step.prepare(k in outlive, self.kept, owned)
 
     def key(self) -> tuple:
         """What must be equal between two capture calls for their launches to be the same."""
@@ -249,7 +249,7 @@ class Plan:
 
 
 class _Capture:
-    """The recorder schedule.py reports to while the function runs eagerly."""
+    """The recorder the scheduler reports to while the function runs eagerly."""
 
     def __init__(self, name: str, arguments: list[Tensor]):
         self.name = name
@@ -262,7 +262,7 @@ class _Capture:
         self.sets: dict[tuple[int, str], tuple[Any, str, Any, type]] = {}
         self.guards: list[tuple[Number, Callable, Any, bool]] = []
 
-    # what schedule.py and Tensor report
+    # what the scheduler and Tensor report
 
     def launch(self, device: str, compiled: runtime.Compiled, buffers: list,
                scalars: list[Lazy], code: list[Lazy]) -> None:
@@ -295,7 +295,8 @@ class _Capture:
         """The Number a Live attribute reads as inside the capture."""
         leaf = self.leaves.get((id(obj), name))
         if leaf is None:
-            leaf = self.leaves[id(obj), name] = Number(value, lambda: float(obj.__dict__[name]))
+            leaf = self.leaves[id(obj), name] = Number(
+                value, lambda numbers: _float(float(obj.__dict__[name])))
         return leaf
 
     def live_set(self, obj: Any, name: str, value: Any) -> None:
@@ -335,11 +336,11 @@ class _Capture:
         steps = []
         for k, (rt, compiled, buffers, scalars) in enumerate(self.launches):
             out = buffers[0]
-            traced = tuple((slot, node.arg, node.dtype) for slot, node in enumerate(scalars)
-                           if isinstance(node.arg, Number))
-            steps.append(_Step(rt, compiled, out.dtype, out.size,
-                               tuple(source(b) for b in buffers[1:]),
-                               schedule.scalar_values(scalars), traced))
+            traced = tuple((slot, node.arg.compute, node.dtype)
+                           for slot, node in enumerate(scalars) if isinstance(node.arg, Number))
+            steps.append(Step(rt, compiled, out.dtype, out.size,
+                              tuple(source(b) for b in buffers[1:]),
+                              schedule.scalar_values(scalars), traced))
             where[id(out)] = (MADE, k)
         tensors: list[Tensor] = []
         template = _template(result, tensors, self.name)
@@ -411,6 +412,17 @@ def _describe(entry: Any) -> str:
     return repr(entry[1])
 
 
+_jits: weakref.WeakSet[Jit] = weakref.WeakSet()    # every Jit, for runtime.clear()
+
+
+def _forget_plans() -> None:
+    for found in list(_jits):
+        found.forget()
+
+
+runtime.on_clear(_forget_plans)
+
+
 class Jit:
     """A function whose launches are captured once and then replayed (see the module's
     docstring); made by `portkit.jit(fn)`."""
@@ -425,7 +437,7 @@ class Jit:
         self.plan: Plan | None = None
         self.previous: Plan | None = None
         self.captures = 0
-        self.numbers: list[float] = []      # the float arguments of the call being replayed
+        _jits.add(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = args + tuple(kwargs[k] for k in sorted(kwargs)) if kwargs else args
@@ -457,8 +469,7 @@ class Jit:
     def _capture(self, args: tuple, kwargs: dict, tensors: list[Tensor],
                  numbers: list[float]) -> Any:
         self.captures += 1
-        leaves = iter([Number(v, functools.partial(self._number, k))
-                       for k, v in enumerate(numbers)])
+        leaves = iter([Number(v, operator.itemgetter(k)) for k, v in enumerate(numbers)])
         traced = [next(leaves) if type(a) is float or isinstance(a, Number) else a
                   for a in args]
         traced_kwargs = {k: kwargs[k] for k in sorted(kwargs)}
@@ -487,13 +498,15 @@ class Jit:
             self.previous = plan
         return result
 
-    def _number(self, k: int) -> float:
-        return self.numbers[k]
+    def forget(self) -> None:
+        """Drops the captured plan: the next call captures again (runtime.clear() calls it,
+        since a plan holds compiled programs and buffers)."""
+        self.plan = self.previous = None
+        self.captures = 0
 
     def _replay(self, plan: Plan, tensors: list[Tensor], numbers: list[float]) -> Any:
-        self.numbers = numbers
         if plan.guards:
-            plan.check(self.name)
+            plan.check(self.name, numbers)
         targets = state = plan.state
         if state:
             targets = [t if k is None else tensors[k]
@@ -502,20 +515,12 @@ class Jit:
             pending = [t for t in state if not t.lazy.realized]
             if pending:
                 realize(*pending)
-        made: list[runtime.Buffer | None] = [None] * len(plan.steps)
-        tables = ([t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state], made,
+        tables = ([t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state], None,
                   plan.kept)
-        settings = runtime.launch_settings()     # once per replay, not per launch
-        for k, step in enumerate(plan.steps):
-            buffers = step.template.copy()
-            if step.fresh:
-                buffers[0] = made[k] = step.runtime.alloc(step.dtype, step.size)
-            for slot, kind, position in step.fills:
-                buffers[slot] = tables[kind][position]
-            values, words = step.scalars()
-            step.runtime.launch_again(step.compiled, buffers, values, words, settings)
+        made = replay.run(plan.steps, tables, numbers)
+        tables = tables[:MADE] + (made,) + tables[MADE + 1:]
         if plan.sets:
-            values = [(obj, name, _plain(_now(value), kind))
+            values = [(obj, name, _plain(_now(value, numbers), kind))
                       for obj, name, value, kind in plan.sets]
             for obj, name, value in values:
                 obj.__dict__[name] = value

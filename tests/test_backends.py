@@ -8,7 +8,7 @@ import pytest
 from portkit import backends
 from portkit.abi import BackendUnavailable, CapabilityError, Device
 
-INTERPRETER = "portkit.abi.interpreter:backend"
+INTERPRETER = "portkit.reference_backends.interpreter:backend"
 
 UNAVAILABLE = """
 from portkit.abi import ABI_VERSION, Backend, BackendUnavailable
@@ -44,7 +44,7 @@ backend = Backend("counted", _load, abi_version=ABI_VERSION)
 NO_REQUIRED_OPS = """
 from dataclasses import replace
 from portkit.abi import ABI_VERSION, Backend
-from portkit.abi.interpreter import backend as interpreter
+from portkit.reference_backends.interpreter import backend as interpreter
 
 def _load():
     device = interpreter.load()
@@ -56,7 +56,7 @@ backend = Backend("weak", _load, abi_version=ABI_VERSION)
 
 VERSIONED = """
 from portkit.abi import Backend
-from portkit.abi.interpreter import backend as interpreter
+from portkit.reference_backends.interpreter import backend as interpreter
 
 backend = Backend({name!r}, interpreter.load{version})
 """
@@ -100,7 +100,7 @@ def test_a_package_registering_a_reference_name_does_not_replace_the_reference(
     impostor = fake_backend_module("""
 from dataclasses import replace
 from portkit.abi import ABI_VERSION, Backend
-from portkit.abi.interpreter import backend as interpreter
+from portkit.reference_backends.interpreter import backend as interpreter
 
 def _load():
     device = interpreter.load()

@@ -32,7 +32,7 @@ def rows(output: str) -> dict[str, str]:
 
 def test_backends_lists_available_unavailable_and_broken(fake_backends, fake_backend_module,
                                                          wide, capsys):
-    fake_backends({"interpreter": "portkit.abi.interpreter:backend",
+    fake_backends({"interpreter": "portkit.reference_backends.interpreter:backend",
                    "frob": fake_backend_module(UNAVAILABLE),
                    "ghost": "portkit.reference_backends.ghost:backend"})
     assert main(["backends"]) == 0
@@ -51,7 +51,7 @@ def test_backends_shows_invalid_capabilities(fake_backends, fake_backend_module,
     weak = fake_backend_module("""
 from dataclasses import replace
 from portkit.abi import ABI_VERSION, Backend
-from portkit.abi.interpreter import backend as interpreter
+from portkit.reference_backends.interpreter import backend as interpreter
 
 backend = Backend("weak", lambda: replace(interpreter.load(), capabilities=replace(
     interpreter.load().capabilities, ops=frozenset())), abi_version=ABI_VERSION)
@@ -117,10 +117,10 @@ def test_a_bad_shard_is_a_usage_error(shard, capsys):
 @pytest.mark.parametrize("value, level", [("yes", 1), ("TRUE", 1), ("off", 0), ("3", 3),
                                           ("", 0)])
 def test_portkit_debug_reads_levels_and_words(monkeypatch, value, level):
-    from portkit import runtime
+    from portkit import settings
 
     monkeypatch.setenv("PORTKIT_DEBUG", value)
-    assert runtime.debug_level() == level
+    assert settings.read("PORTKIT_DEBUG") == level
 
 
 def test_a_bad_portkit_debug_is_a_usage_error_naming_the_values(monkeypatch, capsys):
@@ -159,7 +159,7 @@ def test_backends_survives_a_package_that_ends_the_process(fake_backends, fake_b
                                                            wide, capsys):
     fake_backends({"exits": fake_backend_module(EXITS),
                    "crashes": fake_backend_module(SEGFAULTS_ON_IMPORT),
-                   "interpreter": "portkit.abi.interpreter:backend",
+                   "interpreter": "portkit.reference_backends.interpreter:backend",
                    "frob": fake_backend_module(UNAVAILABLE)})
     assert main(["backends"]) == 0
     table = rows(capsys.readouterr().out)
@@ -176,7 +176,7 @@ def test_a_backend_that_hangs_while_loading_is_broken_after_the_probe_timeout(
     from portkit import backends
 
     fake_backends({"hangs": fake_backend_module(HANGS),
-                   "interpreter": "portkit.abi.interpreter:backend"})
+                   "interpreter": "portkit.reference_backends.interpreter:backend"})
     found = {p.name: p for p in backends.probe(timeout=3)}
     assert found["hangs"].status == "broken" and "took over 3 s" in found["hangs"].detail
     assert found["interpreter"].status == "available"

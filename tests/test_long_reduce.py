@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from portkit import Tensor, runtime, schedule, stages
+from portkit import Tensor, runtime, schedule
 from portkit.abi import BackendUnavailable, Op
+from portkit.schedule import stages
 
 
 def _device(name: str) -> str:

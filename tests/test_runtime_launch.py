@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from portkit import runtime
+from portkit import runtime, settings
 from portkit.abi import BackendUnavailable, KernelBuilder, Op, dtypes
 from portkit.abi.kernel import scalar_words
 
@@ -73,16 +73,17 @@ def test_checked_launches_share_one_fault_buffer_cleared_after_a_fault(monkeypat
 
 
 def test_setting_follows_the_environment_as_it_changes(monkeypatch):
-    monkeypatch.delenv("PORTKIT_SETTING_TEST", raising=False)
-    assert runtime.setting("PORTKIT_SETTING_TEST") == ""
-    monkeypatch.setenv("PORTKIT_SETTING_TEST", "värde 1")
-    assert runtime.setting("PORTKIT_SETTING_TEST") == "värde 1"
+    monkeypatch.delenv("PORTKIT_DEVICE", raising=False)
+    assert settings.raw("PORTKIT_DEVICE") == "" and settings.read("PORTKIT_DEVICE") == "cpu"
+    monkeypatch.setenv("PORTKIT_DEVICE", "värde 1")
+    assert settings.read("PORTKIT_DEVICE") == "värde 1"
     monkeypatch.setenv("PORTKIT_DEBUG", "3")
-    assert runtime.debug_level() == 3
+    assert settings.read("PORTKIT_DEBUG") == 3
     monkeypatch.setenv("PORTKIT_CHECK", "interpreter")
-    assert runtime.check_mode() == "interpreter"
-    monkeypatch.delenv("PORTKIT_SETTING_TEST")
-    assert runtime.setting("PORTKIT_SETTING_TEST") == ""
+    assert settings.read("PORTKIT_CHECK") == "interpreter"
+    assert settings.launch() == (3, "interpreter")
+    monkeypatch.delenv("PORTKIT_DEVICE")
+    assert settings.raw("PORTKIT_DEVICE") == ""
 
 
 def _store_scalars():

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from portkit import Tensor, runtime, schedule
+import portkit
+from portkit import Tensor, runtime
 from portkit.abi import dtypes
 from portkit.abi.backend import HostAllocator
+from portkit.schedule import runner
 
 
 class _Counting(HostAllocator):
@@ -81,22 +83,29 @@ def test_an_lru_never_answers_for_another_key_of_the_same_hash():
 
 
 def test_many_shapes_keep_a_bounded_number_of_kernels(monkeypatch):
-    monkeypatch.setattr(schedule, "_lowered", runtime.LRU(8))
-    monkeypatch.setattr(schedule, "_compiled", runtime.LRU(8))
+    monkeypatch.setattr(runner, "_kernels", runtime.LRU(8))
+    monkeypatch.setattr(runner, "_replays", runtime.LRU(8))
     rt = runtime.get("cpu")
     monkeypatch.setattr(rt, "_compiled", runtime.LRU(8))
     for n in range(1, 30):
         np.testing.assert_array_equal((Tensor.ones(n, device="cpu") * 3).numpy(),
                                       np.full(n, 3, np.float32))
-    assert len(schedule._lowered) <= 8 and len(schedule._compiled) <= 8
+    assert len(runner._kernels) <= 8 and len(runner._replays) <= 8
     assert len(rt._compiled) <= 8
 
 
-def test_clear_forgets_kernels_and_pooled_buffers():
+def test_clear_forgets_kernels_replays_jit_plans_and_pooled_buffers():
     (Tensor.ones(37, device="cpu") + 1).numpy()
+    (Tensor.ones(37, device="cpu") + 1).numpy()     # a replay of the first
+    jitted = portkit.jit(lambda x: x * 2)
+    x = Tensor.ones(37, device="cpu").realize()
+    while jitted.plan is None:
+        jitted(x)
     rt = runtime.get("cpu")
     runtime.clear()
-    assert len(schedule._lowered) == 0 and len(rt._compiled) == 0 and rt.pool.bytes == 0
+    assert len(runner._kernels) == len(runner._replays) == len(rt._compiled) == 0
+    assert rt.pool.bytes == 0 and jitted.plan is None
+    np.testing.assert_array_equal(jitted(x).numpy(), np.full(37, 2, np.float32))
     np.testing.assert_array_equal((Tensor.ones(37, device="cpu") + 1).numpy(),
                                   np.full(37, 2, np.float32))
 

@@ -25,9 +25,7 @@ from portkit.abi.errors import (
 )
 from portkit.abi.kernel import Kernel, KernelBuilder, Node, validate
 from portkit.abi.ops import Op
-
-# 0.x until all five reference backends pass conformance; then 1.0 and frozen.
-ABI_VERSION = "0.5"
+from portkit.abi.version import ABI_VERSION
 
 __all__ = [
     "ABI_VERSION", "Allocator", "Backend", "BackendUnavailable", "Capabilities", "CapabilityError",

@@ -3,8 +3,9 @@
 Every thread of the launch is a lane of one numpy vector, and all lanes step through the node
 list together. Branches and loops mask lanes off instead of skipping them, so a BARRIER needs no
 work: no lane can run ahead of another. Each compute op is `spec.evaluate`, so the interpreter
-and the spec cannot disagree. It is slow and obviously right; it is also a backend ("interpreter")
-so the whole stack can run without a compiler.
+and the spec cannot disagree. It is slow and obviously right; the "interpreter" reference backend
+(reference_backends/interpreter/) runs every launch with it, so the whole stack can run without
+a compiler.
 """
 from __future__ import annotations
 
@@ -13,17 +14,8 @@ from math import prod
 
 import numpy as np
 
-from portkit.abi import ABI_VERSION, dtypes, spec
-from portkit.abi.backend import (
-    Backend,
-    Capabilities,
-    Compiler,
-    Device,
-    HostAllocator,
-    Program,
-    Renderer,
-)
-from portkit.abi.kernel import Dim3, Kernel, validate, word_value
+from portkit.abi import spec
+from portkit.abi.kernel import Dim3, Kernel, word_value
 from portkit.abi.ops import COMPUTE, Op
 
 
@@ -144,40 +136,3 @@ def _matching_closers(nodes) -> dict[int, int]:
 
 
 # The interpreter as a backend: the smallest complete Device, and a readable one.
-
-class _Renderer(Renderer):
-    def render(self, kernel: Kernel) -> str:
-        return kernel.to_json()
-
-
-class _Compiler(Compiler):
-    cache_key = "interpreter"
-
-    def compile(self, source: str) -> bytes:
-        return source.encode()
-
-
-class _Program(Program):
-    def __init__(self, name: str, binary: bytes):
-        self.kernel = validate(Kernel.from_json(binary.decode()))
-
-    def __call__(self, buffers, scalars, grid, block, wait=False):
-        params = self.kernel.params
-        typed = [b[:b.size - b.size % p.dtype.itemsize].view(p.dtype.np)
-                 for b, p in zip(buffers, params)]
-        run(self.kernel, typed, scalars, grid, block)
-        return 0.0 if wait else None
-
-
-CAPABILITIES = Capabilities(
-    dtypes=frozenset(dtypes.ALL), ops=frozenset(COMPUTE), max_block_threads=1024,
-    max_block=(1024, 1024, 64), max_grid=(2**31 - 1, 65535, 65535),
-    local_memory_bytes=64 * 1024, max_buffers=64, device_name="numpy")
-
-
-def _load() -> Device:
-    return Device("interpreter", CAPABILITIES, HostAllocator(), _Renderer(), _Compiler(), _Program)
-
-
-backend = Backend("interpreter", _load, "numpy interpreter of ABI kernels (slow, exact)",
-                  abi_version=ABI_VERSION)

@@ -34,6 +34,7 @@ from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import InvalidKernel
 from portkit.abi.ops import BINARY, COMPARISON, DOMAIN, TERNARY, UNARY, Op
+from portkit.abi.version import ABI_VERSION
 
 Dim3 = tuple[int, int, int]
 
@@ -85,8 +86,6 @@ class Kernel:
 
     def to_json(self) -> str:
         """The kernel as JSON text: exact (floats as hex), so a replay runs the same kernel."""
-        from portkit.abi import ABI_VERSION
-
         return json.dumps({
             "abi_version": ABI_VERSION, "name": self.name,
             "grid": list(self.grid), "block": list(self.block),
@@ -98,8 +97,6 @@ class Kernel:
     def from_json(text: str) -> Kernel:
         """Parses `to_json` output back into an equal Kernel, and validates it; InvalidKernel
         (one line) for JSON that is not a kernel of this ABI version."""
-        from portkit.abi import ABI_VERSION
-
         try:
             data = json.loads(text)
             kernel = Kernel._from_data(data)

@@ -63,7 +63,7 @@ def write() -> None:
     history = checked_in()["history"] if PATH.exists() else {}
     if history.get(ABI_VERSION, digest(content)) != digest(content):
         sys.exit(f"the ABI changed but ABI_VERSION is still {ABI_VERSION}: bump it in "
-                 "portkit/abi/__init__.py, then run this again")
+                 "portkit/abi/version.py, then run this again")
     history[ABI_VERSION] = digest(content)
     PATH.write_text(json.dumps({"abi_version": ABI_VERSION, "history": history,
                                 "abi": content}, indent=1, sort_keys=True) + "\n")

@@ -37,7 +37,7 @@ from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
 from portkit.codegen.plan import SERIAL, THREADED, Plan, launch_shape, plan, serial
 from portkit.codegen.rows import row_length
-from portkit.graph import GraphOp, Lazy
+from portkit.graph import GraphOp, Lazy, Traced
 from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, recombine, unravel, var
 from portkit.view import strides_for
 
@@ -93,6 +93,8 @@ class _Lowerer:
         return value
 
     def const(self, value, dtype: DType = dtypes.int32) -> int:
+        if isinstance(value, Traced):     # a number written as code is plain from here on
+            value = float.__float__(value)
         key = ("const", dtype, value)
         found = self.cached(key)
         return found if found is not None else self.remember(key, self.b.const(value, dtype))

@@ -22,7 +22,7 @@ they are staged, and the sum is rounded once at the end, as the untiled reduce d
 What an operand is (A, B, a fused prologue such as x * 2 or x.T) is not matched by pattern: the
 lowerer computes the reduce's two factors at the staged positions, so any elementwise or
 movement graph feeding the product is staged. The pass shows at PORTKIT_DEBUG=3 as LOCAL and
-BARRIER nodes in the kernel; `Tiling` is what the tuner (portkit/codegen/tune.py) varies.
+BARRIER nodes in the kernel; `Tiling` is what the tuner (portkit/schedule/search.py) varies.
 """
 from __future__ import annotations
 

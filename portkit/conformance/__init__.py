@@ -4,7 +4,8 @@ Tiers run bottom-up (runtime, ABI ops, kernels, Tensor ops, models, performance)
 prerequisite failed is blocked, not failed. See docs/conformance.md and `portkit conform --help`.
 """
 from portkit.conformance.case import Status
-from portkit.conformance.suite import Options, Report, run
+from portkit.conformance.runner import run
+from portkit.conformance.suite import Options, Report
 from portkit.conformance.target import Target
 
 __all__ = ["Options", "Report", "Status", "Target", "run"]

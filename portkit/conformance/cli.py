@@ -19,7 +19,7 @@ from rich.table import Column
 
 from portkit import backends
 from portkit.abi import BackendUnavailable, PortkitError
-from portkit.conformance import compare, replay, report, suite
+from portkit.conformance import compare, replay, report, runner, suite
 from portkit.conformance.case import Unsupported
 from portkit.conformance.isolate import WorkerError, WorkerTarget
 from portkit.conformance.target import Target
@@ -178,7 +178,7 @@ def run_conform(args: argparse.Namespace) -> int:
                             description=escape(f"{target.name}: {result.case.id}"))
 
         try:
-            result = suite.run(target, options, advance)
+            result = runner.run(target, options, advance)
         except WorkerError as error:
             console.print(f"[red]{escape(str(error))}[/]")
             return EXIT_USAGE
@@ -238,7 +238,7 @@ def _run_available(options: suite.Options, console: Console) -> int:
             console.print(f"{found.name:12} [dim]not available: {escape(found.detail)}[/]")
             continue
         try:
-            result = suite.run(Target.load(found.name), options)
+            result = runner.run(Target.load(found.name), options)
         except PortkitError as error:
             console.print(f"{found.name:12} [bold red]FAILED[/] {escape(str(error))}")
             worst = EXIT_FAILED

@@ -23,7 +23,7 @@ from typing import Any
 
 from portkit import backends
 from portkit.abi import Capabilities, PortkitError
-from portkit.conformance import suite
+from portkit.conformance import replay, suite
 from portkit.conformance.case import Case, KernelCase, Outcome, Status
 from portkit.conformance.target import Target
 
@@ -236,7 +236,7 @@ def _source(target: Target, case: Case) -> str | None:
     """The rendered source of a kernel case's kernel, or None if it cannot be had."""
     made = suite.make_case(case)
     try:
-        return suite.rendered(target, target.prepare(made.kernel))
+        return replay.rendered(target, target.prepare(made.kernel))
     except Exception:  # noqa: BLE001 - the case's crash is the evidence; its source a help
         return None
 

@@ -1,6 +1,6 @@
 """`pytest --portkit-backend NAME`: the conformance cases as pytest items.
 
-The same case objects as `portkit conform` (suite.collect), run by the same suite.Runner, so a
+The same case objects as `portkit conform` (suite.collect), run by the same runner.Runner, so a
 vendor's CI gets pytest's -k, -m, -x, --lf, -n (pytest-xdist) and --junitxml for free. Each
 item carries its tier, op and dtype as the marker `portkit(tier=, op=, dtype=)` and the marker
 `tierN`. A blocked case is a skip naming the case that blocked it, an unsupported one a skip
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from portkit.abi import PortkitError
-from portkit.conformance import suite
+from portkit.conformance import runner, suite
 from portkit.conformance.case import FAILING, Case, Result, Status
 from portkit.conformance.target import Target
 
@@ -72,7 +72,7 @@ class Conformance:
             repro_dir=option("portkit_repro_dir"))
         self.cases, self.tiers = suite.collect(suite.context(self.target, self.options),
                                                self.options)
-        self.runner = suite.Runner(self.target, self.options, self.cases)
+        self.runner = runner.Runner(self.target, self.options, self.cases)
 
     def pytest_report_header(self) -> list[str]:
         """The backend, its device, the number of cases and the tiers that do not run."""

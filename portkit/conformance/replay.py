@@ -17,6 +17,7 @@ from portkit.abi import Kernel, dtypes
 from portkit.abi.errors import InvalidKernel, PortkitError
 from portkit.abi.interpreter import OutOfBounds
 from portkit.abi.interpreter import run as interpret
+from portkit.abi.ops import COMPUTE
 from portkit.conformance.case import Check, KernelCase, Verdict, judge
 from portkit.conformance.target import Target
 
@@ -134,8 +135,6 @@ def listing(kernel: Kernel) -> str:
 def describe(kc: KernelCase, target: Target) -> str:
     """What `target` makes of the case's kernel before it launches: the kernel after its
     decompositions (and which ops they replaced), and the source its renderer writes."""
-    from portkit.conformance.suite import rendered, rewritten
-
     prepared = target.prepare(kc.kernel)
     note = rewritten(kc.kernel, prepared) or f"{target.name} runs every op of it natively"
     source = rendered(target, prepared) or "(the renderer raised an error)"
@@ -167,3 +166,25 @@ def replay(kc: KernelCase, target: Target) -> list[Verdict]:
     kernel = target.prepare(kc.kernel)
     outputs = target.run(kernel, kc.inputs, kc.scalars)
     return [judge(check, outputs[check.output], kc.inputs) for check in kc.checks]
+
+
+def rewritten(original, prepared) -> str:
+    """What the device's decompositions put in a failing kernel (codegen/decompose.py): a
+    wrong op among those fails this case too, under another op's name. "" if none."""
+    def compute_ops(kernel) -> set[str]:
+        return {node.op.name for node in kernel.nodes if node.op in COMPUTE}
+
+    lacking = compute_ops(original) - compute_ops(prepared)
+    if not lacking:
+        return ""
+    added = sorted(compute_ops(prepared) - compute_ops(original)) or ["the ops it already had"]
+    return (f"this backend lacks {', '.join(sorted(lacking))}, so the kernel ran them "
+            f"decomposed into {', '.join(added)}: if those ops' own cases fail, fix them first")
+
+
+def rendered(target: Target, kernel) -> str | None:
+    """`kernel`'s source as `target` renders it, or None if its renderer fails."""
+    try:
+        return target.device.renderer.render(kernel)
+    except Exception:  # noqa: BLE001 - the failure's own message already says why
+        return None

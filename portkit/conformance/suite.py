@@ -11,18 +11,12 @@ import importlib
 import inspect
 import os
 import re
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from portkit.abi import CapabilityError
-from portkit.abi.ops import COMPUTE
 from portkit.conformance import replay
 from portkit.conformance.case import (
-    EVIDENCE,
     FAILING,
     Case,
     CaseFailed,
@@ -36,9 +30,6 @@ from portkit.conformance.case import (
     judge,
 )
 from portkit.conformance.target import Target
-
-if TYPE_CHECKING:
-    from portkit.conformance.isolate import Isolated
 
 TIERS = {
     1: "portkit.conformance.tier1_runtime",
@@ -75,7 +66,6 @@ def tier(number: int) -> Tier:
 
 
 # A prerequisite with one of these statuses blocks the cases that require it.
-_BLOCKING = (Status.FAILED, Status.BLOCKED, Status.XFAIL, Status.CRASHED, Status.TIMEOUT)
 
 
 @dataclass
@@ -234,79 +224,10 @@ class InProcess:
         """Nothing to release in this process."""
 
 
-def executor(target: Target, options: Options) -> InProcess | Isolated:
-    """Where cases run: in a worker process (portkit.conformance.isolate) when
-    `options.isolate` is "process", or "auto" and the backend was loaded by name; else here."""
-    if options.isolate not in ("auto", "process", "none"):
-        raise ValueError(f"isolate={options.isolate!r}: use 'auto', 'process' or 'none'")
-    from portkit.conformance.isolate import Isolated, WorkerTarget
-
-    if isinstance(target, WorkerTarget):     # loaded only in its worker: it runs there
-        return target.isolated
-    if options.isolate == "none" or (options.isolate == "auto" and target.origin is None):
-        return InProcess(target, options)
-    return Isolated(target, options)
-
-
-class Runner:
-    """Runs cases of `pool` one at a time, each after its prerequisites (run on demand and
-    remembered), so that blocking is the same whatever order or subset is asked for: the
-    `portkit conform` loop, one shard, or one pytest item on one xdist worker."""
-
-    def __init__(self, target: Target, options: Options, pool: list[Case],
-                 runs: InProcess | Isolated | None = None):
-        self.target, self.options, self.pool = target, options, pool
-        self.runs = runs or InProcess(target, options)
-        self.results: dict[str, Result] = {}
-
-    def result(self, case: Case, kc: KernelCase | Exception | None = None) -> Result:
-        """The result of `case` (with its kernel case, if already made), running it if needed."""
-        if case.id not in self.results:
-            required = [self.result(c) for c in prerequisites(case, self.pool)]
-            self.results[case.id] = _run_one(self.target, case, kc, required, self.options,
-                                             self.runs)
-        return self.results[case.id]
-
-
 def context(target: Target, options: Options) -> Context:
     """What the tiers build their cases from, for a run of `options` on `target`."""
     return Context(target.capabilities, options.quick, options.seed,
                    reference_target(target, options), options.perf_min_ratio)
-
-
-def run(target: Target, options: Options,
-        progress: Callable[[Result, int, int], None] | None = None) -> Report:
-    """Runs the selected tiers (the shard of them, if `options.shard`) on `target`;
-    `progress(result, done, total)` after each case that is run. Each tier's kernels are
-    compiled ahead, on `options.jobs` threads, before its first case runs."""
-    start = time.perf_counter()
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    cases, tiers = collect(context(target, options), options)
-    chosen = shard(cases, options.shard)
-    reported = {c.id for c in chosen}
-    for tier_info in tiers.values():
-        if tier_info["status"] == "run":
-            tier_info["cases"] = sum(c.tier == tier_info["tier"] for c in chosen)
-    report = Report(target.name, target.capabilities, options, tiers=tiers,
-                    order={c.id: i for i, c in enumerate(cases)}, started=started)
-    todo = with_prerequisites(chosen, cases)
-    runner = Runner(target, options, cases, executor(target, options))
-    done = 0
-    try:
-        for number in sorted({c.tier for c in todo}):
-            batch = [c for c in todo if c.tier == number]
-            made = runner.runs.precompile(batch)
-            for case in batch:
-                result = runner.result(case, made.get(case.id))
-                done += 1
-                if case.id in reported:
-                    report.results.append(result)
-                if progress:
-                    progress(result, done, len(todo))
-    finally:
-        runner.runs.close()
-    report.seconds = time.perf_counter() - start
-    return report
 
 
 def reference_target(target: Target, options: Options) -> Target | None:
@@ -328,48 +249,6 @@ def make_case(case: Case) -> KernelCase | Exception:
         return case.make()
     except Exception as error:  # noqa: BLE001 - reported as the case's failure when it runs
         return error
-
-
-def _run_one(target: Target, case: Case, kc: KernelCase | Exception | None,
-             required: list[Result], options: Options, runs: InProcess | Isolated) -> Result:
-    blockers = [r for r in required if r.status in _BLOCKING]
-    if blockers:
-        names = ", ".join(f"{r.case.id} ({r.status.value})" for r in blockers[:3])
-        more = f" and {len(blockers) - 3} more" if len(blockers) > 3 else ""
-        return Result(case, Status.BLOCKED, f"blocked by {names}{more}")
-    start = time.perf_counter()
-    outcome = runs.outcome(case, kc)
-    result = Result(case, outcome.status, outcome.message, outcome.max_ulp, outcome.max_error,
-                    time.perf_counter() - start, outcome.worst, outcome.source,
-                    perf=outcome.perf, replay=outcome.replay)
-    path = Path(options.repro_dir) / (re.sub(r"[^\w.-]+", "_", case.id) + ".json")
-    if outcome.repro is not None:
-        result.kernel_json = outcome.repro.kernel.to_json()
-        if outcome.status in EVIDENCE:
-            replay.save(path, outcome.repro, case.id, target.name)
-            result.repro_path = str(path)
-            result.replay = f"portkit replay {path} --backend {target.name}"
-    elif outcome.status in (Status.CRASHED, Status.TIMEOUT) and not result.replay:
-        result.replay = f"portkit conform --backend {target.name} -k '{case.id}'"
-    if outcome.status is Status.PASSED and case.make is not None:
-        replay.forget(path, target.name)     # fixed: its old reproduction file is stale
-    return _apply_xfail(result, options)
-
-
-def _apply_xfail(result: Result, options: Options) -> Result:
-    reasons = [r for p, r in options.xfail.items() if fnmatch.fnmatchcase(result.case.id, p)]
-    if not reasons:
-        return result
-    where = options.xfail_file or "the xfail list"
-    if result.status in (Status.FAILED, Status.CRASHED, Status.TIMEOUT):
-        how = "" if result.status is Status.FAILED else f"{result.status.value}: "
-        result.status = Status.XFAIL
-        result.message = f"expected failure ({reasons[0]}): {how}{result.message}"
-    elif result.status is Status.PASSED:
-        result.status = Status.XPASS
-        result.message = (f"listed as xfail ({reasons[0]}) but PASSED: remove it from "
-                          f"{where}")
-    return result
 
 
 def execute(target: Target, case: Case, kc: KernelCase | Exception | None = None) -> Outcome:
@@ -395,7 +274,7 @@ def run_kernel_case(target: Target, kc: KernelCase) -> Outcome:
     try:
         outputs = target.run(kernel, kc.inputs, kc.scalars)
     except Exception as error:  # noqa: BLE001 - keep the kernel to replay the crash
-        source = rendered(target, kernel)
+        source = replay.rendered(target, kernel)
         return Outcome(Status.FAILED, f"{type(error).__name__}: {error}", repro=kc,
                        source=source)
     verdicts = [judge(check, outputs[check.output], kc.inputs) for check in kc.checks]
@@ -403,29 +282,7 @@ def run_kernel_case(target: Target, kc: KernelCase) -> Outcome:
     errors = [v.error for v in verdicts if v.unit != "ulp"]
     failed = [v for v in verdicts if not v.ok]
     message = "; ".join([v.message for v in failed] +
-                        ([rewritten(kc.kernel, kernel)] if failed else []))
+                        ([replay.rewritten(kc.kernel, kernel)] if failed else []))
     return Outcome(Status.FAILED if failed else Status.PASSED, message.rstrip("; "),
                    max(ulps) if ulps else None, max(errors) if errors else None,
-                   failed[0].worst if failed else None, kc, rendered(target, kernel))
-
-
-def rewritten(original, prepared) -> str:
-    """What the device's decompositions put in a failing kernel (codegen/decompose.py): a
-    wrong op among those fails this case too, under another op's name. "" if none."""
-    def compute_ops(kernel) -> set[str]:
-        return {node.op.name for node in kernel.nodes if node.op in COMPUTE}
-
-    lacking = compute_ops(original) - compute_ops(prepared)
-    if not lacking:
-        return ""
-    added = sorted(compute_ops(prepared) - compute_ops(original)) or ["the ops it already had"]
-    return (f"this backend lacks {', '.join(sorted(lacking))}, so the kernel ran them "
-            f"decomposed into {', '.join(added)}: if those ops' own cases fail, fix them first")
-
-
-def rendered(target: Target, kernel) -> str | None:
-    """`kernel`'s source as `target` renders it, or None if its renderer fails."""
-    try:
-        return target.device.renderer.render(kernel)
-    except Exception:  # noqa: BLE001 - the failure's own message already says why
-        return None
+                   failed[0].worst if failed else None, kc, replay.rendered(target, kernel))

@@ -1,24 +1,22 @@
 """The backend under test: its Runtime (the one device pipeline), driven part by part.
 
 Kernels go through `portkit.runtime.Runtime` (decompose, check, render, compile, program), the
-same pipeline the Tensor stack uses, so conformance checks what users run. Memory and launches
-are driven through the Device's own parts (alloc, copyin, program, copyout) so that a fault is
-pinned on the part that has it, and so that a test can hand in a Device whose parts are wrapped
-or broken on purpose.
+same pipeline the Tensor stack uses, and launch through its `run_program`, the one place a
+program runs, so conformance checks what users run. Memory is driven through the Device's own
+allocator (alloc, copyin, copyout) so that a fault is pinned on the part that has it, and so
+that a test can hand in a Device whose parts are wrapped or broken on purpose.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from portkit import backends
+from portkit import backends, settings
 from portkit.abi import Device, Kernel
 from portkit.conformance.case import Unsupported
-from portkit.runtime import Compiled, Runtime, debug_level, get, print_launch
+from portkit.runtime import Runtime, get
 
 
 class Target:
@@ -57,34 +55,25 @@ class Target:
         return compiled.program, compiled.source, compiled.seconds
 
     def precompile(self, kernels: Sequence[Kernel], jobs: int) -> None:
-        """Compiles `kernels` on `jobs` threads, so that running them later only launches.
-        Errors are left for the run itself to report, with its case."""
-        def build(kernel: Kernel) -> None:
+        """Compiles `kernels` on `jobs` threads (Runtime.compile_all), so that running them
+        later only launches. Errors are left for the run itself to report, with its case."""
+        prepared = []
+        for kernel in kernels:
             try:
-                self.compile(self.prepare(kernel))
-            except Exception:  # noqa: BLE001, S110 - the case's own run reports it
-                pass
-
-        with ThreadPoolExecutor(max(1, jobs)) as pool:
-            list(pool.map(build, kernels))
+                prepared.append(self.prepare(kernel))
+            except Exception:  # noqa: BLE001, S112 - the case's own run reports it
+                continue
+        self.runtime.compile_all(prepared, jobs)
 
     def run(self, kernel: Kernel, arrays: Sequence[np.ndarray],
             scalars: Sequence[int] = ()) -> list[np.ndarray]:
         """Uploads `arrays` (one per PARAM), launches once, returns every buffer afterwards."""
-        compiled, level = self.runtime.compile(kernel), debug_level()
+        compiled = self.runtime.compile(kernel)
         with self.buffers(arrays) as handles:
-            seconds = compiled.program(handles, list(scalars), kernel.grid, kernel.block,
-                                       wait=level >= 2)
-            self.device.synchronize()
-            self._debug(compiled, seconds, level)
+            self.runtime.run_program(compiled, handles, list(scalars), True,
+                                     settings.read("PORTKIT_DEBUG"))
+            self.runtime.synchronize()
             return [self.read(h, a.dtype, a.size) for h, a in zip(handles, arrays)]
-
-    @staticmethod
-    def _debug(compiled: Compiled, seconds: float | None, level: int) -> None:
-        """What PORTKIT_DEBUG prints for a launch through the Runtime, for this one too."""
-        if level >= 2:
-            print_launch(compiled, seconds, level)
-            compiled.launched = True
 
     def buffers(self, arrays: Sequence[np.ndarray]) -> _Buffers:
         """A context manager: device copies of `arrays`, freed on exit."""
@@ -101,21 +90,10 @@ class Target:
         """Seconds per launch, `repeats` times after one warm-up launch (fewer, but at least 3,
         once `max_seconds` have passed): the seconds the program reports, or (with `wall`, or
         when it reports none) the host's clock."""
-        compiled, level = self.runtime.compile(kernel), debug_level()
-        times: list[float] = []
+        compiled = self.runtime.compile(kernel)
         with self.buffers(arrays) as handles:
-            for i in range(repeats + 1):
-                if len(times) >= min(3, repeats) and sum(times) > max_seconds:
-                    break
-                start = time.perf_counter()
-                reported = compiled.program(handles, list(scalars), kernel.grid, kernel.block,
-                                            wait=True)
-                self.device.synchronize()
-                elapsed = time.perf_counter() - start
-                self._debug(compiled, reported, level)
-                if i:
-                    times.append(reported if reported and not wall else elapsed)
-        return times
+            return self.runtime.time(compiled, handles, list(scalars), repeats, wall,
+                                     max_seconds)
 
 
 class _Buffers:

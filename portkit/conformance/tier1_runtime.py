@@ -76,11 +76,11 @@ def _launch(target: Target) -> Outcome:
     b = KernelBuilder("conform_launch")
     out = b.param(dtypes.int32)
     b.store(out, b.const(0), b.const(42))
-    kernel = target.prepare(b.build())
-    program, source, _ = target.compile(kernel)
+    compiled = target.runtime.compile(target.prepare(b.build()))
+    source = compiled.source
     with target.buffers([np.zeros(4, np.int32)]) as handles:
-        seconds = program(handles, [], kernel.grid, kernel.block, wait=True)
-        target.device.synchronize()
+        seconds = target.runtime.run_program(compiled, handles, [], wait=True)
+        target.runtime.synchronize()
         read = target.read(handles[0], np.dtype(np.int32), 4)
     if not (seconds is None or isinstance(seconds, float)):
         raise CaseFailed(f"Program(..., wait=True) returned {seconds!r}; return the kernel's "

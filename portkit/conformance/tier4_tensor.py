@@ -305,8 +305,8 @@ def _case(ctx: Context, op: TensorOp, dtype: dtypes.DType, backward: bool,
 
 def interpreter_target() -> Any:
     """The interpreter as a Target: the registered one, so its device name stays the same."""
-    from portkit.abi import interpreter
     from portkit.conformance.target import Target
+    from portkit.reference_backends import interpreter
 
     try:
         return Target.load("interpreter")

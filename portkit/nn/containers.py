@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from portkit.nn import Module
 from portkit.nn import functional as F
+from portkit.nn.module import Module
 from portkit.tensor import Tensor
 
 

@@ -1,15 +1,104 @@
-"""The layers with parameters beyond Linear, as torch.nn has them: convolutions (1-3 d, and
-transposed), GroupNorm, RMSNorm, PReLU (the parameterless ones are in containers.py).
-Parameters are initialized as torch initializes them (uniform in +-1/sqrt(fan_in))."""
+"""The layers with parameters, as torch.nn has them: Linear, LayerNorm, BatchNorm (1-3 d),
+Embedding, convolutions (1-3 d, and transposed), GroupNorm, RMSNorm, PReLU (the parameterless
+ones are in containers.py). Parameters are initialized as torch initializes them (uniform in
++-1/sqrt(fan_in))."""
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-from portkit.nn import Module, uniform_parameter
 from portkit.nn import functional as F
+from portkit.nn.module import Module, uniform_parameter
 from portkit.nn.spatial import IntTuple
-from portkit.tensor import Tensor
+from portkit.tensor import Tensor, realize
+
+
+class Linear(Module):
+    """y = x @ weight.T + bias, initialized as torch.nn.Linear."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        bound = 1 / math.sqrt(in_features)
+        self.weight = uniform_parameter((out_features, in_features), bound)
+        self.bias = uniform_parameter((out_features,), bound) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class LayerNorm(Module):
+    """Normalizes the last len(shape) dims, then scales and shifts."""
+
+    def __init__(self, shape, eps: float = 1e-5, elementwise_affine: bool = True):
+        self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        self.eps = eps
+        self.weight = Tensor.ones(*self.shape).contiguous().realize().requires_grad_() \
+            if elementwise_affine else None
+        self.bias = Tensor.zeros(*self.shape).contiguous().realize().requires_grad_() \
+            if elementwise_affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        axes = tuple(range(-len(self.shape), 0))
+        x = F.layernorm(x, axes, self.eps)
+        return x if self.weight is None else x * self.weight + self.bias
+
+
+class _BatchNorm(Module):
+    """Batch normalization per channel (dim 1) over the other dims, with running statistics."""
+
+    dims = 2
+
+    def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.1):
+        self.eps, self.momentum = eps, momentum
+        self.weight = Tensor.ones(channels).contiguous().realize().requires_grad_()
+        self.bias = Tensor.zeros(channels).contiguous().realize().requires_grad_()
+        self.running_mean = Tensor.zeros(channels).contiguous().realize()
+        self.running_var = Tensor.ones(channels).contiguous().realize()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != self.dims + 2 and not (self.dims == 1 and x.ndim == 2):
+            raise ValueError(f"{type(self).__name__} expects {self.dims + 2}-d input (N, C, "
+                             f"...), got shape {x.shape}")
+        out = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                           self.training, self.momentum, self.eps)
+        if self.training:
+            realize(self.running_mean, self.running_var)
+        return out
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalization of (N, C) or (N, C, L) input (torch.nn.BatchNorm1d)."""
+
+    dims = 1
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalization of (N, C, H, W) input (torch.nn.BatchNorm2d)."""
+
+    dims = 2
+
+
+class BatchNorm3d(_BatchNorm):
+    """Batch normalization of (N, C, D, H, W) input (torch.nn.BatchNorm3d)."""
+
+    dims = 3
+
+
+class Embedding(Module):
+    """A table of vectors looked up by integer index."""
+
+    def __init__(self, count: int, dim: int, padding_idx: int | None = None):
+        weight = Tensor.randn(count, dim)
+        if padding_idx is not None:        # that row starts at 0 and never learns, as torch's
+            rows = Tensor.arange(count).reshape(count, 1)
+            weight = (rows == padding_idx % count).where(0.0, weight)
+        self.weight = weight.realize().requires_grad_()
+        self.padding_idx = padding_idx
+
+    def forward(self, index: Tensor) -> Tensor:
+        return F.embedding(index, self.weight, self.padding_idx)
+
+
+# -- safetensors files, through the safetensors library ------------------------------------------
 
 
 class _ConvNd(Module):
@@ -124,5 +213,6 @@ def _filled(value: float, shape: tuple[int, ...]) -> Tensor:
     return Tensor.full(shape, value).contiguous().realize().requires_grad_()
 
 
-__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-           "GroupNorm", "PReLU", "RMSNorm"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Conv1d", "Conv2d", "Conv3d",
+           "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Embedding", "GroupNorm",
+           "LayerNorm", "Linear", "PReLU", "RMSNorm"]

@@ -7,7 +7,7 @@ import bisect
 import math
 from collections.abc import Callable, Sequence
 
-from portkit.optim import Optimizer
+from portkit.optim.optimizers import Optimizer
 
 
 class LRScheduler:

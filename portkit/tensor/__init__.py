@@ -1,7 +1,7 @@
 """portkit.Tensor: a PyTorch-like, lazy tensor whose work reaches a device only as ABI kernels.
 
 Operations build a graph (portkit/graph.py); `.realize()`, `.numpy()`, `.item()` and
-`.tolist()` schedule and run it (portkit/schedule.py). Only the primitives in
+`.tolist()` schedule and run it (portkit/schedule/). Only the primitives in
 portkit/autograd.py touch the graph; every op composes them, so every op is differentiable
 wherever its primitives are.
 

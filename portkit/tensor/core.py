@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from portkit import autograd, graph, schedule
+from portkit import autograd, graph, runtime, schedule
 from portkit.abi.dtypes import DType, from_numpy
 from portkit.abi.kernel import Kernel
 from portkit.autograd import GRADIENTS, Context
@@ -83,7 +83,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
         elif isinstance(data, Tensor):
             lazy = data.lazy if dtype is None else data.lazy.cast(dtype)
         else:
-            device = device or schedule.default_device()
+            device = device or runtime.default_device()
             array = _to_numpy(data, dtype)
             target = check_dtype(dtype or from_numpy(array.dtype), device)
             lazy = graph.load(schedule.upload(array, device, target), target, array.shape,

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from portkit import graph, schedule
+from portkit import graph, runtime
 from portkit.tensor import core
 from portkit.tensor.dtype import (
     DTypeLike,
@@ -35,7 +35,7 @@ class CreationOps:
              device: str | None = None) -> Tensor:
         """A tensor of `shape` with every element `value` (a constant: no buffer, no kernel)."""
         shape = as_sizes(shape)
-        device = device or schedule.default_device()
+        device = device or runtime.default_device()
         dtype = check_dtype(to_dtype(dtype) or scalar_dtype(value), device)
         return core.Tensor(graph.const(value, dtype, shape, device))
 
@@ -66,7 +66,7 @@ class CreationOps:
                                            dtype.min <= start + (count - 1) * step <= dtype.max):
             raise OverflowError(f"arange({start}, {stop}, {step}) does not fit {dtype.name}; "
                                 f"pass dtype=portkit.int64 on a device that has it")
-        index = core.Tensor(graph.iota((count,), 0, device or schedule.default_device()))
+        index = core.Tensor(graph.iota((count,), 0, device or runtime.default_device()))
         return (index.cast(dtype) * step + start).cast(dtype)
 
     @staticmethod
@@ -75,7 +75,7 @@ class CreationOps:
         """`steps` evenly spaced values from start to stop, both included."""
         if steps < 0:
             raise RuntimeError(f"linspace: number of steps must be non-negative, got {steps}")
-        index = core.Tensor(graph.iota((steps,), 0, device or schedule.default_device()))
+        index = core.Tensor(graph.iota((steps,), 0, device or runtime.default_device()))
         step = (stop - start) / (steps - 1) if steps > 1 else 0.0
         return (index.cast(default_float) * step + start).cast(to_dtype(dtype) or default_float)
 
@@ -83,7 +83,7 @@ class CreationOps:
     def eye(n: int, m: int | None = None, dtype: DTypeLike | None = None,
             device: str | None = None) -> Tensor:
         """An n x m (default n x n) matrix with ones on the diagonal."""
-        device = device or schedule.default_device()
+        device = device or runtime.default_device()
         if n < 0 or (m is not None and m < 0):
             raise RuntimeError(f"eye: sizes must be >= 0, got n={n}, m={m}")
         rows = core.Tensor(graph.iota((n, m or n), 0, device))

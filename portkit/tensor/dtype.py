@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from portkit import schedule
+from portkit import runtime
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import UnsupportedDType
@@ -78,7 +78,7 @@ def promote_tensors(a, b) -> DType:
 
 def check_dtype(dtype: DType, device: str) -> DType:
     """dtype, if the device has it; else UnsupportedDType naming a dtype it has."""
-    if dtype in schedule.device(device).capabilities.dtypes:
+    if dtype in runtime.get(device).capabilities.dtypes:
         return dtype
     instead = "float32" if dtype.is_float else "int32"
     raise UnsupportedDType(f"device {device!r} has no {dtype.name}; use "

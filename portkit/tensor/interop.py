@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from portkit import graph, schedule
+from portkit import graph, runtime, schedule
 from portkit.abi.dtypes import from_numpy
 from portkit.tensor import core
 from portkit.tensor.dtype import check_dtype
@@ -87,10 +87,10 @@ def from_dlpack(source: Any, device: str | None = None) -> Tensor:
     """A Tensor with the values and dtype of any DLPack producer (torch, numpy, jax...): sharing
     its memory on a host-memory backend, else a copy (see the module docstring)."""
     array = np.from_dlpack(source)
-    device = device or schedule.default_device()
+    device = device or runtime.default_device()
     dtype = check_dtype(from_numpy(array.dtype), device)
     shared = None
     if array.size and array.flags.c_contiguous and array.ctypes.data % array.itemsize == 0:
-        shared = schedule.device(device).share(dtype, array.reshape(-1).view(np.uint8))
+        shared = runtime.get(device).share(dtype, array.reshape(-1).view(np.uint8))
     buffer = shared if shared is not None else schedule.upload(array, device, dtype)
     return core.Tensor(graph.load(buffer, dtype, array.shape, device))

@@ -18,9 +18,12 @@ from portkit.abi import (
 from portkit.abi.kernel import scalar_words, word_value
 from portkit.conformance import generate, tier3_kernels
 from portkit.conformance.case import Context
+from portkit.reference_backends.interpreter.capabilities import (
+    capabilities as interpreter_capabilities,
+)
 
 F32, I32 = dtypes.float32, dtypes.int32
-CTX = Context(interpreter.CAPABILITIES, quick=True)
+CTX = Context(interpreter_capabilities(), quick=True)
 
 
 @pytest.mark.parametrize("kc", [

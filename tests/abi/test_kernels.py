@@ -4,12 +4,15 @@ many buffers, 3-D grids."""
 import numpy as np
 import pytest
 
-from portkit.abi import dtypes, interpreter
+from portkit.abi import dtypes
 from portkit.conformance import Status, suite, target, tier1_runtime, tier3_kernels
 from portkit.conformance.case import Context
+from portkit.reference_backends.interpreter.capabilities import (
+    capabilities as interpreter_capabilities,
+)
 
 BACKENDS = target.available()
-CTX = Context(interpreter.CAPABILITIES, quick=True)
+CTX = Context(interpreter_capabilities(), quick=True)
 RUNTIME = {c.id: c for c in tier1_runtime.cases(CTX)}
 KERNELS = {c.id: c for c in tier3_kernels.cases(CTX)}
 

@@ -6,7 +6,7 @@ import pytest
 from portkit.abi import ABI_VERSION, manifest
 
 HOW_TO_BUMP = ("the ABI in code differs from portkit/abi/manifest.json. If the change is meant: "
-               "bump ABI_VERSION in portkit/abi/__init__.py, then run "
+               "bump ABI_VERSION in portkit/abi/version.py, then run "
                "`python -m portkit.abi.manifest --write` and commit manifest.json")
 
 

@@ -6,13 +6,16 @@ so pytest and `portkit conform` check exactly the same thing.
 """
 import pytest
 
-from portkit.abi import dtypes, interpreter
+from portkit.abi import dtypes
 from portkit.abi.ops import COMPUTE, DOMAIN, Op
 from portkit.conformance import Options, Status, run, suite, target, tier2_ops
 from portkit.conformance.case import Context
+from portkit.reference_backends.interpreter.capabilities import (
+    capabilities as interpreter_capabilities,
+)
 
 BACKENDS = target.available()
-CASES = {c.id: c for c in tier2_ops.cases(Context(interpreter.CAPABILITIES, quick=True))}
+CASES = {c.id: c for c in tier2_ops.cases(Context(interpreter_capabilities(), quick=True))}
 
 
 @pytest.fixture(scope="module")

@@ -99,7 +99,7 @@ def test_a_threaded_device_keeps_one_kernel():
 
 
 def test_the_padded_copy_replays_with_new_inputs():
-    # a second graph of the same structure replays the first one's steps (schedule.py)
+    # a second graph of the same structure replays the first one's steps (schedule/runner.py)
     for seed in (1, 2, 3):
         out, expected = _conv("cpu", n=1, c=8, size=10, seed=seed)
         np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)

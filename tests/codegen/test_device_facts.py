@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import portkit.codegen
-from portkit import backends, runtime, schedule, stages
+from portkit import backends, runtime, schedule
 from portkit.abi.interpreter import CAPABILITIES
 from portkit.codegen.lower import lower
+from portkit.schedule import stages
 from portkit.tensor import Tensor
 
 VENDOR = "vendor-host-cpu"

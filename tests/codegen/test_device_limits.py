@@ -9,10 +9,11 @@ import functools
 import numpy as np
 import pytest
 
-from portkit import backends, runtime, schedule, stages
+from portkit import backends, runtime, schedule
 from portkit.abi import CapabilityError, Kernel, KernelBuilder, Op, dtypes
 from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.interpreter import run as interpret
+from portkit.schedule import stages
 from portkit.tensor import Tensor
 
 SMALL = "interpreter-small-limits"

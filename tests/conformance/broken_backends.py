@@ -18,8 +18,12 @@ from portkit.abi import (
     Op,
     Renderer,
     dtypes,
-    interpreter,
 )
+from portkit.reference_backends.interpreter import backend as interpreter_backend
+from portkit.reference_backends.interpreter.capabilities import (
+    capabilities as interpreter_capabilities,
+)
+from portkit.reference_backends.interpreter.runtime import InterpreterProgram
 
 
 def _rewrite(kernel: Kernel, op: Op, emit) -> Kernel:
@@ -92,7 +96,7 @@ class DropsLastByte:
 
 
 def _device(name: str, **parts) -> Device:
-    return dataclasses.replace(interpreter.backend.load(), name=name, **parts)
+    return dataclasses.replace(interpreter_backend.load(), name=name, **parts)
 
 
 def sin_off() -> Device:
@@ -122,20 +126,20 @@ def _cmpne_misses_nan(nodes: list[Node], node: Node) -> int:
 def cmpne_nan_without_max() -> Device:
     """CMPNE is false when an operand is NaN, and MAX is left to the decomposition (which
     detects NaN with CMPNE), so MAX fails too."""
-    caps = interpreter.CAPABILITIES
+    caps = interpreter_capabilities()
     return _device("cmpne-nan", renderer=RewritingRenderer(Op.CMPNE, _cmpne_misses_nan),
                    capabilities=dataclasses.replace(caps, ops=frozenset(caps.ops - {Op.MAX})))
 
 
 def copyout_short() -> Device:
     """copyout leaves the last byte of every read untouched."""
-    device = interpreter.backend.load()
+    device = interpreter_backend.load()
     return _device("broken-copyout", allocator=DropsLastByte(device.allocator))
 
 
 def no_float16() -> Device:
     """A correct device that declares it lacks float16 (and float64)."""
-    caps = interpreter.CAPABILITIES
+    caps = interpreter_capabilities()
     lacking = {dtypes.float16, dtypes.float64}
     return _device("no-fp16", capabilities=dataclasses.replace(
         caps, dtypes=frozenset(caps.dtypes - lacking)))
@@ -146,7 +150,7 @@ max_backend = Backend("broken-max", max_nan, abi_version=ABI_VERSION)
 copyout_backend = Backend("broken-copyout", copyout_short, abi_version=ABI_VERSION)
 
 
-class CrashingProgram(interpreter._Program):
+class CrashingProgram(InterpreterProgram):
     """A program that, on float32 kernels using SIN, EXP2 or LOG2, segfaults, aborts or spins
     forever: the three ways new hardware's native code takes a process down."""
 

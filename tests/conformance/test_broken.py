@@ -66,7 +66,7 @@ def test_copyout_dropping_the_last_byte_fails_runtime_and_blocks_all_above(broke
 
 def test_replay_command_line_reproduces_and_exits_1(broken, tmp_path, fake_backends, capsys):
     fake_backends({"broken-sin": "broken_backends:sin_backend",
-                   "interpreter": "portkit.abi.interpreter:backend"})
+                   "interpreter": "portkit.reference_backends.interpreter:backend"})
     code = cli.main(["conform", "--backend", "broken-sin", "--quick", "--tier", "2",
                      "-k", "ops/SIN/float32", "--repro-dir", str(tmp_path)])
     assert code == 1
@@ -145,7 +145,7 @@ def test_replay_show_prints_the_decomposed_kernel_and_its_source(broken, tmp_pat
 
 
 def test_a_case_that_passes_again_removes_its_stale_reproduction_file(broken, tmp_path):
-    from portkit.abi import interpreter
+    from portkit.reference_backends import interpreter
 
     _run(broken.sin_off(), tmp_path, tiers=(2,), pattern="ops/SIN/float32")
     stale = tmp_path / "ops_SIN_float32.json"

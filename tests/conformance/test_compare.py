@@ -24,7 +24,7 @@ def _without_timings(data: dict) -> dict:
 @pytest.fixture
 def sin_broken(broken, fake_backends):
     fake_backends({"broken-sin": "broken_backends:sin_backend",
-                   "interpreter": "portkit.abi.interpreter:backend"})
+                   "interpreter": "portkit.reference_backends.interpreter:backend"})
 
 
 def test_three_shards_merged_equal_the_whole_run(sin_broken, tmp_path, capsys):

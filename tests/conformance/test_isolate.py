@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from portkit.cli import main
-from portkit.conformance import suite
+from portkit.conformance import runner, suite
 from portkit.conformance.case import Status
 from portkit.conformance.target import Target
 
@@ -54,7 +54,7 @@ def test_segfault_abort_and_hang_are_reported_and_the_run_goes_on(crashy, tmp_pa
 
 def test_a_crash_blocks_what_requires_the_crashed_case(crashy, tmp_path):
     target = Target.load("crashy")
-    report = suite.run(target, suite.Options(tiers=(2, 4), quick=True, timeout=30,
+    report = runner.run(target, suite.Options(tiers=(2, 4), quick=True, timeout=30,
                                              pattern="*[Ss][Ii][Nn]/float32*",
                                              repro_dir=str(tmp_path)))
     statuses = {r.case.id: r.status for r in report.results}
@@ -69,7 +69,7 @@ def test_xfail_covers_a_known_crash(crashy, tmp_path):
     options = suite.Options(tiers=(2,), quick=True, pattern="ops/SIN/float32",
                             xfail={"ops/SIN/float32": "driver bug 123"},
                             repro_dir=str(tmp_path))
-    [result] = suite.run(Target.load("crashy"), options).results
+    [result] = runner.run(Target.load("crashy"), options).results
     assert result.status is Status.XFAIL
     assert result.message.startswith("expected failure (driver bug 123): crashed: the worker")
 
@@ -78,17 +78,17 @@ def test_auto_isolates_a_backend_loaded_by_name_and_none_does_not(crashy, broken
     from portkit.conformance.isolate import Isolated
 
     target = Target.load("crashy")
-    assert type(suite.executor(target, suite.Options())) is Isolated
-    assert type(suite.executor(target, suite.Options(isolate="none"))) is suite.InProcess
+    assert type(runner.executor(target, suite.Options())) is Isolated
+    assert type(runner.executor(target, suite.Options(isolate="none"))) is suite.InProcess
     handed_in = Target(broken.crashing())
-    assert type(suite.executor(handed_in, suite.Options())) is suite.InProcess
+    assert type(runner.executor(handed_in, suite.Options())) is suite.InProcess
     with pytest.raises(ValueError, match="'auto', 'process' or 'none'"):
-        suite.executor(target, suite.Options(isolate="fork"))
+        runner.executor(target, suite.Options(isolate="fork"))
 
 
 def test_a_device_handed_in_cannot_be_isolated(broken):
     with pytest.raises(ValueError, match="--isolate none"):
-        suite.run(Target(broken.crashing()), suite.Options(tiers=(2,), isolate="process"))
+        runner.run(Target(broken.crashing()), suite.Options(tiers=(2,), isolate="process"))
 
 
 QUITS = """
@@ -112,7 +112,7 @@ def test_conform_survives_a_backend_that_exits_while_loading(fake_backends, fake
 def test_conform_available_lists_a_backend_that_exits_and_checks_the_rest(
         fake_backends, fake_backend_module, capsys):
     fake_backends({"quits": fake_backend_module(QUITS),
-                   "interpreter": "portkit.abi.interpreter:backend"})
+                   "interpreter": "portkit.reference_backends.interpreter:backend"})
     assert main(["conform", "--available", "--quick", "--tier", "1"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "quits not available: broken backend package: loading it ended the process" in out
@@ -128,7 +128,7 @@ def test_a_bad_timeout_is_a_usage_error(value, capsys):
 
 COUNTED = """
 from portkit.abi import ABI_VERSION, Backend
-from portkit.abi import interpreter
+from portkit.reference_backends import interpreter
 
 def _load():
     with open({path!r}, "a") as log:
@@ -160,7 +160,7 @@ def test_a_crashed_cases_source_is_rendered_by_the_next_worker(crashy, capsys, t
     target = WorkerTarget("crashy", "broken_backends:crashing_backend",
                           suite.Options(timeout=30))
     assert target.device is None and "float32" in {d.name for d in target.capabilities.dtypes}
-    report = suite.run(target, suite.Options(tiers=(2,), quick=True, timeout=30,
+    report = runner.run(target, suite.Options(tiers=(2,), quick=True, timeout=30,
                                              pattern="ops/SIN/float32", repro_dir=str(tmp_path)))
     [result] = [r for r in report.results if r.case.id == "ops/SIN/float32"]
     assert result.status is Status.CRASHED and result.source and "sin" in result.source.lower()

@@ -105,7 +105,7 @@ def test_conform_model_on_the_command_line(broken, fake_backends, tmp_path, caps
 
     monkeypatch.setenv("COLUMNS", "250")
     fake_backends({"broken-sin": "broken_backends:sin_backend",
-                   "interpreter": "portkit.abi.interpreter:backend",
+                   "interpreter": "portkit.reference_backends.interpreter:backend",
                    "cpu": "portkit.reference_backends.cpu:backend"})
     path = sin_model(tmp_path / "m.onnx")
     code = main(["conform", "--backend", "broken-sin", "--model", str(path),

@@ -60,7 +60,7 @@ def test_same_cases_and_verdicts_as_conform(tmp_path):
 
 def test_a_broken_op_fails_exactly_the_cases_conform_fails(broken, fake_backends, tmp_path):
     fake_backends({"broken-sin": "broken_backends:sin_backend",
-                   "interpreter": "portkit.abi.interpreter:backend"})
+                   "interpreter": "portkit.reference_backends.interpreter:backend"})
     code, got = _pytest(tmp_path, "--portkit-backend", "broken-sin", "--portkit-quick",
                         *[f"--portkit-tier={t}" for t in (1, 2, 3)])
     expected = _conform("broken-sin", tmp_path)

@@ -7,12 +7,13 @@ import dataclasses
 
 import pytest
 
-from portkit import runtime, stages
+from portkit import runtime
 from portkit.abi import BackendUnavailable
 from portkit.conformance import tier7_stress
 from portkit.conformance.case import Context, Status
 from portkit.conformance.suite import Tier, execute
 from portkit.conformance.target import Target
+from portkit.schedule import stages
 
 
 def _target(name: str) -> Target:

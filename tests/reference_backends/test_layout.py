@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2] / "portkit" / "reference_backends"
 FILES = {"__init__.py", "device.py", "capabilities.py", "renderer.py", "runtime.py"}
 # backend -> the prefix of its class names
 BACKENDS = {"cpu": "CPU", "opencl": "OpenCL", "cuda": "CUDA", "metal": "Metal",
-            "webgpu": "WebGPU"}
+            "webgpu": "WebGPU", "interpreter": "Interpreter"}
 
 
 def part(backend: str, name: str):

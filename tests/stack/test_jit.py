@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import portkit
-from portkit import nn, optim, runtime, schedule
+from portkit import nn, optim, schedule, settings
 from portkit.jit import JitError
 from portkit.tensor import Tensor
 
@@ -273,10 +273,15 @@ def test_reading_a_replays_result_walks_no_graph(monkeypatch):
 
 
 def _counting_reads(monkeypatch) -> list[str]:
-    """The names of the settings read from now on."""
+    """The names of the launch settings (PORTKIT_DEBUG, PORTKIT_CHECK) read from now on."""
     reads: list[str] = []
-    setting = runtime.setting
-    monkeypatch.setattr(runtime, "setting", lambda name: reads.append(name) or setting(name))
+    read = settings.read
+
+    def counted(name: str):
+        if name in ("PORTKIT_DEBUG", "PORTKIT_CHECK"):
+            reads.append(name)
+        return read(name)
+    monkeypatch.setattr(settings, "read", counted)
     return reads
 
 
@@ -306,11 +311,11 @@ def test_unset_launch_settings_are_looked_up_without_os_environ_get(monkeypatch)
     x = Tensor(np.arange(4, dtype=np.float32)).realize()
     (x + 1).realize()
     reads = _counting_reads(monkeypatch)
-    assert runtime.launch_settings() == (0, "")
+    assert settings.launch() == (0, "")
     np.testing.assert_array_equal((x + 1).numpy(), np.arange(4) + 1)
     assert reads == []
     monkeypatch.setenv("PORTKIT_CHECK", "interpreter")     # and a change is seen at once
-    assert runtime.launch_settings() == (0, "interpreter")
+    assert settings.launch() == (0, "interpreter")
 
 
 def test_an_eager_realize_reads_the_launch_settings_once(monkeypatch):

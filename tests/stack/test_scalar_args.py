@@ -10,6 +10,7 @@ import pytest
 from portkit import nn, optim, runtime, schedule
 from portkit.abi import dtypes
 from portkit.abi.ops import Op
+from portkit.schedule import fusion, keys
 from portkit.tensor import Tensor
 from portkit.tensor.core import realize
 
@@ -38,7 +39,7 @@ def test_the_kernel_takes_the_number_as_a_float32_var():
 def test_a_narrow_number_gives_what_the_constant_gave(dtype, value, monkeypatch):
     start = np.arange(4).astype(dtype)
     passed = (Tensor(start) * value).numpy()
-    monkeypatch.setattr(schedule, "MAX_SCALARS", 0)
+    monkeypatch.setattr(keys, "MAX_SCALARS", 0)
     np.testing.assert_array_equal(passed, (Tensor(start) * value).numpy())
 
 
@@ -84,7 +85,7 @@ def test_adam_with_a_cosine_learning_rate_compiles_nothing_after_step_two():
 
 def test_scalar_arguments_give_the_constant_folded_results(monkeypatch):
     _, as_arguments = _adam_run(4, cosine=True, seed=1)
-    monkeypatch.setattr(schedule, "MAX_SCALARS", 0)     # every number written into the code
+    monkeypatch.setattr(keys, "MAX_SCALARS", 0)     # every number written into the code
     runtime.clear()
     builds, as_code = _adam_run(4, cosine=True, seed=1)
     assert sum(builds[2:]) > 0      # the folded loop does compile new kernels
@@ -110,7 +111,7 @@ def test_a_graph_of_a_seen_structure_replays_without_scheduling(monkeypatch):
         assert got[1] == expected[1]
 
     run(0.5)
-    monkeypatch.setattr(schedule, "create_schedule", _fails)
+    monkeypatch.setattr(fusion, "create_schedule", _fails)
     run(-1.25)
     run(3.0)
 
@@ -122,7 +123,7 @@ def test_a_split_reduce_replays_with_new_data(monkeypatch):
         np.testing.assert_allclose(got, (x.astype(np.float64) * 2).sum(), rtol=1e-5)
 
     total(1)
-    monkeypatch.setattr(schedule, "create_schedule", _fails)
+    monkeypatch.setattr(fusion, "create_schedule", _fails)
     total(2)
 
 
@@ -197,6 +198,6 @@ def test_a_graph_with_numbers_as_code_replays_while_they_keep_their_values(monke
     first = run(0.0)
     moved = run(100.0)       # other values as code: scheduled again, not replayed wrongly
     np.testing.assert_array_equal(moved, first + 100 * (schedule.MAX_SCALARS + 2))
-    monkeypatch.setattr(schedule, "create_schedule", _fails)
+    monkeypatch.setattr(fusion, "create_schedule", _fails)
     np.testing.assert_array_equal(run(0.0), first)      # (a training step's backward kernels)
     np.testing.assert_array_equal(run(100.0), moved)

@@ -207,11 +207,11 @@ def _tensor_graph_kernels() -> tuple[Kernel, ...]:
     many-threads device, so the stack's GPU-style lowering. Tier 4's come from its graphs
     (nothing runs); tier 5's are recorded while the models run on the interpreter, since the
     MLP reads each step's loss before building the next."""
-    from portkit.abi import interpreter
     from portkit.conformance import tier4_tensor as t4
     from portkit.conformance import tier5_models as t5
     from portkit.conformance.case import Context
     from portkit.conformance.target import Target
+    from portkit.reference_backends import interpreter
 
     found: list[Kernel] = []
     planner = t4.stack_device(t4.interpreter_target())

@@ -6,7 +6,6 @@ are synchronous.
 """
 from __future__ import annotations
 
-import os
 import platform
 import shlex
 import shutil
@@ -18,7 +17,7 @@ from pathlib import Path
 import cffi
 import numpy as np
 
-from portkit import cache
+from portkit import cache, settings
 from portkit.abi.backend import Compiler, HostAllocator, Program
 from portkit.abi.errors import BackendUnavailable, CompileError
 
@@ -133,7 +132,7 @@ def cpu_flags() -> set[str]:
 
 def find_compiler() -> list[str]:
     """The compiler command: $PORTKIT_CC, else clang, else gcc; BackendUnavailable if none."""
-    override = os.environ.get("PORTKIT_CC")
+    override = settings.read("PORTKIT_CC")
     if override:
         command = shlex.split(override)
         if not shutil.which(command[0]):

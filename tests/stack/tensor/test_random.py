@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import portkit.tensor as pt
-from portkit import backends, schedule
+from portkit import backends
+from portkit.schedule import runner
 from portkit.tensor import Tensor
 
 BACKENDS = [name for name, reason in backends.available().items() if reason is None]
@@ -85,10 +86,10 @@ def test_generated_on_the_device_and_compiled_once_per_shape():
     assert len(kernels) == 1
     assert len(kernels[0].params) == 2
     sample.numpy()
-    compiled = len(schedule._lowered)
+    compiled = len(runner._kernels)
     for _ in range(3):
         Tensor.rand(4096).numpy()
-    assert len(schedule._lowered) == compiled
+    assert len(runner._kernels) == compiled
 
 
 def test_randint_and_rand_reject_bad_arguments():

@@ -1,4 +1,4 @@
-"""Long reduces cut into stages, as the scheduler realizes them (portkit/schedule.py): a reduce
+"""Long reduces cut into stages, as the scheduler realizes them (portkit/schedule/): a reduce
 of many elements into few outputs becomes partial reduces that many workgroups share, and no
 stage loops longer than a float32 lane stays exact or a device's loop budget allows."""
 from __future__ import annotations

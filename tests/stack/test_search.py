@@ -1,14 +1,16 @@
-"""The tuner (portkit/codegen/tune.py): it keeps the fastest candidate by the timer's word, stores
-it per device and kernel structure, and later lowerings (and searches) reuse it."""
+"""The tuner (portkit/schedule/search.py; lowering reads its choice through codegen/tune.py): it
+keeps the fastest candidate by the timer's word, stores it per device and kernel structure, and
+later lowerings (and searches) reuse it."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from portkit import cli, runtime, schedule
+from portkit import cli, runtime, schedule, settings
 from portkit.abi.ops import Op
 from portkit.codegen import tiles, tune
 from portkit.codegen.lower import lower
+from portkit.schedule import search
 from portkit.tensor import Tensor
 
 
@@ -42,7 +44,7 @@ def test_the_tuner_keeps_the_candidate_the_timer_finds_fastest_and_lowering_reus
     default = lower(item.root, item.inputs, caps)
     second = next(t for t in tiles.CANDIDATES[1:] if t.threads != default.block[0])
     timed: list = []
-    found = tune.search(rt, item.root, item.inputs, width=len(tiles.CANDIDATES),
+    found = search.search(rt, item.root, item.inputs, width=len(tiles.CANDIDATES),
                         timer=_fake_timer(second.threads, timed), progress=False)
     assert len(timed) == len(found.seconds) >= 3      # the fitting candidates and untiled
     assert found.choice.threads == second.threads
@@ -59,7 +61,7 @@ def test_a_stored_untiled_verdict_turns_local_tiling_off():
     def untiled_fastest(kernel) -> float:
         return 0.1 if Op.LOCAL not in {n.op for n in kernel.nodes} else 1.0
 
-    found = tune.search(rt, item.root, item.inputs, width=2, timer=untiled_fastest,
+    found = search.search(rt, item.root, item.inputs, width=2, timer=untiled_fastest,
                         progress=False)
     assert found.choice == tiles.UNTILED
     assert Op.LOCAL not in {n.op for n in lower(item.root, item.inputs, rt.capabilities).nodes}
@@ -67,7 +69,7 @@ def test_a_stored_untiled_verdict_turns_local_tiling_off():
 
 def test_choices_are_kept_per_kernel_structure():
     rt = runtime.get("interpreter")
-    tune.search(rt, _item().root, _item().inputs, width=2, timer=lambda k: 1.0, progress=False)
+    search.search(rt, _item().root, _item().inputs, width=2, timer=lambda k: 1.0, progress=False)
     other = _item(m=48)
     assert tune.stored(rt.capabilities, tune.contraction(other.root, other.inputs,
                                                          rt.capabilities)) is None
@@ -77,7 +79,7 @@ def test_portkit_beam_searches_once_then_reads_the_cache(monkeypatch, capsys):
     rt = runtime.get("interpreter")
     item = _item(16, 16, 16)
     monkeypatch.setenv("PORTKIT_BEAM", "2")
-    tune.ensure(rt, item.root, item.inputs)       # times on the interpreter itself
+    search.ensure(rt, item.root, item.inputs)       # times on the interpreter itself
     contraction = tune.contraction(item.root, item.inputs, rt.capabilities)
     assert tune.stored(rt.capabilities, contraction) is not None
     assert "candidates in" in capsys.readouterr().err      # the search time is reported
@@ -85,14 +87,14 @@ def test_portkit_beam_searches_once_then_reads_the_cache(monkeypatch, capsys):
     def fail(*args, **kwargs):
         raise AssertionError("searched again although a choice is stored")
 
-    monkeypatch.setattr(tune, "search", fail)
-    tune.ensure(rt, item.root, item.inputs)
+    monkeypatch.setattr(search, "search", fail)
+    search.ensure(rt, item.root, item.inputs)
 
 
 def test_a_bad_portkit_beam_names_the_fix(monkeypatch):
     monkeypatch.setenv("PORTKIT_BEAM", "many")
     with pytest.raises(ValueError, match="whole number"):
-        tune.beam()
+        settings.read("PORTKIT_BEAM")
 
 
 def test_portkit_tune_command_stores_a_choice(cache):
@@ -108,7 +110,7 @@ def test_a_narrow_search_still_times_the_default_and_untiled():
     default = tiles.choose(contraction, rt.capabilities)
     assert default != tiles.CANDIDATES[0]
     timed: list = []
-    found = tune.search(rt, item.root, item.inputs, width=1,
+    found = search.search(rt, item.root, item.inputs, width=1,
                         timer=_fake_timer(default.threads, timed), progress=False)
     assert set(found.seconds) == {tiles.CANDIDATES[0], default, tiles.UNTILED}
     assert found.choice == default

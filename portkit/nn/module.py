@@ -1,0 +1,111 @@
+"""`Module`: the base of layers, which finds its parameters by walking its attributes."""
+from __future__ import annotations
+
+import numpy as np
+
+from portkit.abi import dtypes
+from portkit.tensor import DTypeLike, Tensor, realize
+from portkit.tensor.dtype import to_dtype
+
+_DTYPE_NAMES = frozenset(d.name for d in dtypes.ALL)
+
+
+class Module:
+    """Base of layers: finds its parameters by walking attributes (tensors, modules, lists)."""
+
+    training = True
+
+    def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
+        """Every tensor of this module and its children, by dotted name."""
+        out: dict[str, Tensor] = {}
+        for name, value in vars(self).items():
+            _collect(value, prefix + name, out)
+        return out
+
+    def parameters(self) -> list[Tensor]:
+        """The tensors that require gradients (what an optimizer updates)."""
+        return [t for t in self.state_dict().values() if t.requires_grad]
+
+    def named_parameters(self) -> list[tuple[str, Tensor]]:
+        """(dotted name, tensor) of each parameter, as torch's named_parameters()."""
+        return [(n, t) for n, t in self.state_dict().items() if t.requires_grad]
+
+    def zero_grad(self) -> None:
+        """Drops every parameter's gradient (None, as torch's set_to_none default)."""
+        for t in self.parameters():
+            t.grad = None
+
+    def load_state_dict(self, state: dict[str, Tensor | np.ndarray], strict: bool = True) -> None:
+        """Copies values into this module's tensors; names and shapes must match."""
+        own = self.state_dict()
+        missing, unexpected = set(own) - set(state), set(state) - set(own)
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_state_dict: missing {sorted(missing)}, unexpected "
+                           f"{sorted(unexpected)}")
+        for name, value in state.items():
+            if name not in own:
+                continue
+            array = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
+            if array.shape != own[name].shape:
+                raise ValueError(f"load_state_dict: {name} has shape {own[name].shape}, the "
+                                 f"state has {array.shape}")
+            own[name].assign(Tensor(array, own[name].dtype, own[name].device))
+
+    def to(self, device: str | DTypeLike | None = None, dtype: DTypeLike | None = None
+           ) -> Module:
+        """Moves every tensor to `device` and casts the float ones to `dtype` (either may come
+        first, as torch's); the tensors stay the same objects, so optimizers keep them."""
+        if device is not None and (not isinstance(device, str) or device in _DTYPE_NAMES):
+            device, dtype = None, device
+        dtype = to_dtype(dtype)
+        moved = [t for t in self.state_dict().values()]
+        moved += [t.grad for t in moved if t.grad is not None]
+        for t in moved:
+            value = Tensor(t.lazy)          # no autograd record: t stays a leaf
+            if device is not None:
+                value = value.to(device)
+            if dtype is not None and value.dtype.is_float:
+                value = value.cast(dtype)
+            t.lazy = value.lazy
+        realize(*moved)
+        return self
+
+    def train(self, mode: bool = True) -> Module:
+        """Sets training mode (dropout active, batch statistics) here and in every child."""
+        for module in [self, *_modules(self)]:
+            module.training = mode
+        return self
+
+    def eval(self) -> Module:
+        """train(False)."""
+        return self.train(False)
+
+    def __call__(self, *args, **kwargs) -> Tensor:
+        return self.forward(*args, **kwargs)
+
+
+def _collect(value, name: str, out: dict) -> None:
+    # a module's tensors are found under its attribute's name, as torch names them
+    if isinstance(value, Tensor):
+        out[name] = value
+    elif isinstance(value, Module):
+        out.update(value.state_dict(name + "."))
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _collect(item, f"{name}.{i}", out)
+
+
+def _modules(module: Module) -> list[Module]:
+    found = []
+    for value in vars(module).values():
+        items = value if isinstance(value, list | tuple) else [value]
+        for item in items:
+            if isinstance(item, Module):
+                found += [item, *_modules(item)]
+    return found
+
+
+def uniform_parameter(shape: tuple[int, ...], bound: float) -> Tensor:
+    """A parameter drawn uniformly from [-bound, bound], as torch initializes its layers."""
+    return (Tensor.rand(*shape) * (2 * bound) - bound).realize().requires_grad_()
+

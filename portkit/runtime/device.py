@@ -1,0 +1,299 @@
+"""One device, ready to use: its caches, its buffer pool and its launches.
+
+    rt = runtime.get("cpu")
+    out, = rt.run(kernel, np.zeros(16, np.float32))
+
+This is the one device pipeline: `prepare` (decompose what the device lacks, check the launch),
+render, compile through the disk cache, make the program; and `run_program`, the one place a program
+runs. The Tensor stack, the tuner and conformance all go through it.
+
+PORTKIT_DEBUG=2 prints one line per launch (name, grid, block, time); 3 adds the kernel's JSON
+and 4 its rendered source, both at a kernel's first launch. A realize or a replay reads it and
+PORTKIT_CHECK once (`settings.launch()`) and hands them to each of its launches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from portkit import cache, settings
+from portkit.abi import dtypes
+from portkit.abi.backend import Capabilities, Device, HostAllocator
+from portkit.abi.dtypes import DType
+from portkit.abi.kernel import Kernel, validate
+from portkit.abi.ops import COMPUTE
+from portkit.runtime.memory import Buffer, BufferPool, LaunchError
+from portkit.runtime.programs import LRU, Compiled
+
+
+class OutOfBoundsError(LaunchError):
+    """PORTKIT_CHECK found a LOAD or STORE outside its buffer (and did not perform it)."""
+
+
+def kernel_cache_size() -> int:
+    """How many compiled kernels a cache keeps: PORTKIT_KERNEL_CACHE (default 1024)."""
+    return settings.read("PORTKIT_KERNEL_CACHE")
+
+
+class Runtime:
+    """A loaded device with its caches and buffer pool. Get one with `get(name)`.
+
+    Thread-safe: every call into the device (allocate, copy, make a program, launch, wait)
+    holds `device_lock`, because drivers are not (an OpenCL kernel's arguments are set, then
+    enqueued: two threads interleave them; wgpu-core panicked on buffers freed by another
+    thread). Compiling runs outside it, so threads still compile in parallel.
+    """
+
+    def __init__(self, name: str, device: Device):
+        self.name, self.device = name, device
+        self.device_lock = threading.RLock()   # re-entrant: a Buffer may be freed inside a call
+        self.pool = BufferPool(device.allocator, self.device_lock)
+        # Programs of the most recent kernels (PORTKIT_KERNEL_CACHE, default 1024): one per
+        # distinct shape otherwise grows without bound; an evicted program is unloaded when
+        # its last launch reference goes.
+        self._compiled: LRU = LRU(kernel_cache_size())
+        self._lock = threading.Lock()     # conformance compiles on several threads
+        self.builds = 0     # kernels rendered and compiled (through the disk cache) so far
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the device declares it supports."""
+        return self.device.capabilities
+
+    def alloc(self, dtype: DType, size: int) -> Buffer:
+        """A buffer of `size` elements of `dtype` (contents undefined until written)."""
+        return Buffer(self.pool, dtype, size)
+
+    def share(self, dtype: DType, memory: np.ndarray) -> Buffer | None:
+        """A buffer over the caller's host bytes `memory` (no copy; the caller keeps it alive
+        through the buffer), or None where this device's buffers are not host memory."""
+        if not isinstance(self.device.allocator, HostAllocator) or memory.dtype != np.uint8:
+            return None
+        return Buffer(self.pool, dtype, memory.size // dtype.itemsize, borrowed=memory)
+
+    def prepare(self, kernel: Kernel) -> Kernel:
+        """`kernel` as this device runs it: ops it lacks decomposed, a name longer than the
+        device takes shortened (its start and a hash), checked against its limits."""
+        capabilities = self.capabilities
+        longest = capabilities.max_name_length
+        if longest is not None and len(kernel.name) > longest:
+            digest = hashlib.sha256(kernel.name.encode()).hexdigest()[:12]
+            kernel = dataclasses.replace(kernel, name=f"{kernel.name[:longest - 13]}_{digest}")
+        if {n.op for n in kernel.nodes if n.op in COMPUTE} - capabilities.ops:
+            from portkit.codegen.decompose import decompose
+
+            kernel = decompose(kernel, capabilities.ops)
+        validate(kernel)
+        capabilities.check_launch(kernel)
+        return kernel
+
+    def build(self, kernel: Kernel, disk_cache: bool = True) -> Compiled:
+        """Prepares, renders and compiles `kernel` now (through the disk cache unless told not
+        to), bypassing the in-memory cache: for timing a compile."""
+        start = time.perf_counter()
+        with self._lock:
+            self.builds += 1
+        kernel = self.prepare(kernel)
+        source = self.device.renderer.render(kernel)
+        if disk_cache:
+            binary = cache.compile_cached(self.name, self.device.compiler, source)
+        else:
+            binary = self.device.compiler.compile(source)
+        with self.device_lock:
+            program = self.device.program(kernel.name, binary)
+        return Compiled(kernel, source, program, time.perf_counter() - start)
+
+    def compile(self, kernel: Kernel) -> Compiled:
+        """`build(kernel)`, once per kernel: later calls return the same Compiled."""
+        # Keyed by the JSON form, not the Kernel: Kernel equality holds -0.0 == 0.0 and
+        # NaN != NaN for CONST values, which would share or miss programs wrongly.
+        key = kernel.to_json()
+        with self._lock:
+            compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self.build(kernel)
+            with self._lock:
+                compiled = self._compiled.setdefault(key, compiled)
+        return compiled
+
+    def clear(self) -> None:
+        """Forgets every compiled kernel and frees every pooled buffer."""
+        with self._lock:
+            self._compiled.clear()
+        self.pool.clear()
+
+    def launch(self, compiled: Compiled, buffers: list[Buffer], scalars: tuple = (),
+               wait: bool = False, flags: settings.Launch | None = None) -> float | None:
+        """Runs `compiled` on its own grid and block; with `wait`, returns the seconds it took.
+        `scalars` are the VARs' values (ints or floats), in argument order; `flags`: the
+        caller's `settings.launch()`, read now if not given."""
+        flags = flags or settings.launch()
+        _check_arguments(compiled, buffers, scalars)
+        words = compiled.words(scalars)
+        if flags.check == "compiled" and self._checked(compiled) is not None:
+            return self._launch_checked(compiled, buffers, words, wait, flags.debug)
+        if flags.check:
+            _check_bounds(compiled.kernel, buffers, words)
+        return self.run_program(compiled, [b.handle for b in buffers], words, wait, flags.debug)
+
+    def _checked(self, compiled: Compiled) -> tuple | None:
+        """`compiled`'s bounds-checked build, its Compiled and its zeroed fault buffer, made
+        once; None where the fault buffer would exceed the device's buffer limit (the
+        interpreter checks then)."""
+        if compiled.checked is None:
+            from portkit.codegen.check import bounds_checked
+
+            checked = bounds_checked(compiled.kernel)
+            if len(checked.kernel.params) > self.capabilities.max_buffers:
+                compiled.checked = (checked, None, None)
+            else:
+                fault = self.alloc(dtypes.int32, checked.fault_words)
+                fault.copyin(np.zeros(checked.fault_words, np.int32))
+                compiled.checked = (checked, self.compile(checked.kernel), fault)
+        return compiled.checked if compiled.checked[1] is not None else None
+
+    def _launch_checked(self, compiled: Compiled, buffers: list[Buffer], words: list,
+                        wait: bool, level: int) -> float | None:
+        checked, program, fault = compiled.checked
+        sizes = [b.size for b in buffers]
+        # The fault buffer stays zero until an access is out of bounds; it is the kernel's, so
+        # the launch and its reading hold the device's lock together.
+        with self.device_lock:
+            seconds = self.run_program(program, [b.handle for b in buffers] + [fault.handle],
+                                sizes + words, wait, level)
+            compiled.launched = True
+            found = checked.fault(fault.numpy(), sizes)
+            if found is not None:
+                fault.copyin(np.zeros(checked.fault_words, np.int32))
+        if found is not None:
+            raise OutOfBoundsError(f"{found.message(compiled.kernel)} (PORTKIT_CHECK=1 skipped "
+                                   f"it); the buffers hold {sizes} elements: fix the kernel's "
+                                   "index or the buffer sizes")
+        return seconds
+
+    def launch_again(self, compiled: Compiled, buffers: list[Buffer], scalars: tuple,
+                     words: list | None = None, flags: settings.Launch | None = None) -> None:
+        """Runs `compiled` again on buffers and scalars of the kinds an earlier `launch` of it
+        checked (a replay: the scheduler's of a graph seen before, portkit.jit's): no argument
+        checks and no waiting. `words`: the scalars already packed (`compiled.words`);
+        `flags`: the replay's `settings.launch()`. While PORTKIT_DEBUG or PORTKIT_CHECK is
+        set it is `launch`, so each replayed launch is printed or checked."""
+        flags = flags or settings.launch()
+        if flags.debug or flags.check:
+            self.launch(compiled, buffers, scalars, flags=flags)
+            return
+        words = compiled.words(scalars) if words is None else words
+        self.run_program(compiled, [b.handle for b in buffers], words, False, 0)
+
+    def run_program(self, compiled: Compiled, handles: list, words: list, wait: bool = False,
+                    level: int = 0) -> float | None:
+        """The one place a program runs: on the allocator's `handles` and the scalars' 32-bit
+        `words`, under the device's lock; with `wait` (or PORTKIT_DEBUG `level` >= 2, which
+        prints the launch) it waits and returns the seconds the program reports."""
+        kernel = compiled.kernel
+        with self.device_lock:
+            seconds = compiled.program(handles, words, kernel.grid, kernel.block,
+                                       wait=wait or level >= 2)
+        if level >= 2:
+            print_launch(compiled, seconds, level)
+        compiled.launched = True
+        return seconds if wait else None
+
+    def run(self, kernel: Kernel, *arrays: np.ndarray, scalars: tuple = ()
+            ) -> list[np.ndarray]:
+        """Uploads `arrays` (one per PARAM, in order), launches, returns every param's array."""
+        compiled = self.compile(kernel)
+        params = compiled.kernel.params
+        if len(arrays) != len(params):
+            raise LaunchError(f"kernel {kernel.name!r} takes {len(params)} buffers, "
+                              f"got {len(arrays)} arrays")
+        arrays = tuple(np.asarray(a) for a in arrays)
+        buffers = [self.alloc(p.dtype, a.size).copyin(a) for p, a in zip(params, arrays)]
+        self.launch(compiled, buffers, scalars, wait=True)
+        return [b.numpy().reshape(a.shape) for b, a in zip(buffers, arrays)]
+
+    def time(self, compiled: Compiled, handles: list, words: list, repeats: int = 5,
+             wall: bool = False, max_seconds: float = 5.0, give_up: float = float("inf")
+             ) -> list[float]:
+        """The one kernel timer: seconds per launch of `compiled`, `repeats` times after one
+        warm-up launch: the seconds the program reports, or (with `wall`, or when it reports
+        none) the host's clock. It stops early, after at least min(3, repeats) launches, once
+        `max_seconds` have passed, and after the first when that one took over `give_up`."""
+        level = settings.read("PORTKIT_DEBUG")
+        times: list[float] = []
+        for i in range(repeats + 1):
+            if len(times) >= min(3, repeats) and sum(times) > max_seconds:
+                break
+            start = time.perf_counter()
+            reported = self.run_program(compiled, handles, words, True, level)
+            self.synchronize()
+            elapsed = time.perf_counter() - start
+            if i:
+                times.append(reported if reported and not wall else elapsed)
+                if times[0] > give_up:
+                    break
+        return times
+
+    def compile_all(self, kernels: list[Kernel], jobs: int | None = None
+                    ) -> list[Compiled | Exception]:
+        """`compile` of every kernel, side by side on `jobs` threads (default: one per core;
+        compilers run as processes or release the GIL): a graph's or a suite's kernels compile
+        together. A kernel that fails gives its exception in its place."""
+        def build(kernel: Kernel) -> Compiled | Exception:
+            try:
+                return self.compile(kernel)
+            except Exception as error:  # noqa: BLE001 - handed back to the caller, in place
+                return error
+
+        jobs = min(len(kernels), jobs or os.cpu_count() or 1)
+        if jobs < 2:
+            return [build(k) for k in kernels]
+        with ThreadPoolExecutor(jobs) as pool:
+            return list(pool.map(build, kernels))
+
+    def synchronize(self) -> None:
+        """Waits until every launched kernel has finished."""
+        with self.device_lock:
+            self.device.synchronize()
+
+
+def _check_bounds(kernel: Kernel, buffers: list[Buffer], words: list[int]) -> None:
+    from portkit.abi.interpreter import OutOfBounds, run
+
+    try:
+        run(kernel, [b.numpy() for b in buffers], words)
+    except OutOfBounds as error:
+        raise OutOfBoundsError(f"{error} (PORTKIT_CHECK stopped the launch); the buffers "
+                               f"hold {[b.size for b in buffers]} elements: fix the kernel's "
+                               "index or the buffer sizes") from None
+
+
+def _check_arguments(compiled: Compiled, buffers: list[Buffer], scalars: tuple) -> None:
+    wanted = compiled.buffer_dtypes
+    if len(buffers) != len(wanted) or len(scalars) != len(compiled.var_dtypes):
+        kernel = compiled.kernel
+        raise LaunchError(f"kernel {kernel.name!r} takes {len(wanted)} buffers and scalars "
+                          f"{kernel.vars}, got {len(buffers)} buffers and {len(scalars)} scalars")
+    for position, (dtype, buffer) in enumerate(zip(wanted, buffers)):
+        if buffer.dtype != dtype:
+            raise LaunchError(f"kernel {compiled.kernel.name!r}: buffer {position} must hold "
+                              f"{dtype.name}, got {buffer.dtype.name}")
+
+
+def print_launch(compiled: Compiled, seconds: float | None, level: int) -> None:
+    """PORTKIT_DEBUG's line for one launch (level 2), with the kernel's JSON (3) and source
+    (4) at its first launch; conformance, which launches programs itself, prints it too."""
+    kernel = compiled.kernel
+    print(f"portkit: {kernel.name:<28} grid {kernel.grid} block {kernel.block} "
+          f"{(seconds or 0.0) * 1e3:9.3f} ms", file=sys.stderr)
+    if not compiled.launched and level >= 3:
+        print(kernel.to_json(), file=sys.stderr)
+        if level >= 4:
+            print(compiled.source, file=sys.stderr)

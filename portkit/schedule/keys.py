@@ -1,0 +1,165 @@
+"""Keys: what a kernel or a whole graph computes, with buffers and numbers replaced by positions.
+
+A kernel's structure (`structure`) keys its lowering and its program; a whole unrealized
+graph's (`graph_key`) keys the steps its first realize ran, so that a later realize of the same
+structure replays them. Neither holds a buffer nor the value of a constant the kernel takes as
+a scalar argument (portkit/codegen/lower.py, SCALAR_VAR_DTYPES): a training step lowers and
+compiles once even when its learning rate changes every step.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from portkit import graph
+from portkit.abi.dtypes import DType
+from portkit.codegen.lower import MAX_SCALARS, SCALAR_VAR_DTYPES
+from portkit.graph import GraphOp, Lazy
+
+
+class Scalars(NamedTuple):
+    """The constants a kernel takes as VARs: one node per VAR (in VAR order), the VAR of every
+    constant node that reads one (by id), and the constant nodes left as code."""
+
+    nodes: list[Lazy]
+    slots: dict[int, int]
+    code: list[Lazy]
+
+
+def same_value(node: Lazy) -> tuple:
+    # A float by its bits: -0.0 == 0.0 would share a VAR or a kernel, NaN != NaN miss one. A
+    # number portkit.jit traces is itself: equal to another today, it may differ at a replay.
+    value, dtype = node.arg, node.dtype.name      # by name: a str caches its hash
+    if isinstance(value, float):
+        return dtype, value.hex() if type(value) is float else ("traced", id(value))
+    return dtype, value
+
+
+def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
+    """What the kernel computes, with buffers replaced by their positions and constants by the
+    VAR they read (a cache key), and those VARs. Equal constants share a VAR, so a kernel with
+    many copies of 0 and 1 stays within MAX_SCALARS; which constants are equal is part of the
+    key. Constants past MAX_SCALARS distinct values stay code: their value is in the key."""
+    number: dict[int, int] = {id(x): k for k, x in enumerate(inputs)}
+    entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
+    scalars = Scalars([], {}, [])
+    by_value: dict[tuple, int] = {}
+
+    def slot_of(node: Lazy) -> int | None:
+        value = same_value(node)
+        slot = by_value.get(value)
+        if slot is None and len(scalars.nodes) < MAX_SCALARS:
+            slot = by_value[value] = len(scalars.nodes)
+            scalars.nodes.append(node)
+        return slot
+
+    order = graph.toposort([root], stop=lambda n: id(n) in number)
+    # numbers portkit.jit traces take VARs first: written as code, a replay could not change them
+    for node in order:
+        if isinstance(node.arg, graph.Traced) and node.dtype in SCALAR_VAR_DTYPES:
+            slot_of(node)
+    for node in order:
+        number[id(node)] = len(entries)
+        arg = node.arg
+        if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
+            slot = slot_of(node)
+            if slot is None:
+                scalars.code.append(node)
+                arg = same_value(node)
+            else:
+                scalars.slots[id(node)] = slot
+                arg = ("scalar", slot)
+        elif isinstance(arg, float):
+            arg = arg.hex()
+        entries.append((node.op, node.dtype, node.shape, arg,
+                        tuple(number[id(s)] for s in node.src)))
+    return tuple(entries), scalars
+
+
+def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
+    """The cache key part of `structure`."""
+    return structure(root, inputs)[0]
+
+
+def scalar_values(scalars: list[Lazy]) -> tuple:
+    """The values of constants as their VARs take them (narrow types rounded to their own dtype
+    first, so that widening them is exact)."""
+    return tuple([var_value(node.arg, node.dtype) for node in scalars])
+
+
+def var_value(value, dtype: DType):
+    """`value`, a constant of `dtype`, as its VAR takes it."""
+    return value if dtype.name in _EXACT_AS_VAR else _rounded(value, dtype)
+
+
+# by name: a str caches its hash, a DType (a dataclass) computes it in Python at every look-up
+_EXACT_AS_VAR = frozenset({"float32", "int32", "uint32"})
+_VAR_DTYPE_NAMES = frozenset(d.name for d in SCALAR_VAR_DTYPES)
+
+
+def _rounded(value, dtype: DType):
+    with np.errstate(over="ignore"):     # a float too large for its dtype is inf, as a cast
+        converted = np.array(value).astype(dtype.np)
+    return float(converted) if dtype.is_float else int(converted)
+
+
+# -- devices, buffers, running ------------------------------------------------------------------
+
+
+
+def kernel_name(root: Lazy, inputs: list[Lazy] = ()) -> str:
+    """"r_" (a reduce inside) or "e_" (elementwise only), then the output's shape."""
+    # The kernel's own nodes end at its inputs, realized yet or not, so that `kernels` (before
+    # anything runs) and `realize` name a kernel alike.
+    ends = {id(x) for x in inputs}
+    own = graph.toposort([root], stop=lambda n: n is not root and (n.realized or id(n) in ends))
+    kind = "r" if any(node.op is GraphOp.REDUCE for node in own) else "e"
+    return kind + "_" + "_".join(str(s) for s in root.shape) if root.shape else kind
+
+
+
+def graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
+    """The structure of everything `realize(outs)` computes, and its nodes by position.
+
+    One loop over the nodes in the order they are first seen (breadth first from `outs`: any
+    order works that is the same for graphs of the same structure). Seeing a node numbers its
+    sources, so its entry names them by number at once. Ops and dtypes go in by value and
+    name: a str caches its hash where an Enum or a DType computes it in Python at every
+    look-up (and an Enum's `_value_` skips the descriptor behind `.value`)."""
+    number: dict[Lazy, int] = {}     # a Lazy hashes by identity, in C: no call per node
+    nodes: list[Lazy] = []
+    for node in outs:
+        if node not in number:
+            number[node] = len(nodes)
+            nodes.append(node)
+    entries: list[tuple] = []
+    first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
+    load, const, reduce, var_dtypes = GraphOp.LOAD, GraphOp.CONST, GraphOp.REDUCE, _VAR_DTYPE_NAMES
+    for node in nodes:               # grows as the loop sees new sources
+        op, arg, dtype, src = node.op, node.arg, node.dtype.name, node.src
+        if op is load:
+            entries.append(("in", dtype, node.shape, node.device))
+            continue
+        for source in src:
+            if source not in number:
+                number[source] = len(nodes)
+                nodes.append(source)
+        if arg is None:
+            pass
+        elif op is const and dtype in var_dtypes:
+            arg = ("scalar", first.setdefault(same_value(node), len(first)))
+        elif isinstance(arg, float):
+            arg = arg.hex()
+        elif op is reduce:
+            arg = (arg[0]._value_, arg[1])      # (Op, axes), the Op by value
+        if len(src) == 1:
+            src = (number[src[0]],)
+        elif len(src) == 2:
+            src = (number[src[0]], number[src[1]])
+        elif src:
+            src = tuple([number[s] for s in src])
+        entries.append((op._value_, dtype, node.shape, node.device, arg, src))
+    entries.append(tuple([number[o] for o in outs]))
+    return tuple(entries), nodes
+

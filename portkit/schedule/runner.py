@@ -1,0 +1,274 @@
+"""Realizing a lazy graph: schedule it, lower and compile each kernel once per structure, launch.
+
+A training step builds the same graph every step. The structure of the whole unrealized graph
+(keys.graph_key: realized inputs and numbers by position) keys the steps its first realize ran,
+so a later realize of that structure costs one walk, a look-up and the launches (replay.py): no
+scheduling, no per-kernel keys. Every cache here is emptied by `portkit.runtime.clear()`.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import numpy as np
+
+from portkit import runtime, settings
+from portkit.abi.dtypes import DType
+from portkit.abi.kernel import Kernel
+from portkit.codegen.lower import check_dtypes, lower
+from portkit.graph import GraphOp, Lazy
+from portkit.schedule import replay, search
+from portkit.schedule.fusion import ScheduleItem, schedule
+from portkit.schedule.keys import (
+    Scalars,
+    graph_key,
+    kernel_name,
+    same_value,
+    scalar_values,
+    structure,
+)
+from portkit.schedule.replay import ARGS, MADE, Step, recording
+
+
+@contextmanager
+def _deep_recursion() -> Iterator[None]:
+    """Lowering recurses three Python frames per node (a chain of 6,600 lazy ops is 13,200
+    nodes). Python 3.11+ keeps Python-to-Python calls off the C stack, so the limit is raised
+    while lowering only: C code that recurses (json, repr) keeps the usual limit."""
+    limit = sys.getrecursionlimit()
+    if sys.version_info >= (3, 11):
+        sys.setrecursionlimit(max(limit, 200_000))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _alloc(device_name: str, dtype: DType, size: int) -> runtime.Buffer:
+    # A node of no elements still gets a buffer of one: a backend may refuse zero bytes.
+    return runtime.get(device_name).alloc(dtype, max(size, 1))
+
+
+def upload(array: np.ndarray, device_name: str, dtype: DType) -> runtime.Buffer:
+    """A new buffer holding `array`'s elements (C order)."""
+    buffer = _alloc(device_name, dtype, array.size)
+    if array.size:
+        buffer.copyin(np.ascontiguousarray(array, dtype.np).reshape(-1))
+    recorder = recording()
+    if recorder is not None:
+        recorder.upload(buffer)
+    return buffer
+
+
+# (device, kernel structure) -> [its ABI kernel, its program or None until compiled], and a
+# graph's structure -> the steps of its first realize: the most recent
+# runtime.kernel_cache_size() of each, so that many distinct shapes do not grow memory forever.
+_kernels: runtime.LRU = runtime.LRU(runtime.kernel_cache_size())
+_replays: runtime.LRU = runtime.LRU(runtime.kernel_cache_size())
+runtime.on_clear(_kernels.clear)
+runtime.on_clear(_replays.clear)
+
+
+def _key(item: ScheduleItem) -> tuple[tuple, Scalars]:
+    key, scalars = structure(item.root, item.inputs)
+    return (item.root.device, key), scalars
+
+
+def _entry(item: ScheduleItem, key: tuple, scalars: Scalars) -> list:
+    entry = _kernels.get(key)
+    if entry is None:
+        rt = runtime.get(item.root.device)
+        check_dtypes([item.root, *item.inputs], rt.capabilities, rt.name)
+        with _deep_recursion():
+            search.ensure(rt, item.root, item.inputs, scalars.nodes, scalars.slots)
+            kernel = lower(item.root, item.inputs, rt.capabilities,
+                           name=kernel_name(item.root, item.inputs), scalars=scalars.nodes,
+                           slots=scalars.slots)
+        entry = _kernels.setdefault(key, [kernel, None])
+    return entry
+
+
+def _compiled(item: ScheduleItem, key: tuple, scalars: Scalars) -> runtime.Compiled:
+    entry = _entry(item, key, scalars)
+    if entry[1] is None:
+        entry[1] = runtime.get(item.root.device).compile(entry[0])
+    return entry[1]
+
+
+def lower_item(item: ScheduleItem) -> Kernel:
+    """The ABI kernel of one schedule item on its device, lowered once per graph structure."""
+    return _entry(item, *_key(item))[0]
+
+
+def _launches(item: ScheduleItem) -> bool:
+    # A copy moves data without a kernel, and a node of no elements needs no kernel.
+    return not item.is_copy and item.root.size > 0
+
+
+def kernels(outs: list[Lazy]) -> list[Kernel]:
+    """The ABI kernels `realize(outs)` launches, in order, without running anything (the
+    runtime may still decompose ops the device lacks before it compiles them)."""
+    return [lower_item(item) for item in schedule(outs) if _launches(item)]
+
+
+class _NodeArg(NamedTuple):
+    """Reads a scalar argument at a replay: the value of the constant node at `position`."""
+
+    position: int
+
+    def __call__(self, nodes: list[Lazy]) -> object:
+        return nodes[self.position].arg
+
+
+class _Replay(NamedTuple):
+    """A graph's first realize, as a replay runs it again: its steps, the positions of the
+    graph's realized inputs they read (table ARGS, by index here) and the node each step
+    realizes (None: one the scheduler made)."""
+
+    steps: list[Step]
+    loads: list[int]
+    roots: list[int | None]
+
+
+def _run(items: list[ScheduleItem], number: dict[int, int]) -> tuple[_Replay | None, list[int]]:
+    """Runs the items; returns what replays them on another graph of the same structure, whose
+    walk numbers the nodes as `number` (id -> position) does (None if nothing can), and the
+    positions of the constants its steps hold as code."""
+    flags, recorder = settings.launch(), recording()
+    start = time.perf_counter()
+    steps: list[Step] | None = []
+    made: dict[int, int] = {}       # id(root) -> its step
+    loads: dict[int, int] = {}      # position of a realized input -> its index in table ARGS
+    roots: list[int | None] = []
+    code: list[int] = []
+    launched = 0
+    for item in items:
+        root = item.root
+        if item.is_copy:
+            steps = None
+            src = root.src[0]
+            if recorder is not None:
+                recorder.copy(root)
+            data = src.buffer.numpy((src.size,))
+            root.realize_as(upload(data, root.device, root.dtype))
+            continue
+        rt = runtime.get(root.device)
+        buffer = _alloc(root.device, root.dtype, root.size)
+        compiled, scalars = None, Scalars([], {}, [])
+        if _launches(item):
+            key, scalars = _key(item)
+            compiled = _compiled(item, key, scalars)
+            buffers = [buffer] + [x.buffer for x in item.inputs]
+            values = scalar_values(scalars.nodes)
+            rt.launch(compiled, buffers, values, flags=flags)
+            if recorder is not None:
+                recorder.launch(rt.name, compiled, buffers, scalars.nodes, scalars.code)
+            launched += 1
+        if steps is not None:
+            # A replay reads every number from the graph, by position; it cannot read those
+            # the scheduler made (a split reduce's padding). Those held as code past
+            # MAX_SCALARS are part of the key the steps are kept under (see realize).
+            if not all(k in number for k in scalars.slots) or not all(
+                    id(x) in made or id(x) in number for x in item.inputs) or not all(
+                    id(n) in number for n in scalars.code):
+                steps = None
+            else:
+                code += [number[id(n)] for n in scalars.code]
+                steps.append(Step(
+                    rt, compiled, root.dtype, buffer.size,
+                    tuple((MADE, made[id(x)]) if id(x) in made else
+                          (ARGS, loads.setdefault(number[id(x)], len(loads)))
+                          for x in item.inputs),
+                    fixed=(0,) * len(scalars.nodes),
+                    traced=tuple((slot, _NodeArg(number[id(node)]), node.dtype)
+                                 for slot, node in enumerate(scalars.nodes))))
+                made[id(root)] = len(steps) - 1
+                roots.append(number.get(id(root)))
+        root.realize_as(buffer)
+    _report(flags.debug, start, launched, {item.root.device for item in items})
+    if steps is None:
+        return None, code
+    for step in steps:
+        step.prepare()
+    return _Replay(steps, list(loads), roots), code
+
+
+def _report(debug: int, start: float, launched: int, devices: set[str]) -> None:
+    if debug >= 1 and devices:
+        for name in devices:
+            runtime.get(name).synchronize()
+        print(f"portkit: realize ran {launched} kernels in "
+              f"{(time.perf_counter() - start) * 1e3:.3f} ms", file=sys.stderr)
+
+
+def _compile_ahead(items: list[ScheduleItem]) -> None:
+    """Compiles the kernels of `items` that are not compiled yet, side by side (Runtime
+    .compile_all), so a first step's kernels compile together."""
+    todo: dict[tuple, list] = {}
+    for item in items:
+        if _launches(item):
+            key, scalars = _key(item)
+            entry = _entry(item, key, scalars)
+            if entry[1] is None:
+                todo.setdefault(key, entry)
+    by_device: dict[str, list[list]] = {}
+    for (device, _), entry in todo.items():
+        by_device.setdefault(device, []).append(entry)
+    for device, entries in by_device.items():
+        if len(entries) < 2:
+            continue
+        done = runtime.get(device).compile_all([entry[0] for entry in entries])
+        for entry, compiled in zip(entries, done):
+            if not isinstance(compiled, Exception):     # the launch reports the error
+                entry[1] = compiled
+
+
+class _ByValue(NamedTuple):
+    """Kept under a graph's structure when its kernels hold numbers as code (a training step's
+    backward kernels do): its steps are under the structure and the values at `positions`."""
+
+    positions: tuple[int, ...]
+
+
+def _replay(found: _Replay, nodes: list[Lazy]) -> None:
+    recorder, flags = recording(), settings.launch()
+    debug = flags.debug
+    start = time.perf_counter() if debug else 0.0
+    report = None
+    if recorder is not None:
+        def report(step: Step, buffers: list) -> None:
+            scalars = [nodes[read.position] for _, read, _ in step.traced]
+            recorder.launch(step.runtime.name, step.compiled, buffers, scalars, [])
+    made = replay.run(found.steps, ([nodes[p].buffer for p in found.loads], (), None, ()), nodes,
+                      report, flags)
+    for root, buffer in zip(found.roots, made):
+        if root is not None:
+            nodes[root].realize_as(buffer)
+    if debug:
+        _report(debug, start, sum(s.compiled is not None for s in found.steps),
+                {s.runtime.name for s in found.steps})
+
+
+def realize(outs: list[Lazy]) -> None:
+    """Computes every node in `outs` into its own buffer."""
+    load = GraphOp.LOAD
+    if not [o for o in outs if o.op is not load]:   # .realize() or .numpy() of computed ones
+        return
+    structure_key, nodes = graph_key(outs)
+    steps = _replays.get(structure_key)
+    if isinstance(steps, _ByValue):
+        steps = _replays.get((structure_key, tuple(same_value(nodes[p]) for p in steps.positions)))
+    if steps is not None:
+        _replay(steps, nodes)
+        return
+    items = schedule(outs)
+    _compile_ahead(items)
+    steps, code = _run(items, {id(n): k for k, n in enumerate(nodes)})
+    if steps is not None and code:
+        _replays[structure_key] = _ByValue(tuple(code))
+        _replays[structure_key, tuple(same_value(nodes[p]) for p in code)] = steps
+    elif steps is not None:
+        _replays[structure_key] = steps

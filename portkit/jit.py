@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import operator
 import sys
+import threading
 import types
 import weakref
 from collections.abc import Callable
@@ -437,6 +438,9 @@ class Jit:
         self.plan: Plan | None = None
         self.previous: Plan | None = None
         self.captures = 0
+        # A plan's steps write buffers the plan owns (results no caller keeps), the same at
+        # every replay: two threads' replays would write each other's, so they take turns.
+        self._replaying = threading.Lock()
         _jits.add(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -517,7 +521,8 @@ class Jit:
                 realize(*pending)
         tables = ([t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state], None,
                   plan.kept)
-        made = replay.run(plan.steps, tables, numbers)
+        with self._replaying:
+            made = replay.run(plan.steps, tables, numbers)
         tables = tables[:MADE] + (made,) + tables[MADE + 1:]
         if plan.sets:
             values = [(obj, name, _plain(_now(value, numbers), kind))

@@ -327,3 +327,55 @@ def test_an_eager_realize_reads_the_launch_settings_once(monkeypatch):
         reads = _counting_reads(monkeypatch)
         (((x @ w).relu() @ w).sum(1) * 2).realize()
         assert sorted(reads) == ["PORTKIT_CHECK", "PORTKIT_DEBUG"], run
+
+
+def test_threads_replaying_one_function_keep_their_own_numbers(monkeypatch):
+    """Each replay reads its own call's floats; they were kept on the Jit, shared by threads."""
+    import threading
+    import time
+
+    from portkit.runtime import Runtime
+
+    jitted = portkit.jit(lambda x, s: ((x * s).realize() + s).realize() * s)
+    x = Tensor(np.arange(8, dtype=np.float32)).realize()
+    while jitted.plan is None:
+        jitted(x, 1.0)
+    assert len(jitted.plan.steps) == 3
+    launch_again = Runtime.launch_again
+
+    def yielding(self, *args, **kwargs):
+        time.sleep(0.002)            # another thread's replay starts between two launches
+        return launch_again(self, *args, **kwargs)
+    monkeypatch.setattr(Runtime, "launch_again", yielding)
+    wrong: list[float] = []
+
+    def run(s: float) -> None:
+        for _ in range(5):
+            got = jitted(x, s).numpy()
+            if not np.array_equal(got, (np.arange(8, dtype=np.float32) * s + s) * s):
+                wrong.append(s)
+
+    threads = [threading.Thread(target=run, args=(float(k),)) for k in range(2, 6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
+
+
+@pytest.mark.parametrize("convert", [float, round, int, math.floor, math.ceil, math.trunc],
+                         ids=["float", "round", "int", "floor", "ceil", "trunc"])
+def test_a_python_conversion_of_a_float_argument_is_refused_not_replayed_stale(convert):
+    jitted = portkit.jit(lambda x, s: x * convert(s))
+    x = Tensor(np.ones(3, np.float32)).realize()
+    with pytest.raises(JitError, match=r"converts a float argument with .*\(\)"):
+        jitted(x, 1.0)
+    assert convert(portkit.jit.Number(2.5, lambda numbers: 2.5)) == convert(2.5)   # outside
+
+
+def test_arithmetic_on_a_float_argument_still_follows_it():
+    jitted = portkit.jit(lambda x, s: x * (s * 2 + 1) - abs(-s) ** 2)
+    x = Tensor(np.ones(3, np.float32)).realize()
+    for s in (1.0, 1.0, 3.0, 0.5):
+        np.testing.assert_allclose(jitted(x, s).numpy(), np.full(3, s * 2 + 1 - s ** 2),
+                                   rtol=1e-6)

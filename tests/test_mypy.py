@@ -15,13 +15,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CLEAN: tuple[str, ...] = ()
+CLEAN = ("portkit/abi", "portkit/codegen")
 
 # Errors each part may still have. A part not named here must have none.
 CEILINGS = {
-    "portkit/abi": 20,
     "portkit/autograd": 1,
-    "portkit/codegen": 67,
     "portkit/conformance": 88,
     "portkit/docs": 1,
     "portkit/graph": 2,

@@ -15,7 +15,7 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from math import prod
 
@@ -71,7 +71,7 @@ def stored(caps: Capabilities, found: tiles.Contraction) -> tiles.Tiling | None:
 
 
 def search(runtime, root: Lazy, inputs: list[Lazy], width: int, timer: Timer | None = None,
-           scalars: list[Lazy] = (), slots: dict[int, int] | None = None,
+           scalars: Sequence[Lazy] = (), slots: dict[int, int] | None = None,
            progress: bool = True) -> Search | None:
     """Times up to `width` tilings and the untiled kernel of `root` on `runtime`'s device (or
     with `timer`), stores the fastest and returns the search; None if nothing is to tune."""
@@ -85,7 +85,7 @@ def search(runtime, root: Lazy, inputs: list[Lazy], width: int, timer: Timer | N
     options += [t for t in dict.fromkeys((default, tiles.UNTILED)) if t not in options]
     timer = timer or _device_timer(runtime, [prod(root.shape)] + [prod(x.shape) for x in inputs])
     start = time.perf_counter()
-    seconds = {}
+    seconds: dict[tiles.Tiling, float] = {}
     with Progress(transient=True, disable=not progress,
                   console=Console(stderr=True)) as bar:
         task = bar.add_task(f"tuning {found.key()}", total=len(options))
@@ -94,7 +94,7 @@ def search(runtime, root: Lazy, inputs: list[Lazy], width: int, timer: Timer | N
                            local=option)
             seconds[option] = timer(kernel)
             bar.advance(task)
-    choice = min(seconds, key=seconds.get)
+    choice = min(seconds, key=seconds.__getitem__)
     cache.keep_tuned(caps.device_name, found.key(), asdict(choice))
     result = Search(choice, seconds, time.perf_counter() - start)
     if progress:
@@ -106,7 +106,7 @@ def search(runtime, root: Lazy, inputs: list[Lazy], width: int, timer: Timer | N
     return result
 
 
-def ensure(runtime, root: Lazy, inputs: list[Lazy], scalars: list[Lazy] = (),
+def ensure(runtime, root: Lazy, inputs: list[Lazy], scalars: Sequence[Lazy] = (),
            slots: dict[int, int] | None = None) -> None:
     """Searches `root`'s tilings when PORTKIT_BEAM asks and no choice is stored yet."""
     width = beam()

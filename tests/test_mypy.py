@@ -27,7 +27,7 @@ CEILINGS = {
     "portkit/nn": 17,
     "portkit/onnx": 21,
     "portkit/optim": 4,
-    "portkit/reference_backends": 10,
+    "portkit/reference_backends": 7,
     "portkit/runtime": 5,
     "portkit/scaffold": 1,
     "portkit/schedule": 13,

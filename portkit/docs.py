@@ -36,8 +36,8 @@ def _run_docs(args: argparse.Namespace) -> int:
     found, console = pages(), Console()
     if args.page is None:
         table = Table("page", "title", title=f"portkit docs PAGE  ({folder()})")
-        for name, path in found.items():
-            table.add_row(name, _title(path))
+        for name, page in found.items():
+            table.add_row(name, _title(page))
         console.print(table)
         return 0
     path = found.get(args.page.removesuffix(".md"))

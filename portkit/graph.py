@@ -148,8 +148,13 @@ class Walk(NamedTuple):
     stopped: list
 
 
+def _src(node: Any) -> Sequence[Any]:
+    """A Lazy's sources: what `walk` follows unless told otherwise."""
+    return node.src
+
+
 def walk(roots: Iterable[T], stop: Callable[[T], bool] = lambda node: False,
-         sources: Callable[[T], Sequence[T]] = lambda node: node.src) -> Walk:
+         sources: Callable[[T], Sequence[T]] = _src) -> Walk:
     """Every node reachable from `roots` through `sources`, depth first, left source first.
 
     A node for which `stop` is true is neither listed in `order` nor walked through; it is
@@ -177,6 +182,6 @@ def walk(roots: Iterable[T], stop: Callable[[T], bool] = lambda node: False,
 
 
 def toposort(roots: Iterable[T], stop: Callable[[T], bool] = lambda node: False,
-             sources: Callable[[T], Sequence[T]] = lambda node: node.src) -> list:
+             sources: Callable[[T], Sequence[T]] = _src) -> list:
     """The nodes reachable from `roots` that `stop` does not cut off, sources first."""
     return walk(roots, stop, sources).order

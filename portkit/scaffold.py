@@ -20,6 +20,7 @@ import keyword
 import re
 import sys
 import tempfile
+from collections.abc import Collection
 from importlib import resources
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def _taken(force: bool) -> set[str]:
             if not force or point.value.startswith("portkit.")}
 
 
-def suggest_name(name: str, taken: set[str] = frozenset()) -> str:
+def suggest_name(name: str, taken: Collection[str] = frozenset()) -> str:
     """A valid backend name close to `name` and not in `taken`: My-Accel -> my_accel,
     1npu -> accel_1npu, class -> class_accel, cpu (taken) -> cpu2, or cpu3 if that is too."""
     base = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_") or "myaccel"

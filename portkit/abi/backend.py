@@ -98,7 +98,7 @@ class Capabilities:
         if len(kernel.params) > self.max_buffers:
             problems.append(f"{len(kernel.params)} buffers exceed the limit of "
                             f"{self.max_buffers}")
-        local = sum(n.arg * n.dtype.itemsize for n in kernel.nodes if n.op is Op.LOCAL)
+        local = sum(n.arg * n.value_dtype.itemsize for n in kernel.nodes if n.op is Op.LOCAL)
         if local > self.local_memory_bytes:
             problems.append(f"{local} bytes of LOCAL memory exceed {self.local_memory_bytes}")
         lacking = sorted({n.dtype.name for n in kernel.nodes if n.dtype} -

@@ -4,7 +4,7 @@ bfloat16 has no numpy type of its own; it comes from ml_dtypes, the library JAX 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -19,6 +19,7 @@ class DType:
     name: str
     itemsize: int
     kind: str
+    _hash: int = field(init=False, repr=False, compare=False)
 
     # Equal fields make equal dtypes, as a dataclass's; spelled out because `dtype in
     # caps.dtypes` and graph keys hash and compare dtypes on every op, and the generated

@@ -60,18 +60,18 @@ def run(kernel: Kernel, buffers: Sequence[np.ndarray], scalars: Sequence[int] = 
         op = node.op
         if op is Op.PARAM:
             buffer = buffers[node.arg]
-            if buffer.dtype != node.dtype.np:
+            if buffer.dtype != node.value_dtype.np:
                 raise TypeError(f"kernel {kernel.name!r}: buffer {node.arg} holds "
                                 f"{buffer.dtype}, the kernel reads it as {node.dtype}")
         elif op is Op.VAR:
-            values[pc] = word_value(scalar_of[node.arg], node.dtype)
+            values[pc] = word_value(scalar_of[node.arg], node.value_dtype)
         elif op is Op.CONST:
-            values[pc] = np.array(node.arg, node.dtype.np)
+            values[pc] = np.array(node.arg, node.value_dtype.np)
         elif op is Op.SPECIAL:
             kind, axis = node.arg
             values[pc] = ids[kind][axis]
         elif op is Op.LOCAL:
-            locals_[pc] = np.zeros((prod(grid), node.arg), node.dtype.np)
+            locals_[pc] = np.zeros((prod(grid), node.arg), node.value_dtype.np)
         elif op in COMPUTE:
             args = [np.broadcast_to(a, lanes.shape) for a in args]
             values[pc] = spec.evaluate(op, *args, dtype=node.dtype)[0]
@@ -79,7 +79,7 @@ def run(kernel: Kernel, buffers: Sequence[np.ndarray], scalars: Sequence[int] = 
             active = mask & (args[2] if len(args) == 3 else True)
             index = np.broadcast_to(args[1], lanes.shape)
             target, where = memory(src[0], index, active)
-            out = np.zeros(lanes.shape, node.dtype.np)
+            out = np.zeros(lanes.shape, node.value_dtype.np)
             out[active] = target[where]
             values[pc] = out
         elif op is Op.STORE:

@@ -26,7 +26,7 @@ import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -52,6 +52,14 @@ class Node:
     src: tuple[int, ...] = ()
     arg: Any = None
 
+    @property
+    def value_dtype(self) -> DType:
+        """The dtype of a node that has one: every node but STORE, ASSIGN, BARRIER, IF and the
+        closing END and ENDIF. InvalidKernel for those, as `validate` would say."""
+        if self.dtype is None:
+            raise InvalidKernel(f"a {self.op.name} node has no value, so no dtype")
+        return self.dtype
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -75,7 +83,7 @@ class Kernel:
     @property
     def var_dtypes(self) -> tuple[DType, ...]:
         """The dtypes of the scalar arguments, in argument order (each in VAR_DTYPES)."""
-        return tuple(n.dtype for n in self.nodes if n.op is Op.VAR)
+        return tuple(n.value_dtype for n in self.nodes if n.op is Op.VAR)
 
     @property
     def written(self) -> frozenset[int]:
@@ -122,19 +130,25 @@ class Kernel:
                 raise InvalidKernel(f"node {i}: unknown op {d['op']!r}") from None
             dtype = dtypes.by_name(d["dtype"]) if d["dtype"] else None
             nodes.append(Node(op, dtype, tuple(d["src"]), _arg_from_json(op, dtype, d["arg"])))
-        kernel = Kernel(data["name"], tuple(nodes), tuple(data["grid"]), tuple(data["block"]))
+        kernel = Kernel(data["name"], tuple(nodes), _dim3(data["grid"]), _dim3(data["block"]))
         validate(kernel)
         return kernel
 
 
+def _dim3(dims: Any) -> Dim3:
+    """A grid or block as a tuple (a list from JSON or a caller); `validate` checks that it is
+    three positive ints."""
+    return cast(Dim3, tuple(dims))
+
+
 def _arg_to_json(node: Node) -> Any:
-    if node.op is Op.CONST and node.dtype.is_float:
+    if node.op is Op.CONST and node.value_dtype.is_float:
         return float(node.arg).hex()
     return list(node.arg) if isinstance(node.arg, tuple) else node.arg
 
 
 def _arg_from_json(op: Op, dtype: DType | None, arg: Any) -> Any:
-    if op is Op.CONST and dtype.is_float:
+    if op is Op.CONST and dtype is not None and dtype.is_float:
         return float.fromhex(arg)
     return tuple(arg) if isinstance(arg, list) else arg
 
@@ -211,7 +225,7 @@ def _check_node(node: Node, src: list[Node], fail) -> None:
         arity = len(src) if len(src) in (3, 4) else 3
     if len(src) != arity:
         raise fail(f"takes {arity} sources, got {len(src)}")
-    if op in (Op.STORE, Op.END, Op.ENDIF, Op.ASSIGN, Op.BARRIER, Op.IF):
+    if op in _NO_VALUE:
         if dtype is not None:
             raise fail("has no value, so its dtype must be None")
     elif not isinstance(dtype, DType):
@@ -229,7 +243,7 @@ def _check_node(node: Node, src: list[Node], fail) -> None:
         want = bool_ if op in COMPARISON else operands[0].dtype
         if dtype != want:
             raise fail(f"result dtype must be {want}, got {dtype}")
-    elif op is Op.BITCAST and dtype.itemsize != src[0].dtype.itemsize:
+    elif op is Op.BITCAST and node.value_dtype.itemsize != src[0].value_dtype.itemsize:
         raise fail(f"cannot bitcast {src[0].dtype} to {dtype}: sizes differ")
     elif op is Op.PARAM and not (_is_int(arg) and arg >= 0):
         raise fail(f"arg must be the buffer's position (int >= 0), got {arg!r}")
@@ -238,7 +252,7 @@ def _check_node(node: Node, src: list[Node], fail) -> None:
         raise fail(f"must be one of {[d.name for d in VAR_DTYPES]} and named by an identifier, "
                    f"got {dtype} {arg!r}")
     elif op is Op.CONST:
-        _check_const(dtype, arg, fail)
+        _check_const(node.value_dtype, arg, fail)
     elif op is Op.SPECIAL and (dtype != int32 or arg not in _SPECIALS):
         raise fail(f"must be int32 with arg in {_SPECIALS}, got {dtype} {arg!r}")
     elif op is Op.RANGE and (dtype != int32 or any(s.dtype != int32 for s in src)):
@@ -319,7 +333,7 @@ class KernelBuilder:
         return len(self.nodes) - 1
 
     def dtype(self, ref: int) -> DType:
-        return self.nodes[ref].dtype
+        return self.nodes[ref].value_dtype
 
     def param(self, dtype: DType) -> int:
         return self.add(Op.PARAM, dtype, arg=sum(n.op is Op.PARAM for n in self.nodes))
@@ -382,4 +396,4 @@ class KernelBuilder:
 
     def build(self, grid: Dim3 = (1, 1, 1), block: Dim3 = (1, 1, 1)) -> Kernel:
         """The finished, validated kernel."""
-        return validate(Kernel(self.name, tuple(self.nodes), tuple(grid), tuple(block)))
+        return validate(Kernel(self.name, tuple(self.nodes), _dim3(grid), _dim3(block)))

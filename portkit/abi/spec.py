@@ -112,10 +112,13 @@ SPECS: dict[Op, OpSpec] = {
     Op.WHERE: OpSpec("c ? a : b, elementwise; c is bool.", np.where),
     Op.MULACC: OpSpec("a * b + c. Floats: rounded once (fused) or twice (a*b, then + c); "
                       "either passes. Integers wrap.", lambda a, b, c: a * b + c),
+    # CAST and BITCAST take the node's dtype as a second argument.
     Op.CAST: OpSpec("Converts to the node's dtype. To bool: a != 0 (NaN is true). Float to int: "
                     "toward zero, undefined if out of range or NaN. Int to int: wraps. To a "
-                    "float: the exact value rounded once to nearest-even; overflow gives ±inf.", None),
-    Op.BITCAST: OpSpec("Reinterprets the bits as the node's dtype (same size).", None),
+                    "float: the exact value rounded once to nearest-even; overflow gives ±inf.",
+                    lambda a, to: _cast(a, to), lambda a, to: _cast_valid(a, to)),
+    Op.BITCAST: OpSpec("Reinterprets the bits as the node's dtype (same size).",
+                       lambda a, to: np.ascontiguousarray(a).view(to.np)),
 }
 
 
@@ -137,11 +140,18 @@ def valid(op: Op, *args: Array, dtype: DType | None = None) -> Array:
     """A bool mask: True where the inputs have a defined result (see each op's text)."""
     spec = SPECS[op]
     shape = np.broadcast_shapes(*(np.shape(a) for a in args))
-    if op is Op.CAST:
-        return np.array(np.broadcast_to(_cast_valid(args[0], dtype), shape))
     if spec.valid is None:
         return np.ones(shape, bool)
-    return np.array(np.broadcast_to(spec.valid(*args), shape))
+    return np.array(np.broadcast_to(spec.valid(*args, *_target(op, dtype)), shape))
+
+
+def _target(op: Op, dtype: DType | None) -> tuple[DType, ...]:
+    """The extra argument of CAST and BITCAST (the node's dtype); none for the other ops."""
+    if op not in (Op.CAST, Op.BITCAST):
+        return ()
+    if dtype is None:
+        raise ValueError(f"{op.name} converts to the node's dtype: pass dtype=")
+    return (dtype,)
 
 
 def _cast_valid(a: Array, to: DType) -> Array:
@@ -161,10 +171,8 @@ def evaluate(op: Op, *args: Array, dtype: DType | None = None) -> tuple[Array, .
     `valid` hold arbitrary values.
     """
     src = dtypes.from_numpy(args[-1].dtype)
-    if op is Op.BITCAST:
-        return (np.ascontiguousarray(args[0]).view(dtype.np),)
-    if op is Op.CAST:
-        return (_cast(args[0], dtype),)
+    if op in (Op.CAST, Op.BITCAST):
+        return (SPECS[op].fn(args[0], *_target(op, dtype)),)
     out = dtypes.bool_ if op in COMPARISON else src
     if src not in DOMAIN[op]:
         raise ValueError(f"{op.name} is not defined on {src}")

@@ -234,13 +234,13 @@ class CStyleRenderer(Renderer):
         lines, offset = [], 0
         for i, node in enumerate(kernel.nodes):
             if node.op is Op.LOCAL:
-                lines.append(self.render_local(f"local{i}", node.dtype, node.arg, offset))
-                offset += _align(node.arg * node.dtype.itemsize)
+                lines.append(self.render_local(f"local{i}", node.value_dtype, node.arg, offset))
+                offset += _align(node.arg * node.value_dtype.itemsize)
         return lines
 
     def render_args(self, kernel: Kernel) -> list[str]:
         """The kernel function's parameters: buffers, then int32 scalars."""
-        buffers = [f"{self.buffer_prefix}{self.storage_type(p.dtype)} *data{p.arg}"
+        buffers = [f"{self.buffer_prefix}{self.storage_type(p.value_dtype)} *data{p.arg}"
                    for p in kernel.params]
         scalars = [f"{self.int_arg_prefix}{self.type_map[dtypes.int32]} var_{name}"
                    for name in kernel.vars]
@@ -290,10 +290,11 @@ class CStyleRenderer(Renderer):
                 names[i] = f"var_{node.arg}"
                 if node.dtype != dtypes.int32:    # the argument is a 32-bit word: its bits
                     names[i] = f"scalar{i}"
-                    value = self.render_bitcast_value(f"var_{node.arg}", dtypes.int32, node.dtype)
-                    line = self.declare(names[i], self.value_type(node.dtype), value)
+                    dtype = node.value_dtype
+                    value = self.render_bitcast_value(f"var_{node.arg}", dtypes.int32, dtype)
+                    line = self.declare(names[i], self.value_type(dtype), value)
             elif node.op is Op.CONST:
-                names[i] = self.render_const(node.arg, node.dtype)
+                names[i] = self.render_const(node.arg, node.value_dtype)
             elif node.op is Op.LOCAL:
                 names[i] = f"local{i}"   # declared by render_locals
             elif node.op is Op.RANGE:
@@ -306,18 +307,19 @@ class CStyleRenderer(Renderer):
                 line = "}"
             elif node.op is Op.ACC:
                 names[i] = f"acc{i}"
-                line = self.declare(names[i], self.value_type(node.dtype), src[0], mutable=True)
+                line = self.declare(names[i], self.value_type(node.value_dtype), src[0],
+                                    mutable=True)
             elif node.op is Op.ASSIGN:
                 line = f"{src[0]} = {src[1]};"
             elif node.op is Op.STORE:
-                line = self.render_store(nodes[node.src[0]].dtype, *src)
+                line = self.render_store(nodes[node.src[0]].value_dtype, *src)
             elif node.op is Op.BARRIER:
                 line = self.barrier
             else:
                 names[i] = f"v{i}"
                 value = (self.code_for_op[node.op](*src, node.dtype) if i in signed else
                          self.render_value(node, [nodes[s] for s in node.src], src))
-                line = self.declare(names[i], self.value_type(node.dtype), value)
+                line = self.declare(names[i], self.value_type(node.value_dtype), value)
             if line is not None:
                 lines.append(self.indent * depth + line)
             if node.op in (Op.RANGE, Op.IF):
@@ -336,12 +338,12 @@ class CStyleRenderer(Renderer):
             kind, axis = node.arg
             return self.workitem[kind].format(axis, xyz="xyz"[axis])
         if node.op is Op.LOAD:
-            return self.render_load(node.dtype, *src)
+            return self.render_load(node.value_dtype, *src)
         if node.op is Op.CAST:
-            return self.render_cast(src[0], src_nodes[0].dtype, node.dtype)
+            return self.render_cast(src[0], src_nodes[0].value_dtype, node.value_dtype)
         if node.op is Op.BITCAST:
-            return self.render_bitcast_value(src[0], src_nodes[0].dtype, node.dtype)
-        return self.render_alu(node.op, src, src_nodes[-1].dtype)
+            return self.render_bitcast_value(src[0], src_nodes[0].value_dtype, node.value_dtype)
+        return self.render_alu(node.op, src, src_nodes[-1].value_dtype)
 
     def render_load(self, dtype: DType, buffer: str, index: str, gate: str | None = None) -> str:
         """buffer[index], or zero when the gate is false (the element is then not read)."""
@@ -373,7 +375,7 @@ class CStyleRenderer(Renderer):
             expr = self.code_for_op[op](*operands, dtypes.float32)
             return expr if op in _EXACT else self.emulated[dtype].round.format(expr)
         if op in (Op.IDIV, Op.MOD):
-            operands = [operands[0], self.safe_divisor(*operands, dtype)]
+            operands = [operands[0], self.safe_divisor(operands[0], operands[1], dtype)]
         if dtype.is_int and op in _WRAPPING and not (dtype.kind == "uint" and dtype.bits >= 32):
             wide = self.type_map[dtypes.uint32 if dtype.bits <= 32 else dtypes.uint64]
             count = _WRAPPING[op]
@@ -456,7 +458,7 @@ def function_name(name: str) -> str:
 
 def local_bytes(kernel: Kernel) -> int:
     """Bytes of all LOCAL arrays of `kernel`, each starting at a 16-byte boundary."""
-    return sum(_align(n.arg * n.dtype.itemsize) for n in kernel.nodes if n.op is Op.LOCAL)
+    return sum(_align(n.arg * n.value_dtype.itemsize) for n in kernel.nodes if n.op is Op.LOCAL)
 
 
 def _unsigned(dtype: DType) -> DType:

@@ -51,7 +51,9 @@ def find(kernel: Kernel, widths: dict[DType, int]) -> list[Run]:
     for i, node in enumerate(nodes):
         for s in node.src:
             users[s].append(i)
-    loop_of, end_of, open_loops = [], {}, []
+    loop_of: list[int | None] = []       # per node, the innermost RANGE around it
+    end_of: dict[int, int] = {}          # RANGE -> its END
+    open_loops: list[int] = []
     for i, node in enumerate(nodes):
         if node.op is Op.END and nodes[node.src[0]].op is Op.RANGE:
             end_of[open_loops.pop()] = i
@@ -68,7 +70,7 @@ def find(kernel: Kernel, widths: dict[DType, int]) -> list[Run]:
     accs = [i for i, node in enumerate(nodes) if node.op is Op.ACC and node.dtype in widths]
     runs, at = [], 0
     while at < len(accs):
-        width = widths[nodes[accs[at]].dtype]
+        width = widths[nodes[accs[at]].value_dtype]
         block = accs[at:at + width]
         run = None
         if len(block) == width and block[-1] - block[0] == width - 1:
@@ -149,11 +151,11 @@ def lines(run: Run, init: int, spelling: Spelling) -> dict:
     def declare(names: dict) -> tuple:
         return spelling.lane(lead, 0), spelling.declare(lead, names[init], len(run.accs))
 
-    own = {run.accs[0]: declare}
+    own: dict[int, Callable[[dict], tuple]] = {run.accs[0]: declare}
     for k, acc in enumerate(run.accs[1:], 1):
-        own[acc] = lambda names, k=k: (spelling.lane(lead, k), None)
+        own[acc] = _named(spelling.lane(lead, k))
     for node in (*run.updates, *run.assigns):
-        own[node] = lambda names: ("", None)
+        own[node] = _named("")
 
     def update(names: dict) -> tuple:
         at = f"{names[run.buffer]}[{names[run.base]} + {run.offset}]"
@@ -161,6 +163,11 @@ def lines(run: Run, init: int, spelling: Spelling) -> dict:
 
     own[run.last] = update
     return own
+
+
+def _named(name: str) -> Callable[[dict], tuple]:
+    """A name-and-line function that names its node `name` and writes no line."""
+    return lambda names: (name, None)
 
 
 def spelled(kernel: Kernel, types: dict[DType, str], vector_bytes: int,
@@ -171,6 +178,6 @@ def spelled(kernel: Kernel, types: dict[DType, str], vector_bytes: int,
     widths = {d: vector_bytes // d.itemsize for d in types}
     for run in find(kernel, widths):
         first = kernel.nodes[run.accs[0]]
-        spelled_as = spelling(types[first.dtype], widths[first.dtype])
+        spelled_as = spelling(types[first.value_dtype], widths[first.value_dtype])
         own.update(lines(run, first.src[0], spelled_as))
     return own

@@ -168,7 +168,7 @@ class LLVMFunction:
         node = self.nodes[ref]
         if node.op is Op.ACC:
             name = self.temp()
-            self.emit(f"{name} = load {self.r.value_type(node.dtype)}, ptr %acc{ref}")
+            self.emit(f"{name} = load {self.r.value_type(node.value_dtype)}, ptr %acc{ref}")
             return name
         return self.names[ref]
 
@@ -182,21 +182,21 @@ class LLVMFunction:
             position = self.kernel.vars.index(node.arg)
             self.entry.append(f"  %w{i} = getelementptr i32, ptr %scalars, i64 {position}")
             self.entry.append(f"  %word{i} = load i32, ptr %w{i}")
-            kind = self.r.value_type(node.dtype)
+            kind = self.r.value_type(node.value_dtype)
             self.entry.append(f"  {name} = bitcast i32 %word{i} to {kind}")
         elif op is Op.CONST:
-            name = self.r.const(node.arg, node.dtype)
+            name = self.r.const(node.arg, node.value_dtype)
         elif op is Op.SPECIAL:
             name = self.r.special(*node.arg)
         elif op is Op.LOCAL:
             self.entry.append(f"  {name} = alloca [{node.arg} x "
-                              f"{self.r.storage_type(node.dtype)}], align 16")
+                              f"{self.r.storage_type(node.value_dtype)}], align 16")
         elif op is Op.ACC:
-            kind = self.r.value_type(node.dtype)
+            kind = self.r.value_type(node.value_dtype)
             self.entry.append(f"  %acc{i} = alloca {kind}")
             self.emit(f"store {kind} {self.value(node.src[0])}, ptr %acc{i}")
         elif op is Op.ASSIGN:
-            kind = self.r.value_type(self.nodes[node.src[0]].dtype)
+            kind = self.r.value_type(self.nodes[node.src[0]].value_dtype)
             self.emit(f"store {kind} {self.value(node.src[1])}, ptr %acc{node.src[0]}")
         elif op is Op.RANGE:
             self.range(i, node)
@@ -220,7 +220,7 @@ class LLVMFunction:
             self.store(node)
         else:
             operands = [self.value(s) for s in node.src]
-            source = self.nodes[node.src[-1]].dtype
+            source = self.nodes[node.src[-1]].value_dtype
             self.compute(name, node, operands, source)
         self.names[i] = name
 
@@ -240,7 +240,7 @@ class LLVMFunction:
         """The element pointer of a LOAD or STORE."""
         buffer = self.nodes[node.src[0]]
         pointer, index = self.value(node.src[0]), self.value(node.src[1])
-        storage = self.r.storage_type(buffer.dtype)
+        storage = self.r.storage_type(buffer.value_dtype)
         name = self.temp()
         if buffer.op is Op.LOCAL:
             self.emit(f"{name} = getelementptr [{buffer.arg} x {storage}], ptr {pointer}, "
@@ -251,7 +251,8 @@ class LLVMFunction:
 
     def load(self, name: str, node: Node) -> None:
         """A LOAD; a gated one branches around the memory access (never a select)."""
-        kind, storage = self.r.value_type(node.dtype), self.r.storage_type(node.dtype)
+        dtype = node.value_dtype
+        kind, storage = self.r.value_type(dtype), self.r.storage_type(dtype)
         gate = self.value(node.src[2]) if len(node.src) == 3 else None
         before = self.block
         if gate is not None:
@@ -269,12 +270,12 @@ class LLVMFunction:
         loaded = self.block
         self.emit(f"br label %{name[1:]}_join")
         self.label(f"{name[1:]}_join")
-        zero = self.r.const(0, node.dtype)
+        zero = self.r.const(0, dtype)
         self.emit(f"{name} = phi {kind} [ {value}, %{loaded} ], [ {zero}, %{before} ]")
 
     def store(self, node: Node) -> None:
         """A STORE; a gated one branches around the memory access."""
-        dtype = self.nodes[node.src[0]].dtype
+        dtype = self.nodes[node.src[0]].value_dtype
         value = self.value(node.src[2])
         gated = len(node.src) == 4
         if gated:
@@ -303,9 +304,9 @@ class LLVMFunction:
         op, kind = node.op, self.r.value_type(dtype)
         if op in (Op.CAST, Op.BITCAST):
             convert = self.cast if op is Op.CAST else self.bitcast
-            self.emit(f"{name} = {convert(operands[0], dtype, node.dtype)}")
+            self.emit(f"{name} = {convert(operands[0], dtype, node.value_dtype)}")
             return
-        a, b = operands[0], operands[1] if len(operands) > 1 else None
+        a, b = operands[0], operands[1] if len(operands) > 1 else ""    # "": a unary op
         if op is Op.WHERE:
             self.emit(f"{name} = select i1 {a}, {kind} {b}, {kind} {operands[2]}")
         elif op is Op.MULACC:    # unfused: the product is rounded, then the sum
@@ -317,7 +318,7 @@ class LLVMFunction:
         else:
             self.emit(f"{name} = {self.int_op(op, dtype, kind, a, b)}")
 
-    def float_op(self, op: Op, kind: str, a: str, b: str | None) -> str:
+    def float_op(self, op: Op, kind: str, a: str, b: str) -> str:
         """The instruction of a compute op on floats of LLVM type `kind`."""
         if op in _FLOAT_BINARY:
             return f"{_FLOAT_BINARY[op]} {kind} {a}, {b}"
@@ -340,7 +341,7 @@ class LLVMFunction:
         raise NotImplementedError(f"{op.name} on floats has no LLVM rendering here; leave it "
                                   "out of Capabilities.ops so that codegen decomposes it")
 
-    def int_op(self, op: Op, dtype: DType, kind: str, a: str, b: str | None) -> str:
+    def int_op(self, op: Op, dtype: DType, kind: str, a: str, b: str) -> str:
         """The instruction of a compute op on integers (or bools) of `dtype`."""
         signed = dtype.kind == "int"
         if op in _INT_BINARY:

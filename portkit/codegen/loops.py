@@ -14,8 +14,11 @@ and the interpreter runs both to check one against the other.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 from portkit.abi import dtypes
+from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel, Node, validate
 from portkit.abi.ops import Op
 
@@ -37,10 +40,13 @@ class _Splitter:
         self.out: list[Node] = []
         self.new: dict[int, int] = {}           # old position -> new position
         self.consts: dict[int, int] = {}
-        self.segment, self.tid, self.lids = _segments(self.nodes), None, ()
+        self.segment = _segments(self.nodes)
+        self.tid: int | None = None              # the counter of the open thread loop
+        self.lids: tuple[int, ...] = ()          # the thread ids (x, y, z) in that loop
         self.spill = self._spilled()
 
-    def add(self, op: Op, dtype=None, src=(), arg=None) -> int:
+    def add(self, op: Op, dtype: DType | None = None, src: Iterable[int] = (),
+            arg: Any = None) -> int:
         self.out.append(Node(op, dtype, tuple(src), arg))
         return len(self.out) - 1
 
@@ -51,7 +57,7 @@ class _Splitter:
 
     def _spilled(self) -> set[int]:
         """The value and ACC nodes used outside the stretch that makes them."""
-        spilled = set()
+        spilled: set[int] = set()
         for i, node in enumerate(self.nodes):
             if node.op in (Op.END, Op.ENDIF):
                 continue
@@ -107,6 +113,12 @@ class _Splitter:
             self.add(Op.END, src=(self.tid,))
         self.tid = None
 
+    def thread(self) -> int:
+        """The counter of the open thread loop (`open` has run)."""
+        if self.tid is None:
+            raise RuntimeError("threads_as_loops: a per-thread node outside a thread loop")
+        return self.tid
+
     def alu(self, op: Op, a: int, b: int) -> int:
         return self.add(op, dtypes.int32, (a, b))
 
@@ -124,7 +136,7 @@ class _Splitter:
         if _is_lid(node):
             return self.lids[node.arg[1]]
         if s in self.spill and (node.op is Op.ACC or self.segment[s] != self.segment[here]):
-            return self.add(Op.LOAD, node.dtype, (self.arrays[s], self.tid))
+            return self.add(Op.LOAD, node.dtype, (self.arrays[s], self.thread()))
         return self.new[s]
 
     def thread_node(self, i: int, node: Node) -> None:
@@ -134,17 +146,17 @@ class _Splitter:
             self.add(node.op, src=(self.new[node.src[0]],))
             return
         if node.op is Op.ACC and i in self.spill:
-            self.add(Op.STORE, src=(self.arrays[i], self.tid, self.source(node.src[0], i)))
+            self.add(Op.STORE, src=(self.arrays[i], self.thread(), self.source(node.src[0], i)))
             return
         acc = node.src[0] if node.op is Op.ASSIGN else None
         if acc in self.spill:
-            self.add(Op.STORE, src=(self.arrays[acc], self.tid, self.source(node.src[1], i)))
+            self.add(Op.STORE, src=(self.arrays[acc], self.thread(), self.source(node.src[1], i)))
             return
         src = [self.new[acc] if acc is not None and k == 0 else self.source(s, i)
                for k, s in enumerate(node.src)]
         self.new[i] = self.add(node.op, node.dtype, src, node.arg)
         if i in self.spill:
-            self.add(Op.STORE, src=(self.arrays[i], self.tid, self.new[i]))
+            self.add(Op.STORE, src=(self.arrays[i], self.thread(), self.new[i]))
 
 
 def _fields(node: Node) -> tuple:
@@ -159,7 +171,8 @@ def _segments(nodes: tuple[Node, ...]) -> list[int | None]:
     """Per node, the number of the stretch between barriers that it runs in; None for the
     nodes that run once per workgroup (sourceless uniform nodes, BARRIERs, RANGEs holding a
     BARRIER and their ENDs)."""
-    holds_barrier, open_ranges = set(), []
+    holds_barrier: set[int] = set()
+    open_ranges: list[int] = []
     for i, node in enumerate(nodes):
         if node.op is Op.RANGE:
             open_ranges.append(i)
@@ -167,7 +180,8 @@ def _segments(nodes: tuple[Node, ...]) -> list[int | None]:
             open_ranges.pop()
         elif node.op is Op.BARRIER:
             holds_barrier.update(open_ranges)
-    segment, number, open_segment = [], 0, False
+    segment: list[int | None] = []
+    number, open_segment = 0, False
     for i, node in enumerate(nodes):
         uniform = (node.op in _UNIFORM or node.op is Op.BARRIER or i in holds_barrier
                    or (node.op is Op.SPECIAL and node.arg[0] == "group")

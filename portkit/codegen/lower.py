@@ -26,6 +26,7 @@ Both show in the ABI kernel at PORTKIT_DEBUG=3: a RANGE around the reduce loop, 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import product
 from math import ceil, isqrt, prod
 
@@ -203,6 +204,8 @@ class _Lowerer:
             return self.view(node, idxs, gates)
         if op is GraphOp.REDUCE:
             return self.reduce(node, idxs, gates)
+        if op is GraphOp.LOAD or op is GraphOp.COPY:     # inputs: read above, as PARAMs
+            raise RuntimeError(f"{op.name} node {node} is not an input of kernel {self.b.name!r}")
         srcs = [self.lower(s, idxs, gates) for s in node.src]
         if op in (Op.CAST, Op.BITCAST):
             return [b.cast(x, node.dtype, bitcast=op is Op.BITCAST) for x in srcs[0]]
@@ -210,7 +213,7 @@ class _Lowerer:
 
     def view(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
         src, zero = node.src[0], self.const(_zero(node.dtype), node.dtype)
-        out: list[int | None] = [zero] * len(idxs)
+        out = [zero] * len(idxs)
         inner: list[tuple[int, list[Lin], int | None]] = []   # (element, source index, gate)
         for e, (idx, gate) in enumerate(zip(idxs, gates)):
             flat, conds = node.arg.index(idx)
@@ -225,7 +228,7 @@ class _Lowerer:
         if inner:
             values = self.lower(src, [i for _, i, _ in inner], [g for _, _, g in inner])
             for (e, _, inner_gate), value in zip(inner, values):
-                if inner_gate is not gates[e]:
+                if inner_gate is not None and inner_gate is not gates[e]:
                     value = self.b.alu(Op.WHERE, inner_gate, value, zero)
                 out[e] = value
         return out
@@ -345,7 +348,7 @@ def check_dtypes(nodes: list[Lazy], caps: Capabilities, device: str) -> None:
 
 
 def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kernel",
-          scalars: list[Lazy] = (), slots: dict[int, int] | None = None, local=None) -> Kernel:
+          scalars: Sequence[Lazy] = (), slots: dict[int, int] | None = None, local=None) -> Kernel:
     """The ABI kernel storing `root` contiguously into PARAM 0, reading `inputs` as PARAM 1...,
     and the graph constants `scalars` as VARs s0, s1... (see SCALAR_VAR_DTYPES); `slots` maps
     id() of every constant read through a VAR to its index (default: `scalars` in order).
@@ -359,8 +362,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     from portkit.codegen import tiles as staging
     from portkit.codegen import tune
     contraction = tune.contraction(root, inputs, caps)
-    chosen = contraction and staging.choose(contraction, caps,
-                                            local or tune.stored(caps, contraction))
+    chosen = None if contraction is None else staging.choose(
+        contraction, caps, local or tune.stored(caps, contraction))
     packed = None if chosen else packing.find(root, inputs, caps)
     tiling = Plan() if chosen or packed else plan(root, inputs,
                                                   SERIAL if serial(caps) else THREADED)
@@ -377,7 +380,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if slots is None:
         slots = {id(node): k for k, node in enumerate(scalars)}
     lowerer.scalars = {node: values[k] for node, k in slots.items()}
-    if chosen:
+    if contraction is not None and chosen is not None:
         return staging.emit(lowerer, root, contraction, chosen, out)
     if packed:
         return packing.emit(lowerer, root, *packed, caps, out)

@@ -86,7 +86,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     if not serial(caps) or caps.local_memory_bytes <= 0:
         return None
     reduce = _under_epilogue(root, {id(x) for x in inputs})
-    found = reduce and match(reduce, lambda node, name: load_steps(node, inputs, name))
+    found = None if reduce is None else match(
+        reduce, lambda node, name: load_steps(node, inputs, name))
     if found is None:
         return None
     m, n, k = found.sizes
@@ -137,7 +138,8 @@ def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
     m, n = found.sizes[:2]
     cost = _evaluation_cost(found.left, {id(x) for x in inputs})
     itemsize = found.accumulate.itemsize
-    best, best_cost = None, None
+    best: Packing | None = None
+    best_cost: tuple[int, int, int] | None = None
     for blocks in (d for d in range(1, _BLOCKS + 1) if tiles % d == 0):
         # a plain load of A is read in place, as in the deeper matmuls: one panel per group
         for spans in (d for d in range(1, panels + 1) if panels % d == 0 and cost > 1 or d == 1):
@@ -151,7 +153,7 @@ def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
                 continue
             total = cost * (panels // spans) * m + (tiles // blocks) * n
             # ties: more groups (cores), then more blocks per group (fewer loops)
-            if best is None or (total, -groups, -blocks) < best_cost:
+            if best_cost is None or (total, -groups, -blocks) < best_cost:
                 best, best_cost = packing, (total, -groups, -blocks)
     return best
 
@@ -278,18 +280,18 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                             b.assign(acc, b.alu(Op.MULACC, x, y, acc))
                         else:
                             b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
-                for acc, (r, j) in zip(accs, product(range(p.rows), range(p.width))):
+                for acc, (r, col) in zip(accs, product(range(p.rows), range(p.width))):
                     if single:
-                        write(t, r, column0 + j, acc)
+                        write(t, r, column0 + col, acc)
                         continue
-                    where = lowerer.index((t * p.rows + r) * p.width + j)
+                    where = lowerer.index((t * p.rows + r) * p.width + col)
                     b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
     if not single:
         column0 = tile_n * p.width
         with _loop(lowerer, "mo", p.blocks) as t:
-            for r, j in product(range(p.rows), range(p.width)):
-                where = lowerer.index((t * p.rows + r) * p.width + j)
-                write(t, r, column0 + j, b.load(sums, where))
+            for r, col in product(range(p.rows), range(p.width)):
+                where = lowerer.index((t * p.rows + r) * p.width + col)
+                write(t, r, column0 + col, b.load(sums, where))
     return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
 
 

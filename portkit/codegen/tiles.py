@@ -156,7 +156,7 @@ def match(root: Lazy, steps) -> Contraction | None:
     if min(src.shape[m], src.shape[n], src.shape[k]) < _MIN_SIDE:
         return None
     wide = dtypes.float32 if node.dtype.itemsize == 2 else node.dtype
-    along_k = tuple(1 in steps(factor, f"o{k}") for factor in (left, right))
+    along_k = (1 in steps(left, f"o{k}"), 1 in steps(right, f"o{k}"))
     return Contraction(node, left, right, m, n, k, wide, along_k)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from math import prod
 
@@ -42,7 +42,8 @@ class Search:
 
 
 def search(rt: runtime.Runtime, root: Lazy, inputs: list[Lazy], width: int,
-           timer: Timer | None = None, scalars: list[Lazy] = (), slots: dict[int, int] | None = None,
+           timer: Timer | None = None, scalars: Sequence[Lazy] = (),
+           slots: dict[int, int] | None = None,
            progress: bool = True) -> Search | None:
     """Times up to `width` tilings and the untiled kernel of `root` on `rt`'s device (or
     with `timer`), stores the fastest and returns the search; None if nothing is to tune."""
@@ -56,7 +57,7 @@ def search(rt: runtime.Runtime, root: Lazy, inputs: list[Lazy], width: int,
     options += [t for t in dict.fromkeys((default, tiles.UNTILED)) if t not in options]
     timer = timer or _device_timer(rt, [prod(root.shape)] + [prod(x.shape) for x in inputs])
     start = time.perf_counter()
-    seconds = {}
+    seconds: dict[tiles.Tiling, float] = {}
     with Progress(transient=True, disable=not progress,
                   console=Console(stderr=True)) as bar:
         task = bar.add_task(f"tuning {found.key()}", total=len(options))
@@ -65,7 +66,7 @@ def search(rt: runtime.Runtime, root: Lazy, inputs: list[Lazy], width: int,
                            local=option)
             seconds[option] = timer(kernel)
             bar.advance(task)
-    choice = min(seconds, key=seconds.get)
+    choice = min(seconds, key=seconds.__getitem__)
     cache.keep_tuned(caps.device_name, found.key(), asdict(choice))
     result = Search(choice, seconds, time.perf_counter() - start)
     if progress:
@@ -77,7 +78,7 @@ def search(rt: runtime.Runtime, root: Lazy, inputs: list[Lazy], width: int,
     return result
 
 
-def ensure(rt: runtime.Runtime, root: Lazy, inputs: list[Lazy], scalars: list[Lazy] = (),
+def ensure(rt: runtime.Runtime, root: Lazy, inputs: list[Lazy], scalars: Sequence[Lazy] = (),
            slots: dict[int, int] | None = None) -> None:
     """Searches `root`'s tilings when PORTKIT_BEAM asks and no choice is stored yet."""
     width = settings.read("PORTKIT_BEAM")

@@ -57,6 +57,16 @@ def test_casts_to_bool_int_and_float():
     assert ev(Op.CAST, np.array([300], np.int32), dtype=dtypes.uint8)[0][0] == 44
 
 
+@pytest.mark.parametrize("op", [Op.CAST, Op.BITCAST])
+def test_conversions_without_a_dtype_say_so(op):
+    x = np.array([1.5], np.float32)
+    with pytest.raises(ValueError, match="pass dtype="):
+        ev(op, x)
+    with pytest.raises(ValueError, match="pass dtype="):
+        spec.valid(Op.CAST, x)
+    assert ev(Op.BITCAST, x, dtype=dtypes.int32)[0][0] == 0x3FC00000
+
+
 def test_float_ops_round_once_from_float64():
     a = np.array([1.0], np.float16)
     b = np.array([2.0 ** -11], np.float16)     # exactly half an ULP of 1.0: ties to even

@@ -153,7 +153,7 @@ class CPURenderer(CStyleRenderer):
 
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
         used = {n.dtype for n in kernel.nodes}
-        types, names = [self.storage_type(p.dtype) for p in kernel.params], kernel.vars
+        types, names = [self.storage_type(p.value_dtype) for p in kernel.params], kernel.vars
         return {**super().template_context(kernel, body),
                 "looped": kernel.block == (1, 1, 1),
                 "small_floats": bool(used & set(self.emulated)),

@@ -71,7 +71,7 @@ class MetalRenderer(CStyleRenderer):
 
     def render_args(self, kernel: Kernel) -> list[str]:
         params = kernel.params
-        buffers = [f"device {self.storage_type(p.dtype)} *data{p.arg} [[buffer({p.arg})]]"
+        buffers = [f"device {self.storage_type(p.value_dtype)} *data{p.arg} [[buffer({p.arg})]]"
                    for p in params]
         # All scalars share one slot after the buffers: Metal has 31 slots, and a kernel may
         # take as many buffers as capabilities allow plus codegen's scalars.

@@ -216,7 +216,7 @@ class WebGPURenderer(CStyleRenderer):
 
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
         declarations = [f"@group(0) @binding({p.arg}) var<storage, read_write> data{p.arg}: "
-                        f"array<{self.storage_type(p.dtype)}>;" for p in kernel.params]
+                        f"array<{self.storage_type(p.value_dtype)}>;" for p in kernel.params]
         if kernel.vars:
             members = ", ".join(f"s{i}: i32" for i in range(len(kernel.vars)))
             binding = len(kernel.params)

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from typing import Self
 
 
+
 class JitError(PortkitError, RuntimeError):
     """A call that portkit.jit cannot capture or replay; the message names the fix."""
 
@@ -76,6 +77,7 @@ class Number(graph.Traced):
     are `numbers` (each call hands its own, so threads replaying at once do not mix them)."""
 
     __slots__ = ("compute",)
+    compute: Callable[[list[float]], float]
 
     def __new__(cls, value: float, compute: Callable[[list[float]], float]) -> Self:
         number = super().__new__(cls, value)
@@ -519,11 +521,10 @@ class Jit:
             pending = [t for t in state if not t.lazy.realized]
             if pending:
                 realize(*pending)
-        tables = ([t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state], None,
-                  plan.kept)
+        args, entry = [t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state]
         with self._replaying:
-            made = replay.run(plan.steps, tables, numbers)
-        tables = tables[:MADE] + (made,) + tables[MADE + 1:]
+            made = replay.run(plan.steps, (args, entry, None, plan.kept), numbers)
+        tables: tuple[list, ...] = (args, entry, made, plan.kept)
         if plan.sets:
             values = [(obj, name, _plain(_now(value, numbers), kind))
                       for obj, name, value, kind in plan.sets]

@@ -15,19 +15,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CLEAN = ("portkit/abi", "portkit/codegen")
+CLEAN = ("portkit/abi", "portkit/codegen", "portkit/runtime", "portkit/schedule",
+         "portkit/settings")
 
 # Errors each part may still have. A part not named here must have none.
 CEILINGS = {
     "portkit/autograd": 1,
     "portkit/conformance": 88,
-    "portkit/jit": 19,
+    "portkit/jit": 17,
     "portkit/nn": 17,
     "portkit/onnx": 21,
     "portkit/optim": 4,
     "portkit/reference_backends": 7,
-    "portkit/runtime": 5,
-    "portkit/schedule": 13,
     "portkit/tensor": 173,
     "portkit/view": 7,
 }

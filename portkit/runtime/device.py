@@ -137,8 +137,9 @@ class Runtime:
         flags = flags or settings.launch()
         _check_arguments(compiled, buffers, scalars)
         words = compiled.words(scalars)
-        if flags.check == "compiled" and self._checked(compiled) is not None:
-            return self._launch_checked(compiled, buffers, words, wait, flags.debug)
+        checked = self._checked(compiled) if flags.check == "compiled" else None
+        if checked is not None:
+            return self._launch_checked(compiled, checked, buffers, words, wait, flags.debug)
         if flags.check:
             _check_bounds(compiled.kernel, buffers, words)
         return self.run_program(compiled, [b.handle for b in buffers], words, wait, flags.debug)
@@ -159,9 +160,9 @@ class Runtime:
                 compiled.checked = (checked, self.compile(checked.kernel), fault)
         return compiled.checked if compiled.checked[1] is not None else None
 
-    def _launch_checked(self, compiled: Compiled, buffers: list[Buffer], words: list,
-                        wait: bool, level: int) -> float | None:
-        checked, program, fault = compiled.checked
+    def _launch_checked(self, compiled: Compiled, built: tuple, buffers: list[Buffer],
+                        words: list, wait: bool, level: int) -> float | None:
+        checked, program, fault = built
         sizes = [b.size for b in buffers]
         # The fault buffer stays zero until an access is out of bounds; it is the kernel's, so
         # the launch and its reading hold the device's lock together.
@@ -215,7 +216,7 @@ class Runtime:
             raise LaunchError(f"kernel {kernel.name!r} takes {len(params)} buffers, "
                               f"got {len(arrays)} arrays")
         arrays = tuple(np.asarray(a) for a in arrays)
-        buffers = [self.alloc(p.dtype, a.size).copyin(a) for p, a in zip(params, arrays)]
+        buffers = [self.alloc(p.value_dtype, a.size).copyin(a) for p, a in zip(params, arrays)]
         self.launch(compiled, buffers, scalars, wait=True)
         return [b.numpy().reshape(a.shape) for b, a in zip(buffers, arrays)]
 

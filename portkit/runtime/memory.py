@@ -117,7 +117,7 @@ class Buffer:
                               f"a {self.dtype.name} buffer of {self.size}; pass "
                               f"array.astype({self.dtype.np.name!r}) of that size")
         with self._pool.lock:
-            self._allocator.copyin(self.handle, memoryview(array.reshape(-1).view(np.uint8)))
+            self._allocator.copyin(self.handle, array.reshape(-1).view(np.uint8).data)
         return self
 
     def numpy(self, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -128,7 +128,7 @@ class Buffer:
             if isinstance(self._allocator, HostAllocator):   # the handle is the bytes
                 return np.ndarray(shape, self.dtype.np, self.handle).copy()
             out = np.empty(self.size, self.dtype.np)
-            self._allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
+            self._allocator.copyout(out.view(np.uint8).data, self.handle)
         count = prod(shape)
         return out.reshape(shape) if count == self.size else out[:count].reshape(shape).copy()
 

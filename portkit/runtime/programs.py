@@ -4,6 +4,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +85,7 @@ class Compiled:
     def __post_init__(self) -> None:
         # What every launch checks and packs, read from the kernel once rather than per launch.
         kernel = self.kernel
-        self.buffer_dtypes = tuple(p.dtype for p in kernel.params)
+        self.buffer_dtypes = tuple(p.value_dtype for p in kernel.params)
         self.var_dtypes = kernel.var_dtypes
         self.words_are_values = all(d == dtypes.int32 for d in self.var_dtypes)
         # scalar_words' packing, with its formats built once (VAR dtypes' numpy codes are
@@ -92,7 +93,7 @@ class Compiled:
         self.packing = (struct.Struct("<" + "".join(d.np.char for d in self.var_dtypes)),
                         struct.Struct(f"<{len(self.var_dtypes)}i"))
 
-    def words(self, scalars: tuple) -> list:
+    def words(self, scalars: Sequence) -> list:
         """The scalar arguments' values as the 32-bit words the program takes."""
         if self.words_are_values:
             return list(scalars)
@@ -100,4 +101,4 @@ class Compiled:
         try:
             return list(words.unpack(values.pack(*scalars)))
         except (struct.error, OverflowError):     # out of range: scalar_words wraps it
-            return scalar_words(self.var_dtypes, scalars)
+            return scalar_words(self.var_dtypes, tuple(scalars))

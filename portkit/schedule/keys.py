@@ -8,6 +8,7 @@ compiles once even when its learning rate changes every step.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -108,7 +109,7 @@ def _rounded(value, dtype: DType):
 
 
 
-def kernel_name(root: Lazy, inputs: list[Lazy] = ()) -> str:
+def kernel_name(root: Lazy, inputs: Sequence[Lazy] = ()) -> str:
     """"r_" (a reduce inside) or "e_" (elementwise only), then the output's shape."""
     # The kernel's own nodes end at its inputs, realized yet or not, so that `kernels` (before
     # anything runs) and `realize` name a kernel alike.
@@ -153,13 +154,14 @@ def graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
             arg = arg.hex()
         elif op is reduce:
             arg = (arg[0]._value_, arg[1])      # (Op, axes), the Op by value
+        sources: tuple[int, ...] = ()
         if len(src) == 1:
-            src = (number[src[0]],)
+            sources = (number[src[0]],)
         elif len(src) == 2:
-            src = (number[src[0]], number[src[1]])
+            sources = (number[src[0]], number[src[1]])
         elif src:
-            src = tuple([number[s] for s in src])
-        entries.append((op._value_, dtype, node.shape, node.device, arg, src))
+            sources = tuple([number[s] for s in src])
+        entries.append((op._value_, dtype, node.shape, node.device, arg, sources))
     entries.append(tuple([number[o] for o in outs]))
     return tuple(entries), nodes
 

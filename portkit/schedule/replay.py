@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from portkit import runtime, settings
+from portkit import settings
 from portkit.abi.dtypes import DType
+from portkit.runtime import Buffer, Compiled, Runtime
 from portkit.schedule.keys import var_value
 
 ARGS, STATE, MADE, KEPT = range(4)      # the tables a step's input buffers come from
@@ -29,8 +30,8 @@ class Step:
     """One launch of a replay: it writes a buffer of `size` elements of `dtype` and reads
     `sources`, each as (table, position) in the tables `run` is given."""
 
-    runtime: runtime.Runtime
-    compiled: runtime.Compiled | None   # None: a node of no elements, which needs no kernel
+    runtime: Runtime
+    compiled: Compiled | None   # None: a node of no elements, which needs no kernel
     dtype: DType
     size: int
     sources: tuple[tuple[int, int], ...]
@@ -46,8 +47,8 @@ class Step:
     words: list[int] = field(default_factory=list)
     fresh: bool = True
 
-    def prepare(self, fresh: bool = True, kept: Sequence[runtime.Buffer] = (),
-                owned: Callable[[int], runtime.Buffer | None] | None = None) -> None:
+    def prepare(self, fresh: bool = True, kept: Sequence[Buffer] = (),
+                owned: Callable[[int], Buffer | None] | None = None) -> None:
         """Fills in what does not change between replays: the output buffer unless `fresh`,
         the buffers of table KEPT (from `kept`) and those `owned(position)` gives for MADE."""
         self.fresh = fresh
@@ -64,7 +65,7 @@ class Step:
 
     def scalars(self, numbers: Any) -> tuple[tuple, list[int]]:
         """The scalars' values and words at this replay."""
-        if not self.traced:
+        if not self.traced or self.compiled is None:
             return self.fixed, self.words
         values = list(self.fixed)
         for slot, read, dtype in self.traced:
@@ -72,15 +73,16 @@ class Step:
         return tuple(values), self.compiled.words(values)
 
 
-def run(steps: Sequence[Step], tables: tuple[Sequence, ...], numbers: Any,
+def run(steps: Sequence[Step], tables: tuple[Sequence | None, ...], numbers: Any,
         report: Callable[[Step, list], None] | None = None,
-        flags: settings.Launch | None = None) -> list[runtime.Buffer | None]:
+        flags: settings.Launch | None = None) -> list[Buffer | None]:
     """Launches `steps` in order on the buffers `tables` name (MADE filled as they run) and the
     scalars read from `numbers`; returns the buffers the fresh steps wrote. `report(step,
     buffers)`, if given, hears of each launch; `flags`: the caller's `settings.launch()`."""
     flags = flags or settings.launch()       # once per replay, not per launch
-    made: list[runtime.Buffer | None] = [None] * len(steps)
-    tables = tables[:MADE] + (made,) + tables[MADE + 1:]
+    made: list[Buffer | None] = [None] * len(steps)
+    found: tuple[Sequence, ...] = tuple(made if kind == MADE else table or ()
+                                        for kind, table in enumerate(tables))
     for k, step in enumerate(steps):
         buffers = step.template.copy()
         if step.fresh:
@@ -88,7 +90,7 @@ def run(steps: Sequence[Step], tables: tuple[Sequence, ...], numbers: Any,
         if step.compiled is None:
             continue
         for slot, kind, position in step.fills:
-            buffers[slot] = tables[kind][position]
+            buffers[slot] = found[kind][position]
         values, words = step.scalars(numbers)
         step.runtime.launch_again(step.compiled, buffers, values, words, flags)
         if report is not None:

@@ -114,10 +114,13 @@ def kernels(outs: list[Lazy]) -> list[Kernel]:
     return [lower_item(item) for item in schedule(outs) if _launches(item)]
 
 
-class _NodeArg(NamedTuple):
+class _NodeArg:
     """Reads a scalar argument at a replay: the value of the constant node at `position`."""
 
-    position: int
+    __slots__ = ("position",)
+
+    def __init__(self, position: int):
+        self.position = position
 
     def __call__(self, nodes: list[Lazy]) -> object:
         return nodes[self.position].arg
@@ -240,7 +243,8 @@ def _replay(found: _Replay, nodes: list[Lazy]) -> None:
     report = None
     if recorder is not None:
         def report(step: Step, buffers: list) -> None:
-            scalars = [nodes[read.position] for _, read, _ in step.traced]
+            scalars = [nodes[read.position] for _, read, _ in step.traced
+                       if isinstance(read, _NodeArg)]
             recorder.launch(step.runtime.name, step.compiled, buffers, scalars, [])
     made = replay.run(found.steps, ([nodes[p].buffer for p in found.loads], (), None, ()), nodes,
                       report, flags)

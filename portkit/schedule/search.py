@@ -105,7 +105,7 @@ def _device_timer(rt: runtime.Runtime, sizes: list[int]) -> Timer:
 
     def timed(kernel: Kernel) -> float:
         compiled = rt.compile(kernel)
-        buffers = [rt.alloc(p.dtype, size).copyin(np.zeros(size, p.dtype.np))
+        buffers = [rt.alloc(p.value_dtype, size).copyin(np.zeros(size, p.value_dtype.np))
                    for p, size in zip(compiled.kernel.params, sizes)]
         words = compiled.words(tuple(0 for _ in compiled.kernel.vars))
         seconds = rt.time(compiled, [b.handle for b in buffers], words, repeats=_REPEATS,

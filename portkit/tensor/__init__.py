@@ -10,7 +10,7 @@ elementwise.py, movement.py, indexing.py, reduce.py and functional_methods.py (w
 to portkit.nn.functional); dtype.py and shapes.py read the arguments.
 """
 from portkit.autograd import no_grad
-from portkit.tensor.core import Tensor, realize
+from portkit.tensor.core import Tensor, from_dlpack, realize
 from portkit.tensor.dtype import (
     DTypeLike,
     Scalar,
@@ -30,7 +30,6 @@ from portkit.tensor.dtype import (
     uint32,
     uint64,
 )
-from portkit.tensor.interop import from_dlpack
 from portkit.tensor.movement import cat, einsum, meshgrid, stack
 from portkit.tensor.random import seed
 

@@ -32,15 +32,13 @@ class Composition:
         self._recordings: dict[tuple, Recording | None] = {}   # None: not elementwise
 
     def __call__(self, x: Tensor) -> Tensor:
-        from portkit.tensor.core import wrap
-
         lazy = x.lazy
         if 0 in lazy.shape:       # empty tensors take their own path through the ops
             return self.build(x)
         key = (lazy.dtype, lazy.device)
         if key in self._recordings:
             recording = self._recordings[key]
-            return self.build(x) if recording is None else wrap(_copy(recording, lazy))
+            return self.build(x) if recording is None else x._wrap(_copy(recording, lazy))
         out = self.build(x)
         self._recordings[key] = _record(out.lazy, lazy)
         return out

@@ -32,6 +32,8 @@ from portkit.tensor.scan import ScanOps
 from portkit.tensor.selection import SelectionOps
 from portkit.tensor.transcendental import TranscendentalOps
 
+_new = object.__new__
+
 # what a primitive gives where its input has no elements (the identity of a reduction)
 _EMPTY_INPUT = {"prod_reduce": 1}
 
@@ -74,6 +76,15 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
     __slots__ = ("_ctx", "grad", "lazy", "requires_grad")
     __hash__ = object.__hash__
     training = False        # what dropout() does when not told training=True or False
+
+    @staticmethod
+    def _wrap(lazy: Lazy) -> Tensor:
+        """A Tensor around `lazy` with no history: Tensor(lazy) without the argument checks,
+        for the ops that make one per node (also `wrap`, and `self._wrap` in the modules that
+        write Tensor's methods, which reach the class only through the tensors they get)."""
+        out = _new(Tensor)
+        out.lazy, out.grad, out._ctx, out.requires_grad = lazy, None, None, False
+        return out
 
     def __init__(self, data: Any, dtype: DTypeLike | None = None, device: str | None = None,
                  requires_grad: bool = False):
@@ -288,15 +299,20 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
         autograd.backward(self, gradient.cast(self.dtype))
 
 
-def wrap(lazy: Lazy) -> Tensor:
-    """A Tensor around `lazy` with no history: Tensor(lazy) without the argument checks, for
-    the ops that make one per node."""
-    out = _new(Tensor)
-    out.lazy, out.grad, out._ctx, out.requires_grad = lazy, None, None, False
-    return out
+def from_dlpack(source: Any, device: str | None = None) -> Tensor:
+    """A Tensor with the values and dtype of any DLPack producer (torch, numpy, jax...): sharing
+    its memory on a host-memory backend, else a copy (see the module docstring)."""
+    array = np.from_dlpack(source)
+    device = device or runtime.default_device()
+    dtype = check_dtype(from_numpy(array.dtype), device)
+    shared = None
+    if array.size and array.flags.c_contiguous and array.ctypes.data % array.itemsize == 0:
+        shared = runtime.get(device).share(dtype, array.reshape(-1).view(np.uint8))
+    buffer = shared if shared is not None else schedule.upload(array, device, dtype)
+    return Tensor(graph.load(buffer, dtype, array.shape, device))
 
 
-_new = object.__new__
+wrap = Tensor._wrap
 
 
 def _empty_result(name: str, lazy: Lazy, shape: tuple[int, ...]) -> Lazy:

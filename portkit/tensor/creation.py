@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from portkit import graph, runtime
-from portkit.tensor import core
 from portkit.tensor.dtype import (
     DTypeLike,
     Scalar,
@@ -30,29 +29,29 @@ class CreationOps:
 
     __slots__ = ()
 
-    @staticmethod
-    def full(shape: Sequence[int], value: Scalar, dtype: DTypeLike | None = None,
+    @classmethod
+    def full(cls: type[Tensor], shape: Sequence[int], value: Scalar, dtype: DTypeLike | None = None,
              device: str | None = None) -> Tensor:
         """A tensor of `shape` with every element `value` (a constant: no buffer, no kernel)."""
         shape = as_sizes(shape)
         device = device or runtime.default_device()
         dtype = check_dtype(to_dtype(dtype) or scalar_dtype(value), device)
-        return core.Tensor(graph.const(value, dtype, shape, device))
+        return cls(graph.const(value, dtype, shape, device))
 
-    @staticmethod
-    def zeros(*shape: ShapeLike, dtype: DTypeLike | None = None,
+    @classmethod
+    def zeros(cls: type[Tensor], *shape: ShapeLike, dtype: DTypeLike | None = None,
               device: str | None = None) -> Tensor:
         """Zeros (default_float unless dtype says otherwise)."""
-        return core.Tensor.full(shape, 0.0, dtype or default_float, device)
+        return cls.full(shape, 0.0, dtype or default_float, device)
 
-    @staticmethod
-    def ones(*shape: ShapeLike, dtype: DTypeLike | None = None,
+    @classmethod
+    def ones(cls: type[Tensor], *shape: ShapeLike, dtype: DTypeLike | None = None,
              device: str | None = None) -> Tensor:
         """Ones (default_float unless dtype says otherwise)."""
-        return core.Tensor.full(shape, 1.0, dtype or default_float, device)
+        return cls.full(shape, 1.0, dtype or default_float, device)
 
-    @staticmethod
-    def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1,
+    @classmethod
+    def arange(cls: type[Tensor], start: Scalar, stop: Scalar | None = None, step: Scalar = 1,
                dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
         """start, start + step, ... below stop (int32 when all three are ints)."""
         if stop is None:
@@ -66,33 +65,33 @@ class CreationOps:
                                            dtype.min <= start + (count - 1) * step <= dtype.max):
             raise OverflowError(f"arange({start}, {stop}, {step}) does not fit {dtype.name}; "
                                 f"pass dtype=portkit.int64 on a device that has it")
-        index = core.Tensor(graph.iota((count,), 0, device or runtime.default_device()))
+        index = cls(graph.iota((count,), 0, device or runtime.default_device()))
         return (index.cast(dtype) * step + start).cast(dtype)
 
-    @staticmethod
-    def linspace(start: float, stop: float, steps: int, dtype: DTypeLike | None = None,
+    @classmethod
+    def linspace(cls: type[Tensor], start: float, stop: float, steps: int, dtype: DTypeLike | None = None,
                  device: str | None = None) -> Tensor:
         """`steps` evenly spaced values from start to stop, both included."""
         if steps < 0:
             raise RuntimeError(f"linspace: number of steps must be non-negative, got {steps}")
-        index = core.Tensor(graph.iota((steps,), 0, device or runtime.default_device()))
+        index = cls(graph.iota((steps,), 0, device or runtime.default_device()))
         step = (stop - start) / (steps - 1) if steps > 1 else 0.0
         return (index.cast(default_float) * step + start).cast(to_dtype(dtype) or default_float)
 
-    @staticmethod
-    def eye(n: int, m: int | None = None, dtype: DTypeLike | None = None,
+    @classmethod
+    def eye(cls: type[Tensor], n: int, m: int | None = None, dtype: DTypeLike | None = None,
             device: str | None = None) -> Tensor:
         """An n x m (default n x n) matrix with ones on the diagonal."""
         device = device or runtime.default_device()
         if n < 0 or (m is not None and m < 0):
             raise RuntimeError(f"eye: sizes must be >= 0, got n={n}, m={m}")
-        rows = core.Tensor(graph.iota((n, m or n), 0, device))
-        cols = core.Tensor(graph.iota((n, m or n), 1, device))
+        rows = cls(graph.iota((n, m or n), 0, device))
+        cols = cls(graph.iota((n, m or n), 1, device))
         return (rows == cols).cast(to_dtype(dtype) or default_float)
 
     def full_like(self: Tensor, value: Scalar, dtype: DTypeLike | None = None) -> Tensor:
         """full() with this tensor's shape, device and (unless given) dtype."""
-        return core.Tensor.full(self.shape, value, dtype or self.dtype, self.device)
+        return type(self).full(self.shape, value, dtype or self.dtype, self.device)
 
     def zeros_like(self: Tensor, dtype: DTypeLike | None = None) -> Tensor:
         """Zeros with this tensor's shape, device and (unless given) dtype."""

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from portkit import graph
-from portkit.tensor import core
 from portkit.tensor.broadcast import broadcast, wrapped
 from portkit.tensor.composition import Composition
 from portkit.tensor.dtype import (
@@ -67,7 +66,7 @@ def pair_in_float32(method: Callable[..., Tensor]) -> Callable[..., Tensor]:
     that dtype first, as torch wraps it in a tensor (pow, atan2, logaddexp)."""
     @functools.wraps(method)
     def wrapper(self: Tensor, other: Tensor | Scalar, *args, **kwargs) -> Tensor:
-        tensor = isinstance(other, core.Tensor)
+        tensor = isinstance(other, type(self))
         dtype = promote_tensors(self, other) if tensor else self.dtype
         if dtype not in _HALF or not (tensor or isinstance(other, float | int)):
             return method(self, other, *args, **kwargs)
@@ -121,7 +120,7 @@ class ElementwiseOps:
     def _operand(self: Tensor, other: Tensor | Scalar, reverse: bool = False
                  ) -> tuple[Tensor, Tensor]:
         """self and other promoted to one dtype and broadcast to one shape (swapped if reverse)."""
-        Tensor, lazy = core.Tensor, self.lazy
+        Tensor, lazy = type(self), self.lazy
         tensor = isinstance(other, Tensor)
         if not tensor and isinstance(other, _NUMPY_VALUES):
             other = Tensor(other, device=lazy.device) if other.ndim else other.item()
@@ -142,7 +141,7 @@ class ElementwiseOps:
             dtype = check_dtype(int32, lazy.device)
         # made at self's shape at once: the same constant node a reshape and an expand of a 0-d
         # one would give, without building them on every scalar operation
-        other = core.wrap(graph.const(wrapped(other, dtype), dtype, lazy.shape, lazy.device))
+        other = self._wrap(graph.const(wrapped(other, dtype), dtype, lazy.shape, lazy.device))
         a = self if dtype is lazy.dtype else self.cast(dtype)
         return (other, a) if reverse else (a, other)
 
@@ -353,7 +352,7 @@ class ElementwiseOps:
             return out.reciprocal() if exponent < 0 else out
         if isinstance(exponent, float) and exponent == 0.5:
             return self.sqrt()
-        if isinstance(exponent, core.Tensor) and not (self.dtype.is_float or
+        if isinstance(exponent, type(self)) and not (self.dtype.is_float or
                                                       exponent.dtype.is_float):
             return self._int_pow(exponent)
         x, y = self._float()._operand(exponent)
@@ -412,12 +411,12 @@ class ElementwiseOps:
 
     def where(self: Tensor, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
         """a where self (a bool tensor) is true, else b; broadcasts all three."""
-        if isinstance(a, core.Tensor):
+        if isinstance(a, type(self)):
             x, y = a._operand(b)
-        elif isinstance(b, core.Tensor):
+        elif isinstance(b, type(self)):
             y, x = b._operand(a)
         else:
-            x, y = core.Tensor.full((), a, scalar_dtype(a), self.device)._operand(b)
+            x, y = type(self).full((), a, scalar_dtype(a), self.device)._operand(b)
         cond = self.cast(bool_)
         cond, x = broadcast(cond, x)
         cond, y = broadcast(cond, y)
@@ -468,15 +467,15 @@ class ElementwiseOps:
 
     def logical_and(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """True where both are nonzero."""
-        return self.cast(bool_) & _as_bool(other)
+        return self.cast(bool_) & _as_bool(self, other)
 
     def logical_or(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """True where either is nonzero."""
-        return self.cast(bool_) | _as_bool(other)
+        return self.cast(bool_) | _as_bool(self, other)
 
     def logical_xor(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """True where exactly one is nonzero."""
-        return self.cast(bool_) ^ _as_bool(other)
+        return self.cast(bool_) ^ _as_bool(self, other)
 
     def bitwise_and(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """self & other, on integer and bool tensors."""
@@ -529,8 +528,8 @@ def _in_opmath(x: Tensor, other: Tensor | Scalar) -> bool:
     return x.dtype.name in _HALF_NAMES and number is not None and not isinstance(number, bool)
 
 
-def _as_bool(value: Tensor | Scalar) -> Tensor | bool:
-    return value.cast(bool_) if isinstance(value, core.Tensor) else bool(value)
+def _as_bool(like: Tensor, value: Tensor | Scalar) -> Tensor | bool:
+    return value.cast(bool_) if isinstance(value, type(like)) else bool(value)
 
 
 def _exp(x: Tensor) -> Tensor:
@@ -574,10 +573,10 @@ def _real_pow(x: Tensor, y: Tensor) -> Tensor:
 def _check_int_divisor(x: Tensor, other: Tensor | Scalar, reverse: bool) -> None:
     """Integer division by a zero known on the host raises, as PyTorch's does."""
     divisor, dividend = (x, other) if reverse else (other, x)
-    if isinstance(dividend, float) or (isinstance(dividend, core.Tensor)
+    if isinstance(dividend, float) or (isinstance(dividend, type(x))
                                        and dividend.dtype.is_float):
         return
-    if isinstance(divisor, core.Tensor):
+    if isinstance(divisor, type(x)):
         # read back only values the host already holds (a realized buffer), never a graph
         zero = (not divisor.dtype.is_float and divisor.lazy.realized and divisor.numel()
                 and (divisor.numpy() == 0).any())

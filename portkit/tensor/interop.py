@@ -6,22 +6,18 @@ is exported without a copy, so `torch.from_dlpack(t)` shares its memory; on a de
 the export is a host copy (the contract: `__dlpack_device__` is always the CPU, and a consumer
 that needs the device's memory should use the device's own API).
 
-`from_dlpack(x)` imports without a copy onto a host-memory backend when x is C-contiguous host
-memory: the Tensor is a realized buffer over x's memory (its LOAD leaf). Laziness then means:
-each graph that reads it reads x's memory when it is realized, so a write through x before that
-is seen, and a result once realized is its own buffer and does not change. portkit never writes
-into it. Otherwise (a device backend, a strided or empty x) the values are copied at import.
+`from_dlpack(x)` (in core.py, since it makes a Tensor) imports without a copy onto a
+host-memory backend when x is C-contiguous host memory: the Tensor is a realized buffer over x's
+memory (its LOAD leaf). Laziness then means: each graph that reads it reads x's memory when it
+is realized, so a write through x before that is seen, and a result once realized is its own
+buffer and does not change. portkit never writes into it. Otherwise (a device backend, a strided
+or empty x) the values are copied at import.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from portkit import graph, runtime, schedule
-from portkit.abi.dtypes import from_numpy
-from portkit.tensor import core
-from portkit.tensor.dtype import check_dtype
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -81,16 +77,3 @@ class InteropOps:
         values = np.array2string(self.numpy(), separator=", ", prefix="Tensor(",
                                  threshold=1000, edgeitems=3)
         return f"Tensor({values}, dtype={self.dtype.name}, device={self.device!r}{grad})"
-
-
-def from_dlpack(source: Any, device: str | None = None) -> Tensor:
-    """A Tensor with the values and dtype of any DLPack producer (torch, numpy, jax...): sharing
-    its memory on a host-memory backend, else a copy (see the module docstring)."""
-    array = np.from_dlpack(source)
-    device = device or runtime.default_device()
-    dtype = check_dtype(from_numpy(array.dtype), device)
-    shared = None
-    if array.size and array.flags.c_contiguous and array.ctypes.data % array.itemsize == 0:
-        shared = runtime.get(device).share(dtype, array.reshape(-1).view(np.uint8))
-    buffer = shared if shared is not None else schedule.upload(array, device, dtype)
-    return core.Tensor(graph.load(buffer, dtype, array.shape, device))

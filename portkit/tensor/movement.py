@@ -9,7 +9,6 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from portkit.tensor import core
 from portkit.tensor.dtype import Scalar, bool_
 from portkit.tensor.shapes import AxisLike, ShapeLike, accepts_dim, as_axes, as_dim, as_shape
 
@@ -128,7 +127,7 @@ class MovementOps:
         out = self._prim("pad", arg=padding)
         if value == 0:
             return out
-        inside = core.Tensor.ones(*self.shape, dtype=bool_, device=self.device)._prim(
+        inside = type(self).ones(*self.shape, dtype=bool_, device=self.device)._prim(
             "pad", arg=padding)
         return inside.where(out, value)
 
@@ -166,8 +165,8 @@ class MovementOps:
             raise RuntimeError(f"unfold: size {size} must be in [0, {n}] (the size of dim "
                                f"{dim}) and step {step} >= 1")
         count = (n - size) // step + 1
-        start = core.Tensor.arange(0, count * step, step, device=self.device).reshape(count, 1)
-        index = start + core.Tensor.arange(size, device=self.device).reshape(1, size)
+        start = type(self).arange(0, count * step, step, device=self.device).reshape(count, 1)
+        index = start + type(self).arange(size, device=self.device).reshape(1, size)
         if not self.ndim:
             return self.reshape(1).index_select(0, index).reshape(size)
         # index_select puts (count, size) where dim was; the window's dim goes last

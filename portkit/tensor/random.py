@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from portkit import graph, runtime
-from portkit.tensor import core
 from portkit.tensor.dtype import DTypeLike, default_float, int32, to_dtype, uint32
 from portkit.tensor.shapes import ShapeLike, as_sizes
 
@@ -35,48 +34,48 @@ class RandomOps:
 
     __slots__ = ()
 
-    @staticmethod
-    def rand(*shape: ShapeLike, dtype: DTypeLike | None = None,
+    @classmethod
+    def rand(cls: type[Tensor], *shape: ShapeLike, dtype: DTypeLike | None = None,
              device: str | None = None) -> Tensor:
         """Uniform in [0, 1): the same numbers on every device for the same seed()."""
         dtype = to_dtype(dtype) or default_float
         if not dtype.is_float:
             raise TypeError(f"rand makes floats, not {dtype.name}; use randint for integers")
-        bits = _random_bits(as_sizes(shape), device or runtime.default_device())
+        bits = _random_bits(cls, as_sizes(shape), device or runtime.default_device())
         # the top p bits, p the dtype's precision, scaled by 2**-p: exact in the dtype, so
         # never rounded up to 1.0 and identical on every device
         precision = _PRECISION[dtype.name]
         return (bits >> (32 - precision)).cast(dtype) * (1.0 / (1 << precision))
 
-    @staticmethod
-    def randn(*shape: ShapeLike, dtype: DTypeLike | None = None,
+    @classmethod
+    def randn(cls: type[Tensor], *shape: ShapeLike, dtype: DTypeLike | None = None,
               device: str | None = None) -> Tensor:
         """Standard normal (Box-Muller over two uniform draws, computed in float32)."""
         shape = as_sizes(shape)
-        u1 = core.Tensor.rand(*shape, device=device)
-        u2 = core.Tensor.rand(*shape, device=device)
+        u1 = cls.rand(*shape, device=device)
+        u2 = cls.rand(*shape, device=device)
         out = (-2.0 * (1.0 - u1).log()).sqrt() * (u2 * (2 * math.pi)).cos()
         return out.cast(to_dtype(dtype) or default_float)
 
-    @staticmethod
-    def randint(low: int, high: int, shape: ShapeLike = (), dtype: DTypeLike | None = None,
+    @classmethod
+    def randint(cls: type[Tensor], low: int, high: int, shape: ShapeLike = (), dtype: DTypeLike | None = None,
                 device: str | None = None) -> Tensor:
         """Integers uniform in [low, high) (int32 unless dtype says otherwise)."""
         span = high - low
         if not 0 < span <= 1 << 32:
             raise ValueError(f"randint needs low < high <= low + 2**32, got [{low}, {high})")
-        bits = _random_bits(as_sizes(shape), device or runtime.default_device())
+        bits = _random_bits(cls, as_sizes(shape), device or runtime.default_device())
         # the remainder is exact in uint32 on every device; its bias is below span / 2**32
         picked = bits if span == 1 << 32 else bits % span
         return picked.cast(to_dtype(dtype) or int32) + low
 
     def rand_like(self: Tensor) -> Tensor:
         """rand() with this tensor's shape, dtype and device."""
-        return core.Tensor.rand(*self.shape, dtype=self.dtype, device=self.device)
+        return type(self).rand(*self.shape, dtype=self.dtype, device=self.device)
 
     def randn_like(self: Tensor) -> Tensor:
         """randn() with this tensor's shape, dtype and device."""
-        return core.Tensor.randn(*self.shape, dtype=self.dtype, device=self.device)
+        return type(self).randn(*self.shape, dtype=self.dtype, device=self.device)
 
 
 def _mix(x: int) -> int:
@@ -89,7 +88,7 @@ def _mix(x: int) -> int:
     return x ^ (x >> 16)
 
 
-def _random_bits(shape: tuple[int, ...], device: str) -> Tensor:
+def _random_bits(cls: type[Tensor], shape: tuple[int, ...], device: str) -> Tensor:
     """uint32 bits: the element index hashed under two key words, computed on the device.
 
     Counter-based: element i of a draw is lowbias32(lowbias32(i ^ k0) ^ k1), the keys a hash of
@@ -100,8 +99,8 @@ def _random_bits(shape: tuple[int, ...], device: str) -> Tensor:
     global _draws
     _draws += 1
     k0 = _mix(_mix(_seed) ^ (_draws * 0x9E3779B9 & 0xFFFFFFFF))
-    keys = core.Tensor(np.array([k0, _mix(k0 ^ 0x85EBCA6B)], np.uint32), device=device)
-    x = core.Tensor(graph.iota((math.prod(shape),), 0, device)).cast(uint32)
+    keys = cls(np.array([k0, _mix(k0 ^ 0x85EBCA6B)], np.uint32), device=device)
+    x = cls(graph.iota((math.prod(shape),), 0, device)).cast(uint32)
     for k in range(2):
         x = x ^ keys[k]
         x = x ^ (x >> 16)

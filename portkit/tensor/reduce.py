@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from portkit.tensor import core
 from portkit.tensor.dtype import DTypeLike, bool_, int32, promote
 from portkit.tensor.scan import SortResult
 from portkit.tensor.shapes import AxisLike, accepts_dim, as_axes
@@ -68,7 +67,7 @@ class ReduceOps:
     def _extreme(self: Tensor, axis: AxisLike | Tensor, keepdim: bool, method: str
                  ) -> Tensor | SortResult:
         largest = method == "amax"
-        if isinstance(axis, core.Tensor):
+        if isinstance(axis, type(self)):
             return self.maximum(axis) if largest else self.minimum(axis)
         if not isinstance(axis, int):
             return getattr(self, method)(axis, keepdim)
@@ -128,7 +127,7 @@ class ReduceOps:
             hit = nan.amax(axis, keepdim=True).where(nan, hit)
         shape = [1] * self.ndim
         shape[axis] = n
-        backwards = core.Tensor.arange(n - 1, -1, -1, device=self.device).reshape(shape)
+        backwards = type(self).arange(n - 1, -1, -1, device=self.device).reshape(shape)
         return (n - 1) - (hit.where(backwards, -1)).amax(axis, keepdim)
 
     @accepts_dim

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from portkit.tensor import core
 from portkit.tensor.dtype import Scalar, bool_, int32
 from portkit.tensor.shapes import AxisLike, as_dim
 
@@ -42,7 +41,7 @@ class ScanOps:
         """Running sums along `dim` (small ints and bool sum in int32)."""
         dim = as_dim(dim, self.ndim)
         _, other, n = self._pairs(dim)
-        upto = _iota(n, 1, self.device) <= _iota(n, 0, self.device)     # other j <= this i
+        upto = _iota(self, n, 1) <= _iota(self, n, 0)     # other j <= this i
         picked = upto.where(other.expand(other.shape[:-2] + (n, n)), 0)
         return self._unpair(picked.sum(-1, dtype=_sum_dtype(self)), dim)
 
@@ -50,7 +49,7 @@ class ScanOps:
         """Running products along `dim`."""
         dim = as_dim(dim, self.ndim)
         _, other, n = self._pairs(dim)
-        upto = _iota(n, 1, self.device) <= _iota(n, 0, self.device)
+        upto = _iota(self, n, 1) <= _iota(self, n, 0)
         picked = upto.where(other.expand(other.shape[:-2] + (n, n)), 1)
         return self._unpair(picked.prod(-1), dim)
 
@@ -60,11 +59,11 @@ class ScanOps:
         dim = as_dim(dim, self.ndim)
         this, other, n = self._pairs(dim)
         this, other = this.detach(), other.detach()
-        upto = _iota(n, 1, self.device) <= _iota(n, 0, self.device)
+        upto = _iota(self, n, 1) <= _iota(self, n, 0)
         # past position i, x_i itself stands in: it never exceeds the running maximum
         running = upto.where(other, this).amax(-1, keepdim=True)
         hit = upto & _same(other, running)
-        indices = self._unpair(hit.where(_iota(n, 1, self.device), -1).amax(-1), dim)
+        indices = self._unpair(hit.where(_iota(self, n, 1), -1).amax(-1), dim)
         return SortResult(self.gather(dim, indices) if self.ndim else self, indices)
 
     def cummin(self: Tensor, dim: int) -> SortResult:
@@ -76,7 +75,7 @@ class ScanOps:
         """log(cumsum(exp(self))) along `dim`, without overflow."""
         dim = as_dim(dim, self.ndim)
         _, other, n = self._pairs(dim)
-        upto = _iota(n, 1, self.device) <= _iota(n, 0, self.device)
+        upto = _iota(self, n, 1) <= _iota(self, n, 0)
         picked = upto.where(other._float().expand(other.shape[:-2] + (n, n)), float("-inf"))
         return self._unpair(picked.logsumexp(-1), dim)
 
@@ -88,11 +87,11 @@ class ScanOps:
         this, other, n = self._pairs(dim)
         this, other = this.detach(), other.detach()
         before = _before(other, this, descending)     # element j sorts before element i
-        ties = _same(other, this) & (_iota(n, 1, self.device) < _iota(n, 0, self.device))
+        ties = _same(other, this) & (_iota(self, n, 1) < _iota(self, n, 0))
         rank = (before | ties).sum(-1)                                   # (..., n) position of i
         # position p takes the element i whose rank is p
-        hit = rank.unsqueeze(-2) == _iota(n, 0, self.device)             # (..., p, i)
-        indices = hit.where(_iota(n, 1, self.device), 0).sum(-1)
+        hit = rank.unsqueeze(-2) == _iota(self, n, 0)             # (..., p, i)
+        indices = hit.where(_iota(self, n, 1), 0).sum(-1)
         indices = self._unpair(indices, dim)
         return SortResult(self.gather(dim, indices) if self.ndim else self, indices)
 
@@ -140,7 +139,7 @@ class ScanOps:
         if self.ndim < 2:
             raise RuntimeError(f"tril/triu need at least 2 dims, got shape {self.shape}")
         n, m = self.shape[-2:]
-        rows, cols = _iota(n, 0, self.device), _iota(m, 1, self.device)
+        rows, cols = _iota(self, n, 0), _iota(self, m, 1)
         zero = False if self.dtype == bool_ else 0
         return keep(rows, cols).where(self, zero).cast(self.dtype)
 
@@ -174,8 +173,8 @@ class ScanOps:
         padded = self.pad(((0, abs(diagonal)),))
         # above the diagonal, row r holds x[r]; below it, column c holds x[c]
         values = padded.reshape(size, 1) if diagonal >= 0 else padded.reshape(1, size)
-        rows = _iota(size, 0, self.device)
-        cols = _iota(size, 1, self.device)
+        rows = _iota(self, size, 0)
+        cols = _iota(self, size, 1)
         zero = False if self.dtype == bool_ else 0
         return (cols - rows == diagonal).where(values, zero).cast(self.dtype)
 
@@ -211,9 +210,10 @@ class ScanOps:
         return x.reshape(self.shape[:dim] + (self.shape[dim] * repeats,) + self.shape[dim + 1:])
 
 
-def _iota(n: int, axis: int, device: str) -> Tensor:
-    """arange(n) as a column (axis 0: shape (n, 1)) or a row (axis 1: shape (1, n))."""
-    index = core.Tensor.arange(n, device=device)
+def _iota(like: Tensor, n: int, axis: int) -> Tensor:
+    """arange(n) on `like`'s device as a column (axis 0: shape (n, 1)) or a row (axis 1:
+    shape (1, n))."""
+    index = type(like).arange(n, device=like.device)
     return index.reshape(n, 1) if axis == 0 else index.reshape(1, n)
 
 

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from portkit.tensor import core
 from portkit.tensor.dtype import bool_, int32
 
 if TYPE_CHECKING:
@@ -24,9 +23,9 @@ class SelectionOps:
         gives int64), or one 1-d tensor per dim with as_tuple."""
         where = np.nonzero(self.numpy().reshape(self.shape or (1,)))
         if as_tuple:
-            return tuple(core.Tensor(w.astype(np.int32), int32, self.device) for w in where)
+            return tuple(type(self)(w.astype(np.int32), int32, self.device) for w in where)
         stacked = np.stack(where, -1) if self.ndim else np.zeros((len(where[0]), 0), np.int32)
-        return core.Tensor(stacked.astype(np.int32), int32, self.device)
+        return type(self)(stacked.astype(np.int32), int32, self.device)
 
     def masked_select(self: Tensor, mask: Tensor) -> Tensor:
         """The elements where the bool `mask` (broadcast with self) is True, as a 1-d tensor;
@@ -36,7 +35,7 @@ class SelectionOps:
         shape = np.broadcast_shapes(self.shape, mask.shape)
         picked = np.flatnonzero(np.broadcast_to(mask.numpy(), shape))
         flat = self.expand(shape).reshape(-1)
-        return flat.index_select(0, core.Tensor(picked.astype(np.int32), int32, self.device))
+        return flat.index_select(0, type(self)(picked.astype(np.int32), int32, self.device))
 
     def unique(self: Tensor, sorted: bool = True, return_inverse: bool = False,
                return_counts: bool = False, dim: int | None = None
@@ -45,10 +44,10 @@ class SelectionOps:
         return_inverse, where each element went; with return_counts, how often each occurs."""
         values, inverse, counts = np.unique(self.numpy(), return_inverse=True,
                                             return_counts=True, axis=dim)
-        out = [core.Tensor(values, self.dtype, self.device)]
+        out = [type(self)(values, self.dtype, self.device)]
         if return_inverse:
             shape = self.shape if dim is None else (self.shape[dim],)
-            out.append(core.Tensor(inverse.reshape(shape).astype(np.int32), int32, self.device))
+            out.append(type(self)(inverse.reshape(shape).astype(np.int32), int32, self.device))
         if return_counts:
-            out.append(core.Tensor(counts.astype(np.int32), int32, self.device))
+            out.append(type(self)(counts.astype(np.int32), int32, self.device))
         return out[0] if len(out) == 1 else tuple(out)

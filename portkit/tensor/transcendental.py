@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from portkit.tensor import core
 from portkit.tensor.dtype import Scalar
 from portkit.tensor.elementwise import in_float32, pair_in_float32
 
@@ -23,7 +22,7 @@ _TAN_PI_8 = math.tan(math.pi / 8)
 
 
 def _as_tensor(like: Tensor, value: Tensor | Scalar) -> Tensor:
-    return value if isinstance(value, core.Tensor) else like.full_like(value)
+    return value if isinstance(value, type(like)) else like.full_like(value)
 
 
 class TranscendentalOps:

@@ -1,7 +1,7 @@
 """Padded copies: a scheduling pass for devices whose threads are loops (CPUs).
 
 A convolution reads its input through a padded view, then through windows that read each
-element many times (portkit/nn/spatial.py). Lowered as it is, every load is gated by the padding
+element many times (portkit/tensor/spatial.py). Lowered as it is, every load is gated by the padding
 mask, and a gate that differs between neighbouring outputs keeps a C compiler from vectorizing
 them (it leaves branches and scalar loads). Copying the padded input once into its own buffer
 costs one pass over it; the reduce that reads the copy needs no gates, and its output axis along

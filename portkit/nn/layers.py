@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from portkit.nn import functional as F
 from portkit.nn.module import Module, uniform_parameter
-from portkit.nn.spatial import IntTuple
 from portkit.tensor import Tensor, realize
+from portkit.tensor.spatial import IntTuple
 
 
 class Linear(Module):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from portkit.nn.spatial import spread
 from portkit.onnx.ops import Check, Context, NodeArgs, Op, Value, registrar
 from portkit.tensor import Tensor, cat
+from portkit.tensor.spatial import spread
 
 OPS: dict[str, Op] = {}
 CHECKS: dict[str, Check] = {}

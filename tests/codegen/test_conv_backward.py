@@ -1,4 +1,4 @@
-"""A convolution's gradients (portkit/nn/spatial.py): the input gradient is a convolution of the
+"""A convolution's gradients (portkit/tensor/spatial.py): the input gradient is a convolution of the
 output gradient, the weight gradient keeps lanes and the batch in a first sum, and `plan` tiles
 that sum as a block of two reused axes; each against torch on odd shapes, strides, dilation,
 groups, padding modes and float16."""

@@ -1,4 +1,4 @@
-"""Convolution as an implicit GEMM (portkit/nn/spatial.py `_correlate`): the window's (channel,
+"""Convolution as an implicit GEMM (portkit/tensor/spatial.py `_correlate`): the window's (channel,
 *kernel) axes are read as one axis K, so on a device whose threads are loops the conv's sum is
 lowered as a packed matmul (portkit/codegen/pack.py): M along the output row, N the output
 channels, A read through the windows in place. Each check is against torch (float64), at odd

@@ -1,4 +1,4 @@
-"""scaled_dot_product_attention (portkit/nn/functional.py) against torch's: scale, masks,
+"""scaled_dot_product_attention (portkit/tensor/functional.py) against torch's: scale, masks,
 non-square causal, grouped-query heads, dropout; forward and backward on every backend."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""nn functions (portkit/nn/functional.py) through their Tensor methods: activations,
+"""nn functions (portkit/tensor/functional.py) through their Tensor methods: activations,
 convolution, pools, losses, norms, attention, embedding."""
 import numpy as np
 import pytest

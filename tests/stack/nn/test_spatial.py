@@ -1,5 +1,5 @@
 """pad modes, 1-d/3-d and transposed convolution, 1-d/3-d pools, max_pool return_indices with
-max_unpool2d, interpolate and grid_sample (portkit/nn/spatial.py) against PyTorch, forward and
+max_unpool2d, interpolate and grid_sample (portkit/tensor/spatial.py) against PyTorch, forward and
 backward."""
 import numpy as np
 import pytest

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from portkit.tensor import Tensor, cat, float32, int32
-from portkit.tensor.dtype import float_of
+from portkit.tensor.dtype import float32, float_of, int32
+from portkit.tensor.movement import cat
+
+if TYPE_CHECKING:
+    from portkit.tensor.core import Tensor
 
 IntTuple = int | Sequence[int]
 PadMode = Literal["constant", "reflect", "replicate", "circular"]
@@ -320,7 +323,7 @@ def _max_pool(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None, pad
     choice = flat.argmax(-1, keepdim=True)
     # each input element's index in its plane, padded with anything (padding never wins)
     spatial = input.shape[-d:]
-    where = Tensor.arange(math.prod(spatial), device=input.device).reshape(spatial)
+    where = type(input).arange(math.prod(spatial), device=input.device).reshape(spatial)
     where = _windows(where.pad(pads), kernel, stride, dilation)
     where = where.reshape((1,) * (flat.ndim - d - 1) + flat.shape[-d - 1:]).expand(flat.shape)
     # gathered, the gradient reaches the element picked only, as torch's
@@ -342,7 +345,7 @@ def max_unpool2d(input: Tensor, indices: Tensor, kernel_size: IntTuple,
     if output_size is not None:
         size = tuple(output_size)[-2:]
     lead = input.shape[:-2]
-    plane = Tensor.zeros(*lead, math.prod(size), dtype=input.dtype, device=input.device)
+    plane = type(input).zeros(*lead, math.prod(size), dtype=input.dtype, device=input.device)
     out = plane.scatter(-1, indices.reshape(*lead, -1), input.reshape(*lead, -1))
     return out.reshape(*lead, *size)
 
@@ -377,8 +380,8 @@ def _avg_pool(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None,
     total = _windows(x, kernel, stride, ones).sum(tuple(range(-d, 0)))
     counted_pad = [p if count_include_pad else 0 for p, _ in pads]
     # the divisor of each window: how many of its elements are input (or counted padding)
-    counted = Tensor.ones(*(s + 2 * c for s, c in zip(input.shape[-d:], counted_pad)),
-                          device=input.device)
+    counted = type(input).ones(*(s + 2 * c for s, c in zip(input.shape[-d:], counted_pad)),
+                               device=input.device)
     counted = counted.pad(tuple((p - c, after - c) for (p, after), c in zip(pads, counted_pad)))
     count = _windows(counted, kernel, stride, ones).sum(tuple(range(-d, 0)))
     return total / count
@@ -458,7 +461,7 @@ def _resample(x: Tensor, axis: int, n: int, out: int, scale: float | None, neare
     low = np.minimum(np.floor(src).astype(np.int64), n - 1)
     high = np.minimum(low + 1, n - 1)
     weight = (src - low).astype(x.dtype.np).reshape((out,) + (1,) * (x.ndim - 1 - axis))
-    weight = Tensor(weight, device=x.device)
+    weight = type(x)(weight, device=x.device)
     return x.index_select(axis, _indices(low, x)) * (1 - weight) + \
         x.index_select(axis, _indices(high, x)) * weight
 
@@ -504,7 +507,7 @@ def grid_sample(input: Tensor, grid: Tensor, mode: Literal["bilinear", "nearest"
 
 
 def _indices(values: np.ndarray, like: Tensor) -> Tensor:
-    return Tensor(values.astype(np.int32), int32, like.device)
+    return type(like)(values.astype(np.int32), int32, like.device)
 
 
 # -- sliding windows -----------------------------------------------------------------------------

@@ -1,0 +1,514 @@
+"""Neural-network functions, as torch.nn.functional: linear, losses, norms, dropout, attention,
+embedding and the activations PyTorch keeps here; convolution, pools, pad and interpolate are
+written in spatial.py and importable from here, as torch's. `portkit.nn.functional` is this
+module under torch's name.
+
+Tensor has a thin method for each (x.conv2d(w) is conv2d(x, w), functional_methods.py), which is
+why these live in the tensor package, below portkit.nn; the layers in portkit.nn call them.
+They compose Tensor ops only, so autograd differentiates them with no rule of their own, and
+they make tensors through the type of the tensors they are given (see core.py).
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from portkit import schedule
+from portkit.tensor.dtype import bool_, float_of, int32, promote
+from portkit.tensor.elementwise import in_float32
+from portkit.tensor.spatial import (
+    avg_pool1d,
+    avg_pool2d,
+    avg_pool3d,
+    conv1d,
+    conv2d,
+    conv3d,
+    conv_transpose1d,
+    conv_transpose2d,
+    conv_transpose3d,
+    grid_sample,
+    interpolate,
+    max_pool1d,
+    max_pool2d,
+    max_pool3d,
+    max_unpool2d,
+    pad,
+)
+
+if TYPE_CHECKING:
+    from portkit.tensor.core import Tensor
+
+IntPair = int | tuple[int, int]
+Reduction = Literal["mean", "sum", "none"]
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """input @ weight.T + bias."""
+    if input.ndim >= 2 and weight.ndim == 2 and input.shape[-1] == weight.shape[1]:
+        # matmul's product and sum with weight as it lies: matmul(weight.T) transposes it back,
+        # two movement ops each way (forward and backward) that compose to nothing
+        dtype = promote(input.dtype, weight.dtype)
+        out = (input.cast(dtype).unsqueeze(-2) * weight.cast(dtype).unsqueeze(-3)).sum(-1)
+    else:
+        out = input.matmul(weight.T)
+    return out if bias is None else out + bias
+
+
+def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
+                  label_smoothing: float = 0.0, weight: Tensor | None = None,
+                  ignore_index: int = -100) -> Tensor:
+    """Cross entropy of logits (N, C) or (N, C, d...) against class indices (N,) / (N, d...) or
+    probabilities of the input's shape; the class axis is 1, as in PyTorch."""
+    if not target.dtype.is_float and not label_smoothing:
+        return nll_loss(input.log_softmax(1 if input.ndim > 1 else 0), target, weight,
+                        ignore_index, reduction)
+    if weight is not None or ignore_index != -100:
+        raise NotImplementedError("cross_entropy: weight and ignore_index are supported with "
+                                  "class-index targets and no label smoothing")
+    if input.ndim > 2:
+        # classes on axis 1 (PyTorch): move them last, where the rest of this works
+        order = (0, *range(2, input.ndim), 1)
+        input = input.permute(order)
+        if target.dtype.is_float:
+            target = target.permute(order)
+    if not target.dtype.is_float:
+        _check_classes(target, input.shape[-1])
+    logp = input.log_softmax(-1)
+    if target.dtype.is_float:
+        probs = target
+    else:
+        if target.shape != input.shape[:-1]:
+            raise ValueError(f"cross_entropy: target shape {target.shape} does not match "
+                             f"logits shape {input.shape} (want {input.shape[:-1]})")
+        probs = one_hot(target, input.shape[-1]).cast(logp.dtype)
+    if label_smoothing:
+        probs = probs * (1 - label_smoothing) + label_smoothing / input.shape[-1]
+    loss = -(logp * probs).sum(-1)
+    return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
+
+
+def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
+             ignore_index: int = -100, reduction: Reduction = "mean") -> Tensor:
+    """The negative log-probability of each target class: input (N, C) or (N, C, d...) of
+    log-probabilities, target (N,) or (N, d...) of class indices, optional per-class weights;
+    targets equal to ignore_index count for nothing (as torch's)."""
+    if target.dtype.is_float or target.dtype == bool_:
+        raise TypeError(f"nll_loss: target must hold integer class indices, got "
+                        f"{target.dtype.name}")
+    if input.ndim > 2:
+        input = input.permute((0, *range(2, input.ndim), 1))
+    if target.shape != input.shape[:-1]:
+        raise ValueError(f"nll_loss: target shape {target.shape} does not match input shape "
+                         f"{input.shape} (want {input.shape[:-1]})")
+    classes = input.shape[-1]
+    known = _check_classes(target, classes, ignore_index)
+    valid = target != ignore_index
+    safe = valid.where(target, 0)
+    picked = _class_mask(safe, classes).where(input, 0).sum(-1)
+    w = valid.cast(input.dtype)
+    if weight is not None:
+        w = w * weight.cast(input.dtype).index_select(0, safe)
+    loss = -picked * w
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if weight is None and known is not None:
+        # the host knows how many targets count: one reduction fewer than dividing by w.sum()
+        count = int((known != ignore_index).sum())
+        return loss.sum() * (1 / count if count else float("nan"))
+    return loss.sum() / w.sum()
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                         reduction: Reduction = "mean") -> Tensor:
+    """-(t log p + (1 - t) log(1 - p)) of probabilities p; each log is at least -100 (torch)."""
+    logp, log1mp = input.log().clip(min=-100), (1 - input).log().clip(min=-100)
+    loss = -(target * logp + (1 - target) * log1mp)
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,
+                                     weight: Tensor | None = None,
+                                     reduction: Reduction = "mean",
+                                     pos_weight: Tensor | None = None) -> Tensor:
+    """binary_cross_entropy of sigmoid(input), computed from the logits without overflow."""
+    x = input.cast(float_of(input.dtype))
+    # log(1 + e^-x) for either sign of x: softplus(-x)
+    log_sig_neg = softplus(-x)
+    if pos_weight is None:
+        loss = (1 - target) * x + log_sig_neg
+    else:
+        loss = (1 - target) * x + (1 + (pos_weight - 1) * target) * log_sig_neg
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+def _reduce(loss: Tensor, reduction: Reduction) -> Tensor:
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
+
+
+# The class indices of target buffers already checked, by buffer: a training loop passes the
+# same target every step, and checking it again would copy it to the host every step. A
+# buffer the stack owns is written once (every result gets a new one), so what was checked
+# stays true; memory borrowed from the user (from_dlpack) may change and is checked each time.
+_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _check_classes(target: Tensor, classes: int, ignore_index: int | None = None
+                   ) -> np.ndarray | None:
+    """The class indices, where the host holds them (else None); IndexError for any outside
+    [0, classes) but ignore_index."""
+    if not target.lazy.realized or target.numel() == 0 or schedule.recording():
+        return None     # inside portkit.jit the values are the device's, as unrealized ones
+    buffer = target.lazy.buffer
+    known = _checked.get(buffer) if buffer.owned else None
+    if known is not None and known[0] == (classes, ignore_index, target.shape):
+        return known[1]
+    values = target.numpy()
+    bad = values[((values < 0) | (values >= classes)) & (values != ignore_index)]
+    if bad.size:
+        raise IndexError(f"cross_entropy: target class {int(bad[0])} is out of bounds for "
+                         f"{classes} classes")
+    if buffer.owned:
+        _checked[buffer] = ((classes, ignore_index, target.shape), values)
+    return values
+
+
+def one_hot(input: Tensor, num_classes: int = -1) -> Tensor:
+    """int32 vectors with a 1 at each index of `input` (a new last dim of num_classes); -1
+    reads the largest index back to the host, as torch's does (pass the count to avoid it)."""
+    if num_classes == -1:
+        if not input.numel():
+            raise RuntimeError("one_hot: cannot infer num_classes from an empty tensor; pass it")
+        num_classes = int(input.amax().item()) + 1
+    if num_classes < 0:
+        raise ValueError(f"one_hot: num_classes must be >= 0 or -1, got {num_classes}")
+    if input.lazy.realized and input.numel() and not schedule.recording():
+        # values the host holds: checked, as torch (inside portkit.jit they are the device's)
+        values = input.numpy()
+        if values.min() < 0 or values.max() >= num_classes:
+            raise RuntimeError(f"one_hot: class values must be in [0, {num_classes}), got "
+                               f"{int(values.min() if values.min() < 0 else values.max())}")
+    return _class_mask(input, num_classes).cast(int32)
+
+
+def _class_mask(input: Tensor, classes: int) -> Tensor:
+    """True where the new last dim's index equals `input` (one_hot, as bools)."""
+    return input.unsqueeze(-1) == type(input).arange(classes, device=input.device)
+
+
+def layernorm(input: Tensor, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over `axis` (biased variance, as torch); no affine part."""
+    x = input.cast(float_of(input.dtype))
+    centered = x - x.mean(axis, keepdim=True)
+    return centered * ((centered * centered).mean(axis, keepdim=True) + eps).rsqrt()
+
+
+def batchnorm(input: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
+              invstd: Tensor) -> Tensor:
+    """(x - mean) * invstd * weight + bias, with per-channel (dim 1) statistics."""
+    shape = (1, -1) + (1,) * (input.ndim - 2)
+    x = (input - mean.reshape(shape)) * invstd.reshape(shape)
+    if weight is not None:
+        x = x * weight.reshape(shape)
+    return x if bias is None else x + bias.reshape(shape)
+
+
+def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalizes each channel (dim 1) by the batch's statistics when training (and moves the
+    running ones toward them, the variance unbiased, as torch), else by the running ones."""
+    axes = (0, *range(2, input.ndim))
+    if not training:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm: running_mean and running_var are needed when not "
+                             "training; pass them or training=True")
+        return batchnorm(input, weight, bias, running_mean, (running_var + eps).rsqrt())
+    count = input.numel() // input.shape[1]
+    if count <= 1:
+        raise ValueError(f"batch_norm: expected more than 1 value per channel when training, "
+                         f"got input shape {input.shape}")
+    mean, var = input.mean(axes), input.var(axes, correction=0)
+    if running_mean is not None:
+        running_mean.assign(running_mean * (1 - momentum) + mean.detach() * momentum)
+    if running_var is not None:
+        unbiased = var.detach() * (momentum * count / (count - 1))
+        running_var.assign(running_var * (1 - momentum) + unbiased)
+    return batchnorm(input, weight, bias, mean, (var + eps).rsqrt())
+
+
+def layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """layernorm over the trailing dims `normalized_shape`, then * weight + bias (torch's)."""
+    dims = _trailing(input, normalized_shape, "layer_norm")
+    return _affine(layernorm(input, dims, eps), weight, bias)
+
+
+def rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) over the trailing dims `normalized_shape`, times weight; eps
+    defaults to the dtype's machine epsilon, as torch's."""
+    dims = _trailing(input, normalized_shape, "rms_norm")
+    x = input.cast(float_of(input.dtype))
+    eps = float(np.finfo(x.dtype.np).eps) if eps is None else eps
+    return _affine(x * ((x * x).mean(dims, keepdim=True) + eps).rsqrt(), weight, None)
+
+
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """layernorm over each group of channels (dim 1) and the spatial dims, then a per-channel
+    weight and bias, as torch's."""
+    if input.ndim < 2 or num_groups <= 0 or input.shape[1] % num_groups:
+        raise RuntimeError(f"group_norm: expected input of shape (N, C, ...) with C divisible "
+                           f"by num_groups={num_groups}, got {input.shape}")
+    n, c = input.shape[:2]
+    grouped = input.reshape(n, num_groups, -1)
+    x = layernorm(grouped, -1, eps).reshape(input.shape)
+    channel = (1, c) + (1,) * (input.ndim - 2)
+    return _affine(x, None if weight is None else weight.reshape(channel),
+                   None if bias is None else bias.reshape(channel))
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """input / max(||input||_p over dim, eps), as torch's (p may be inf)."""
+    if not p > 0:
+        raise ValueError(f"normalize: p must be > 0 (or inf), got {p}")
+    x = input.cast(float_of(input.dtype))
+    magnitude = x.abs()
+    if p == float("inf"):
+        norm = magnitude.amax(dim, keepdim=True)
+    else:
+        total = (magnitude ** p).sum(dim, keepdim=True)
+        value = total.detach() ** (1 / p)
+        # torch's norm has gradient 0 at the zero vector, where total ** (1/p)'s is inf * 0
+        norm = value._with_grad((total, (total == 0).where(0.0, value / (p * total))))
+    return x / norm.clip(min=eps)
+
+
+def softmin(input: Tensor, dim: int | None = None) -> Tensor:
+    """softmax(-input) over `dim` (without one, torch's legacy choice: 0 for 0-, 1- and 3-d
+    input, else 1)."""
+    if dim is None:
+        dim = 0 if input.ndim in (0, 1, 3) else 1
+    return (-input).softmax(dim)
+
+
+def prelu(input: Tensor, weight: Tensor) -> Tensor:
+    """x where x > 0, else weight * x, with one weight or one per channel (dim 1)."""
+    channels = input.shape[1] if input.ndim >= 2 else 1
+    if weight.numel() not in (1, channels):
+        raise RuntimeError(f"prelu: weight has {weight.numel()} elements; it needs 1 or one "
+                           f"per channel ({channels}) of input shape {input.shape}")
+    shape = (1, channels) + (1,) * (input.ndim - 2) if weight.numel() > 1 else ()
+    return (input > 0).where(input, input * weight.reshape(shape))
+
+
+def _trailing(input: Tensor, normalized_shape: Sequence[int] | int, name: str
+              ) -> tuple[int, ...]:
+    """The dims a norm over trailing `normalized_shape` reduces; RuntimeError if they differ."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(
+        normalized_shape)
+    if not shape or input.shape[len(input.shape) - len(shape):] != shape:
+        raise RuntimeError(f"{name}: normalized_shape {list(shape)} does not match the last "
+                           f"dims of input shape {input.shape}")
+    return tuple(range(input.ndim - len(shape), input.ndim))
+
+
+def _affine(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    x = x if weight is None else x * weight
+    return x if bias is None else x + bias
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool | None = None) -> Tensor:
+    """Zeroes each element with probability p and scales the rest by 1 / (1 - p) when
+    training (default: Tensor.training); else returns input itself."""
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout probability has to be between 0 and 1, got {p}")
+    if not (training if training is not None else type(input).training) or p == 0:
+        return input
+    if p == 1:
+        return input * 0
+    keep = type(input).rand(*input.shape, device=input.device) >= p
+    return keep.where(input, 0) * (1 / (1 - p))
+
+
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
+    """Rows of `weight` picked by the integer tensor `input`; the row padding_idx gets no
+    gradient, as torch's."""
+    rows = weight.index_select(0, input)
+    if padding_idx is None:
+        return rows
+    padding_idx = padding_idx % weight.shape[0]
+    return (input == padding_idx).unsqueeze(-1).where(rows.detach(), rows)
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
+                                 attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """softmax(q @ k^T * scale + mask) @ v over (..., heads, L, E) queries and (..., S, E) keys,
+    as torch's: scale defaults to 1/sqrt(E); a bool mask keeps where True, a float mask is
+    added; is_causal keeps key j for query i where j <= i (top-left, also when L != S, and
+    together with attn_mask); a row with no key left gives 0; dropout_p drops attention weights
+    (always, as torch's, not only when training); enable_gqa repeats each key/value head for
+    its group of query heads (dim -3)."""
+    if not 0 <= dropout_p <= 1:
+        raise RuntimeError(f"scaled_dot_product_attention: dropout probability has to be "
+                           f"between 0 and 1, but got {dropout_p}")
+    if attn_mask is not None and is_causal:
+        raise RuntimeError("scaled_dot_product_attention: an explicit attn_mask should not be "
+                           "set when is_causal=True; fold the causal mask into attn_mask")
+    if attn_mask is not None and attn_mask.dtype != bool_ and not attn_mask.dtype.is_float:
+        raise TypeError(f"scaled_dot_product_attention: attn_mask must be bool or float, got "
+                        f"{attn_mask.dtype.name}; cast it (mask.bool() keeps where True)")
+    if enable_gqa:
+        key, value = _grouped_heads(query, key, value)
+    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = query.matmul(key.transpose(-1, -2)) * scale
+    if is_causal:
+        q, k = scores.shape[-2:]
+        causal = type(query).arange(q, device=query.device).reshape(q, 1) >= type(query).arange(
+            k, device=query.device).reshape(1, k)
+        scores = causal.where(scores, float("-inf"))
+    if attn_mask is not None:
+        scores = attn_mask.where(scores, float("-inf")) if attn_mask.dtype == bool_ \
+            else scores + attn_mask
+        # torch's safe softmax: a row masked everywhere gives weights 0 (and gradient 0), not
+        # NaN; the finite stand-in keeps the NaN of -inf - -inf out of the backward pass too
+        empty = scores.amax(-1, keepdim=True) == float("-inf")
+        weights = empty.where(0.0, empty.where(0.0, scores).softmax(-1))
+    else:
+        weights = scores.softmax(-1)
+    if dropout_p:
+        weights = dropout(weights, dropout_p, training=True)
+    return weights.matmul(value)
+
+
+def _grouped_heads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+    """key and value with each head (dim -3) repeated for the query heads sharing it."""
+    if min(query.ndim, key.ndim, value.ndim) < 3:
+        raise RuntimeError("scaled_dot_product_attention: enable_gqa needs (..., heads, L, E) "
+                           f"inputs, got shapes {query.shape}, {key.shape}, {value.shape}")
+    heads, kv_heads = query.shape[-3], key.shape[-3]
+    if kv_heads != value.shape[-3] or kv_heads == 0 or heads % kv_heads:
+        raise RuntimeError(f"scaled_dot_product_attention: the number of heads in key "
+                           f"({kv_heads}) and value ({value.shape[-3]}) must be equal and "
+                           f"divide the number of heads in query ({heads})")
+    if heads == kv_heads:
+        return key, value
+    groups = heads // kv_heads
+    return key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
+
+
+# -- activations --------------------------------------------------------------------------------
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """x where x > 0, else negative_slope * x."""
+    return (input > 0).where(input, input * negative_slope)
+
+
+@in_float32
+def gelu(input: Tensor, approximate: Literal["none", "tanh"] = "none") -> Tensor:
+    """x * Phi(x) with the exact normal CDF, or its tanh approximation."""
+    x = input.cast(float_of(input.dtype))
+    if approximate == "tanh":
+        return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+    if approximate != "none":
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    # erfc, not 1 + erf: for negative x the result is a tiny product, kept accurate
+    return 0.5 * x * (x * -math.sqrt(0.5)).erfc()
+
+
+@in_float32
+def silu(input: Tensor) -> Tensor:
+    """x * sigmoid(x)."""
+    return input * input.sigmoid()
+
+
+@in_float32
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta * x)) / beta, computed without overflow; x itself where
+    beta * x > threshold (as torch)."""
+    x = input.cast(float_of(input.dtype)) * beta
+    smooth = (x.relu() + (1 + (-x.abs()).exp()).log()) * (1 / beta)
+    return (x > threshold).where(input.cast(x.dtype), smooth)
+
+
+def relu6(input: Tensor) -> Tensor:
+    """min(max(x, 0), 6)."""
+    return hardtanh(input, 0.0, 6.0)
+
+
+def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    """x limited to [min_val, max_val]."""
+    if min_val > max_val:
+        raise ValueError(f"hardtanh: min_val {min_val} is above max_val {max_val}")
+    return input.clip(min_val, max_val)
+
+
+def hardsigmoid(input: Tensor) -> Tensor:
+    """relu6(x + 3) / 6."""
+    return relu6(input + 3) * (1 / 6)
+
+
+def hardswish(input: Tensor) -> Tensor:
+    """x * relu6(x + 3) / 6."""
+    return input * hardsigmoid(input)
+
+
+@in_float32
+def elu(input: Tensor, alpha: float = 1.0) -> Tensor:
+    """x where x > 0, else alpha * (exp(x) - 1)."""
+    x = input.cast(float_of(input.dtype))
+    # exp of the negative part only: e^x of a large positive x would overflow the other branch
+    return (x > 0).where(x, alpha * (x.clip(max=0).exp() - 1))
+
+
+def selu(input: Tensor) -> Tensor:
+    """scale * elu(x, alpha) with the self-normalizing constants."""
+    return _SELU_SCALE * elu(input, _SELU_ALPHA)
+
+
+@in_float32
+def celu(input: Tensor, alpha: float = 1.0) -> Tensor:
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    x = input.cast(float_of(input.dtype))
+    return (x > 0).where(x, alpha * ((x.clip(max=0) * (1 / alpha)).exp() - 1))
+
+
+@in_float32
+def mish(input: Tensor) -> Tensor:
+    """x * tanh(softplus(x))."""
+    return input * softplus(input).tanh()
+
+
+def softsign(input: Tensor) -> Tensor:
+    """x / (1 + |x|)."""
+    return input / (1 + input.abs())
+
+
+@in_float32
+def logsigmoid(input: Tensor) -> Tensor:
+    """log(sigmoid(x)) = -softplus(-x), without overflow."""
+    return -softplus(-input)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+__all__ = ["avg_pool1d", "avg_pool2d", "avg_pool3d", "batch_norm", "batchnorm",
+           "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "conv1d",
+           "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+           "cross_entropy", "dropout", "elu", "embedding", "gelu", "grid_sample", "group_norm",
+           "hardsigmoid", "hardswish", "hardtanh", "interpolate", "layer_norm", "layernorm", "leaky_relu",
+           "linear", "logsigmoid", "max_pool1d", "max_pool2d", "max_pool3d", "max_unpool2d",
+           "mish", "nll_loss", "normalize", "one_hot", "pad", "prelu", "relu6", "rms_norm",
+           "scaled_dot_product_attention", "selu", "silu", "softmin", "softplus", "softsign"]

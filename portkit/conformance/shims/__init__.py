@@ -41,8 +41,6 @@ from portkit.abi import (
 from portkit.abi.ops import COMPUTE
 
 HEADERS = Path(__file__).parent
-# host_grid.h, the coroutine runner for barriers in source run as written, lives beside the backends.
-HOST_GRID = Path(__file__).parents[2] / "reference_backends"
 FLAGS = ("-std=c++20", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
          "-Wno-unknown-attributes", "-Wno-user-defined-literals", "-w")
 
@@ -59,12 +57,11 @@ class Language:
 
 
 LANGUAGES = {
-    "metal": Language("metal", ("-I", str(HEADERS), "-I", str(HOST_GRID)),
+    "metal": Language("metal", ("-I", str(HEADERS)),
                       "threadgroup_barrier(", "",
                       ", metal::uint3{i.group.x, i.group.y, i.group.z}, "
                       "metal::uint3{i.thread.x, i.thread.y, i.thread.z}"),
-    "cuda": Language("cuda", ("-I", str(HEADERS), "-I", str(HOST_GRID), "-include",
-                              "cuda_shim.h"),
+    "cuda": Language("cuda", ("-I", str(HEADERS), "-include", "cuda_shim.h"),
                      "__syncthreads()", 'extern "C" ', ""),
 }
 _SIGNATURE = re.compile(r"void (?:__launch_bounds__\(\d+\) )?(k_\w+)\(([^{]*)\)\s*\{")

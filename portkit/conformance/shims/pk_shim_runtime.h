@@ -2,7 +2,7 @@
 //
 // Workgroups run one after another on the calling thread. A kernel without a barrier runs its
 // threads as a plain loop. A kernel with one runs them through host_grid.h, a coroutine runner
-// (portkit/reference_backends/host_grid.h): the source is run as written, barriers and all.
+// (host_grid.h, beside this file): the source is run as written, barriers and all.
 // Workgroup memory is a function-static array (`static thread_local`), which every coroutine
 // of the group shares.
 #pragma once

@@ -81,8 +81,8 @@ def run(steps: Sequence[Step], tables: tuple[Sequence | None, ...], numbers: Any
     buffers)`, if given, hears of each launch; `flags`: the caller's `settings.launch()`."""
     flags = flags or settings.launch()       # once per replay, not per launch
     made: list[Buffer | None] = [None] * len(steps)
-    found: tuple[Sequence, ...] = tuple(made if kind == MADE else table or ()
-                                        for kind, table in enumerate(tables))
+    args, state, _, kept = tables          # spelled out: a generator costs a microsecond
+    found: tuple[Sequence, ...] = (args or (), state or (), made, kept or ())
     for k, step in enumerate(steps):
         buffers = step.template.copy()
         if step.fresh:

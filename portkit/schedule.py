@@ -4,7 +4,8 @@ Which nodes get their own buffer (a kernel each):
 - the nodes being realized, and every REDUCE, except a reduce whose only consumer is a chain of
   elementwise ops ending in a realized node: it fuses into that kernel (reduce + its elementwise
   inputs and outputs = one kernel);
-- the source of a COPY (data must exist to be moved).
+- the source of a COPY (data must exist to be moved), and the source of a GATHER that holds a
+  GATHER itself.
 Everything else (elementwise ops, views, constants) is computed inside the kernel that needs it,
 so elementwise chains fuse into their consumer and movement ops cost nothing. A kernel that
 would read more buffers than the device allows is split by realizing its sources first.
@@ -119,6 +120,10 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             realize.add(id(node))
             if not node.src[0].realized:
                 realize.add(id(node.src[0]))
+        elif node.op is GraphOp.GATHER and _gathers(node.src[0].base):
+            # a gather of a gather reads at positions only data knows: the inner one is
+            # computed once, not once per read (chains of them would grow exponentially)
+            realize.add(id(node.src[0].base))
     # With a loop budget, the reduces fused into one kernel share it: x.sum() + y.sum() + ...
     # of 16,000 each, fused, ran 80,000 iterations, and lavapipe summed 63,546 of them.
     fused: dict[int, int] = defaultdict(int)      # id(kernel root) -> reduced elements in it
@@ -144,6 +149,11 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             raise CapabilityError(
                 f"{too_big[0].root} reads {len(too_big[0].inputs)} buffers at once but the "
                 f"device allows {max_buffers} per kernel; use a device with more buffers")
+
+
+def _gathers(node: Lazy) -> bool:
+    """True if computing `node` gathers (an unrealized GATHER is among its sources)."""
+    return any(n.op is GraphOp.GATHER for n in _unrealized([node]))
 
 
 def _reads_once(node: Lazy) -> bool:

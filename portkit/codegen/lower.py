@@ -6,6 +6,9 @@ Every output element has a multi-index; `lower(node, idxs, gates)` emits the ABI
 - a VIEW maps an index through its ShapeTracker (strides, offset, mask) to the source's index,
   gating loads where the mask says the element is padding,
 - an ALU op lowers its sources at the same indices,
+- a GATHER loads its index tensor, wraps a negative index if its op does, stores a nonzero code
+  into the fault flag for an index outside the axis, clamps it there (so no load leaves the
+  buffer) and lowers its source with that axis's index replaced by the loaded value,
 - a REDUCE opens one loop per reduced axis around one accumulator per index (and per unrolled
   copy, see below), so all the indices share the loop and each load of it.
 Threads take contiguous chunks of output tiles: one tile per thread on devices with many
@@ -38,7 +41,7 @@ from portkit.abi.ops import Op
 from portkit.codegen.plan import SERIAL, THREADED, Plan, launch_shape, plan, serial
 from portkit.codegen.rows import row_length
 from portkit.graph import GraphOp, Lazy
-from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, recombine, unravel, var
+from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, const, recombine, unravel, var
 from portkit.view import strides_for
 
 # A long float sum adds about sqrt(n), at most _BLOCK, terms into fresh registers before they
@@ -199,6 +202,8 @@ class _Lowerer:
             return [self.index(idx[node.arg]) for idx in idxs]
         if op is GraphOp.VIEW:
             return self.view(node, idxs, gates)
+        if op is GraphOp.GATHER:
+            return self.gather(node, idxs, gates)
         if op is GraphOp.REDUCE:
             return self.reduce(node, idxs, gates)
         srcs = [self.lower(s, idxs, gates) for s in node.src]
@@ -227,6 +232,33 @@ class _Lowerer:
                     value = self.b.alu(Op.WHERE, inner_gate, value, zero)
                 out[e] = value
         return out
+
+    def gather(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
+        """The source at the positions the index holds along the gathered axis: a LOAD whose
+        address is data. The index, clamped into the axis, becomes an index variable."""
+        b = self.b
+        src, index, fault = node.src
+        axis, wrap, code = node.arg
+        size = src.shape[axis]
+        at_index = [[const(0) if n == 1 else i for i, n in zip(idx, index.shape)] for idx in idxs]
+        inner = []
+        for idx, position in zip(idxs, self.lower(index, at_index, gates)):
+            negative = b.alu(Op.CMPLT, position, self.const(0))
+            if wrap:
+                position = b.alu(Op.WHERE, negative, b.alu(Op.ADD, position, self.const(size)),
+                                 position)
+                negative = b.alu(Op.CMPLT, position, self.const(0))
+            above = b.alu(Op.CMPLT, self.const(size - 1), position)
+            if code:
+                # a plain store of the op's code: any thread may set it, none reads it here
+                b.store(self.params[id(fault)], self.const(0), self.const(code),
+                        b.alu(Op.OR, negative, above))
+            clamped = b.alu(Op.WHERE, negative, self.const(0),
+                            b.alu(Op.WHERE, above, self.const(size - 1), position))
+            at = list(idx)
+            at[axis] = self.new_var("g", 0, size - 1, clamped)
+            inner.append(at)
+        return self.lower(src, inner, gates)
 
     def reduce(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
         b = self.b

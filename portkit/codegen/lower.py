@@ -6,9 +6,10 @@ Every output element has a multi-index; `lower(node, idxs, gates)` emits the ABI
 - a VIEW maps an index through its ShapeTracker (strides, offset, mask) to the source's index,
   gating loads where the mask says the element is padding,
 - an ALU op lowers its sources at the same indices,
-- a GATHER loads its index tensor, wraps a negative index if its op does, stores a nonzero code
-  into the fault flag for an index outside the axis, clamps it there (so no load leaves the
-  buffer) and lowers its source with that axis's index replaced by the loaded value,
+- a GATHER loads its index tensor, wraps a negative index if its op does, notes its op's nonzero
+  code for an index outside the axis (the largest noted is stored into the fault flag after the
+  thread's loops), clamps it there (so no load leaves the buffer) and lowers its source with
+  that axis's index replaced by the loaded value,
 - a REDUCE opens one loop per reduced axis around one accumulator per index (and per unrolled
   copy, see below), so all the indices share the loop and each load of it.
 Threads take contiguous chunks of output tiles: one tile per thread on devices with many
@@ -40,7 +41,7 @@ from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
 from portkit.codegen.plan import SERIAL, THREADED, Plan, launch_shape, plan, serial
 from portkit.codegen.rows import row_length
-from portkit.graph import GraphOp, Lazy
+from portkit.graph import GraphOp, Lazy, toposort
 from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, const, recombine, unravel, var
 from portkit.view import strides_for
 
@@ -82,6 +83,7 @@ class _Lowerer:
         self.counter = 0
         self.fixed: dict[int, int] = {}         # id(Lazy) -> the node holding its value here
         self.ranges = False                     # a two-sided bound as one uint32 compare
+        self.fault: int | None = None           # the ACC of the largest fault code met
 
     # -- memo with scopes: a value computed inside a loop is not visible after it ---------------
 
@@ -249,10 +251,15 @@ class _Lowerer:
                                  position)
                 negative = b.alu(Op.CMPLT, position, self.const(0))
             above = b.alu(Op.CMPLT, self.const(size - 1), position)
-            if code:
+            outside = b.alu(Op.OR, negative, above)
+            if code and self.fault is not None:
+                # a max over the thread's indices, stored once after its loops: a store
+                # inside them would keep a C compiler from vectorizing the row
+                b.assign(self.fault, b.alu(Op.MAX, self.fault, b.alu(
+                    Op.WHERE, outside, self.const(code), self.const(0))))
+            elif code:
                 # a plain store of the op's code: any thread may set it, none reads it here
-                b.store(self.params[id(fault)], self.const(0), self.const(code),
-                        b.alu(Op.OR, negative, above))
+                b.store(self.params[id(fault)], self.const(0), self.const(code), outside)
             clamped = b.alu(Op.WHERE, negative, self.const(0),
                             b.alu(Op.WHERE, above, self.const(size - 1), position))
             at = list(idx)
@@ -411,6 +418,10 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         return staging.emit(lowerer, root, contraction, chosen, out)
     if packed:
         return packing.emit(lowerer, root, *packed, caps, out)
+    flags = [n.src[2] for n in toposort([root], stop=lambda n: id(n) in lowerer.params)
+             if n.op is GraphOp.GATHER and n.arg.code]
+    if flags:
+        lowerer.fault = b.acc(lowerer.const(0))
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)
@@ -463,4 +474,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         b.add(Op.ENDIF, None, (opener,))
     elif per_thread > 1:
         b.add(Op.END, None, (t_node,))
+    if flags:
+        b.store(lowerer.params[id(flags[0])], lowerer.const(0), lowerer.fault,
+                b.alu(Op.CMPLT, lowerer.const(0), lowerer.fault))
     return b.build(grid=(groups, 1, 1), block=(block, 1, 1))

@@ -120,7 +120,7 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             realize.add(id(node))
             if not node.src[0].realized:
                 realize.add(id(node.src[0]))
-        elif node.op is GraphOp.GATHER and _gathers(node.src[0].base):
+        elif node.op is GraphOp.GATHER and _gathers(node.src[0].base, realize):
             # a gather of a gather reads at positions only data knows: the inner one is
             # computed once, not once per read (chains of them would grow exponentially)
             realize.add(id(node.src[0].base))
@@ -151,9 +151,12 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
                 f"device allows {max_buffers} per kernel; use a device with more buffers")
 
 
-def _gathers(node: Lazy) -> bool:
-    """True if computing `node` gathers (an unrealized GATHER is among its sources)."""
-    return any(n.op is GraphOp.GATHER for n in _unrealized([node]))
+def _gathers(node: Lazy, realize: set[int]) -> bool:
+    """True if the kernel computing `node` would gather (a GATHER is among the sources it
+    computes rather than reads)."""
+    inside = graph.toposort([node], stop=lambda n: n.realized or (
+        n is not node and id(n) in realize))
+    return any(n.op is GraphOp.GATHER for n in inside)
 
 
 def _reads_once(node: Lazy) -> bool:

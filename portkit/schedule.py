@@ -1,9 +1,10 @@
 """The scheduler: splits a lazy graph into kernels, and runs them.
 
 Which nodes get their own buffer (a kernel each):
-- the nodes being realized, and every REDUCE, except a reduce whose only consumer is a chain of
-  elementwise ops ending in a realized node: it fuses into that kernel (reduce + its elementwise
-  inputs and outputs = one kernel);
+- the nodes being realized, and every REDUCE and GATHER, except one whose only consumer is a
+  chain of elementwise ops ending in a realized node: it fuses into that kernel (reduce + its
+  elementwise inputs and outputs = one kernel; a gather read by a matmul is a buffer, which
+  the tiled and packed matmul kernels read);
 - the source of a COPY (data must exist to be moved), and the source of a GATHER that holds a
   GATHER itself.
 Everything else (elementwise ops, views, constants) is computed inside the kernel that needs it,
@@ -113,6 +114,7 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             consumers[id(s)].add(id(node))
     wanted = {id(o) for o in outs if not o.realized}
     realize = wanted | copies
+    gathered: set[int] = set()
     for node in order:
         if node.op is GraphOp.REDUCE:
             realize.add(id(node))
@@ -120,14 +122,20 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             realize.add(id(node))
             if not node.src[0].realized:
                 realize.add(id(node.src[0]))
-        elif node.op is GraphOp.GATHER and _gathers(node.src[0].base, realize):
-            # a gather of a gather reads at positions only data knows: the inner one is
-            # computed once, not once per read (chains of them would grow exponentially)
-            realize.add(id(node.src[0].base))
+        elif node.op is GraphOp.GATHER:
+            realize.add(id(node))
+            if _gathers(node.src[0].base, realize):
+                # a gather of a gather reads at positions only data knows: the inner one is
+                # computed once, not once per read (chains of them would grow exponentially)
+                gathered.add(id(node.src[0].base))
+    realize |= gathered
     # With a loop budget, the reduces fused into one kernel share it: x.sum() + y.sum() + ...
     # of 16,000 each, fused, ran 80,000 iterations, and lavapipe summed 63,546 of them.
     fused: dict[int, int] = defaultdict(int)      # id(kernel root) -> reduced elements in it
     for node in order:
+        if node.op is GraphOp.GATHER and id(node) not in wanted | gathered and _fuses_down(
+                node, consumers, by_id, realize) is not None:
+            realize.discard(id(node))
         if node.op is not GraphOp.REDUCE or id(node) in wanted:
             continue
         into = _fuses_down(node, consumers, by_id, realize)
@@ -152,11 +160,10 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
 
 
 def _gathers(node: Lazy, realize: set[int]) -> bool:
-    """True if the kernel computing `node` would gather (a GATHER is among the sources it
-    computes rather than reads)."""
-    inside = graph.toposort([node], stop=lambda n: n.realized or (
-        n is not node and id(n) in realize))
-    return any(n.op is GraphOp.GATHER for n in inside)
+    """True if the kernel computing `node` would gather, or read what a kernel of this
+    schedule gathers (a GATHER is among the unrealized sources it computes or reads)."""
+    found = graph.walk([node], stop=lambda n: n.realized or (n is not node and id(n) in realize))
+    return any(n.op is GraphOp.GATHER for n in found.order + found.stopped)
 
 
 def _reads_once(node: Lazy) -> bool:

@@ -173,6 +173,8 @@ class IndexingOps:
         return self._gather_elements(dim, index, "gather", wrap=False)
 
     def _gather_elements(self: Tensor, dim: int, index: Tensor, op: str, wrap: bool) -> Tensor:
+        """gather for `op` (named in its errors); with `wrap`, a negative index counts from
+        the end once (take_along_dim, ONNX GatherElements)."""
         if index.ndim != self.ndim:
             raise ValueError(f"{op}: index has {index.ndim} dims, input {self.ndim}; they "
                              "must have the same number (torch.gather)")

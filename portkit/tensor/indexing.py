@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from portkit.graph import Gather
+from portkit.graph import Gather, GraphOp
 from portkit.tensor import core, faults
 from portkit.tensor.dtype import bool_, int32
 from portkit.tensor.shapes import as_axes
@@ -186,7 +186,7 @@ class IndexingOps:
                              f"{self.shape} outside dim {dim}")
         crop = [(0, s) if d == dim else (0, i) for d, (s, i) in
                 enumerate(zip(self.shape, index.shape))]
-        return self.shrink(crop)._gather(dim, index, op, wrap)
+        return self.shrink(crop)._gather(dim, _unexpanded(index, dim), op, wrap)
 
     def _gather_grad(self: Tensor, index: Tensor, arg: Gather, size: int) -> Tensor:
         """The gradient of a GATHER whose output gradient is self: self's rows summed into
@@ -318,6 +318,17 @@ def _as_index(index: Any, size: int, dim: int, wrap: bool, device: str, op: str 
     values = np.asarray(index)
     _check_values(values, size, dim, wrap, op)
     return core.Tensor(values.astype(np.int32), int32, device)
+
+
+def _unexpanded(index: Tensor, dim: int) -> Tensor:
+    """`index` with the dims it is expanded along (other than `dim`) cut to size 1: GATHER
+    reads one index across them, and its gradient compares that one instead of its copies."""
+    lazy = index.lazy
+    if lazy.op is not GraphOp.VIEW or len(lazy.arg.views) > 1 or lazy.arg.views[0].mask:
+        return index
+    strides = lazy.arg.views[0].strides
+    return index.shrink([(0, 1) if d != dim and st == 0 else (0, n)
+                         for d, (n, st) in enumerate(zip(index.shape, strides))])
 
 
 def _check_values(values: np.ndarray, size: int, dim: int, negative: bool, op: str) -> None:

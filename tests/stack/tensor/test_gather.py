@@ -175,3 +175,18 @@ def test_one_bad_index_among_many_rows_per_thread_is_found(backend):
         table.index_select(0, _shifted(index, 0) + (Tensor(index) == 4).cast("int32")).numpy()
     np.testing.assert_array_equal(table.index_select(0, _shifted(index, 0)).numpy(),
                                   np.tile(TABLE, (1, 40))[index])
+
+
+def test_an_expanded_index_is_read_once_across_the_dims_it_is_expanded_along(backend):
+    # as grid_sample and interpolate pass theirs: (n, 1, points) expanded over channels
+    index = np.array([[[0, 3, 3, 1]], [[2, 2, 0, 3]]], np.int32)
+    x, tx = Tensor(TABLE[None].repeat(2, 0), requires_grad=True), torch.tensor(
+        TABLE[None].repeat(2, 0), requires_grad=True)
+    out = x.gather(2, Tensor(index).expand(2, 5, 4))
+    ref = tx.gather(2, torch.tensor(index).long().expand(2, 5, 4))
+    assert out.lazy.src[1].shape == (2, 1, 4)
+    np.testing.assert_array_equal(out.numpy(), ref.detach().numpy())
+    weights = RNG.standard_normal((2, 5, 4)).astype(np.float32)
+    (out * Tensor(weights)).sum().backward()
+    (ref * torch.tensor(weights)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-6, atol=1e-6)

@@ -200,3 +200,10 @@ def toposort(roots: Iterable[T], stop: Callable[[T], bool] = lambda node: False,
              sources: Callable[[T], Sequence[T]] = lambda node: node.src) -> list:
     """The nodes reachable from `roots` that `stop` does not cut off, sources first."""
     return walk(roots, stop, sources).order
+
+
+def gathers(node: Lazy, stop: Callable[[Lazy], bool]) -> bool:
+    """True if a GATHER is among `node` and the sources it reaches before `stop` (those where
+    it stops included): computing `node` reads at positions only data knows."""
+    found = walk([node], stop)
+    return any(n.op is GraphOp.GATHER for n in found.order + found.stopped)

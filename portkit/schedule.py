@@ -2,11 +2,8 @@
 
 Which nodes get their own buffer (a kernel each):
 - the nodes being realized, and every REDUCE and GATHER, except one whose only consumer is a
-  chain of elementwise ops ending in a realized node: it fuses into that kernel (reduce + its
-  elementwise inputs and outputs = one kernel; a gather read by a matmul is a buffer, which
-  the tiled and packed matmul kernels read);
-- the source of a COPY (data must exist to be moved), and the source of a GATHER that holds a
-  GATHER itself.
+  chain of elementwise ops ending in a realized node: it fuses into that kernel (one kernel);
+- the source of a COPY (data must exist to be moved) and of a GATHER that gathers itself.
 Everything else (elementwise ops, views, constants) is computed inside the kernel that needs it,
 so elementwise chains fuse into their consumer and movement ops cost nothing. A kernel that
 would read more buffers than the device allows is split by realizing its sources first.
@@ -114,7 +111,6 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             consumers[id(s)].add(id(node))
     wanted = {id(o) for o in outs if not o.realized}
     realize = wanted | copies
-    gathered: set[int] = set()
     for node in order:
         if node.op is GraphOp.REDUCE:
             realize.add(id(node))
@@ -122,24 +118,18 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             realize.add(id(node))
             if not node.src[0].realized:
                 realize.add(id(node.src[0]))
-        elif node.op is GraphOp.GATHER:
+        elif node.op is GraphOp.GATHER:     # a gathered gather is computed once, not per read
             realize.add(id(node))
-            if _gathers(node.src[0].base, realize):
-                # a gather of a gather reads at positions only data knows: the inner one is
-                # computed once, not once per read (chains of them would grow exponentially)
-                gathered.add(id(node.src[0].base))
-    realize |= gathered
+            if graph.gathers(node.src[0].base, lambda n: n.realized or id(n) in realize):
+                realize.add(id(node.src[0].base))
     # With a loop budget, the reduces fused into one kernel share it: x.sum() + y.sum() + ...
     # of 16,000 each, fused, ran 80,000 iterations, and lavapipe summed 63,546 of them.
     fused: dict[int, int] = defaultdict(int)      # id(kernel root) -> reduced elements in it
     for node in order:
-        if node.op is GraphOp.GATHER and id(node) not in wanted | gathered and _fuses_down(
-                node, consumers, by_id, realize) is not None:
-            realize.discard(id(node))
-        if node.op is not GraphOp.REDUCE or id(node) in wanted:
+        if node.op not in (GraphOp.REDUCE, GraphOp.GATHER) or id(node) in wanted:
             continue
         into = _fuses_down(node, consumers, by_id, realize)
-        length = prod(node.src[0].shape[a] for a in node.arg[1])
+        length = prod(node.src[0].shape[a] for a in node.arg[1]) if node.op is GraphOp.REDUCE else 0
         if into is not None and (max_loop_trips is None or fused[into] + length <= chunk):
             fused[into] += length
             realize.discard(id(node))
@@ -157,13 +147,6 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             raise CapabilityError(
                 f"{too_big[0].root} reads {len(too_big[0].inputs)} buffers at once but the "
                 f"device allows {max_buffers} per kernel; use a device with more buffers")
-
-
-def _gathers(node: Lazy, realize: set[int]) -> bool:
-    """True if the kernel computing `node` would gather, or read what a kernel of this
-    schedule gathers (a GATHER is among the unrealized sources it computes or reads)."""
-    found = graph.walk([node], stop=lambda n: n.realized or (n is not node and id(n) in realize))
-    return any(n.op is GraphOp.GATHER for n in found.order + found.stopped)
 
 
 def _reads_once(node: Lazy) -> bool:

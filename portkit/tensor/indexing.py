@@ -111,6 +111,8 @@ class IndexingOps:
                 raise IndexError(f"tensors used as indices must be integer, got {kind} ones; "
                                  "cast them with .cast(portkit.int32)")
             i = _as_index(i, n, dim, wrap=True, device=self.device)
+            if len(gathers) == 1:       # its own gather wraps and checks it: one kernel
+                return self._take(dim, i, "index", wrap=True)
             # the positions of 0..n-1 the index names: the index wrapped, checked, clamped
             i = core.Tensor.arange(n, device=self.device)._gather(0, i.reshape(-1), "index",
                                                                   wrap=True).reshape(i.shape)

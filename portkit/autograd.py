@@ -98,6 +98,10 @@ GRADIENTS: dict[str, Rule] = {
     "shrink": Rule(lambda x, arg: x.view("shrink", arg), lambda c, g: (
         g.pad(tuple((b, s - e) for (b, e), s in zip(c.arg, c.inputs[0].shape))),)),
     "flip": Rule(lambda x, arg: x.view("flip", arg), lambda c, g: (g.flip(c.arg),)),
+    # rows of a source picked by an index along one axis; its gradient sums the output
+    # gradient's rows into the positions they came from (Tensor._gather_grad)
+    "gather": Rule(lambda x, index, fault, arg: x.gather(index, fault, arg), lambda c, g: (
+        g._gather_grad(c.inputs[1], c.arg, c.inputs[0].shape[c.arg.axis]), None, None)),
     "copy": Rule(lambda x, arg: x.copy_to(arg), lambda c, g: (g.to(c.inputs[0].device),)),
     # a value whose derivatives are given: inputs (value, x1, d value/d x1, x2, ...), so an op
     # computes its value by any formula and still gets the derivative PyTorch defines

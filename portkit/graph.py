@@ -3,8 +3,9 @@
 A `Lazy` node is one high-level op on whole tensors: an ALU op of the ABI (elementwise), a
 REDUCE (sum, product or max over axes), a VIEW (a movement op, as a ShapeTracker over its source: it
 costs nothing), or a leaf: LOAD (a realized device buffer), CONST (one value in every element)
-and ITER (the index along one axis, for arange and random numbers). COPY moves data between
-devices. Realizing a node (portkit/schedule/) turns it into a LOAD of its buffer.
+and ITER (the index along one axis, for arange and random numbers). GATHER reads its source at
+positions an integer index tensor holds along one axis (a load whose address is data). COPY moves
+data between devices. Realizing a node (portkit/schedule/) turns it into a LOAD of its buffer.
 """
 from __future__ import annotations
 
@@ -27,7 +28,18 @@ class GraphOp(Enum):
     ITER = "ITER"
     REDUCE = "REDUCE"
     VIEW = "VIEW"
+    GATHER = "GATHER"
     COPY = "COPY"
+
+
+class Gather(NamedTuple):
+    """A GATHER's argument: the axis the index replaces, whether a negative index counts from
+    the end (once), and the code its kernel stores into the fault flag for an index outside
+    the axis (0: the indices are in range by construction, no check)."""
+
+    axis: int
+    wrap: bool
+    code: int
 
 
 class Lazy:
@@ -102,6 +114,14 @@ class Lazy:
         if base.op is GraphOp.CONST and tracker.views[-1].mask is None and len(tracker.views) == 1:
             return Lazy(GraphOp.CONST, self.dtype, tracker.shape, (), base.arg, self.device)
         return Lazy(GraphOp.VIEW, self.dtype, tracker.shape, (base,), tracker, self.device)
+
+    def gather(self, index: Lazy, fault: Lazy, arg: Gather) -> Lazy:
+        """self[..., index[..., i, ...], ...] along `arg.axis`: the result has self's shape
+        with that axis index's size; index has self's ndim and, outside the axis, self's size
+        or 1 (the same index for every position there). `fault` is the int32 flag buffer an
+        index out of range sets (portkit/tensor/faults.py)."""
+        shape = tuple(index.shape[d] if d == arg.axis else s for d, s in enumerate(self.shape))
+        return Lazy(GraphOp.GATHER, self.dtype, shape, (self, index, fault), arg, self.device)
 
     def copy_to(self, device: str) -> Lazy:
         """The same values on another device."""
@@ -185,3 +205,10 @@ def toposort(roots: Iterable[T], stop: Callable[[T], bool] = lambda node: False,
              sources: Callable[[T], Sequence[T]] = _src) -> list:
     """The nodes reachable from `roots` that `stop` does not cut off, sources first."""
     return walk(roots, stop, sources).order
+
+
+def gathers(node: Lazy, stop: Callable[[Lazy], bool]) -> bool:
+    """True if a GATHER is among `node` and the sources it reaches before `stop` (those where
+    it stops included): computing `node` reads at positions only data knows."""
+    found = walk([node], stop)
+    return any(n.op is GraphOp.GATHER for n in found.order + found.stopped)

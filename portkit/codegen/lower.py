@@ -6,6 +6,10 @@ Every output element has a multi-index; `lower(node, idxs, gates)` emits the ABI
 - a VIEW maps an index through its ShapeTracker (strides, offset, mask) to the source's index,
   gating loads where the mask says the element is padding,
 - an ALU op lowers its sources at the same indices,
+- a GATHER loads its index tensor, wraps a negative index if its op does, notes its op's nonzero
+  code for an index outside the axis (the largest noted is stored into the fault flag after the
+  thread's loops), clamps it there (so no load leaves the buffer) and lowers its source with
+  that axis's index replaced by the loaded value,
 - a REDUCE opens one loop per reduced axis around one accumulator per index (and per unrolled
   copy, see below), so all the indices share the loop and each load of it.
 Threads take contiguous chunks of output tiles: one tile per thread on devices with many
@@ -38,8 +42,8 @@ from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
 from portkit.codegen.plan import SERIAL, THREADED, Plan, launch_shape, plan, serial
 from portkit.codegen.rows import row_length
-from portkit.graph import GraphOp, Lazy, Traced
-from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, recombine, unravel, var
+from portkit.graph import GraphOp, Lazy, Traced, toposort
+from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, const, recombine, unravel, var
 from portkit.view import strides_for
 
 # A long float sum adds about sqrt(n), at most _BLOCK, terms into fresh registers before they
@@ -80,6 +84,7 @@ class _Lowerer:
         self.counter = 0
         self.fixed: dict[int, int] = {}         # id(Lazy) -> the node holding its value here
         self.ranges = False                     # a two-sided bound as one uint32 compare
+        self.fault: int | None = None           # the ACC of the largest fault code met
 
     # -- memo with scopes: a value computed inside a loop is not visible after it ---------------
 
@@ -202,6 +207,8 @@ class _Lowerer:
             return [self.index(idx[node.arg]) for idx in idxs]
         if op is GraphOp.VIEW:
             return self.view(node, idxs, gates)
+        if op is GraphOp.GATHER:
+            return self.gather(node, idxs, gates)
         if op is GraphOp.REDUCE:
             return self.reduce(node, idxs, gates)
         if op is GraphOp.LOAD or op is GraphOp.COPY:     # inputs: read above, as PARAMs
@@ -232,6 +239,38 @@ class _Lowerer:
                     value = self.b.alu(Op.WHERE, inner_gate, value, zero)
                 out[e] = value
         return out
+
+    def gather(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
+        """The source at the positions the index holds along the gathered axis: a LOAD whose
+        address is data. The index, clamped into the axis, becomes an index variable."""
+        b = self.b
+        src, index, fault = node.src
+        axis, wrap, code = node.arg
+        size = src.shape[axis]
+        at_index = [[const(0) if n == 1 else i for i, n in zip(idx, index.shape)] for idx in idxs]
+        inner = []
+        for idx, position in zip(idxs, self.lower(index, at_index, gates)):
+            negative = b.alu(Op.CMPLT, position, self.const(0))
+            if wrap:
+                position = b.alu(Op.WHERE, negative, b.alu(Op.ADD, position, self.const(size)),
+                                 position)
+                negative = b.alu(Op.CMPLT, position, self.const(0))
+            above = b.alu(Op.CMPLT, self.const(size - 1), position)
+            outside = b.alu(Op.OR, negative, above)
+            if code and self.fault is not None:
+                # a max over the thread's indices, stored once after its loops: a store
+                # inside them would keep a C compiler from vectorizing the row
+                b.assign(self.fault, b.alu(Op.MAX, self.fault, b.alu(
+                    Op.WHERE, outside, self.const(code), self.const(0))))
+            elif code:
+                # a plain store of the op's code: any thread may set it, none reads it here
+                b.store(self.params[id(fault)], self.const(0), self.const(code), outside)
+            clamped = b.alu(Op.WHERE, negative, self.const(0),
+                            b.alu(Op.WHERE, above, self.const(size - 1), position))
+            at = list(idx)
+            at[axis] = self.new_var("g", 0, size - 1, clamped)
+            inner.append(at)
+        return self.lower(src, inner, gates)
 
     def reduce(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
         b = self.b
@@ -384,6 +423,10 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         return staging.emit(lowerer, root, contraction, chosen, out)
     if packed:
         return packing.emit(lowerer, root, *packed, caps, out)
+    flags = [n.src[2] for n in toposort([root], stop=lambda n: id(n) in lowerer.params)
+             if n.op is GraphOp.GATHER and n.arg.code]
+    if flags:
+        lowerer.fault = b.acc(lowerer.const(0))
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)
@@ -436,4 +479,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         b.add(Op.ENDIF, None, (opener,))
     elif per_thread > 1:
         b.add(Op.END, None, (t_node,))
+    if flags:
+        b.store(lowerer.params[id(flags[0])], lowerer.const(0), lowerer.fault,
+                b.alu(Op.CMPLT, lowerer.const(0), lowerer.fault))
     return b.build(grid=(groups, 1, 1), block=(block, 1, 1))

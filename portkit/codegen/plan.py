@@ -10,7 +10,7 @@ from math import ceil, isqrt, prod
 
 from portkit.abi.backend import Capabilities
 from portkit.graph import GraphOp, Lazy
-from portkit.symbolic import Lin, Var, bounds, recombine, unravel, var
+from portkit.symbolic import Lin, Var, bounds, const, recombine, unravel, var
 from portkit.view import strides_for
 
 # A serial device (one thread per workgroup) gets at least this much work per group: loads
@@ -216,6 +216,13 @@ def _accesses(node: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
         for axis in node.arg[1]:
             inner[axis] = var(f"r{axis}", 0, node.src[0].shape[axis] - 1)
         _accesses(node.src[0], inner, params, loads, reduces, seen, gated)
+    elif node.op is GraphOp.GATHER:
+        src, index, _ = node.src      # the fault flag is only stored to
+        _accesses(index, [const(0) if n == 1 else i for i, n in zip(idx, index.shape)], params,
+                  loads, reduces, seen, gated)
+        inner = list(idx)
+        inner[node.arg.axis] = var(f"g{node.arg.axis}", 0, src.shape[node.arg.axis] - 1)
+        _accesses(src, inner, params, loads, reduces, seen, gated)
     elif node.op not in (GraphOp.CONST, GraphOp.ITER):
         for s in node.src:
             _accesses(s, idx, params, loads, reduces, seen, gated)

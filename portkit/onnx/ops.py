@@ -394,24 +394,19 @@ def _slice(ctx: Context, node: NodeArgs) -> list[Value]:
 
 @op("Gather")
 def _gather(ctx: Context, node: NodeArgs) -> list[Value]:
+    # a negative index counts from the end, once (checked on the device when it is data)
     x, indices = ctx.tensor(node.inputs[0]), node.inputs[1]
     axis = node.attr("axis", 0) % x.ndim
-    size = x.shape[axis]
-    if isinstance(indices, Tensor):
-        flat = (indices < 0).where(indices + size, indices).reshape(-1)
-        shape = indices.shape
-    else:
-        host = np.asarray(indices)
-        shape, flat = host.shape, ctx.tensor(np.where(host < 0, host + size, host).reshape(-1))
-    taken = x[(slice(None),) * axis + (flat,)]
-    return [taken.reshape(*x.shape[:axis], *shape, *x.shape[axis + 1:])]
+    if not isinstance(indices, Tensor):
+        indices = np.asarray(indices)
+    return [x._take(axis, indices, "Gather", wrap=True)]
 
 
 @op("GatherElements")
 def _gather_elements(ctx: Context, node: NodeArgs) -> list[Value]:
     x, indices = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
     axis = node.attr("axis", 0) % x.ndim
-    return [x.gather(axis, (indices < 0).where(indices + x.shape[axis], indices))]
+    return [x._gather_elements(axis, indices, "GatherElements", wrap=True)]
 
 
 @op("Expand")

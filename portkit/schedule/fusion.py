@@ -1,9 +1,8 @@
 """Fusion: which nodes of a lazy graph get their own buffer, and so a kernel each.
 
-- the nodes being realized, and every REDUCE, except a reduce whose only consumer is a chain of
-  elementwise ops ending in a realized node: it fuses into that kernel (reduce + its elementwise
-  inputs and outputs = one kernel);
-- the source of a COPY (data must exist to be moved).
+- the nodes being realized, and every REDUCE and GATHER, except one whose only consumer is a
+  chain of elementwise ops ending in a realized node: it fuses into that kernel (one kernel);
+- the source of a COPY (data must exist to be moved) and of a GATHER that gathers itself.
 Everything else (elementwise ops, views, constants) is computed inside the kernel that needs it,
 so elementwise chains fuse into their consumer and movement ops cost nothing. A kernel that
 would read more buffers than the device allows is split by realizing its sources first.
@@ -78,14 +77,18 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             realize.add(id(node))
             if not node.src[0].realized:
                 realize.add(id(node.src[0]))
+        elif node.op is GraphOp.GATHER:     # a gathered gather is computed once, not per read
+            realize.add(id(node))
+            if graph.gathers(node.src[0].base, lambda n: n.realized or id(n) in realize):
+                realize.add(id(node.src[0].base))
     # With a loop budget, the reduces fused into one kernel share it: x.sum() + y.sum() + ...
     # of 16,000 each, fused, ran 80,000 iterations, and lavapipe summed 63,546 of them.
     fused: dict[int, int] = defaultdict(int)      # id(kernel root) -> reduced elements in it
     for node in order:
-        if node.op is not GraphOp.REDUCE or id(node) in wanted:
+        if node.op not in (GraphOp.REDUCE, GraphOp.GATHER) or id(node) in wanted:
             continue
         into = _fuses_down(node, consumers, by_id, realize)
-        length = prod(node.src[0].shape[a] for a in node.arg[1])
+        length = prod(node.src[0].shape[a] for a in node.arg[1]) if node.op is GraphOp.REDUCE else 0
         if into is not None and (max_loop_trips is None or fused[into] + length <= chunk):
             fused[into] += length
             realize.discard(id(node))

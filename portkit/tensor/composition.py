@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 # Nodes a recording may not hold: it keeps elementwise ones and constants, whose shape is the
 # operand's whatever that is
-_NOT_ELEMENTWISE = {GraphOp.LOAD, GraphOp.VIEW, GraphOp.REDUCE, GraphOp.COPY, GraphOp.ITER}
+_NOT_ELEMENTWISE = {GraphOp.LOAD, GraphOp.VIEW, GraphOp.REDUCE, GraphOp.COPY, GraphOp.ITER,
+                    GraphOp.GATHER}
 
 # One recorded node: (op, dtype, arg, sources), a source by its index in the recording and
 # the operand as -1

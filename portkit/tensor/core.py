@@ -19,6 +19,7 @@ from portkit.abi.dtypes import DType, from_numpy
 from portkit.abi.kernel import Kernel
 from portkit.autograd import GRADIENTS, Context
 from portkit.graph import Lazy
+from portkit.tensor import faults
 from portkit.tensor.creation import CreationOps
 from portkit.tensor.dtype import DTypeLike, Scalar, bool_, check_dtype, to_dtype
 from portkit.tensor.elementwise import ElementwiseOps
@@ -171,6 +172,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
         lazy = self.lazy
         if lazy.op is not graph.GraphOp.LOAD:
             schedule.realize([lazy])        # which makes it a LOAD
+        faults.check(lazy.device)           # an index out of range in a kernel run so far
         if 0 in lazy.shape:
             return np.zeros(lazy.shape, lazy.dtype.np)
         return lazy.buffer.numpy(lazy.shape)

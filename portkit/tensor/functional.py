@@ -342,7 +342,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool | None = None) -> Tens
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
     """Rows of `weight` picked by the integer tensor `input`; the row padding_idx gets no
     gradient, as torch's."""
-    rows = weight.index_select(0, input)
+    rows = weight._take(0, input, "embedding", wrap=False)
     if padding_idx is None:
         return rows
     padding_idx = padding_idx % weight.shape[0]

@@ -479,7 +479,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         b.add(Op.ENDIF, None, (opener,))
     elif per_thread > 1:
         b.add(Op.END, None, (t_node,))
-    if flags:
-        b.store(lowerer.params[id(flags[0])], lowerer.const(0), lowerer.fault,
-                b.alu(Op.CMPLT, lowerer.const(0), lowerer.fault))
+    fault = lowerer.fault
+    if flags and fault is not None:
+        b.store(lowerer.params[id(flags[0])], lowerer.const(0), fault,
+                b.alu(Op.CMPLT, lowerer.const(0), fault))
     return b.build(grid=(groups, 1, 1), block=(block, 1, 1))

@@ -25,8 +25,9 @@ import numpy as np
 
 from portkit import cache, settings
 from portkit.abi import dtypes
-from portkit.abi.backend import Capabilities, Device, HostAllocator
+from portkit.abi.backend import Capabilities, Compiler, Device, HostAllocator
 from portkit.abi.dtypes import DType
+from portkit.abi.errors import CompileError
 from portkit.abi.kernel import Kernel, validate
 from portkit.abi.ops import COMPUTE
 from portkit.runtime.memory import Buffer, BufferPool, LaunchError
@@ -243,20 +244,85 @@ class Runtime:
 
     def compile_all(self, kernels: list[Kernel], jobs: int | None = None
                     ) -> list[Compiled | Exception]:
-        """`compile` of every kernel, side by side on `jobs` threads (default: one per core;
+        """`compile` of every kernel, in `jobs` groups side by side (default: one per core;
         compilers run as processes or release the GIL): a graph's or a suite's kernels compile
-        together. A kernel that fails gives its exception in its place."""
-        def build(kernel: Kernel) -> Compiled | Exception:
-            try:
-                return self.compile(kernel)
-            except Exception as error:  # noqa: BLE001 - handed back to the caller, in place
-                return error
+        together. A compiler with its own `compile_batch` (Compiler, ABI 0.6) gets each group's
+        uncached sources as one batch; a batch that fails as a whole is compiled one by one, so
+        each kernel that fails gives its own error. A kernel that fails gives its exception in
+        its place."""
+        results: list[Compiled | Exception | None] = [None] * len(kernels)
+        todo: dict[str, list[int]] = {}     # by JSON form, as `compile` keys them
+        for i, kernel in enumerate(kernels):
+            key = kernel.to_json()
+            with self._lock:
+                results[i] = self._compiled.get(key)
+            if results[i] is None:
+                todo.setdefault(key, []).append(i)
+        jobs = max(1, min(len(todo), jobs or os.cpu_count() or 1))
+        batched = type(self.device.compiler).compile_batch is not Compiler.compile_batch
+        groups = [list(todo.items())[g::jobs] for g in range(jobs)]
 
-        jobs = min(len(kernels), jobs or os.cpu_count() or 1)
+        def work(group: list[tuple[str, list[int]]]) -> list[Compiled | Exception]:
+            group_kernels = [kernels[places[0]] for _, places in group]
+            if batched:
+                return self._build_batch(group_kernels)
+            return [self._build_or_error(kernel) for kernel in group_kernels]
+
         if jobs < 2:
-            return [build(k) for k in kernels]
-        with ThreadPoolExecutor(jobs) as pool:
-            return list(pool.map(build, kernels))
+            done = [work(group) for group in groups]
+        else:
+            with ThreadPoolExecutor(jobs) as pool:
+                done = list(pool.map(work, groups))
+        for group, built in zip(groups, done):
+            for (key, places), compiled in zip(group, built):
+                if not isinstance(compiled, Exception):
+                    with self._lock:
+                        compiled = self._compiled.setdefault(key, compiled)
+                for i in places:
+                    results[i] = compiled
+        return results
+
+    def _build_or_error(self, kernel: Kernel) -> Compiled | Exception:
+        try:
+            return self.compile(kernel)
+        except Exception as error:  # noqa: BLE001 - handed back to the caller, in place
+            return error
+
+    def _build_batch(self, kernels: list[Kernel]) -> list[Compiled | Exception]:
+        """`build` of `kernels`, their sources compiled as one `compile_batch` through the
+        disk cache; one by one if the batch fails as a whole."""
+        start = time.perf_counter()
+        made: list[tuple[Kernel, str] | Exception] = []
+        for kernel in kernels:
+            try:
+                kernel = self.prepare(kernel)
+                made.append((kernel, self.device.renderer.render(kernel)))
+            except Exception as error:  # noqa: BLE001 - handed back in place
+                made.append(error)
+        ready = [m for m in made if not isinstance(m, Exception)]
+        try:
+            binaries = iter(cache.compile_batch_cached(
+                self.name, self.device.compiler, [source for _, source in ready]))
+        except CompileError:
+            return [self._build_or_error(kernel) for kernel in kernels]
+        with self._lock:
+            self.builds += len(ready)
+        share = (time.perf_counter() - start) / max(1, len(ready))
+        results: list[Compiled | Exception] = []
+        for entry in made:
+            binary = entry if isinstance(entry, Exception) else next(binaries)
+            if isinstance(binary, Exception):
+                results.append(binary)
+                continue
+            kernel, source = entry
+            try:
+                with self.device_lock:
+                    program = self.device.program(kernel.name, binary)
+            except Exception as error:  # noqa: BLE001 - handed back in place
+                results.append(error)
+                continue
+            results.append(Compiled(kernel, source, program, share))
+        return results
 
     def synchronize(self) -> None:
         """Waits until every launched kernel has finished."""

@@ -107,8 +107,9 @@ def test_a_failing_source_gets_its_own_error_and_the_others_work(name):
     check(rt, done[2], 5)
 
 
-def test_kernels_of_one_name_share_no_entry_point():
-    rt, _ = fresh("cpu")
+@pytest.mark.parametrize("name", ["cpu", "opencl"])
+def test_kernels_of_one_name_share_no_entry_point(name):
+    rt, _ = fresh(name)
     done = rt.compile_all([scale(2, "twin"), scale(3, "twin")], jobs=1)
     check(rt, done[0], 2)
     check(rt, done[1], 3)

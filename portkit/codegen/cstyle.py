@@ -454,6 +454,24 @@ def function_name(name: str) -> str:
     return "k_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
+def batch_units(sources: list[str]) -> list[list[int]]:
+    """Source numbers grouped so that no two sources of a group define the same kernel
+    function (`function_name`): the groups a batched compile builds as one unit each."""
+    units: list[tuple[set[str], list[int]]] = []
+    for number, source in enumerate(sources):
+        found = _FUNCTION.search(source)
+        name = found.group(1) if found else ""
+        unit = next((u for u in units if name not in u[0]), None)
+        if unit is None:
+            units.append(unit := (set(), []))
+        unit[0].add(name)
+        unit[1].append(number)
+    return [numbers for _, numbers in units]
+
+
+_FUNCTION = re.compile(r"\bvoid (k_\w+)\(")
+
+
 def local_bytes(kernel: Kernel) -> int:
     """Bytes of all LOCAL arrays of `kernel`, each starting at a 16-byte boundary."""
     return sum(_align(n.arg * n.dtype.itemsize) for n in kernel.nodes if n.op is Op.LOCAL)

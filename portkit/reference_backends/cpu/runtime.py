@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import platform
-import re
 import shlex
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ import numpy as np
 from portkit import cache, settings
 from portkit.abi.backend import Compiler, HostAllocator, Program
 from portkit.abi.errors import BackendUnavailable, CompileError
+from portkit.codegen.cstyle import batch_units
 from portkit.reference_backends.cpu.renderer import entry_point
 
 # No -ffast-math: it changes float results and flushes denormals. fp-contract=off keeps gcc
@@ -38,7 +38,6 @@ WIDE_VECTORS = ("-mprefer-vector-width=512",)
 
 _ffi = cffi.FFI()
 _LAUNCH = "void (*)(void **buffers, const int32_t *scalars, const int32_t *dims)"
-_ENTRY = re.compile(r"^void (pk_launch_\w+)\(", re.MULTILINE)
 
 
 # Each buffer's C pointer, made when the allocator makes the buffer: cffi's from_buffer costs
@@ -84,21 +83,13 @@ class CPUCompiler(Compiler):
 
     def compile_batch(self, sources: list[str]) -> list[bytes | CompileError]:
         """All `sources` as one translation unit, one compiler process, one shared object (the
-        binary of every source; a kernel's entry point is named after it). Sources whose entry
-        points share a name go to separate objects. Raises CompileError if a build fails: the
+        binary of every source; a kernel's entry point is named after it). Sources whose kernels
+        share a name go to separate objects. Raises CompileError if a build fails: the
         log does not say which source broke it."""
-        units: list[dict[str, int]] = []    # per shared object: entry point -> source number
-        for number, source in enumerate(sources):
-            found = _ENTRY.search(source)
-            entry = found.group(1) if found else ""
-            unit = next((u for u in units if entry not in u), None)
-            if unit is None:
-                units.append(unit := {})
-            unit[entry] = number
         results: list[bytes | CompileError] = [b""] * len(sources)
-        for unit in units:
-            binary = self.compile("\n".join(sources[n] for n in unit.values()))
-            for number in unit.values():
+        for unit in batch_units(sources):
+            binary = self.compile("\n".join(sources[n] for n in unit))
+            for number in unit:
                 results[number] = binary
         return results
 

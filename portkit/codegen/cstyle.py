@@ -454,6 +454,19 @@ def function_name(name: str) -> str:
     return "k_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
+def compile_joined(compile: Callable[[str], bytes], sources: list[str]) -> list[bytes]:
+    """A batched compile (`Compiler.compile_batch`) for sources that may be concatenated:
+    `compile` of each unit of `batch_units` joined into one source, whose binary is then each
+    of the unit's. The renderers guard their helpers (`#ifndef PK_ONCE_...`) so that they
+    are defined once in a unit. A failing unit raises its CompileError."""
+    results = [b""] * len(sources)
+    for unit in batch_units(sources):
+        binary = compile("\n".join(sources[n] for n in unit))
+        for number in unit:
+            results[number] = binary
+    return results
+
+
 def batch_units(sources: list[str]) -> list[list[int]]:
     """Source numbers grouped so that no two sources of a group define the same kernel
     function (`function_name`): the groups a batched compile builds as one unit each."""

@@ -33,18 +33,18 @@ _TEMPLATE = """\
 #include <omp.h>
 #endif
 
-{# Helpers are guarded: a batch (CPUCompiler.compile_batch) puts many kernels in one file. #}
+{# Helpers are guarded: a batch (codegen.cstyle.compile_joined) is many kernels in one file #}
 {% if small_floats %}
-#ifndef PK_FLOAT16_HELPERS
-#define PK_FLOAT16_HELPERS
+#ifndef PK_ONCE_FLOAT16_HELPERS
+#define PK_ONCE_FLOAT16_HELPERS
 {{ float16_helpers }}
 #endif
 {% endif %}
 {% if vectors %}
 /* Accumulators held in vectors (portkit.codegen.lanes): lanes += a * b[0..n), one rounding. */
 {% for type, element, lanes in vectors %}
-#ifndef PK_{{ type }}
-#define PK_{{ type }}
+#ifndef PK_ONCE_{{ type }}
+#define PK_ONCE_{{ type }}
 typedef {{ element }} {{ type }} __attribute__((vector_size({{ vector_bytes }})));
 static inline {{ type }} {{ type }}_fma({{ element }} a, const {{ element }} *b, {{ type }} c) {
   #pragma STDC FP_CONTRACT ON

@@ -23,7 +23,7 @@ import numpy as np
 from portkit import cache, settings
 from portkit.abi.backend import Compiler, HostAllocator, Program
 from portkit.abi.errors import BackendUnavailable, CompileError
-from portkit.codegen.cstyle import batch_units
+from portkit.codegen.cstyle import compile_joined
 from portkit.reference_backends.cpu.renderer import entry_point
 
 # No -ffast-math: it changes float results and flushes denormals. fp-contract=off keeps gcc
@@ -82,16 +82,10 @@ class CPUCompiler(Compiler):
             return output.read_bytes()
 
     def compile_batch(self, sources: list[str]) -> list[bytes | CompileError]:
-        """All `sources` as one translation unit, one compiler process, one shared object (the
-        binary of every source; a kernel's entry point is named after it). Sources whose kernels
-        share a name go to separate objects. Raises CompileError if a build fails: the
-        log does not say which source broke it."""
-        results: list[bytes | CompileError] = [b""] * len(sources)
-        for unit in batch_units(sources):
-            binary = self.compile("\n".join(sources[n] for n in unit))
-            for number in unit:
-                results[number] = binary
-        return results
+        """All `sources` as one C file, one compiler process, one shared object
+        (cstyle.compile_joined): its binary is every source's and each program finds its
+        kernel's entry point by name. Raises CompileError if the build fails."""
+        return compile_joined(self.compile, sources)
 
 
 class CPUProgram(Program):

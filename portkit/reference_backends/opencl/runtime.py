@@ -29,7 +29,7 @@ except ImportError:   # device.find_device reports the backend unavailable, with
 
 from portkit.abi.backend import Allocator, Compiler, Program
 from portkit.abi.errors import CompileError
-from portkit.codegen.cstyle import batch_units, function_name
+from portkit.codegen.cstyle import compile_joined, function_name
 
 # No -cl-fast-relaxed-math or -cl-mad-enable: they change float results.
 # -w: warnings (e.g. `x || 0` from constant folding) are for hand-written code.
@@ -90,15 +90,9 @@ class OpenCLCompiler(Compiler):
             return program.binaries[0]
 
     def compile_batch(self, sources: list[str]) -> list[bytes | CompileError]:
-        """All `sources` as one OpenCL program (its binary is every source's; each program
-        finds its kernel by name). Sources whose kernels share a name go to separate programs.
-        Raises CompileError if a build fails: the log does not say which source broke it."""
-        results: list[bytes | CompileError] = [b""] * len(sources)
-        for unit in batch_units(sources):
-            binary = self.compile("\n".join(sources[n] for n in unit))
-            for number in unit:
-                results[number] = binary
-        return results
+        """All `sources` as one OpenCL program (cstyle.compile_joined): its binary is every source's
+        and each program finds its kernel by name. Raises CompileError if the build fails."""
+        return compile_joined(self.compile, sources)
 
     def load(self, binary: bytes):
         """The program built from `binary`, once per binary: a batch's kernels share one."""

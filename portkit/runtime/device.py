@@ -30,12 +30,18 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import CompileError
 from portkit.abi.kernel import Kernel, validate
 from portkit.abi.ops import COMPUTE
+from portkit.runtime import progress
 from portkit.runtime.memory import Buffer, BufferPool, LaunchError
 from portkit.runtime.programs import LRU, Compiled
 
 
 class OutOfBoundsError(LaunchError):
     """PORTKIT_CHECK found a LOAD or STORE outside its buffer (and did not perform it)."""
+
+
+# Kernels in one batched compile at most: a clang process costs ~0.1 s besides its kernels,
+# so 32 kernels pay it 1/32 each, and a model's or a suite's progress still moves.
+BATCH = 32
 
 
 def kernel_cache_size() -> int:
@@ -244,12 +250,13 @@ class Runtime:
 
     def compile_all(self, kernels: list[Kernel], jobs: int | None = None
                     ) -> list[Compiled | Exception]:
-        """`compile` of every kernel, in `jobs` groups side by side (default: one per core;
+        """`compile` of every kernel, on `jobs` threads side by side (default: one per core;
         compilers run as processes or release the GIL): a graph's or a suite's kernels compile
-        together. A compiler with its own `compile_batch` (Compiler, ABI 0.6) gets each group's
-        uncached sources as one batch; a batch that fails as a whole is compiled one by one, so
-        each kernel that fails gives its own error. A kernel that fails gives its exception in
-        its place."""
+        together. A compiler with its own `compile_batch` (Compiler, ABI 0.6) gets the uncached
+        sources in batches (a core's share, at most BATCH); a batch that fails as a whole is
+        compiled one by one, so each kernel that fails gives its own error. A kernel that fails
+        gives its exception in its place. Within `progress.reporting(report)`, `report(done,
+        total)` follows each batch."""
         results: list[Compiled | Exception | None] = [None] * len(kernels)
         todo: dict[str, list[int]] = {}     # by JSON form, as `compile` keys them
         for i, kernel in enumerate(kernels):
@@ -258,9 +265,15 @@ class Runtime:
                 results[i] = self._compiled.get(key)
             if results[i] is None:
                 todo.setdefault(key, []).append(i)
+        if not todo:
+            return results
         jobs = max(1, min(len(todo), jobs or os.cpu_count() or 1))
         batched = type(self.device.compiler).compile_batch is not Compiler.compile_batch
-        groups = [list(todo.items())[g::jobs] for g in range(jobs)]
+        # a core's share, in batches of at most BATCH kernels, so that progress shows
+        size = min(BATCH, -(-len(todo) // jobs)) if batched else 1
+        entries = list(todo.items())
+        groups = [entries[g:g + size] for g in range(0, len(entries), size)]
+        report, compiled_so_far = progress.hook(), 0
 
         def work(group: list[tuple[str, list[int]]]) -> list[Compiled | Exception]:
             group_kernels = [kernels[places[0]] for _, places in group]
@@ -268,18 +281,17 @@ class Runtime:
                 return self._build_batch(group_kernels)
             return [self._build_or_error(kernel) for kernel in group_kernels]
 
-        if jobs < 2:
-            done = [work(group) for group in groups]
-        else:
-            with ThreadPoolExecutor(jobs) as pool:
-                done = list(pool.map(work, groups))
-        for group, built in zip(groups, done):
-            for (key, places), compiled in zip(group, built):
-                if not isinstance(compiled, Exception):
-                    with self._lock:
-                        compiled = self._compiled.setdefault(key, compiled)
-                for i in places:
-                    results[i] = compiled
+        with ThreadPoolExecutor(jobs) as pool:
+            for group, built in zip(groups, pool.map(work, groups)):
+                for (key, places), compiled in zip(group, built):
+                    if not isinstance(compiled, Exception):
+                        with self._lock:
+                            compiled = self._compiled.setdefault(key, compiled)
+                    for i in places:
+                        results[i] = compiled
+                compiled_so_far += len(group)
+                if report is not None:
+                    report(compiled_so_far, len(entries))
         return results
 
     def _build_or_error(self, kernel: Kernel) -> Compiled | Exception:

@@ -44,6 +44,8 @@ class Lines:
 
     def __call__(self, done: int, total: int) -> None:
         step = max(1, total // 10)
+        if done < self.shown:    # a new round (the next tier's kernels)
+            self.shown = -1
         if done == total or self.shown < 0 or done // step > self.shown // step:
             print(f"portkit: {self.label} {done}/{total}", file=self.stream or sys.stderr,
                   flush=True)

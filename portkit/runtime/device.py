@@ -27,7 +27,6 @@ from portkit import cache, settings
 from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities, Compiler, Device, HostAllocator
 from portkit.abi.dtypes import DType
-from portkit.abi.errors import CompileError
 from portkit.abi.kernel import Kernel, validate
 from portkit.abi.ops import COMPUTE
 from portkit.runtime import progress
@@ -302,7 +301,7 @@ class Runtime:
 
     def _build_batch(self, kernels: list[Kernel]) -> list[Compiled | Exception]:
         """`build` of `kernels`, their sources compiled as one `compile_batch` through the
-        disk cache; one by one if the batch fails as a whole."""
+        disk cache; one by one if the batch fails as a whole, so each error is its kernel's."""
         start = time.perf_counter()
         made: list[tuple[Kernel, str] | Exception] = []
         for kernel in kernels:
@@ -315,7 +314,7 @@ class Runtime:
         try:
             binaries = iter(cache.compile_batch_cached(
                 self.name, self.device.compiler, [source for _, source in ready]))
-        except CompileError:
+        except Exception:  # noqa: BLE001 - a CompileError of the whole batch, or worse
             return [self._build_or_error(kernel) for kernel in kernels]
         with self._lock:
             self.builds += len(ready)

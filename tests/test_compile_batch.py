@@ -12,7 +12,7 @@ import pytest
 from portkit import backends
 from portkit.abi import CompileError, Compiler, KernelBuilder, Op, Renderer, dtypes
 from portkit.abi.errors import BackendUnavailable
-from portkit.runtime import Runtime
+from portkit.runtime import Compiled, Runtime
 
 N = 16
 
@@ -113,6 +113,18 @@ def test_kernels_of_one_name_share_no_entry_point(name):
     done = rt.compile_all([scale(2, "twin"), scale(3, "twin")], jobs=1)
     check(rt, done[0], 2)
     check(rt, done[1], 3)
+
+
+@pytest.mark.parametrize("name", ["cpu", "opencl"])
+def test_a_backend_builds_sources_of_one_kernel_name_apart(name):
+    device = load(name)
+    sources = [device.renderer.render(scale(f, "twin")) for f in (2, 3)]
+    first, second = device.compiler.compile_batch(sources)
+    assert first != second
+    rt = Runtime(name, device)
+    for factor, source, binary in zip((2, 3), sources, (first, second)):
+        kernel = rt.prepare(scale(factor, "twin"))
+        check(rt, Compiled(kernel, source, device.program("twin", binary), 0.0), factor)
 
 
 def test_the_disk_cache_keeps_each_kernel_of_a_batch():

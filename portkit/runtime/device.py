@@ -305,7 +305,12 @@ class Runtime:
         disk cache; one by one if the batch fails as a whole, so each error is its kernel's."""
         start = time.perf_counter()
         made: list[tuple[Kernel, str] | Exception] = []
+        names: dict[str, int] = {}
         for kernel in kernels:
+            # a backend finds each kernel of a batch by its name: a repeated one gets a number
+            names[kernel.name] = seen = names.get(kernel.name, 0) + 1
+            if seen > 1:
+                kernel = dataclasses.replace(kernel, name=f"{kernel.name}_{seen}")
             try:
                 kernel = self.prepare(kernel)
                 made.append((kernel, self.device.renderer.render(kernel)))

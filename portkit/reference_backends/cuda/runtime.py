@@ -173,8 +173,9 @@ class CUDACompiler(Compiler):
             module.nvrtcDestroyProgram(program)
 
     def compile_batch(self, sources: list[str]) -> list[bytes | CompileError]:
-        """All `sources` as one NVRTC program (cstyle.compile_joined): its binary is every source's
-        and each program finds its kernel by name. Raises CompileError if the build fails."""
+        """All `sources` as one NVRTC program (cstyle.compile_joined): its binary is every
+        source's and each program finds its kernel by name. Raises CompileError if the build
+        fails."""
         return compile_joined(self.compile, sources)
 
 

@@ -90,8 +90,9 @@ class OpenCLCompiler(Compiler):
             return program.binaries[0]
 
     def compile_batch(self, sources: list[str]) -> list[bytes | CompileError]:
-        """All `sources` as one OpenCL program (cstyle.compile_joined): its binary is every source's
-        and each program finds its kernel by name. Raises CompileError if the build fails."""
+        """All `sources` as one OpenCL program (cstyle.compile_joined): its binary is every
+        source's and each program finds its kernel by name. Raises CompileError if the build
+        fails."""
         return compile_joined(self.compile, sources)
 
     def load(self, binary: bytes):

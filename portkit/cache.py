@@ -26,6 +26,7 @@ import platformdirs
 
 from portkit import settings
 from portkit.abi.backend import Compiler
+from portkit.abi.errors import CompileError
 
 MAGIC = b"portkit-cache-1\n"
 DEFAULT_MAX_MB = 1024
@@ -103,21 +104,44 @@ def _read_entry(path: Path, key: bytes) -> bytes | None:
     return None
 
 
+def _location(backend: str, compiler: Compiler, source: str) -> tuple[Path, bytes]:
+    identity = f"{backend}\0{compiler.cache_key}\0{source}"
+    key = hashlib.sha256(identity.encode()).digest()
+    return directory() / safe_name(backend) / f"{key.hex()}.bin", key
+
+
 def compile_cached(backend: str, compiler: Compiler, source: str) -> bytes:
     """compiler.compile(source), read from the disk cache when the same build was done before."""
     if not compiler.cache_key:   # a compiler that cannot say what it builds for is not cached
         return compiler.compile(source)
-    identity = f"{backend}\0{compiler.cache_key}\0{source}"
-    key = hashlib.sha256(identity.encode()).digest()
-    folder = directory() / safe_name(backend)
-    path = folder / f"{key.hex()}.bin"
+    path, key = _location(backend, compiler, source)
     binary = _read_entry(path, key)
-    if binary is not None:
-        return binary
-    binary = compiler.compile(source)
-    if _usable(folder):
-        write_atomic(path, _entry(key, binary))
+    if binary is None:
+        binary = compiler.compile(source)
+        if _usable(path.parent):
+            write_atomic(path, _entry(key, binary))
     return binary
+
+
+def compile_batch_cached(backend: str, compiler: Compiler, sources: list[str]
+                         ) -> list[bytes | CompileError]:
+    """`compiler.compile_batch` of the sources the disk cache lacks, the rest read from it:
+    one result per source (its binary or its CompileError), each binary cached on its own.
+    Raises the CompileError of a batch that failed as a whole."""
+    results: list[bytes | CompileError | None] = [None] * len(sources)
+    places = [_location(backend, compiler, s) if compiler.cache_key else None for s in sources]
+    for i, place in enumerate(places):
+        if place is not None:
+            results[i] = _read_entry(*place)
+    missing = [i for i, found in enumerate(results) if found is None]
+    if missing:
+        built = compiler.compile_batch([sources[i] for i in missing])
+        for i, binary in zip(missing, built):
+            results[i] = binary
+            if isinstance(binary, bytes) and places[i] is not None and _usable(
+                    places[i][0].parent):
+                write_atomic(places[i][0], _entry(places[i][1], binary))
+    return results
 
 
 def tuned(device: str, key: str) -> dict | None:

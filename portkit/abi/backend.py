@@ -20,7 +20,7 @@ import numpy as np
 
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
-from portkit.abi.errors import CapabilityError
+from portkit.abi.errors import CapabilityError, CompileError
 from portkit.abi.kernel import Dim3, Kernel
 from portkit.abi.ops import COMPUTE, REQUIRED, Op
 
@@ -131,6 +131,22 @@ class Compiler(ABC):
     @abstractmethod
     def compile(self, source: str) -> bytes: ...
 
+    def compile_batch(self, sources: list[str]) -> list[bytes | CompileError]:
+        """Optional (ABI 0.6): many sources at once, one result per source in order: its
+        binary, or the CompileError of that source alone. Each binary is what `compile` of
+        that source would make a Program of, and may be shared: one library holding every
+        source's kernel, each Program finding its own by the kernel's name. A compiler that
+        builds the batch as one unit and cannot tell which source failed raises CompileError
+        for the whole batch; the runtime then compiles those sources one by one. This default
+        compiles them one by one."""
+        results: list[bytes | CompileError] = []
+        for source in sources:
+            try:
+                results.append(self.compile(source))
+            except CompileError as error:
+                results.append(error)
+        return results
+
 
 class Program(ABC):
     """A compiled kernel, ready to launch."""
@@ -203,7 +219,7 @@ class Device:
 @dataclass(frozen=True)
 class Backend:
     """What the `portkit.backends` entry point names: a name, how to load the device, and the
-    ABI version the backend implements ("0.5"; portkit refuses to load an incompatible one).
+    ABI version the backend implements ("0.6"; portkit refuses to load an incompatible one).
 
     `load()` returns the Device, or raises BackendUnavailable naming the fix.
     """

@@ -456,6 +456,37 @@ def function_name(name: str) -> str:
     return "k_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
+def compile_joined(compile: Callable[[str], bytes], sources: list[str]) -> list[bytes]:
+    """A batched compile (`Compiler.compile_batch`) for sources that may be concatenated:
+    `compile` of each unit of `batch_units` joined into one source, whose binary is then each
+    of the unit's. The renderers guard their helpers (`#ifndef PK_ONCE_...`) so that they
+    are defined once in a unit. A failing unit raises its CompileError."""
+    results = [b""] * len(sources)
+    for unit in batch_units(sources):
+        binary = compile("\n".join(sources[n] for n in unit))
+        for number in unit:
+            results[number] = binary
+    return results
+
+
+def batch_units(sources: list[str]) -> list[list[int]]:
+    """Source numbers grouped so that no two sources of a group define the same kernel
+    function (`function_name`): the groups a batched compile builds as one unit each."""
+    units: list[tuple[set[str], list[int]]] = []
+    for number, source in enumerate(sources):
+        found = _FUNCTION.search(source)
+        name = found.group(1) if found else ""
+        unit = next((u for u in units if name not in u[0]), None)
+        if unit is None:
+            units.append(unit := (set(), []))
+        unit[0].add(name)
+        unit[1].append(number)
+    return [numbers for _, numbers in units]
+
+
+_FUNCTION = re.compile(r"\bvoid (k_\w+)\(")
+
+
 def local_bytes(kernel: Kernel) -> int:
     """Bytes of all LOCAL arrays of `kernel`, each starting at a 16-byte boundary."""
     return sum(_align(n.arg * n.value_dtype.itemsize) for n in kernel.nodes if n.op is Op.LOCAL)

@@ -10,6 +10,7 @@ driver's threads (PoCL's, wgpu's) do not exist in the child.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import multiprocessing
 import os
 import pickle
@@ -26,6 +27,7 @@ from portkit.abi import Capabilities, PortkitError
 from portkit.conformance import replay, suite
 from portkit.conformance.case import Case, KernelCase, Outcome, Status
 from portkit.conformance.target import Target
+from portkit.runtime import progress
 
 # How long the worker may take to load the backend and collect the cases.
 START_SECONDS = 300.0
@@ -69,13 +71,15 @@ class Isolated:
             self.capabilities = self.capabilities or self.worker.capabilities
         return self.capabilities
 
-    def precompile(self, cases: list[Case]) -> dict[str, KernelCase | Exception]:
+    def precompile(self, cases: list[Case], report: progress.Report | None = None
+                   ) -> dict[str, KernelCase | Exception]:
         """Has the worker make and compile the kernel cases of `cases` on `options.jobs`
-        threads. If it dies doing so, the next worker compiles each case as it runs, so the
-        crash is pinned on its case. The kernel cases stay in the worker: returns {}."""
+        threads, `report(done, total)` following each batch. If it dies doing so, the next
+        worker compiles each case as it runs, so the crash is pinned on its case. The kernel
+        cases stay in the worker: returns {}."""
         ids = [c.id for c in cases if c.make is not None]
         if ids:
-            kind, _ = self._ask(("precompile", ids), self.options.timeout * 4)
+            kind, _ = self._ask(("precompile", ids), self.options.timeout * 4, report)
             if kind != "done":
                 self._stop()
         return {}
@@ -104,11 +108,12 @@ class Isolated:
         """Stops the worker."""
         self._stop()
 
-    def _ask(self, request: tuple[str, Any], limit: float) -> tuple[str, Any]:
+    def _ask(self, request: tuple[str, Any], limit: float,
+             report: progress.Report | None = None) -> tuple[str, Any]:
         if self.worker is not None and not self.worker.process.is_alive():
             self._stop()    # it died after its last answer: no case of this request's to blame
         self.start()
-        return self.worker.ask(request, limit)
+        return self.worker.ask(request, limit, report)
 
     def _stop(self) -> None:
         if self.worker is not None:
@@ -136,15 +141,22 @@ class _Worker:
             raise WorkerError(f"the conformance worker could not load backend {name!r}: {found}",
                               "run `portkit backends`, or use --isolate none")
 
-    def ask(self, request: tuple[str, Any], limit: float) -> tuple[str, Any]:
+    def ask(self, request: tuple[str, Any], limit: float,
+            report: progress.Report | None = None) -> tuple[str, Any]:
         """Sends `request` and waits up to `limit` seconds for the reply: (kind, value), kind
-        "crashed" or "timeout" (value: what happened) when no reply came."""
+        "crashed" or "timeout" (value: what happened) when no reply came. ("compiled", (done,
+        total)) messages on the way go to `report`, each starting the wait again."""
         offset = self.log.stat().st_size
         try:
             self.pipe.send(request)
         except OSError:
             pass    # it died before the request: _reply says how
-        return self._reply(limit, offset)
+        kind, value = self._reply(limit, offset)
+        while kind == "compiled":
+            if report is not None:
+                report(*value)
+            kind, value = self._reply(limit, offset)
+        return kind, value
 
     def _reply(self, limit: float, offset: int) -> tuple[str, Any]:
         ready = connection.wait([self.pipe, self.process.sentinel], limit)
@@ -224,12 +236,17 @@ def serve(pipe: connection.Connection, name: str, origin: str, options: suite.Op
             if kind == "stop":
                 return
             if kind == "precompile":
-                made.update(runs.precompile([cases[i] for i in argument]))
+                made.update(runs.precompile([cases[i] for i in argument], functools.partial(
+                    _compiled, pipe)))
                 pipe.send(("done", None))
             elif kind == "source":
                 pipe.send(("source", _source(target, cases[argument])))
             else:
                 _send(pipe, runs.outcome(cases[argument], made.pop(argument, None)))
+
+
+def _compiled(pipe: connection.Connection, done: int, total: int) -> None:
+    pipe.send(("compiled", (done, total)))
 
 
 def _source(target: Target, case: Case) -> str | None:

@@ -61,10 +61,12 @@ class Runner:
 
 
 def run(target: Target, options: Options,
-        progress: Callable[[Result, int, int], None] | None = None) -> Report:
+        progress: Callable[[Result, int, int], None] | None = None,
+        compiling: Callable[[int, int], None] | None = None) -> Report:
     """Runs the selected tiers (the shard of them, if `options.shard`) on `target`;
     `progress(result, done, total)` after each case that is run. Each tier's kernels are
-    compiled ahead, on `options.jobs` threads, before its first case runs."""
+    compiled ahead in batches (Runtime.compile_all), on `options.jobs` threads, before its
+    first case runs; `compiling(done, total)` after each batch."""
     start = time.perf_counter()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     cases, tiers = collect(context(target, options), options)
@@ -81,7 +83,7 @@ def run(target: Target, options: Options,
     try:
         for number in sorted({c.tier for c in todo}):
             batch = [c for c in todo if c.tier == number]
-            made = runner.runs.precompile(batch)
+            made = runner.runs.precompile(batch, compiling)
             for case in batch:
                 result = runner.result(case, made.get(case.id))
                 done += 1

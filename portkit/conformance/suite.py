@@ -30,6 +30,7 @@ from portkit.conformance.case import (
     judge,
 )
 from portkit.conformance.target import Target
+from portkit.runtime import progress
 
 TIERS = {
     1: "portkit.conformance.tier1_runtime",
@@ -208,12 +209,15 @@ class InProcess:
     def __init__(self, target: Target, options: Options):
         self.target, self.options = target, options
 
-    def precompile(self, cases: list[Case]) -> dict[str, KernelCase | Exception]:
+    def precompile(self, cases: list[Case], report: progress.Report | None = None
+                   ) -> dict[str, KernelCase | Exception]:
         """Makes the kernel cases of `cases` and compiles their kernels on `options.jobs`
-        threads, so that running them later only launches: case id -> its kernel case."""
+        threads, so that running them later only launches: case id -> its kernel case.
+        `report(done, total)` follows each batch of kernels compiled."""
         made = {c.id: make_case(c) for c in cases if c.make is not None}
-        self.target.precompile([kc.kernel for kc in made.values()
-                                if isinstance(kc, KernelCase)], self.options.jobs)
+        with progress.reporting(report):
+            self.target.precompile([kc.kernel for kc in made.values()
+                                    if isinstance(kc, KernelCase)], self.options.jobs)
         return made
 
     def outcome(self, case: Case, kc: KernelCase | Exception | None) -> Outcome:

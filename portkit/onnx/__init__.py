@@ -152,15 +152,21 @@ def _run_on_host(evaluator: Any, node: Node, args: list) -> list[np.ndarray | No
     return [next(results) if name else None for name in node.outputs]
 
 
-def load(model: str | Path | Any, device: str | None = None) -> Model:
-    """Reads an ONNX model (a path or a ModelProto) for `device` (default: PORTKIT_DEVICE).
+def load(model: str | Path | Any, device: str | None = None, warm: bool = False) -> Model:
+    """Reads an ONNX model (a path or a ModelProto) for `device` (default: PORTKIT_DEVICE);
+    with `warm`, builds every kernel now by running it once on zeros (portkit.onnx.warm).
 
     Raises UnsupportedModel naming every op (and attribute value) portkit cannot run."""
     onnx = _onnx()
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
     _check_supported(proto.graph.node)
-    return _from_graph(proto.graph, opset, device)
+    loaded = _from_graph(proto.graph, opset, device)
+    if warm:
+        from portkit.onnx.warm import warm_up
+
+        warm_up(loaded, proto.graph)
+    return loaded
 
 
 def _from_graph(graph: Any, opset: int, device: str | None) -> Model:

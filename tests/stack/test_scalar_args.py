@@ -138,20 +138,21 @@ def test_numbers_written_as_code_are_not_replayed_with_old_values():
 
 
 def test_a_first_realize_compiles_its_kernels_ahead_on_a_pool(monkeypatch):
-    threads = []
-    compile_now = runtime.Runtime.compile
+    threads = []     # (thread, kernels) of each batch the cpu compiler is handed
+    build_now = runtime.Runtime._build_batch
 
-    def compile_and_note(self, kernel):
-        threads.append(threading.get_ident())
-        return compile_now(self, kernel)
+    def build_and_note(self, kernels):
+        threads.append((threading.get_ident(), len(kernels)))
+        return build_now(self, kernels)
 
-    monkeypatch.setattr(runtime.Runtime, "compile", compile_and_note)
+    monkeypatch.setattr(runtime.Runtime, "_build_batch", build_and_note)
     runtime.clear()
     x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
     outs = [x.sum(axis=0), x.amax(axis=1), (x * 2).exp()]
     realize(*outs)
     realize(*outs)
-    assert len(threads) == 3 and threading.get_ident() not in threads
+    assert sum(count for _, count in threads) == 3
+    assert threading.get_ident() not in {thread for thread, _ in threads}
     np.testing.assert_allclose(outs[0].numpy(), np.arange(12).reshape(3, 4).sum(0))
     np.testing.assert_allclose(outs[2].numpy(), np.exp(np.arange(12).reshape(3, 4) * 2.0),
                                rtol=1e-6)

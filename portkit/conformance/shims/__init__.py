@@ -6,8 +6,9 @@ MetalRenderer, whose compiler is clang++ with a small header that stands in for 
 It checks what the renderer writes (expressions, casts, rounding, wrapping, indexing, barriers),
 not what a GPU compiler or a GPU does with it: see docs/backends/metal.md and cuda.md.
 
-Compiling one kernel per clang++ run costs ~0.3 s, so `prebuild` puts many kernels into one
-translation unit (each in a namespace of its own) and builds those in parallel.
+Compiling one kernel per clang++ run costs ~0.3 s, so `compile_batch` (the ABI's batched
+compile, which Runtime.compile_all calls with each core's share) puts many kernels into one
+translation unit, each in a namespace of its own.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -64,6 +64,7 @@ LANGUAGES = {
     "cuda": Language("cuda", ("-I", str(HEADERS), "-include", "cuda_shim.h"),
                      "__syncthreads()", 'extern "C" ', ""),
 }
+_GUARD = re.compile(r"^#ifndef (PK_ONCE_\w+)", re.MULTILINE)
 _SIGNATURE = re.compile(r"void (?:__launch_bounds__\(\d+\) )?(k_\w+)\(([^{]*)\)\s*\{")
 
 
@@ -89,7 +90,7 @@ def entry_name(source: str) -> str:
 
 
 class ShimCompiler(Compiler):
-    """clang++ on the source plus a launch stub; `prebuild` batches many sources."""
+    """clang++ on the source plus a launch stub; `compile_batch` builds many in one unit."""
 
     cache_key = ""   # libraries live in this object, not in portkit's disk cache
 
@@ -102,22 +103,20 @@ class ShimCompiler(Compiler):
         self._lock = threading.Lock()
 
     def compile(self, source: str) -> bytes:
-        entry = entry_name(source)
-        if entry not in self.libraries:
-            self.prebuild([source])
-        return entry.encode()
+        return self.compile_batch([source])[0]
 
-    def prebuild(self, sources: Sequence[str], jobs: int = 2) -> None:
-        """Builds every source not built yet, in `jobs` translation units compiled at once."""
-        todo = list({entry_name(s): s for s in sources if entry_name(s) not in self.libraries}
-                    .items())
-        chunks = [todo[i::jobs] for i in range(jobs) if todo[i::jobs]]
-        with ThreadPoolExecutor(max(1, len(chunks))) as pool:
-            for entries, library in pool.map(self._build, chunks):
-                with self._lock:
-                    self.libraries.update(dict.fromkeys(entries, library))
+    def compile_batch(self, sources: list[str]) -> list[bytes | CompileError]:
+        """Builds every source not built yet as one translation unit (each kernel in a
+        namespace of its own); each binary is its source's entry name. Raises CompileError
+        if the unit fails: the runtime then compiles the sources one by one."""
+        todo = {entry_name(s): s for s in sources if entry_name(s) not in self.libraries}
+        if todo:
+            library = self._build(list(todo.items()))
+            with self._lock:
+                self.libraries.update(dict.fromkeys(todo, library))
+        return [entry_name(s).encode() for s in sources]
 
-    def _build(self, chunk: list[tuple[str, str]]) -> tuple[list[str], ctypes.CDLL]:
+    def _build(self, chunk: list[tuple[str, str]]) -> ctypes.CDLL:
         text = self._batch(chunk) if len(chunk) > 1 else (
             chunk[0][1] + _stub(self.language, chunk[0][1], chunk[0][0]))
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -126,18 +125,17 @@ class ShimCompiler(Compiler):
                                  "-o", str(output)], input=text, capture_output=True, text=True,
                                 check=False)
         if result.returncode != 0:
-            if len(chunk) > 1:   # find the kernel at fault, with its own error log
-                for entry, source in chunk:
-                    self._build([(entry, source)])
             raise CompileError(f"clang++ rejected the {self.language.name} shim build",
                                text, result.stderr)
-        return [entry for entry, _ in chunk], ctypes.CDLL(str(output))
+        return ctypes.CDLL(str(output))
 
     def _batch(self, chunk: list[tuple[str, str]]) -> str:
         parts = ["#include <metal_stdlib>" if self.language.name == "metal" else ""]
         for number, (entry, source) in enumerate(chunk):
             if self.language.kernel_prefix:
                 source = source.replace(self.language.kernel_prefix, "")
+            # a helper a renderer guards (#ifndef PK_ONCE_...) is needed in every namespace
+            parts += [f"#undef {guard}" for guard in _GUARD.findall(source)]
             parts.append(f"namespace pk_kernel_{number} {{\n{source}\n"
                          f"{_stub(self.language, source, entry)}}}\n")
         return "\n".join(parts)
@@ -239,11 +237,10 @@ def tensor_kernels(capabilities: Capabilities) -> list[Kernel]:
 
 
 def run_conformance(device: Device, quick: bool = False, jobs: int = 2):
-    """Tiers 1-3 on a shim device, its kernels built first in `jobs` batched compiles."""
+    """Tiers 1-3 on a shim device; each tier's kernels are built first, in `jobs` batches
+    (Runtime.compile_all, through `ShimCompiler.compile_batch`)."""
     from portkit.conformance import Options, Target, run
 
-    kernels = conformance_kernels(device.capabilities, quick)
-    device.compiler.prebuild([device.renderer.render(k) for k in kernels], jobs)
     return run(Target(device, device.name), Options(tiers=(1, 2, 3), quick=quick, jobs=jobs))
 
 

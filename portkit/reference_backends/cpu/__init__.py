@@ -2,7 +2,7 @@
 
     device.py        find_device() -> the host C compiler, probed; load() -> Device
     capabilities.py  capabilities(compiler): all dtypes and ops, host limits
-    renderer.py      CPURenderer: C11, one `pk_launch` entry point per kernel
+    renderer.py      CPURenderer: C11, one entry point per kernel, named after it
     runtime.py       CPUAllocator (host memory), CPUCompiler (clang or gcc), CPUProgram (dlopen)
 """
 from portkit.abi import ABI_VERSION, Backend

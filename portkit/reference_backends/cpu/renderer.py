@@ -1,7 +1,7 @@
 """ABI kernels as C for the host CPU: the C-style base plus a prelude and a launcher.
 
 The kernel body becomes a `static inline` function of its buffers, scalars, workgroup and
-thread ids. `pk_launch`, the same entry point in every kernel's shared object, runs the grid:
+thread ids. Its entry point, `pk_launch_` and the function's name (`entry_point`), runs the grid:
 workgroups are spread across cores with OpenMP, and a workgroup's threads run as a loop over
 thread axis 0 innermost, which the compiler may vectorize. A kernel with a BARRIER goes through
 portkit.codegen.loops first: its threads become loops between the barriers, inside the kernel.
@@ -14,7 +14,13 @@ from portkit.abi import dtypes
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.codegen import lanes
-from portkit.codegen.cstyle import EMULATED_FLOATS, FLOAT16_HELPERS, CStyleRenderer, local_bytes
+from portkit.codegen.cstyle import (
+    EMULATED_FLOATS,
+    FLOAT16_HELPERS,
+    CStyleRenderer,
+    function_name,
+    local_bytes,
+)
 from portkit.codegen.loops import threads_as_loops
 
 _TEMPLATE = """\
@@ -27,11 +33,18 @@ _TEMPLATE = """\
 #include <omp.h>
 #endif
 
-{% if small_floats %}{{ float16_helpers }}
+{# Helpers are guarded: a batch (codegen.cstyle.compile_joined) is many kernels in one file #}
+{% if small_floats %}
+#ifndef PK_ONCE_FLOAT16_HELPERS
+#define PK_ONCE_FLOAT16_HELPERS
+{{ float16_helpers }}
+#endif
 {% endif %}
 {% if vectors %}
 /* Accumulators held in vectors (portkit.codegen.lanes): lanes += a * b[0..n), one rounding. */
 {% for type, element, lanes in vectors %}
+#ifndef PK_ONCE_{{ type }}
+#define PK_ONCE_{{ type }}
 typedef {{ element }} {{ type }} __attribute__((vector_size({{ vector_bytes }})));
 static inline {{ type }} {{ type }}_fma({{ element }} a, const {{ element }} *b, {{ type }} c) {
   #pragma STDC FP_CONTRACT ON
@@ -39,6 +52,7 @@ static inline {{ type }} {{ type }}_fma({{ element }} a, const {{ element }} *b,
   memcpy(&v, b, sizeof v);
   return a * v + c;
 }
+#endif
 {% endfor %}
 {% endif %}
 
@@ -48,8 +62,8 @@ static inline void {{ name }}({{ (args + id_args) | join(", ") }}) {
 {% endfor %}
 }
 
-/* The entry point of every kernel: buffers, int32 scalars, dims = grid[3], block[3]. */
-void pk_launch(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_dims) {
+/* The kernel's entry point, named after it: buffers, int32 scalars, dims = grid[3], block[3]. */
+void {{ entry }}(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_dims) {
   const int32_t grid0 = pk_dims[0], grid1 = pk_dims[1], grid2 = pk_dims[2];
 {% if looped %}
   /* One thread per group, whatever block the call names: threads_as_loops' kernels. */
@@ -147,7 +161,7 @@ class CPURenderer(CStyleRenderer):
         return lanes.spelled(kernel, self.vector_types, self.vector_bytes, _gnu_vectors)
 
     def render_local(self, name: str, dtype: dtypes.DType, size: int, offset: int) -> str:
-        # LOCAL arrays are slices of one per-workgroup block that pk_launch provides.
+        # LOCAL arrays are slices of one per-workgroup block that the entry point provides.
         element = self.storage_type(dtype)
         return f"{element} *const {name} = ({element} *)(pk_local + {offset});"
 
@@ -157,7 +171,7 @@ class CPURenderer(CStyleRenderer):
         return {**super().template_context(kernel, body),
                 "looped": kernel.block == (1, 1, 1),
                 "small_floats": bool(used & set(self.emulated)),
-                "float16_helpers": FLOAT16_HELPERS,
+                "float16_helpers": FLOAT16_HELPERS, "entry": entry_point(kernel.name),
                 "types": types,
                 "ids": _IDS, "single": ["gid0", "gid1", "gid2", "0", "0", "0", "pk_local"],
                 # threads of a kernel with a loop may each do much work; others do little
@@ -168,6 +182,12 @@ class CPURenderer(CStyleRenderer):
                 "vectors": [(name, self.type_map[d], self.vector_bytes // d.itemsize)
                             for d, name in self.vector_types.items()
                             if any(n.op is Op.ACC and n.dtype == d for n in kernel.nodes)]}
+
+
+def entry_point(name: str) -> str:
+    """The exported C symbol of kernel `name`: unique per name, so that many kernels can share
+    one shared object (a batch) and each program finds its own."""
+    return "pk_launch_" + function_name(name)
 
 
 def _gnu_vectors(vector: str, width: int) -> lanes.Spelling:

@@ -1,11 +1,14 @@
 """Runtime: host memory (Allocator), the C compiler (Compiler) and in-process launches (Program).
 
-Each kernel becomes a shared object with one entry point, `pk_launch`, that cffi calls with the
-buffers as pointers. Buffers are host memory (numpy arrays), so copies are memcpy and launches
-are synchronous.
+Each kernel becomes a shared object with one entry point, `pk_launch_<kernel function>`, that
+cffi calls with the buffers as pointers; `compile_batch` builds many kernels into one shared
+object with one compiler process, each program finding its own entry point by its kernel's
+name. Buffers are host memory (numpy arrays), so copies are memcpy and launches are
+synchronous.
 """
 from __future__ import annotations
 
+import ctypes
 import platform
 import shlex
 import shutil
@@ -20,6 +23,8 @@ import numpy as np
 from portkit import cache, settings
 from portkit.abi.backend import Compiler, HostAllocator, Program
 from portkit.abi.errors import BackendUnavailable, CompileError
+from portkit.codegen.cstyle import compile_joined
+from portkit.reference_backends.cpu.renderer import entry_point
 
 # No -ffast-math: it changes float results and flushes denormals. fp-contract=off keeps gcc
 # from fusing a separate MUL and ADD into one FMA (the ABI rounds each op).
@@ -32,7 +37,7 @@ FIX = "apt-get install clang (or gcc), or set PORTKIT_CC"
 WIDE_VECTORS = ("-mprefer-vector-width=512",)
 
 _ffi = cffi.FFI()
-_ffi.cdef("void pk_launch(void **buffers, const int32_t *scalars, const int32_t *dims);")
+_LAUNCH = "void (*)(void **buffers, const int32_t *scalars, const int32_t *dims)"
 
 
 # Each buffer's C pointer, made when the allocator makes the buffer: cffi's from_buffer costs
@@ -76,6 +81,12 @@ class CPUCompiler(Compiler):
                                    "(the C source is in .source)", source, result.stderr)
             return output.read_bytes()
 
+    def compile_batch(self, sources: list[str]) -> list[bytes | CompileError]:
+        """All `sources` as one C file, one compiler process, one shared object
+        (cstyle.compile_joined): its binary is every source's and each program finds its
+        kernel's entry point by name. Raises CompileError if the build fails."""
+        return compile_joined(self.compile, sources)
+
 
 class CPUProgram(Program):
     """A loaded shared object; calling it runs the whole grid before returning."""
@@ -87,8 +98,9 @@ class CPUProgram(Program):
         # Never closed: the OpenMP runtime it pulls in keeps worker threads that would crash
         # if the last library holding it went away.
         with cache.file_holding("cpu", binary, ".so") as path:
-            self.library = _ffi.dlopen(str(path))
-        self.launch = self.library.pk_launch
+            self.library = ctypes.CDLL(str(path))
+        entry = getattr(self.library, entry_point(name))
+        self.launch = _ffi.cast(_LAUNCH, ctypes.cast(entry, ctypes.c_void_p).value)
         # The C arrays of the last scalars and dims: a kernel is launched again and again with
         # the same ones, and making an array costs about as much as the call.
         self.scalars: tuple[list, object] = ([], _ffi.NULL)

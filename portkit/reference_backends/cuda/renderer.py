@@ -17,6 +17,8 @@ from portkit.codegen.cstyle import EMULATED_FLOATS, FLOAT16_HELPERS, CStyleRende
 
 # NVRTC compiles without the C library's headers: the few names the kernels use.
 _PRELUDE = """\
+#ifndef PK_ONCE_PRELUDE
+#define PK_ONCE_PRELUDE
 #ifdef __CUDACC_RTC__
 typedef signed char int8_t;
 typedef short int16_t;
@@ -30,6 +32,7 @@ typedef unsigned long long uint64_t;
 #define NAN __int_as_float(0x7fffffff)
 #endif
 template <class To, class From> To pk_bitcast(From x) { To y; memcpy(&y, &x, sizeof(y)); return y; }
+#endif
 """
 
 _TEMPLATE = """\
@@ -64,7 +67,10 @@ class CUDARenderer(CStyleRenderer):
 
     def prelude(self, kernel: Kernel) -> str:
         used = {n.dtype for n in kernel.nodes}
-        return _PRELUDE + (FLOAT16_HELPERS if used & set(self.emulated) else "")
+        # guarded: a batch (cstyle.compile_joined) is many kernels in one program
+        helpers = ("#ifndef PK_ONCE_FLOAT16_HELPERS\n#define PK_ONCE_FLOAT16_HELPERS\n"
+                   f"{FLOAT16_HELPERS}#endif\n") if used & set(self.emulated) else ""
+        return _PRELUDE + helpers
 
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
         x, y, z = kernel.block

@@ -17,7 +17,7 @@ import numpy as np
 
 from portkit.abi.backend import Allocator, Compiler, Program
 from portkit.abi.errors import BackendUnavailable, CompileError, PortkitError
-from portkit.codegen.cstyle import function_name
+from portkit.codegen.cstyle import compile_joined, function_name
 
 # -fmad=false: the ABI rounds MUL and ADD separately (only MULACC, rendered as fma, fuses).
 # IEEE division and square root and denormals kept are NVRTC's defaults; they are spelled out
@@ -171,6 +171,12 @@ class CUDACompiler(Compiler):
             return _read(module.nvrtcGetCUBINSize, module.nvrtcGetCUBIN, program)
         finally:
             module.nvrtcDestroyProgram(program)
+
+    def compile_batch(self, sources: list[str]) -> list[bytes | CompileError]:
+        """All `sources` as one NVRTC program (cstyle.compile_joined): its binary is every
+        source's and each program finds its kernel by name. Raises CompileError if the build
+        fails."""
+        return compile_joined(self.compile, sources)
 
 
 class CUDAProgram(Program):

@@ -98,7 +98,9 @@ class OpenCLRenderer(CStyleRenderer):
         lines += [f"#pragma OPENCL EXTENSION cl_khr_fp{bits} : enable"
                   for bits, present in ((16, self.fp16), (64, self.fp64)) if present]
         if {n.dtype for n in kernel.nodes} & set(self.emulated):
-            lines.append(_HELPERS.format(wide="double" if self.fp64 else "float"))
+            # guarded: a batch (cstyle.compile_joined) is many kernels in one program
+            lines += ["#ifndef PK_ONCE_HELPERS", "#define PK_ONCE_HELPERS",
+                      _HELPERS.format(wide="double" if self.fp64 else "float"), "#endif"]
         return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -28,7 +29,7 @@ except ImportError:   # device.find_device reports the backend unavailable, with
 
 from portkit.abi.backend import Allocator, Compiler, Program
 from portkit.abi.errors import CompileError
-from portkit.codegen.cstyle import function_name
+from portkit.codegen.cstyle import compile_joined, function_name
 
 # No -cl-fast-relaxed-math or -cl-mad-enable: they change float results.
 # -w: warnings (e.g. `x || 0` from constant folding) are for hand-written code.
@@ -74,6 +75,7 @@ class OpenCLCompiler(Compiler):
     def __init__(self, context, device):
         self.context, self.device = context, device
         self.lock = driver_lock(device)
+        self.loaded: dict[bytes, cl.Program] = {}
         # "locked": binaries cached before the lock may have been read while half written
         self.cache_key = "|".join((device.platform.version, device.name, device.version,
                                    device.driver_version, *OPTIONS, "locked"))
@@ -87,14 +89,32 @@ class OpenCLCompiler(Compiler):
                                    ".source)", source, str(error)) from None
             return program.binaries[0]
 
+    def compile_batch(self, sources: list[str]) -> list[bytes | CompileError]:
+        """All `sources` as one OpenCL program (cstyle.compile_joined): its binary is every
+        source's and each program finds its kernel by name. Raises CompileError if the build
+        fails."""
+        return compile_joined(self.compile, sources)
+
+    def load(self, binary: bytes):
+        """The program built from `binary`, once per binary: a batch's kernels share one."""
+        digest = hashlib.sha256(binary).digest()
+        with self.lock:
+            program = self.loaded.get(digest)
+            if program is None:
+                program = cl.Program(self.context, [self.device], [binary]).build(OPTIONS)
+                self.loaded[digest] = program
+                if len(self.loaded) > 16:     # a batch's programs are made one after another
+                    del self.loaded[next(iter(self.loaded))]
+        return program
+
 
 class OpenCLProgram(Program):
     """A kernel loaded from a program binary, launched on the device's in-order queue."""
 
     def __init__(self, compiler: OpenCLCompiler, queue, name: str, binary: bytes):
         self.queue, self.lock, self.launched = queue, compiler.lock, False
+        program = compiler.load(binary)
         with self.lock:
-            program = cl.Program(compiler.context, [compiler.device], [binary]).build(OPTIONS)
             self.kernel = cl.Kernel(program, function_name(name))
 
     def __call__(self, buffers, scalars, grid, block, wait: bool = False) -> float | None:

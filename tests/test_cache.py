@@ -2,7 +2,6 @@
 its cap, and `portkit cache info|clear` show and empty it (issues 11, 6 and 17)."""
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import tempfile
@@ -11,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from portkit import cache, runtime
+from portkit import cache, cli, runtime
 from portkit.abi.backend import Compiler
 from portkit.runtime import Runtime
 from tests.test_runtime import axpy
@@ -138,12 +137,8 @@ def test_cache_info_and_clear(cache_dir, capsys):
     cache.compile_cached("b", Counting(), "x")
     about = cache.info()
     assert about["backends"]["b"]["entries"] == 1 and about["bytes"] > 0
-    parser = argparse.ArgumentParser()
-    cache.register(parser.add_subparsers())
-    args = parser.parse_args(["cache", "info"])
-    assert args.run(args) == 0 and str(cache_dir) in capsys.readouterr().out
-    args = parser.parse_args(["cache", "clear"])
-    assert args.run(args) == 0 and "removed" in capsys.readouterr().out
+    assert cli.main(["cache", "info"]) == 0 and str(cache_dir) in capsys.readouterr().out
+    assert cli.main(["cache", "clear"]) == 0 and "removed" in capsys.readouterr().out
     assert cache.info()["bytes"] == 0
 
 

@@ -12,13 +12,15 @@ import pytest
 import torch
 
 from portkit import runtime, schedule
-from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.ops import Op
 from portkit.codegen import pack
 from portkit.codegen.lower import lower
 from portkit.graph import GraphOp
 from portkit.nn import functional as F
+from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor, float16
+
+CAPABILITIES = capabilities()
 
 TF = torch.nn.functional
 LOOPS = dataclasses.replace(CAPABILITIES, threads_are_loops=True)

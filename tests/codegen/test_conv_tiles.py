@@ -11,12 +11,14 @@ import torch
 
 from portkit import schedule
 from portkit.abi import dtypes
-from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.ops import Op
 from portkit.codegen.lower import lower
 from portkit.codegen.plan import SERIAL, THREADED, plan
+from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.symbolic import Div, Mod, var
 from portkit.tensor import Tensor
+
+CAPABILITIES = capabilities()
 
 SERIAL_CAPS = dataclasses.replace(CAPABILITIES, threads_are_loops=True)
 

@@ -11,10 +11,12 @@ import pytest
 
 import portkit.codegen
 from portkit import backends, runtime, schedule
-from portkit.abi.interpreter import CAPABILITIES
 from portkit.codegen.lower import lower
+from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.schedule import stages
 from portkit.tensor import Tensor
+
+CAPABILITIES = capabilities()
 
 VENDOR = "vendor-host-cpu"
 

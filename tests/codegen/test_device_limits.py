@@ -11,10 +11,12 @@ import pytest
 
 from portkit import backends, runtime, schedule
 from portkit.abi import CapabilityError, Kernel, KernelBuilder, Op, dtypes
-from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.interpreter import run as interpret
+from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.schedule import stages
 from portkit.tensor import Tensor
+
+CAPABILITIES = capabilities()
 
 SMALL = "interpreter-small-limits"
 BUDGET, LONGEST = 256, 24

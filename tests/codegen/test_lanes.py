@@ -12,12 +12,14 @@ import pytest
 
 from portkit import runtime, schedule
 from portkit.abi import KernelBuilder, Op, dtypes
-from portkit.abi.interpreter import CAPABILITIES
 from portkit.codegen import lanes
 from portkit.codegen.lower import lower
 from portkit.reference_backends.cpu.renderer import CPURenderer
 from portkit.reference_backends.cpu.runtime import cpu_flags
+from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor
+
+CAPABILITIES = capabilities()
 
 F32 = dtypes.float32
 WIDTHS = {F32: 16}

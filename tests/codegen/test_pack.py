@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 from portkit import runtime, schedule
-from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.ops import Op
 from portkit.codegen import pack
 from portkit.codegen.lower import lower
+from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor
+
+CAPABILITIES = capabilities()
 
 RNG = np.random.default_rng(0)
 # a device whose threads are loops, as the CPU backend declares, on the interpreter's datasheet

@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 
 from portkit import runtime, schedule
-from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.ops import Op
 from portkit.codegen import tiles
 from portkit.codegen.lower import lower
 from portkit.reference_backends.cuda.renderer import CUDARenderer
+from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.reference_backends.metal.renderer import MetalRenderer
 from portkit.tensor import Tensor
+
+CAPABILITIES = capabilities()
 
 torch = pytest.importorskip("torch")
 RNG = np.random.default_rng(0)

@@ -5,12 +5,14 @@ import numpy as np
 import pytest
 
 from portkit import runtime, schedule
-from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.kernel import validate
 from portkit.abi.ops import Op
 from portkit.codegen.lower import lower
 from portkit.codegen.plan import launch_shape, plan
+from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor
+
+CAPABILITIES = capabilities()
 
 
 def _only_item(t: Tensor) -> schedule.ScheduleItem:

@@ -157,6 +157,7 @@ def show(rows: list[dict]) -> None:
     from rich.table import Table
 
     console = Console()
+    console = console if console.is_terminal else Console(width=160)   # a log keeps its rows
     table = Table(title="portkit.onnx vs onnxruntime (CPUExecutionProvider) and torch")
     for column in ("model", "backend", "batch", "portkit ms", "onnxruntime ms", "torch ms",
                    "x onnxruntime", "first call s", "max error", "kernels"):

@@ -19,7 +19,7 @@ ort = pytest.importorskip("onnxruntime", reason="pip install 'portkit[onnx]'")
 pytest.importorskip("torch", reason="the models are exported from PyTorch")
 pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import zoo  # noqa: E402  (benchmarks/ is no package)
+import zoo  # benchmarks/ is no package
 
 BACKENDS = [name for name, reason in backends.available().items() if reason is None]
 

@@ -229,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_isolated((name, size, batch, backend, args.repeat, args.threads),
                                    args.timeout, args.cold)
                 rows.append({"model": name, "backend": backend, "batch": batch} | row)
+                # written after every row, so a run stopped midway keeps what it measured
+                Path(args.json).write_text(json.dumps({"load": os.getloadavg(), "size": size,
+                                                       "rows": rows}, indent=1))
     show(rows)
-    Path(args.json).write_text(json.dumps({"load": os.getloadavg(), "size": size,
-                                           "rows": rows}, indent=1))
     print(f"json: {args.json}")
     chart(rows, args.chart)
     return 0

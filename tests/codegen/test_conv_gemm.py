@@ -13,16 +13,16 @@ import torch
 
 from portkit import runtime, schedule
 from portkit.abi import interpreter
-from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.ops import Op
 from portkit.codegen import pack
 from portkit.codegen.lower import lower
 from portkit.graph import GraphOp
 from portkit.nn import functional as F
+from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor, float16
 
 TF = torch.nn.functional
-LOOPS = dataclasses.replace(CAPABILITIES, threads_are_loops=True)
+LOOPS = dataclasses.replace(capabilities(), threads_are_loops=True)
 
 
 def _data(*shape: int, seed: int = 0) -> np.ndarray:

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from portkit import runtime, schedule
-from portkit.abi.interpreter import CAPABILITIES
 from portkit.abi.ops import Op
 from portkit.codegen import pack
 from portkit.codegen.lower import lower
+from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor
 
 RNG = np.random.default_rng(0)
 # a device whose threads are loops, as the CPU backend declares, on the interpreter's datasheet
-LOOPS = dataclasses.replace(CAPABILITIES, threads_are_loops=True)
+LOOPS = dataclasses.replace(capabilities(), threads_are_loops=True)
 
 
 def _item(a: np.ndarray, b: np.ndarray, device: str = "interpreter", transposed: bool = False):

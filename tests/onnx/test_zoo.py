@@ -22,6 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import zoo  # benchmarks/ is no package
 
 BACKENDS = [name for name, reason in backends.available().items() if reason is None]
+# each model compiles tens of kernels on its first call: 5-100 s per model and backend on a
+# loaded 2-core host (the export, once, 5-16 s)
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

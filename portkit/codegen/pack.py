@@ -41,7 +41,7 @@ from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.plan import SERIAL, Limits, divisor, load_steps, serial
+from portkit.codegen.plan import SERIAL, Limits, load_steps, serial
 from portkit.codegen.tiles import Contraction, match
 from portkit.graph import GraphOp, Lazy
 from portkit.symbolic import Bound, Lin, const, recombine, unravel
@@ -86,8 +86,10 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     if not serial(caps) or caps.local_memory_bytes <= 0:
         return None
     reduce = _under_epilogue(root, {id(x) for x in inputs})
+    # a conv's output rows fold into m where its row is short (7 wide at ResNet's last stage):
+    # 49 rows give 7 x 32 register blocks, 7 of them sharing each B panel
     found = None if reduce is None else match(
-        reduce, lambda node, name: load_steps(node, inputs, name))
+        reduce, lambda node, name: load_steps(node, inputs, name), rows=limits.vector)
     if found is None:
         return None
     m, n, k = found.sizes
@@ -95,7 +97,10 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         return None
     # a narrow output (a classifier's 10 logits) takes half a block: one vector of float32
     width = limits.vector if n > limits.vector // 2 else limits.vector // 2
-    rows = divisor(m, limits.reuse)     # register rows divide m: A is read in place, ungated
+    # register rows divide m's last axis (A is read in place, ungated, and a block of a
+    # folded m stays within one output row): the most, up to `reuse`
+    row = found.reduce.src[0].shape[found.m]
+    rows = max(d for d in range(1, limits.reuse + 1) if row % d == 0)
     tiles = m // rows
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
     panels = ceil(n / width)
@@ -184,7 +189,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     shape = red.src[0].shape
     m_size, n_size, k_size = found.sizes
     wide = found.accumulate
-    batch = [a for a in range(len(shape)) if a not in (found.m, found.n, found.k)]
+    batch = [a for a in range(len(shape)) if a not in (*found.m_axes, found.n, found.k)]
     across = p.rows * p.blocks          # rows per workgroup
     grid_shape = (*(shape[a] for a in batch), m_size // across,
                   ceil(n_size / p.width) // p.spans)
@@ -198,7 +203,9 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         idx = [const(0)] * len(shape)
         for axis, value in zip(batch, batch_idx):
             idx[axis] = value
-        idx[found.m], idx[found.n], idx[found.k] = m, n, k
+        for axis, value in zip(found.m_axes, unravel(m, [shape[a] for a in found.m_axes])):
+            idx[axis] = value
+        idx[found.n], idx[found.k] = n, k
         return idx
 
     edge = n_size % p.width != 0        # the last panel is partly past N: staged as zeros

@@ -106,16 +106,23 @@ class Contraction:
     k: int
     accumulate: DType      # float32 for 16-bit floats
     contiguous_k: tuple[bool, bool]   # whether left, right step by 1 along k somewhere
+    fold: tuple[int, ...] = ()        # output axes before m read as part of it (outer first)
+
+    @property
+    def m_axes(self) -> tuple[int, ...]:
+        """The output axes that together are m, outer first (m itself last)."""
+        return (*self.fold, self.m)
 
     @property
     def sizes(self) -> tuple[int, int, int]:
         shape = self.reduce.src[0].shape
-        return shape[self.m], shape[self.n], shape[self.k]
+        return prod(shape[a] for a in self.m_axes), shape[self.n], shape[self.k]
 
     def key(self) -> str:
         """The structure the best tiling depends on: shapes, axes, dtype, operand layouts."""
         layout = "".join("k" if along else "-" for along in self.contiguous_k)
-        return (f"{self.reduce.src[0].shape}|m{self.m}n{self.n}k{self.k}|{layout}|"
+        folded = "".join(f"f{a}" for a in self.fold)
+        return (f"{self.reduce.src[0].shape}|{folded}m{self.m}n{self.n}k{self.k}|{layout}|"
                 f"{self.reduce.dtype.name}")
 
 
@@ -128,9 +135,11 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities, steps) -> Contracti
     return match(root, steps)
 
 
-def match(root: Lazy, steps) -> Contraction | None:
+def match(root: Lazy, steps, rows: int = 0) -> Contraction | None:
     """The contraction `root` computes (a float sum of one product over one axis, outputs
-    along m and n at least _MIN_SIDE wide), on any device; None if it is not one."""
+    along m and n at least _MIN_SIDE wide), on any device; None if it is not one. With `rows`,
+    m-like output axes just before m are folded into it until m has at least `rows` elements
+    (a convolution's output rows onto its 7-wide columns)."""
     node = root
     if (node.op is GraphOp.VIEW and node.arg.is_contiguous
             and prod(node.shape) == prod(node.src[0].shape)):
@@ -153,11 +162,14 @@ def match(root: Lazy, steps) -> Contraction | None:
     if not ms or not ns:
         return None
     m, n = ms[-1], ns[-1]
-    if min(src.shape[m], src.shape[n], src.shape[k]) < _MIN_SIDE:
+    fold: tuple[int, ...] = ()
+    while (m - len(fold) - 1) in ms and prod(src.shape[a] for a in (*fold, m)) < rows:
+        fold = (m - len(fold) - 1, *fold)
+    if min(prod(src.shape[a] for a in (*fold, m)), src.shape[n], src.shape[k]) < _MIN_SIDE:
         return None
     wide = dtypes.float32 if node.dtype.itemsize == 2 else node.dtype
     along_k = (1 in steps(left, f"o{k}"), 1 in steps(right, f"o{k}"))
-    return Contraction(node, left, right, m, n, k, wide, along_k)
+    return Contraction(node, left, right, m, n, k, wide, along_k, fold)
 
 
 def choose(found: Contraction, caps: Capabilities, tuned: Tiling | None = None

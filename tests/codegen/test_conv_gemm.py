@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from portkit import runtime, schedule
+from portkit.abi import interpreter
 from portkit.abi.ops import Op
 from portkit.codegen import pack
 from portkit.codegen.lower import lower
@@ -23,7 +24,7 @@ from portkit.tensor import Tensor, float16
 CAPABILITIES = capabilities()
 
 TF = torch.nn.functional
-LOOPS = dataclasses.replace(CAPABILITIES, threads_are_loops=True)
+LOOPS = dataclasses.replace(capabilities(), threads_are_loops=True)
 
 
 def _data(*shape: int, seed: int = 0) -> np.ndarray:
@@ -50,8 +51,9 @@ def test_a_conv_on_a_device_whose_threads_are_loops_is_a_packed_matmul():
     assert found is not None, "the conv's sum is not seen as a matmul"
     contraction, _ = found
     shape = contraction.reduce.src[0].shape
-    # M runs along the output row, N over the output channels, K over 16 channels x 3 x 3
-    assert contraction.sizes == (16, 32, 16 * 9) and shape[contraction.m] == 16
+    # M runs along the output row (and, the row being under 32 wide, over the 12 rows), N
+    # over the output channels, K over 16 channels x 3 x 3
+    assert contraction.sizes == (12 * 16, 32, 16 * 9) and shape[contraction.m] == 16
     ops = [n.op for n in lower(item.root, item.inputs, LOOPS).nodes]
     assert Op.LOCAL in ops and Op.MULACC in ops
 
@@ -84,6 +86,8 @@ CASES = [
     ((2, 5, 10, 33), (20, 5, 5, 3), {"stride": (1, 2), "padding": (2, 0)}),
     ((2, 16, 70), (32, 16, 5), {"padding": 2}),
     ((1, 8, 5, 6, 17), (16, 8, 3, 3, 3), {"padding": 1}),
+    ((2, 32, 7, 7), (64, 32, 3, 3), {"padding": 1}),          # rows folded into M = 49
+    ((1, 24, 13, 11), (32, 24, 3, 3), {"stride": 2, "padding": 1}),   # M = 7 x 6
 ]
 
 
@@ -151,3 +155,39 @@ def test_float16_packed_conv_and_its_gradients_round_once():
         expected = theirs.detach().numpy()
         np.testing.assert_allclose(ours.numpy().astype(np.float64), expected, rtol=1e-3,
                                    atol=1e-3 * np.abs(expected).max())
+
+
+def test_a_conv_on_a_7x7_map_folds_its_rows_into_m():
+    # ResNet-18's last stage, 512 channels on a 7 x 7 map (K = 4608): a 7-wide row alone is
+    # too short for a matmul's M (it ran as 512 x 49 scalar dot products, about 1 GFLOP/s);
+    # the output rows fold into M = 49, cut into register blocks of 7 (one output row each)
+    item = _conv_item(_data(1, 512, 7, 7), _data(512, 512, 3, 3, seed=1), padding=1)
+    found = pack.find(item.root, item.inputs, LOOPS)
+    assert found is not None, "the 7 x 7 conv's sum is not packed"
+    contraction, packing = found
+    shape = contraction.reduce.src[0].shape
+    assert contraction.sizes == (49, 512, 4608)
+    assert [shape[a] for a in contraction.m_axes] == [7, 7]
+    assert contraction.fold == (contraction.m - 1,)
+    assert packing.rows == 7 and 49 % (packing.rows * packing.blocks) == 0
+
+
+def test_a_long_row_is_not_folded():
+    item = _conv_item(_data(1, 16, 4, 40), _data(32, 16, 3, 3, seed=1), padding=1)
+    contraction, packing = pack.find(item.root, item.inputs, LOOPS)
+    assert contraction.fold == () and contraction.sizes == (40, 32, 144)
+    assert packing.rows == 8
+
+
+def test_a_folded_conv_computes_in_the_interpreter():
+    x, w = _data(1, 8, 3, 4), _data(40, 8, 3, 3, seed=1)
+    item = _conv_item(x, w, padding=1)
+    contraction, packing = pack.find(item.root, item.inputs, LOOPS)
+    assert contraction.sizes == (12, 40, 72) and packing.rows == 4
+    kernel = lower(item.root, item.inputs, LOOPS)
+    # the kernel reads the input as scheduled (padded by a copy before it, or in place)
+    by_size = {a.size: a.ravel() for a in (x, w, np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))))}
+    out = np.zeros(40 * 3 * 4, np.float32)
+    interpreter.run(kernel, [out, *(by_size[node.size] for node in item.inputs)])
+    expected = TF.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), padding=1)
+    _close(torch.from_numpy(out.reshape(1, 40, 3, 4)), expected, 72)

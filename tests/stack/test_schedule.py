@@ -1,5 +1,6 @@
 """Fusion is visible in Tensor.schedule(), and training layers and optimizers work."""
 import numpy as np
+import pytest
 
 from portkit import nn, optim
 from portkit.abi.ops import Op
@@ -97,3 +98,52 @@ def test_long_reduce_into_few_outputs_splits_across_groups():
     np.testing.assert_array_equal(Tensor(ints, device="cpu").max(axis=None).numpy(), ints.max())
     summed = Tensor(ints, device="cpu").sum(axis=1)
     np.testing.assert_array_equal(summed.numpy(), ints.sum(1, dtype=np.int32))
+
+
+DEEP_CHAIN = """
+import sys
+from portkit.tensor import Tensor
+x0 = Tensor([[1.0, 2.0], [3.0, 4.0]], device=sys.argv[1], requires_grad=True)
+x = x0
+for i in range(int(sys.argv[2])):
+    x = x + 1 if sys.argv[3] == "add" else (x + 1).T
+print(x.numpy().ravel().tolist())
+x.sum().backward()
+print(x0.grad.numpy().ravel().tolist())
+"""
+
+
+def _deep_chain(device: str, length: int, kind: str) -> list[str]:
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", DEEP_CHAIN, device, str(length), kind],
+                         check=False, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    return ran.stdout.splitlines()
+
+
+@pytest.mark.parametrize("kind", ["add", "transpose"])
+def test_a_chain_of_20000_ops_runs_forward_and_backward(backend, kind):
+    """20,000 chained adds segfaulted on cpu and opencl: a recursive walk of the fused kernel
+    overflowed the C stack. Kernels now fuse at most MAX_FUSED_DEPTH ops along a path."""
+    n = 20_000      # an even number of transposes leaves the layout as it was
+    want = [1.0 + n, 2.0 + n, 3.0 + n, 4.0 + n]
+    assert _deep_chain(backend, n, kind) == [str(want), str([1.0] * 4)]
+
+
+@pytest.mark.slow
+def test_a_chain_of_100000_adds_runs_forward_and_backward():
+    n = 100_000
+    assert _deep_chain("cpu", n, "add") == [str([1.0 + n, 2.0 + n, 3.0 + n, 4.0 + n]),
+                                            str([1.0] * 4)]
+
+
+def test_a_deep_chain_is_cut_into_kernels_of_bounded_depth():
+    from portkit.schedule import MAX_FUSED_DEPTH
+
+    x = Tensor(np.zeros(4, np.float32))
+    for _ in range(2 * MAX_FUSED_DEPTH + 500):
+        x = x + 1
+    assert len(x.schedule()) == 3
+    assert x.numpy().tolist() == [2 * MAX_FUSED_DEPTH + 500.0] * 4

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from portkit import graph, runtime, stages
+from portkit import graph, kernel_limits, runtime, stages
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError
 from portkit.abi.kernel import Kernel
@@ -130,7 +130,7 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
         if into is not None and (max_loop_trips is None or fused[into] + length <= chunk):
             fused[into] += length
             realize.discard(id(node))
-    _cut_deep(order, realize)
+    kernel_limits.cut_deep(order, realize)
     while True:
         items = [ScheduleItem(n, _inputs(n, realize)) for n in order if id(n) in realize]
         too_big = [it for it in items if max_buffers and len(it.inputs) + 1 > max_buffers]
@@ -145,23 +145,6 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             raise CapabilityError(
                 f"{too_big[0].root} reads {len(too_big[0].inputs)} buffers at once but the "
                 f"device allows {max_buffers} per kernel; use a device with more buffers")
-
-
-# Ops fused into one kernel along any path, at most: a chain of 100,000 adds becomes 100
-# kernels of 1,000, so no walk of one kernel's graph (lowering, rendering, the C compiler's own)
-# gets deeper than that, and kernels of one structure compile once.
-MAX_FUSED_DEPTH = 1000
-
-
-def _cut_deep(order: list[Lazy], realize: set[int]) -> None:
-    """Adds to `realize` (kernel roots) the nodes of `order` (sources first) where a path of
-    fused ops would pass MAX_FUSED_DEPTH; a view is never cut (it may be an expand)."""
-    depth: dict[int, int] = {}
-    for node in order:
-        deepest = max((depth.get(id(s), 0) for s in node.src if id(s) not in realize), default=0)
-        depth[id(node)] = deepest + 1
-        if deepest >= MAX_FUSED_DEPTH and node.op is not GraphOp.VIEW:
-            realize.add(id(node))
 
 
 def _reads_once(node: Lazy) -> bool:
@@ -604,6 +587,8 @@ def realize(outs: list[Lazy]) -> None:
         _replay(steps, nodes)
         return
     items = schedule(outs)
+    kernel_limits.check_sizes([i.root for i in items],
+                              lambda name: device(name).capabilities.max_buffer_bytes)
     _compile_ahead(items)
     steps, code = _run(items, {id(n): k for k, n in enumerate(nodes)})
     if steps is not None and code:

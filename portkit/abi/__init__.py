@@ -27,7 +27,7 @@ from portkit.abi.kernel import Kernel, KernelBuilder, Node, validate
 from portkit.abi.ops import Op
 
 # 0.x until all five reference backends pass conformance; then 1.0 and frozen.
-ABI_VERSION = "0.5"
+ABI_VERSION = "0.6"
 
 __all__ = [
     "ABI_VERSION", "Allocator", "Backend", "BackendUnavailable", "Capabilities", "CapabilityError",

@@ -7,6 +7,7 @@ import operator
 from collections.abc import Callable, Sequence
 
 from portkit.abi.errors import PortkitError
+from portkit.graph import check_elements
 
 ShapeLike = int | Sequence[int]
 AxisLike = int | Sequence[int] | None
@@ -51,10 +52,12 @@ def inferred_shape(shape: tuple[int, ...], numel: int) -> tuple[int, ...]:
 
 
 def as_sizes(shape: Sequence[ShapeLike]) -> tuple[int, ...]:
-    """as_shape() of a new tensor's shape, whose sizes may not be negative."""
+    """as_shape() of a new tensor's shape, whose sizes may not be negative and whose elements
+    kernels can index (graph.TooLarge past 2^31 - 1)."""
     sizes = as_shape(shape)
     if any(s < 0 for s in sizes):
         raise RuntimeError(f"cannot create a tensor with a negative dimension: {sizes}")
+    check_elements(sizes)
     return sizes
 
 

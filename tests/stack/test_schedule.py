@@ -140,10 +140,53 @@ def test_a_chain_of_100000_adds_runs_forward_and_backward():
 
 
 def test_a_deep_chain_is_cut_into_kernels_of_bounded_depth():
-    from portkit.schedule import MAX_FUSED_DEPTH
+    from portkit.kernel_limits import MAX_FUSED_DEPTH
 
     x = Tensor(np.zeros(4, np.float32))
     for _ in range(2 * MAX_FUSED_DEPTH + 500):
         x = x + 1
     assert len(x.schedule()) == 3
     assert x.numpy().tolist() == [2 * MAX_FUSED_DEPTH + 500.0] * 4
+
+
+def test_a_kernel_output_past_the_int32_index_range_is_refused_before_allocating():
+    from portkit.graph import TooLarge
+
+    wide = Tensor.zeros(1).expand(2**31) + 1       # written as a view, refused at realize
+    with pytest.raises(TooLarge, match="2,147,483,648 elements"):
+        wide.realize()
+
+
+def test_a_tensor_past_the_devices_largest_buffer_is_refused_before_allocating(
+        backend, monkeypatch):
+    import dataclasses
+
+    from portkit import runtime
+    from portkit.graph import TooLarge
+
+    rt = runtime.get(backend)
+    small = dataclasses.replace(rt.device.capabilities, max_buffer_bytes=1024)
+    monkeypatch.setattr(rt, "device", dataclasses.replace(rt.device, capabilities=small))
+    allocations = []
+    alloc = rt.device.allocator.alloc
+    monkeypatch.setattr(rt.device.allocator, "alloc", lambda *a: allocations.append(a) or
+                        alloc(*a))
+    assert (Tensor.ones(256) * 2).numpy().tolist() == [2.0] * 256      # 1,024 bytes fit
+    allocations.clear()
+    with pytest.raises(TooLarge, match=f"device '{backend}' allocates at most 1,024 per buffer"):
+        (Tensor.ones(257) * 2).realize()
+    assert allocations == []
+
+
+def test_webgpu_declares_its_binding_limit():
+    from portkit import backends
+
+    if backends.available().get("webgpu") is not None:
+        pytest.skip("webgpu does not load here")
+    from portkit import runtime
+    from portkit.graph import TooLarge
+
+    limit = runtime.get("webgpu").capabilities.max_buffer_bytes
+    assert limit is not None and limit >= 2**27        # WebGPU guarantees 128 MiB
+    with pytest.raises(TooLarge, match="Capabilities.max_buffer_bytes"):
+        Tensor.zeros(limit // 4 + 1, device="webgpu").realize()

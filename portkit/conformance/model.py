@@ -92,13 +92,12 @@ def example_inputs(proto: Any, inputs: str | Path | None = None, seed: int = 0
 def check(target: Target, path: str | Path, inputs: str | Path | None = None,
           options: Options | None = None, reference: str = "cpu") -> Report:
     """Runs the model at `path` on `target` and on `reference`; one result per graph output."""
-    import onnx
-
     from portkit.onnx import load
+    from portkit.onnx.validate import read
 
     options = dataclasses.replace(options or Options(), tiers=(TIER,))
     start = time.perf_counter()
-    proto = onnx.load(str(path))
+    proto = read(Path(path))
     values = example_inputs(proto, inputs, options.seed)
     device = stack_device(target)
     ours, theirs = load(proto, device=device), load(proto, device=reference)

@@ -118,6 +118,10 @@ def test_conform_model_on_the_command_line(broken, fake_backends, tmp_path, caps
     assert main(["conform", "--backend", "interpreter", *replay.split()]) == 0
     assert main(["conform", "--backend", "broken-sin", *replay.split()]) == 1
     assert main(["conform", "--backend", "interpreter", "--model", str(tmp_path / "no.onnx")]) == 2
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    assert main(["conform", "--backend", "interpreter", "--model",
+                 str(tmp_path / "empty.onnx")]) == 2
+    assert "empty (0 bytes), not an ONNX model" in capsys.readouterr().out
 
 
 def one_node_after(path, first: str, then: list, shape=(1, 8, 64, 64), opset=18):

@@ -136,8 +136,24 @@ class BackendConflict(UserWarning):
 
 
 def distribution(point: metadata.EntryPoint) -> str:
-    """The name of the package that registered `point` (its module's top level if unknown)."""
-    return point.dist.name if point.dist else point.module.split(".")[0]
+    """The name of the package that registered `point` (its module's top level if unknown, its
+    value if that is not `module:attribute`)."""
+    if point.dist:
+        return point.dist.name
+    found = point.pattern.match(point.value)
+    return found.group("module").split(".")[0] if found else repr(point.value)
+
+
+def malformed(point: metadata.EntryPoint) -> BrokenBackend | None:
+    """The error for an entry point whose value is not `module:attribute` (such as `::::`),
+    else None."""
+    if point.pattern.match(point.value):
+        return None
+    return BrokenBackend(f"broken backend package: entry point {point.name!r} in the {GROUP!r} "
+                         f"group has the value {point.value!r}, not 'module:attribute'",
+                         f"write it as {point.name} = \"package.module:backend\" under "
+                         f'[project.entry-points."{GROUP}"] in the package\'s pyproject.toml '
+                         "and reinstall it")
 
 
 def choose(points: list[metadata.EntryPoint]) -> tuple[metadata.EntryPoint, BrokenBackend | None]:
@@ -168,6 +184,9 @@ def load_point(point: metadata.EntryPoint) -> Device | BackendUnavailable | Capa
     (KeyboardInterrupt still stops the caller; os._exit cannot be caught: `portkit backends`
     probes in a subprocess for that, portkit.conformance in its worker.)"""
     name = point.name
+    broken = malformed(point)
+    if broken:
+        return broken
     try:
         backend = point.load()
         if not isinstance(backend, Backend):

@@ -97,8 +97,8 @@ def _read_entry(path: Path, key: bytes) -> bytes | None:
         with contextlib.suppress(OSError):
             os.utime(path)   # most recently used: the size cap removes the oldest first
         return binary
-    if data.startswith(MAGIC):    # an entry from before MAGIC existed is only stale
-        _report(f"entry {path} was corrupt or another kernel's; deleted and rebuilt")
+    _report(f"entry {path} was empty, truncated, corrupt or another kernel's; deleted and "
+            "rebuilt")
     with contextlib.suppress(OSError):
         path.unlink()
     return None

@@ -16,8 +16,25 @@ from typing import Any, NamedTuple, TypeVar
 
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
+from portkit.abi.errors import PortkitError
 from portkit.abi.ops import COMPARISON, Op
 from portkit.view import Shape, ShapeTracker
+
+# Kernels index elements with int32 (the ABI's index type): a tensor has at most this many.
+MAX_ELEMENTS = 2**31 - 1
+
+
+class TooLarge(PortkitError, RuntimeError):
+    """A tensor past a size limit: more elements than int32 indexes, or more bytes than the
+    device's largest buffer (Capabilities.max_buffer_bytes). Raised before any allocation."""
+
+
+def check_elements(shape: Sequence[int]) -> None:
+    """Raises TooLarge if a tensor of `shape` has more elements than kernels can index."""
+    if prod(shape) > MAX_ELEMENTS:
+        raise TooLarge(f"a tensor of shape {tuple(shape)} has {prod(shape):,} elements; kernels "
+                       f"index elements with int32, so a tensor holds at most {MAX_ELEMENTS:,} "
+                       "(2^31 - 1): split it into smaller tensors")
 
 
 class GraphOp(Enum):

@@ -243,3 +243,14 @@ def test_the_scaffold_declares_the_abi_it_was_written_for():
     template = json.loads((Path(__file__).parents[1] / "templates" / "backend" /
                            "cookiecutter.json").read_text())
     assert template["_abi_version"] == ABI_VERSION
+
+
+@pytest.mark.parametrize("value", ["::::", "", "pkg.mod:", ":backend"])
+def test_a_malformed_entry_point_value_is_a_broken_package_naming_it(fake_backends, value):
+    fake_backends({"odd": value, "interpreter": INTERPRETER})
+    with pytest.raises(backends.BrokenBackend) as caught:
+        backends.load("odd")
+    message = str(caught.value)
+    assert "entry point 'odd'" in message and f"value {value!r}" in message
+    assert 'odd = "package.module:backend"' in message
+    assert backends.available()["interpreter"] is None

@@ -34,7 +34,8 @@ class Counting(Compiler):
         return ("binary of " + source).encode()
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "other kernel"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "other kernel", "empty", "random",
+                                    "magic"])
 def test_a_bad_entry_is_deleted_rebuilt_and_reported_once(cache_dir, damage):
     compiler = Counting()
     assert cache.compile_cached("b", compiler, "one") == b"binary of one"
@@ -45,6 +46,12 @@ def test_a_bad_entry_is_deleted_rebuilt_and_reported_once(cache_dir, damage):
         one.write_bytes(data[:len(data) // 2])
     elif damage == "flip":
         one.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    elif damage == "empty":
+        one.write_bytes(b"")
+    elif damage == "random":
+        one.write_bytes(np.random.default_rng(0).bytes(len(data)))
+    elif damage == "magic":
+        one.write_bytes(b"X" + data[1:])
     else:   # a valid entry of another kernel planted under this one's name
         one.write_bytes(_entry_for(cache_dir, compiler, "two").read_bytes())
     with pytest.warns(cache.CacheWarning, match="deleted and rebuilt"):

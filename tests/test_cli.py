@@ -193,3 +193,15 @@ def test_docs_lists_pages_shows_one_and_names_a_close_match(capsys):
     assert capsys.readouterr().out.strip().endswith("abi.md")
     assert main(["docs", "portin"]) == 2
     assert "did you mean porting" in capsys.readouterr().err
+
+
+def test_backends_reports_a_malformed_entry_point_without_a_traceback(fake_backends, wide,
+                                                                      capsys):
+    fake_backends({"odd": "::::", "interpreter": "portkit.abi.interpreter:backend"})
+    assert main(["backends"]) == 0
+    captured = capsys.readouterr()
+    table = rows(captured.out)
+    assert table["odd"].startswith("odd|broken|broken backend package: entry point 'odd' in "
+                                   "the 'portkit.backends' group has the value '::::'")
+    assert "SIGKILL" not in captured.out and "Traceback" not in captured.out + captured.err
+    assert table["interpreter"] == "interpreter|available|numpy"

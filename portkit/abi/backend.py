@@ -48,6 +48,10 @@ class Capabilities:
     # aborted past 252 characters); the runtime hands the backend a longer name as its start
     # and a hash. None: no limit.
     max_name_length: int | None = None
+    # The largest buffer the device allocates and binds to a kernel, in bytes (WebGPU's
+    # maxStorageBufferBindingSize, OpenCL's CL_DEVICE_MAX_MEM_ALLOC_SIZE); the scheduler
+    # refuses a larger tensor before allocating. None: no limit but memory.
+    max_buffer_bytes: int | None = None
     peak_gflops: float | None = None        # float32, for the performance tier
     peak_bandwidth_gbs: float | None = None
     device_name: str = ""
@@ -76,7 +80,8 @@ class Capabilities:
         if self.max_block_threads < 1 or self.max_buffers < 2 or self.local_memory_bytes < 0:
             raise fail("max_block_threads must be >= 1, max_buffers >= 2, "
                        "local_memory_bytes >= 0")
-        for name, least in (("max_loop_trips", 64), ("max_name_length", 16)):
+        for name, least in (("max_loop_trips", 64), ("max_name_length", 16),
+                            ("max_buffer_bytes", 1)):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= least):
                 raise fail(f"{name} must be None (no limit) or an int >= {least}, got {value!r}")

@@ -43,7 +43,7 @@ from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.codegen.plan import SERIAL, Limits, load_steps, serial
 from portkit.codegen.tiles import Contraction, match
-from portkit.graph import GraphOp, Lazy
+from portkit.graph import GraphOp, Lazy, walk
 from portkit.symbolic import Bound, Lin, const, recombine, unravel
 from portkit.view import strides_for
 
@@ -315,18 +315,17 @@ def _under_epilogue(root: Lazy, params: set[int]) -> Lazy | None:
             continue
         if not isinstance(node.op, Op) or node.shape != root.shape:
             return None
-        holding = [s for s in node.src if _holds_reduce(s, params, set())]
+        holding = [s for s in node.src if _holds_reduce(s, params)]
         if len(holding) != 1:
             return None
         node = holding[0]
     return node if id(node) not in params else None
 
 
-def _holds_reduce(node: Lazy, params: set[int], seen: set[int]) -> bool:
-    if id(node) in params or id(node) in seen:
-        return False
-    seen.add(id(node))
-    return node.op is GraphOp.REDUCE or any(_holds_reduce(s, params, seen) for s in node.src)
+def _holds_reduce(node: Lazy, params: set[int]) -> bool:
+    """Whether a REDUCE feeds `node` (or is it) without passing through a kernel parameter."""
+    found = walk([node], stop=lambda n: id(n) in params or n.op is GraphOp.REDUCE).stopped
+    return any(n.op is GraphOp.REDUCE and id(n) not in params for n in found)
 
 
 class _loop:

@@ -189,40 +189,42 @@ def _names(expr: Lin) -> set[str]:
     return out
 
 
-def _accesses(node: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
+def _accesses(root: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
               reduces: list[Lazy], seen: set, gated: set[str]) -> None:
     """Collects the flat index of every load (over variables o<axis>, r<axis>), the reduces,
-    and into `gated` the variables that a load's padding gate depends on."""
-    key = (id(node), tuple(idx))
-    if key in seen:
-        return
-    seen.add(key)
-    if id(node) in params:
-        loads.append(recombine(sum((i * st for i, st in zip(idx, strides_for(node.shape)) if st),
-                                   Lin())))
-    elif node.op is GraphOp.VIEW:
-        flat, conds = node.arg.index(idx)
-        for cond in bounds(conds) or ():
-            gated |= _names(cond.expr)
-        src = node.src[0]
-        if id(src) in params:
-            loads.append(flat)
-        else:
-            _accesses(src, unravel(flat, src.shape), params, loads, reduces, seen, gated)
-    elif node.op is GraphOp.REDUCE:
-        if node not in reduces:
-            reduces.append(node)
-        inner = list(idx)
-        for axis in node.arg[1]:
-            inner[axis] = var(f"r{axis}", 0, node.src[0].shape[axis] - 1)
-        _accesses(node.src[0], inner, params, loads, reduces, seen, gated)
-    elif node.op is GraphOp.GATHER:
-        src, index, _ = node.src      # the fault flag is only stored to
-        _accesses(index, [const(0) if n == 1 else i for i, n in zip(idx, index.shape)], params,
-                  loads, reduces, seen, gated)
-        inner = list(idx)
-        inner[node.arg.axis] = var(f"g{node.arg.axis}", 0, src.shape[node.arg.axis] - 1)
-        _accesses(src, inner, params, loads, reduces, seen, gated)
-    elif node.op not in (GraphOp.CONST, GraphOp.ITER):
-        for s in node.src:
-            _accesses(s, idx, params, loads, reduces, seen, gated)
+    and into `gated` the variables that a load's padding gate depends on. Depth first, left
+    source first, with a stack of its own: a user's chain of ops may be 100,000 deep."""
+    stack = [(root, idx)]
+    while stack:
+        node, idx = stack.pop()
+        key = (id(node), tuple(idx))
+        if key in seen:
+            continue
+        seen.add(key)
+        if id(node) in params:
+            loads.append(recombine(sum((i * st for i, st in zip(idx, strides_for(node.shape))
+                                        if st), Lin())))
+        elif node.op is GraphOp.VIEW:
+            flat, conds = node.arg.index(idx)
+            for cond in bounds(conds) or ():
+                gated |= _names(cond.expr)
+            src = node.src[0]
+            if id(src) in params:
+                loads.append(flat)
+            else:
+                stack.append((src, unravel(flat, src.shape)))
+        elif node.op is GraphOp.REDUCE:
+            if node not in reduces:
+                reduces.append(node)
+            inner = list(idx)
+            for axis in node.arg[1]:
+                inner[axis] = var(f"r{axis}", 0, node.src[0].shape[axis] - 1)
+            stack.append((node.src[0], inner))
+        elif node.op is GraphOp.GATHER:
+            src, index, _ = node.src      # the fault flag is only stored to
+            inner = list(idx)
+            inner[node.arg.axis] = var(f"g{node.arg.axis}", 0, src.shape[node.arg.axis] - 1)
+            stack.append((src, inner))    # the index first, as the stack pops it
+            stack.append((index, [const(0) if n == 1 else i for i, n in zip(idx, index.shape)]))
+        elif node.op not in (GraphOp.CONST, GraphOp.ITER):
+            stack.extend((s, idx) for s in reversed(node.src))

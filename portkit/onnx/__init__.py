@@ -31,11 +31,13 @@ from portkit.onnx import (
     rnn,
     signal,
     training,
+    validate,
 )
 from portkit.onnx.ops import Context, NodeArgs
+from portkit.onnx.validate import InvalidModel
 from portkit.tensor import Tensor
 
-__all__ = ["MODULES", "Model", "UnsupportedModel", "load", "node_model"]
+__all__ = ["MODULES", "InvalidModel", "Model", "UnsupportedModel", "load", "node_model"]
 
 # the op tables, one module per concern (the node-test page counts passes by module)
 MODULES = (ops, nn, attention, control, indexing, quantize, resize, rnn, signal, training)
@@ -156,11 +158,14 @@ def load(model: str | Path | Any, device: str | None = None, warm: bool = False)
     """Reads an ONNX model (a path or a ModelProto) for `device` (default: PORTKIT_DEVICE);
     with `warm`, builds every kernel now by running it once on zeros (portkit.onnx.warm).
 
-    Raises UnsupportedModel naming every op (and attribute value) portkit cannot run."""
+    Raises UnsupportedModel naming every op (and attribute value) portkit cannot run, and
+    InvalidModel naming the node where the graph is malformed (see portkit/onnx/validate.py)."""
     onnx = _onnx()
-    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+    path = None if isinstance(model, onnx.ModelProto) else Path(model)
+    proto = model if path is None else validate.read(path)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
     _check_supported(proto.graph.node)
+    validate.check(proto)
     loaded = _from_graph(proto.graph, opset, device)
     if warm:
         from portkit.onnx.warm import warm_up

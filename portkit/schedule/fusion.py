@@ -23,7 +23,7 @@ from portkit.abi.ops import Op
 from portkit.codegen.pads import pad_apart
 from portkit.codegen.plan import serial
 from portkit.graph import GraphOp, Lazy
-from portkit.schedule import stages
+from portkit.schedule import limits, stages
 
 
 @dataclass
@@ -92,6 +92,7 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
         if into is not None and (max_loop_trips is None or fused[into] + length <= chunk):
             fused[into] += length
             realize.discard(id(node))
+    limits.cut_deep(order, realize)
     while True:
         items = [ScheduleItem(n, _inputs(n, realize)) for n in order if id(n) in realize]
         too_big = [it for it in items if max_buffers and len(it.inputs) + 1 > max_buffers]
@@ -134,7 +135,7 @@ def _inputs(root: Lazy, realize: set[int]) -> list[Lazy]:
     return graph.walk(root.src, stop=lambda n: n.realized or id(n) in realize).stopped
 
 
-def limits(outs: list[Lazy]) -> tuple[int | None, int | None]:
+def device_limits(outs: list[Lazy]) -> tuple[int | None, int | None]:
     """The fewest buffers per kernel and loop iterations per thread of `outs`' devices."""
     caps = [runtime.get(d).capabilities for d in {o.device for o in outs}]
     trips = [c.max_loop_trips for c in caps if c.max_loop_trips is not None]
@@ -143,5 +144,5 @@ def limits(outs: list[Lazy]) -> tuple[int | None, int | None]:
 
 def schedule(outs: list[Lazy]) -> list[ScheduleItem]:
     """The items that realize `outs` on their devices, as `realize` runs them."""
-    return create_schedule(outs, *limits(outs))
+    return create_schedule(outs, *device_limits(outs))
 

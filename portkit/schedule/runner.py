@@ -20,7 +20,7 @@ from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
 from portkit.codegen.lower import check_dtypes, lower
 from portkit.graph import GraphOp, Lazy
-from portkit.schedule import replay, search
+from portkit.schedule import limits, replay, search
 from portkit.schedule.fusion import ScheduleItem, schedule
 from portkit.schedule.keys import (
     Scalars,
@@ -35,12 +35,11 @@ from portkit.schedule.replay import ARGS, MADE, Step, recording
 
 @contextmanager
 def _deep_recursion() -> Iterator[None]:
-    """Lowering recurses three Python frames per node (a chain of 6,600 lazy ops is 13,200
-    nodes). Python 3.11+ keeps Python-to-Python calls off the C stack, so the limit is raised
-    while lowering only: C code that recurses (json, repr) keeps the usual limit."""
+    """Lowering recurses three or four Python frames per node, and a kernel holds at most
+    limits.MAX_FUSED_DEPTH (1,000) ops along a path, so the limit is raised to 20,000 while
+    lowering only: C code that recurses (json, repr) keeps the usual limit."""
     limit = sys.getrecursionlimit()
-    if sys.version_info >= (3, 11):
-        sys.setrecursionlimit(max(limit, 200_000))
+    sys.setrecursionlimit(max(limit, 20_000))
     try:
         yield
     finally:
@@ -269,6 +268,8 @@ def realize(outs: list[Lazy]) -> None:
         _replay(steps, nodes)
         return
     items = schedule(outs)
+    limits.check_sizes([i.root for i in items],
+                       lambda name: runtime.get(name).capabilities.max_buffer_bytes)
     _compile_ahead(items)
     steps, code = _run(items, {id(n): k for k, n in enumerate(nodes)})
     if steps is not None and code:

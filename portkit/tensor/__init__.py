@@ -32,8 +32,9 @@ from portkit.tensor.dtype import (
 )
 from portkit.tensor.movement import cat, einsum, meshgrid, stack
 from portkit.tensor.random import seed
+from portkit.tensor.shapes import ShapeError
 
-__all__ = ["DTypeLike", "Scalar", "Tensor", "bfloat16", "bool_", "cat", "default_float",
+__all__ = ["DTypeLike", "Scalar", "ShapeError", "Tensor", "bfloat16", "bool_", "cat", "default_float",
            "einsum", "float16", "float32", "float64", "from_dlpack", "int8", "int16", "int32",
            "int64", "meshgrid", "no_grad", "promote", "realize", "seed", "stack", "uint8",
            "uint16", "uint32", "uint64"]

@@ -10,7 +10,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from portkit.tensor.dtype import Scalar, bool_
-from portkit.tensor.shapes import AxisLike, ShapeLike, accepts_dim, as_axes, as_dim, as_shape
+from portkit.tensor.shapes import (
+    AxisLike,
+    ShapeError,
+    ShapeLike,
+    accepts_dim,
+    as_axes,
+    as_dim,
+    as_shape,
+    inferred_shape,
+)
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -30,14 +39,7 @@ class MovementOps:
         shape = as_shape(shape)
         if shape == self.lazy.shape:
             return self
-        if -1 in shape:
-            if shape.count(-1) > 1:
-                raise ValueError(f"reshape to {shape}: only one dimension can be -1")
-            rest = math.prod(s for s in shape if s != -1)
-            size = self.numel() // rest if rest else 0
-            shape = tuple(size if s == -1 else s for s in shape)
-        if math.prod(shape) != self.numel():
-            raise ValueError(f"cannot reshape a tensor of shape {self.shape} to {shape}")
+        shape = inferred_shape(shape, self.numel())
         return self if shape == self.shape else self._prim("reshape", arg=shape)
 
     view = reshape
@@ -95,12 +97,20 @@ class MovementOps:
         shape = as_shape(shape)
         if shape == self.lazy.shape:
             return self
-        new = shape if -1 not in shape else tuple(s if s != -1 else o for s, o in zip(
-            shape, (None,) * (len(shape) - self.ndim) + self.shape))
+        lead = len(shape) - self.ndim
+        if lead < 0:
+            raise ShapeError(f"expand {self.shape} to {shape}: give at least one size per "
+                             f"dimension ({self.ndim}), new dimensions first")
+        for index, size in enumerate(shape):
+            if size < -1 or size == -1 and index < lead:
+                raise ShapeError(f"expand {self.shape} to {shape}: size {size} at index {index} "
+                                 "is not allowed; sizes are >= 0, or -1 to keep an existing "
+                                 "dimension")
+        new = tuple(s if s != -1 else o for s, o in zip(shape, (None,) * lead + self.shape))
         x = self.reshape((1,) * (len(new) - self.ndim) + self.shape)
         for old, want in zip(x.shape, new):
             if old != want and old != 1:
-                raise ValueError(f"cannot expand shape {self.shape} to {new}")
+                raise ShapeError(f"cannot expand shape {self.shape} to {new}: only size-1 dims grow")
         return x if x.shape == new else x._prim("expand", arg=new)
 
     def expand_as(self: Tensor, other: Tensor) -> Tensor:
@@ -151,6 +161,9 @@ class MovementOps:
     def repeat(self: Tensor, *repeats: ShapeLike) -> Tensor:
         """The tensor tiled repeats[i] times along dim i, as torch.Tensor.repeat."""
         repeats = as_shape(repeats)
+        if len(repeats) < self.ndim or any(r < 0 for r in repeats):
+            raise ShapeError(f"repeat {self.shape} by {repeats}: give one count >= 0 per "
+                             f"dimension ({self.ndim}), new dimensions first")
         x = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
         expanded = x.reshape(tuple(d for s in x.shape for d in (1, s))).expand(
             tuple(d for r, s in zip(repeats, x.shape) for d in (r, s)))

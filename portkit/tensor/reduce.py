@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from portkit.tensor.dtype import DTypeLike, bool_, int32, promote
 from portkit.tensor.scan import SortResult
-from portkit.tensor.shapes import AxisLike, accepts_dim, as_axes
+from portkit.tensor.shapes import AxisLike, accepts_dim, as_axes, as_dim
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -72,6 +72,7 @@ class ReduceOps:
         if not isinstance(axis, int):
             return getattr(self, method)(axis, keepdim)
         if not self.ndim:
+            as_dim(axis, 0)
             return SortResult(self, self.zeros_like(int32))
         indices = self.argmax(axis, True) if largest else self.argmin(axis, True)
         # gathered, the gradient reaches the one element picked, as torch's (amax splits ties)
@@ -118,6 +119,9 @@ class ReduceOps:
         """Index of the first maximum (int32)."""
         if axis is None:
             return self.reshape(-1).argmax(0)
+        if not self.ndim:    # a 0-d tensor has one element, at index 0 of dim 0 (or -1)
+            as_dim(axis, 0)
+            return self.zeros_like(int32)
         axis = as_axes(axis, self.ndim)[0]
         n = self.shape[axis]
         hit = self == self.amax(axis, keepdim=True)
@@ -137,7 +141,9 @@ class ReduceOps:
 
     @accepts_dim
     def logsumexp(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
-        """log(sum(exp(self))) over `axis`, without overflow."""
+        """log(sum(exp(self))) over `axis`, without overflow; -inf over no elements."""
+        if not math.prod(self.shape[a] for a in as_axes(axis, self.ndim)):
+            return self._float().exp().sum(axis, keepdim).log()    # log(0), as torch
         m = self.amax(axis, keepdim=True).detach()
         m = (m.abs() == float("inf")).where(0.0, m)
         out = (self - m).exp().sum(axis, keepdim=True).log() + m
@@ -147,6 +153,8 @@ class ReduceOps:
     @accepts_dim
     def softmax(self: Tensor, axis: int = -1) -> Tensor:
         """exp(self) normalized to sum to 1 over `axis`."""
+        if not self.numel():
+            return self._float().exp()    # nothing to normalize: empty, as torch
         e = (self - self.amax(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 

@@ -49,6 +49,14 @@ def _sin_off(nodes: list[Node], node: Node) -> int:
     return len(nodes) - 1
 
 
+def _exp2_high(nodes: list[Node], node: Node) -> int:
+    # exp2(x) * 1.002: a table-based exp with a biased coefficient.
+    nodes.append(node)
+    nodes.append(Node(Op.CONST, node.dtype, (), 1.002))
+    nodes.append(Node(Op.MUL, node.dtype, (len(nodes) - 2, len(nodes) - 1)))
+    return len(nodes) - 1
+
+
 def _max_ignores_nan(nodes: list[Node], node: Node) -> int:
     # a < b ? b : a, the classic MAX that returns a when b is NaN.
     a, b = node.src
@@ -102,6 +110,11 @@ def _device(name: str, **parts) -> Device:
 def sin_off() -> Device:
     """SIN is off by 1e-3."""
     return _device("broken-sin", renderer=RewritingRenderer(Op.SIN, _sin_off))
+
+
+def exp_high() -> Device:
+    """EXP2 is 0.2 % high."""
+    return _device("broken-exp", renderer=RewritingRenderer(Op.EXP2, _exp2_high))
 
 
 def max_nan() -> Device:

@@ -118,3 +118,69 @@ def test_conform_model_on_the_command_line(broken, fake_backends, tmp_path, caps
     assert main(["conform", "--backend", "interpreter", *replay.split()]) == 0
     assert main(["conform", "--backend", "broken-sin", *replay.split()]) == 1
     assert main(["conform", "--backend", "interpreter", "--model", str(tmp_path / "no.onnx")]) == 2
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    assert main(["conform", "--backend", "interpreter", "--model",
+                 str(tmp_path / "empty.onnx")]) == 2
+    assert "empty (0 bytes), not an ONNX model" in capsys.readouterr().out
+
+
+def one_node_after(path, first: str, then: list, shape=(1, 8, 64, 64), opset=18):
+    """x -> `first` (a node reading x, writing "a") -> the nodes `then` (ending in "y")."""
+    nodes = [helper.make_node(*first) if isinstance(first, tuple) else first, *then]
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        initializer=[onnx.numpy_helper.from_array(np.array([1], np.int64), "axes"),
+                     onnx.numpy_helper.from_array(np.array(-5, np.float32), "minus5")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]),
+              str(path))
+    return path
+
+
+def test_a_max_reduction_adds_no_rounding_to_the_bound(broken, tmp_path):
+    """A Sigmoid 0.05 % off after a ReduceMax over 8 of 8x64x64 elements: the bound counted
+    every element as a sum term (gamma of 32768) and let it pass."""
+    path = one_node_after(tmp_path / "m.onnx",
+                          helper.make_node("ReduceMax", ["x", "axes"], ["a"], keepdims=0),
+                          [helper.make_node("Sigmoid", ["a"], ["y"], name="squash")])
+    result = model_conformance.check(Target(broken.exp_high()), path,
+                                     options=Options(tiers=(8,), repro_dir=str(tmp_path)))
+    [output] = result.results
+    assert output.status is Status.FAILED, output.message
+    assert "first diverging node: #1 Sigmoid 'squash'" in output.message
+    fine = model_conformance.check(Target.load("interpreter"), path,
+                                   options=Options(tiers=(8,), repro_dir=str(tmp_path)))
+    assert [r.status for r in fine.results] == [Status.PASSED]
+
+
+def test_a_node_outside_its_bound_fails_even_when_a_later_node_hides_it(broken, tmp_path):
+    """Sin 1e-3 off, then Relu(sin - 5) = 0 exactly: the output is right, the Sin is not."""
+    path = one_node_after(tmp_path / "m.onnx", ("Sin", ["x"], ["a"], "wave"),
+                          [helper.make_node("Add", ["a", "minus5"], ["b"]),
+                           helper.make_node("Relu", ["b"], ["y"])], shape=(4, 16))
+    result = model_conformance.check(Target(broken.sin_off()), path,
+                                     options=Options(tiers=(8,), repro_dir=str(tmp_path)))
+    [output] = result.results
+    assert output.max_error == 0 and output.status is Status.FAILED
+    assert "but a node leaves its own bound; first diverging node: #0 Sin 'wave'" \
+        in output.message
+    fine = model_conformance.check(Target.load("interpreter"), path,
+                                   options=Options(tiers=(8,), repro_dir=str(tmp_path)))
+    assert [r.status for r in fine.results] == [Status.PASSED]
+
+
+@pytest.mark.parametrize("node, opset, terms", [
+    (helper.make_node("ReduceMax", ["x", "axes"], ["y"]), 18, 1),
+    (helper.make_node("ArgMax", ["x"], ["y"], axis=1), 18, 1),
+    (helper.make_node("ReduceSum", ["x", "axes"], ["y"]), 18, 8),
+    (helper.make_node("ReduceSum", ["x"], ["y"]), 18, 8 * 64 * 64),
+    (helper.make_node("ReduceMean", ["x"], ["y"], axes=[2, 3]), 13, 64 * 64),
+    (helper.make_node("Softmax", ["x"], ["y"]), 13, 64),
+    (helper.make_node("Softmax", ["x"], ["y"], axis=2), 11, 64 * 64),
+    (helper.make_node("LayerNormalization", ["x", "s"], ["y"], axis=1), 18, 8 * 64 * 64),
+    (helper.make_node("Sigmoid", ["x"], ["y"]), 18, 1),
+])
+def test_a_nodes_sum_length_counts_only_what_it_sums(node, opset, terms):
+    shapes = {"x": (1, 8, 64, 64)}
+    constants = {"axes": np.array([1], np.int64)}
+    assert model_conformance.sum_length(node, shapes, constants, opset) == terms

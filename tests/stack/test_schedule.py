@@ -1,5 +1,6 @@
 """Fusion is visible in Tensor.schedule(), and training layers and optimizers work."""
 import numpy as np
+import pytest
 
 from portkit import nn, optim
 from portkit.abi.ops import Op
@@ -97,3 +98,95 @@ def test_long_reduce_into_few_outputs_splits_across_groups():
     np.testing.assert_array_equal(Tensor(ints, device="cpu").max(axis=None).numpy(), ints.max())
     summed = Tensor(ints, device="cpu").sum(axis=1)
     np.testing.assert_array_equal(summed.numpy(), ints.sum(1, dtype=np.int32))
+
+
+DEEP_CHAIN = """
+import sys
+from portkit.tensor import Tensor
+x0 = Tensor([[1.0, 2.0], [3.0, 4.0]], device=sys.argv[1], requires_grad=True)
+x = x0
+for i in range(int(sys.argv[2])):
+    x = x + 1 if sys.argv[3] == "add" else (x + 1).T
+print(x.numpy().ravel().tolist())
+x.sum().backward()
+print(x0.grad.numpy().ravel().tolist())
+"""
+
+
+def _deep_chain(device: str, length: int, kind: str) -> list[str]:
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", DEEP_CHAIN, device, str(length), kind],
+                         check=False, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    return ran.stdout.splitlines()
+
+
+@pytest.mark.parametrize("kind", ["add", "transpose"])
+def test_a_chain_of_20000_ops_runs_forward_and_backward(backend, kind):
+    """20,000 chained adds segfaulted on cpu and opencl: a recursive walk of the fused kernel
+    overflowed the C stack. Kernels now fuse at most MAX_FUSED_DEPTH ops along a path."""
+    n = 20_000      # an even number of transposes leaves the layout as it was
+    want = [1.0 + n, 2.0 + n, 3.0 + n, 4.0 + n]
+    assert _deep_chain(backend, n, kind) == [str(want), str([1.0] * 4)]
+
+
+@pytest.mark.slow
+def test_a_chain_of_100000_adds_runs_forward_and_backward():
+    n = 100_000
+    assert _deep_chain("cpu", n, "add") == [str([1.0 + n, 2.0 + n, 3.0 + n, 4.0 + n]),
+                                            str([1.0] * 4)]
+
+
+def test_a_deep_chain_is_cut_into_kernels_of_bounded_depth():
+    from portkit.schedule.limits import MAX_FUSED_DEPTH
+
+    x = Tensor(np.zeros(4, np.float32))
+    for _ in range(2 * MAX_FUSED_DEPTH + 500):
+        x = x + 1
+    assert len(x.schedule()) == 3
+    assert x.numpy().tolist() == [2 * MAX_FUSED_DEPTH + 500.0] * 4
+
+
+def test_a_kernel_output_past_the_int32_index_range_is_refused_before_allocating():
+    from portkit.graph import TooLarge
+
+    wide = Tensor.zeros(1).expand(2**31) + 1       # written as a view, refused at realize
+    with pytest.raises(TooLarge, match="2,147,483,648 elements"):
+        wide.realize()
+
+
+def test_a_tensor_past_the_devices_largest_buffer_is_refused_before_allocating(
+        backend, monkeypatch):
+    import dataclasses
+
+    from portkit import runtime
+    from portkit.graph import TooLarge
+
+    rt = runtime.get(backend)
+    small = dataclasses.replace(rt.device.capabilities, max_buffer_bytes=1024)
+    monkeypatch.setattr(rt, "device", dataclasses.replace(rt.device, capabilities=small))
+    allocations = []
+    alloc = rt.device.allocator.alloc
+    monkeypatch.setattr(rt.device.allocator, "alloc", lambda *a: allocations.append(a) or
+                        alloc(*a))
+    assert (Tensor.ones(256) * 2).numpy().tolist() == [2.0] * 256      # 1,024 bytes fit
+    allocations.clear()
+    with pytest.raises(TooLarge, match=f"device '{backend}' allocates at most 1,024 per buffer"):
+        (Tensor.ones(257) * 2).realize()
+    assert allocations == []
+
+
+def test_webgpu_declares_its_binding_limit():
+    from portkit import backends
+
+    if backends.available().get("webgpu") is not None:
+        pytest.skip("webgpu does not load here")
+    from portkit import runtime
+    from portkit.graph import TooLarge
+
+    limit = runtime.get("webgpu").capabilities.max_buffer_bytes
+    assert limit is not None and limit >= 2**27        # WebGPU guarantees 128 MiB
+    with pytest.raises(TooLarge, match="Capabilities.max_buffer_bytes"):
+        Tensor.zeros(limit // 4 + 1, device="webgpu").realize()

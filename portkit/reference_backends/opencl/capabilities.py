@@ -36,6 +36,7 @@ def capabilities(device) -> Capabilities:
         local_memory_bytes=device.local_mem_size,
         # half the argument space for buffer pointers, the rest for scalars
         max_buffers=device.max_parameter_size // (device.address_bits // 8) // 2,
+        max_buffer_bytes=device.max_mem_alloc_size,
         denormals="preserve" if denormal else "flush",
         # A CPU device (PoCL's) runs a workgroup's work-items as loops: codegen then lays out
         # work as for the cpu backend (one work-item per group, packed matmuls in LOCAL).

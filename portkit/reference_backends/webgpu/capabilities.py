@@ -26,6 +26,8 @@ def capabilities(adapter) -> Capabilities:
         max_grid=(limits["max-compute-workgroups-per-dimension"],) * 3,
         local_memory_bytes=limits["max-compute-workgroup-storage-size"],
         max_buffers=limits["max-storage-buffers-per-shader-stage"],
+        max_buffer_bytes=min(limits["max-storage-buffer-binding-size"],
+                             limits["max-buffer-size"]),
         threads_are_loops=False,   # invocations are lanes (lavapipe vectorizes them itself)
         # llvmpipe (lavapipe) stops a shader after 65,535 loop iterations in all, silently;
         # names of 100,000 characters ran.

@@ -89,3 +89,37 @@ def test_a_long_16_bit_sum_rounds_once_as_torch(dtype, base, ulp, capabilities):
     want = torch.tensor(x).sum().to(getattr(torch, dtype)).float().item()   # exact, rounded
     got = Tensor(x).cast(dtype).sum().float().item()
     assert got == want, f"{dtype} sum {got}, torch {want}"
+
+
+EMPTY_AND_SCALAR = {   # (input, function of it)
+    "softmax of empty": (np.zeros(0), lambda x: x.softmax(0)),
+    "softmax of (0, 3) over 0": (np.zeros((0, 3)), lambda x: x.softmax(0)),
+    "log_softmax of empty": (np.zeros(0), lambda x: x.log_softmax(0)),
+    "logsumexp of empty": (np.zeros(0), lambda x: x.logsumexp(0)),
+    "logsumexp of empty, keepdim": (np.zeros(0), lambda x: x.logsumexp(0, keepdim=True)),
+    "logsumexp over an empty dim": (np.zeros((2, 0)), lambda x: x.logsumexp(1)),
+    "argmax(0) of 0-d": (np.array(3.0), lambda x: x.argmax(0)),
+    "argmin(-1) of 0-d": (np.array(3.0), lambda x: x.argmin(-1)),
+    "max(0) of 0-d, indices": (np.array(3.0), lambda x: x.max(0)[1]),
+}
+
+
+@pytest.mark.parametrize("case", EMPTY_AND_SCALAR)
+def test_empty_and_0d_reductions_match_pytorch_forward_and_backward(case):
+    torch = pytest.importorskip("torch")
+    array, fn = EMPTY_AND_SCALAR[case]
+    ours, theirs = Tensor(array.astype(np.float32), requires_grad=True), torch.tensor(
+        array.astype(np.float32), requires_grad=True)
+    got, want = fn(ours), fn(theirs)
+    assert got.shape == tuple(want.shape)
+    assert got.dtype.is_float == want.dtype.is_floating_point
+    np.testing.assert_array_equal(got.numpy(), want.detach().numpy())
+    if want.dtype.is_floating_point:
+        got.sum().backward()
+        want.sum().backward()
+        np.testing.assert_array_equal(ours.grad.numpy(), theirs.grad.numpy())
+
+
+def test_argmax_of_0d_refuses_a_dim_past_0_like_pytorch():
+    with pytest.raises(IndexError, match="range of \\[-1, 0\\], but got 1"):
+        Tensor(3.0).argmax(1)

@@ -197,7 +197,7 @@ def test_docs_lists_pages_shows_one_and_names_a_close_match(capsys):
 
 def test_backends_reports_a_malformed_entry_point_without_a_traceback(fake_backends, wide,
                                                                       capsys):
-    fake_backends({"odd": "::::", "interpreter": "portkit.abi.interpreter:backend"})
+    fake_backends({"odd": "::::", "interpreter": "portkit.reference_backends.interpreter:backend"})
     assert main(["backends"]) == 0
     captured = capsys.readouterr()
     table = rows(captured.out)

@@ -175,8 +175,7 @@ class Runtime:
         # the launch and its reading hold the device's lock together.
         with self.device_lock:
             seconds = self.run_program(program, [b.handle for b in buffers] + [fault.handle],
-                                sizes + words, wait, level)
-            compiled.launched = True
+                                       sizes + words, wait, level)
             found = checked.fault(fault.numpy(), sizes)
             if found is not None:
                 fault.copyin(np.zeros(checked.fault_words, np.int32))
@@ -211,7 +210,6 @@ class Runtime:
                                        wait=wait or level >= 2)
         if level >= 2:
             print_launch(compiled, seconds, level)
-        compiled.launched = True
         return seconds if wait else None
 
     def run(self, kernel: Kernel, *arrays: np.ndarray, scalars: tuple = ()
@@ -373,11 +371,12 @@ def _check_arguments(compiled: Compiled, buffers: list[Buffer], scalars: tuple) 
 
 def print_launch(compiled: Compiled, seconds: float | None, level: int) -> None:
     """PORTKIT_DEBUG's line for one launch (level 2), with the kernel's JSON (3) and source
-    (4) at its first launch; conformance, which launches programs itself, prints it too."""
+    (4) the first time a launch of it is printed."""
     kernel = compiled.kernel
     print(f"portkit: {kernel.name:<28} grid {kernel.grid} block {kernel.block} "
           f"{(seconds or 0.0) * 1e3:9.3f} ms", file=sys.stderr)
-    if not compiled.launched and level >= 3:
+    if not compiled.shown and level >= 3:
+        compiled.shown = True
         print(kernel.to_json(), file=sys.stderr)
         if level >= 4:
             print(compiled.source, file=sys.stderr)

@@ -77,7 +77,7 @@ class Compiled:
     source: str
     program: Program
     seconds: float = field(default=0.0, compare=False)
-    launched: bool = field(default=False, compare=False)
+    shown: bool = field(default=False, compare=False)   # PORTKIT_DEBUG>=3 printed its JSON
     # PORTKIT_CHECK=1: the bounds-checked build (codegen.check.Checked), its Compiled and its
     # fault buffer
     checked: tuple | None = field(default=None, compare=False, repr=False)

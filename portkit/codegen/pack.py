@@ -203,7 +203,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         idx = [const(0)] * len(shape)
         for axis, value in zip(batch, batch_idx):
             idx[axis] = value
-        for axis, value in zip(found.m_axes, unravel(m, [shape[a] for a in found.m_axes])):
+        for axis, value in zip(found.m_axes, unravel(m, tuple(shape[a] for a in found.m_axes))):
             idx[axis] = value
         idx[found.n], idx[found.k] = n, k
         return idx

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import numpy as np
 
@@ -265,7 +266,7 @@ class Runtime:
             if results[i] is None:
                 todo.setdefault(key, []).append(i)
         if not todo:
-            return results
+            return cast(list[Compiled | Exception], results)
         jobs = max(1, min(len(todo), jobs or os.cpu_count() or 1))
         batched = type(self.device.compiler).compile_batch is not Compiler.compile_batch
         # a core's share, in batches of at most BATCH kernels, so that progress shows
@@ -291,7 +292,7 @@ class Runtime:
                 compiled_so_far += len(group)
                 if report is not None:
                     report(compiled_so_far, len(entries))
-        return results
+        return cast(list[Compiled | Exception], results)
 
     def _build_or_error(self, kernel: Kernel) -> Compiled | Exception:
         try:
@@ -326,7 +327,10 @@ class Runtime:
         share = (time.perf_counter() - start) / max(1, len(ready))
         results: list[Compiled | Exception] = []
         for entry in made:
-            binary = entry if isinstance(entry, Exception) else next(binaries)
+            if isinstance(entry, Exception):
+                results.append(entry)
+                continue
+            binary = next(binaries)
             if isinstance(binary, Exception):
                 results.append(binary)
                 continue

@@ -10,7 +10,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import TextIO
+from typing import IO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -39,7 +39,7 @@ class Lines:
     """A report as plain lines, `portkit: <label> done/total`, one each tenth of the way and
     one at the end: what a CI log keeps of a progress bar."""
 
-    def __init__(self, label: str, stream: TextIO | None = None):
+    def __init__(self, label: str, stream: IO[str] | None = None):
         self.label, self.stream, self.shown = label, stream, -1
 
     def __call__(self, done: int, total: int) -> None:

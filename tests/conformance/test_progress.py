@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from portkit import runtime
 from portkit.cli import main
 from portkit.runtime.progress import Lines
 
@@ -15,6 +16,7 @@ from portkit.runtime.progress import Lines
 def test_conform_prints_compile_and_run_progress_in_a_log(isolate, capsys, tmp_path,
                                                           monkeypatch):
     monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path))
+    runtime.clear()     # kernels another test compiled in this process would not compile again
     assert main(["conform", "--backend", "cpu", "--quick", "--tier", "2", "-k", "ops/ADD",
                  "--isolate", isolate]) == 0
     out = capsys.readouterr().out

@@ -199,6 +199,7 @@ def _device_info(kind: str) -> SimpleNamespace:
         extensions="cl_khr_fp64", double_fp_config=1, max_work_group_size=4096,
         single_fp_config=cl.device_fp_config.DENORM, max_work_item_sizes=[4096] * 3,
         local_mem_size=65536, max_parameter_size=1024, address_bits=64, name="fake",
+        max_mem_alloc_size=1 << 30,
         platform=SimpleNamespace(name="fake platform"), type=getattr(cl.device_type, kind))
 
 

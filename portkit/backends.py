@@ -7,6 +7,7 @@ message names the fix.
 """
 from __future__ import annotations
 
+import difflib
 import multiprocessing
 import signal
 import warnings
@@ -121,13 +122,26 @@ def entry_point(name: str) -> metadata.EntryPoint | None:
 def _attempt(name: str) -> Device | BackendUnavailable | CapabilityError:
     found = [point for point in entry_points() if point.name == name]
     if not found:
-        known = ", ".join(names()) or "(none)"
-        return BackendUnavailable(f"no backend named {name!r}",
-                                  f"use one of {known}, or install the package that provides it")
+        known = names()
+        base = name.lower().partition(":")[0]
+        close = difflib.get_close_matches(base, known, n=1, cutoff=0.6)
+        hint = ""
+        if ":" in name and base in known:
+            hint = f"a device is named by its backend alone, {base!r}; "
+        elif close:
+            hint = f"did you mean {close[0]!r}? "
+        return UnknownBackend(f"no backend named {name!r}", f"{hint}use one of "
+                              f"{', '.join(known) or '(none)'}, or install the package that "
+                              "provides it")
     point, conflict = choose(found)
     if conflict:
         return conflict
     return load_point(point)
+
+
+class UnknownBackend(BackendUnavailable, RuntimeError):
+    """A device name that no installed backend registers; a RuntimeError too, as torch's error
+    for an unknown device string."""
 
 
 class BackendConflict(UserWarning):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from portkit import backends
+from portkit import Tensor, backends
 from portkit.abi import BackendUnavailable, CapabilityError, Device
 
 INTERPRETER = "portkit.reference_backends.interpreter:backend"
@@ -254,3 +254,26 @@ def test_a_malformed_entry_point_value_is_a_broken_package_naming_it(fake_backen
     assert "entry point 'odd'" in message and f"value {value!r}" in message
     assert 'odd = "package.module:backend"' in message
     assert backends.available()["interpreter"] is None
+
+
+@pytest.mark.parametrize("typed, hint", [
+    ("cdua", "did you mean 'cuda'?"),
+    ("CPU", "did you mean 'cpu'?"),
+    ("cuda:0", "a device is named by its backend alone, 'cuda'"),
+])
+def test_a_mistyped_device_raises_where_it_is_typed(typed, hint):
+    """Every way a tensor op names a device checks the name at once, as torch's RuntimeError
+    for an unknown device string does, instead of failing at the first read-back."""
+    ops = [lambda: Tensor([1.0]).to(typed), lambda: Tensor([1.0], device=typed),
+           lambda: Tensor.arange(3, device=typed), lambda: Tensor.zeros(2, device=typed),
+           lambda: Tensor.rand(2, device=typed)]
+    for op in ops:
+        with pytest.raises(backends.UnknownBackend, match=re.escape(hint)) as raised:
+            op()
+        assert isinstance(raised.value, RuntimeError)
+
+
+def test_a_bad_default_device_names_its_source(monkeypatch):
+    monkeypatch.setenv("PORTKIT_DEVICE", "gpu")
+    with pytest.raises(BackendUnavailable, match="did you mean 'webgpu'.*PORTKIT_DEVICE"):
+        Tensor([1.0])

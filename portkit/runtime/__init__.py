@@ -21,8 +21,15 @@ from portkit.runtime.device import (
 )
 from portkit.runtime.memory import Buffer, BufferPool, LaunchError
 from portkit.runtime.programs import LRU, Compiled
-from portkit.runtime.registry import clear, default_device, get, on_clear, register
+from portkit.runtime.registry import (
+    clear,
+    default_device,
+    device_name,
+    get,
+    on_clear,
+    register,
+)
 
 __all__ = ["LRU", "Buffer", "BufferPool", "Compiled", "LaunchError", "OutOfBoundsError",
-           "Runtime", "clear", "default_device", "get", "kernel_cache_size", "on_clear",
+           "Runtime", "clear", "default_device", "device_name", "get", "kernel_cache_size", "on_clear",
            "print_launch", "progress", "register"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from portkit import backends, settings
+from portkit.abi import BackendUnavailable
 from portkit.runtime.device import Runtime
 
 _on_clear: list[Callable[[], None]] = []
@@ -27,6 +28,20 @@ def clear() -> None:
 def default_device() -> str:
     """The device a Tensor gets when none is named: $PORTKIT_DEVICE, else "cpu"."""
     return settings.read("PORTKIT_DEVICE")
+
+
+def device_name(name: str | None = None) -> str:
+    """`name`, or `default_device()` when it is None, checked where a tensor op names it: an
+    unknown name raises backends.UnknownBackend (a RuntimeError, with the closest name), a
+    backend that cannot load here BackendUnavailable; a name taken from $PORTKIT_DEVICE says so."""
+    if name is not None:
+        get(name)
+        return name
+    try:
+        return get().name
+    except BackendUnavailable as error:
+        error.args = (f"{error} (the name comes from the PORTKIT_DEVICE setting)",)
+        raise
 
 
 _runtimes: dict[str, Runtime] = {}

@@ -95,7 +95,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
         elif isinstance(data, Tensor):
             lazy = data.lazy if dtype is None else data.lazy.cast(dtype)
         else:
-            device = device or runtime.default_device()
+            device = runtime.device_name(device)
             array = _to_numpy(data, dtype)
             target = check_dtype(dtype or from_numpy(array.dtype), device)
             lazy = graph.load(schedule.upload(array, device, target), target, array.shape,
@@ -189,8 +189,10 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
         return self.numpy().tolist()
 
     def to(self, device: str) -> Tensor:
-        """This tensor on another device."""
-        return self if device == self.device else self._prim("copy", arg=device)
+        """This tensor on another device (an unknown name raises here, not at realize)."""
+        if device == self.device:
+            return self
+        return self._prim("copy", arg=runtime.device_name(device))
 
     def assign(self, value: Tensor | Any) -> Tensor:
         """Replaces this tensor's contents (same shape and dtype), keeping the object."""
@@ -305,7 +307,7 @@ def from_dlpack(source: Any, device: str | None = None) -> Tensor:
     """A Tensor with the values and dtype of any DLPack producer (torch, numpy, jax...): sharing
     its memory on a host-memory backend, else a copy (see the module docstring)."""
     array = np.from_dlpack(source)
-    device = device or runtime.default_device()
+    device = runtime.device_name(device)
     dtype = check_dtype(from_numpy(array.dtype), device)
     shared = None
     if array.size and array.flags.c_contiguous and array.ctypes.data % array.itemsize == 0:

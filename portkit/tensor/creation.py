@@ -34,7 +34,7 @@ class CreationOps:
              device: str | None = None) -> Tensor:
         """A tensor of `shape` with every element `value` (a constant: no buffer, no kernel)."""
         shape = as_sizes(shape)
-        device = device or runtime.default_device()
+        device = runtime.device_name(device)
         dtype = check_dtype(to_dtype(dtype) or scalar_dtype(value), device)
         return cls(graph.const(value, dtype, shape, device))
 
@@ -65,7 +65,7 @@ class CreationOps:
                                            dtype.min <= start + (count - 1) * step <= dtype.max):
             raise OverflowError(f"arange({start}, {stop}, {step}) does not fit {dtype.name}; "
                                 f"pass dtype=portkit.int64 on a device that has it")
-        index = cls(graph.iota((count,), 0, device or runtime.default_device()))
+        index = cls(graph.iota((count,), 0, runtime.device_name(device)))
         return (index.cast(dtype) * step + start).cast(dtype)
 
     @classmethod
@@ -74,7 +74,7 @@ class CreationOps:
         """`steps` evenly spaced values from start to stop, both included."""
         if steps < 0:
             raise RuntimeError(f"linspace: number of steps must be non-negative, got {steps}")
-        index = cls(graph.iota((steps,), 0, device or runtime.default_device()))
+        index = cls(graph.iota((steps,), 0, runtime.device_name(device)))
         step = (stop - start) / (steps - 1) if steps > 1 else 0.0
         return (index.cast(default_float) * step + start).cast(to_dtype(dtype) or default_float)
 
@@ -82,7 +82,7 @@ class CreationOps:
     def eye(cls: type[Tensor], n: int, m: int | None = None, dtype: DTypeLike | None = None,
             device: str | None = None) -> Tensor:
         """An n x m (default n x n) matrix with ones on the diagonal."""
-        device = device or runtime.default_device()
+        device = runtime.device_name(device)
         if n < 0 or (m is not None and m < 0):
             raise RuntimeError(f"eye: sizes must be >= 0, got n={n}, m={m}")
         rows = cls(graph.iota((n, m or n), 0, device))

@@ -41,7 +41,7 @@ class RandomOps:
         dtype = to_dtype(dtype) or default_float
         if not dtype.is_float:
             raise TypeError(f"rand makes floats, not {dtype.name}; use randint for integers")
-        bits = _random_bits(cls, as_sizes(shape), device or runtime.default_device())
+        bits = _random_bits(cls, as_sizes(shape), runtime.device_name(device))
         # the top p bits, p the dtype's precision, scaled by 2**-p: exact in the dtype, so
         # never rounded up to 1.0 and identical on every device
         precision = _PRECISION[dtype.name]
@@ -64,7 +64,7 @@ class RandomOps:
         span = high - low
         if not 0 < span <= 1 << 32:
             raise ValueError(f"randint needs low < high <= low + 2**32, got [{low}, {high})")
-        bits = _random_bits(cls, as_sizes(shape), device or runtime.default_device())
+        bits = _random_bits(cls, as_sizes(shape), runtime.device_name(device))
         # the remainder is exact in uint32 on every device; its bias is below span / 2**32
         picked = bits if span == 1 << 32 else bits % span
         return picked.cast(to_dtype(dtype) or int32) + low

@@ -27,6 +27,10 @@ class ModuleList(Module):
         self.items.append(module)
         return self
 
+    def named_children(self) -> list[tuple[str, Module]]:
+        """(index, module) of each held module, as torch names them."""
+        return [(str(i), module) for i, module in enumerate(self.items)]
+
     def __getitem__(self, i: int) -> Module:
         return self.items[i]
 
@@ -62,6 +66,9 @@ class Dropout(Module):
         """x with elements zeroed (and the rest scaled) when training; else x itself."""
         return F.dropout(x, self.p, training=self.training)
 
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
 
 def _activation(name: str, fn: Callable[..., Tensor]) -> type[Module]:
     """A module class calling fn(x, *args, **kwargs) with the arguments it was made with."""
@@ -70,7 +77,12 @@ def _activation(name: str, fn: Callable[..., Tensor]) -> type[Module]:
 
     def forward(self, x: Tensor) -> Tensor:
         return fn(x, *self.args, **self.kwargs)
+
+    def extra_repr(self) -> str:        # the arguments as given (torch lists every default)
+        return ", ".join([repr(a) for a in self.args] +
+                         [f"{k}={v!r}" for k, v in self.kwargs.items()])
     return type(name, (Module,), {"__init__": __init__, "forward": forward,
+                                  "extra_repr": extra_repr,
                                   "__doc__": f"Module form of {fn.__name__} (torch.nn.{name})."})
 
 

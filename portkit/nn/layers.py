@@ -24,6 +24,10 @@ class Linear(Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
 
+    def extra_repr(self) -> str:
+        out, inp = self.weight.shape
+        return f"in_features={inp}, out_features={out}, bias={self.bias is not None}"
+
 
 class LayerNorm(Module):
     """Normalizes the last len(shape) dims, then scales and shifts."""
@@ -40,6 +44,9 @@ class LayerNorm(Module):
         axes = tuple(range(-len(self.shape), 0))
         x = F.layernorm(x, axes, self.eps)
         return x if self.weight is None else x * self.weight + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
 class _BatchNorm(Module):
@@ -63,6 +70,9 @@ class _BatchNorm(Module):
         if self.training:
             realize(self.running_mean, self.running_var)
         return out
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}, momentum={self.momentum}"
 
 
 class BatchNorm1d(_BatchNorm):
@@ -96,6 +106,10 @@ class Embedding(Module):
 
     def forward(self, index: Tensor) -> Tensor:
         return F.embedding(index, self.weight, self.padding_idx)
+
+    def extra_repr(self) -> str:
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}{pad}"
 
 
 # -- safetensors files, through the safetensors library ------------------------------------------
@@ -131,6 +145,22 @@ class _ConvNd(Module):
                       self.groups, self.dilation)
         return getattr(F, f"conv{self.dims}d")(x, self.weight, self.bias, self.stride,
                                                 self.padding, self.dilation, self.groups)
+
+    def extra_repr(self) -> str:
+        """As torch's: the channels, kernel and stride, then what differs from the default."""
+        def dims(value):
+            return value if isinstance(value, str) else (
+                (value,) * self.dims if isinstance(value, int) else tuple(value))
+        channels = self.weight.shape[:2]
+        inp, out = ((channels[0], channels[1] * self.groups) if self.transposed
+                    else (channels[1] * self.groups, channels[0]))
+        text = (f"{inp}, {out}, kernel_size={tuple(self.weight.shape[2:])}, "
+                f"stride={dims(self.stride)}")
+        for name, default in (("padding", 0), ("dilation", 1), ("output_padding", 0)):
+            if dims(getattr(self, name)) != dims(default):
+                text += f", {name}={dims(getattr(self, name))}"
+        text += f", groups={self.groups}" if self.groups != 1 else ""
+        return text + (", bias=False" if self.bias is None else "")
 
 
 class Conv1d(_ConvNd):
@@ -184,6 +214,10 @@ class GroupNorm(Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
+    def extra_repr(self) -> str:
+        channels = "" if self.weight is None else f"{self.weight.shape[0]}, "
+        return f"{self.num_groups}, {channels}eps={self.eps}, affine={self.weight is not None}"
+
 
 class RMSNorm(Module):
     """F.rms_norm over the trailing `normalized_shape`, with a weight of ones."""
@@ -198,6 +232,9 @@ class RMSNorm(Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.rms_norm(x, self.shape, self.weight, self.eps)
 
+    def extra_repr(self) -> str:
+        return f"{self.shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
 
 class PReLU(Module):
     """F.prelu with a learned slope, one or one per channel, starting at `init`."""
@@ -207,6 +244,9 @@ class PReLU(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.prelu(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.weight.shape[0]}"
 
 
 def _filled(value: float, shape: tuple[int, ...]) -> Tensor:

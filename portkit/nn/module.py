@@ -83,6 +83,32 @@ class Module:
     def __call__(self, *args, **kwargs) -> Tensor:
         return self.forward(*args, **kwargs)
 
+    def named_children(self) -> list[tuple[str, Module]]:
+        """(name, module) of each direct child, in the order they were set; a list of modules
+        gives "name.0", "name.1", ..."""
+        found = []
+        for name, value in vars(self).items():
+            if isinstance(value, Module):
+                found.append((name, value))
+            elif isinstance(value, list | tuple):
+                found += [(f"{name}.{i}", item) for i, item in enumerate(value)
+                          if isinstance(item, Module)]
+        return found
+
+    def extra_repr(self) -> str:
+        """The settings shown inside this module's parentheses (override it, as in torch)."""
+        return ""
+
+    def __repr__(self) -> str:
+        """The module tree as torch prints it: `Name(settings)`, children indented below."""
+        lines = [f"({name}): " + repr(child).replace("\n", "\n  ")
+                 for name, child in self.named_children()]
+        if not lines:
+            return f"{type(self).__name__}({self.extra_repr()})"
+        head = [self.extra_repr()] if self.extra_repr() else []
+        return f"{type(self).__name__}(\n" + "".join(f"  {line}\n"
+                                                      for line in head + lines) + ")"
+
 
 def _collect(value, name: str, out: dict) -> None:
     # a module's tensors are found under its attribute's name, as torch names them
@@ -96,13 +122,7 @@ def _collect(value, name: str, out: dict) -> None:
 
 
 def _modules(module: Module) -> list[Module]:
-    found = []
-    for value in vars(module).values():
-        items = value if isinstance(value, list | tuple) else [value]
-        for item in items:
-            if isinstance(item, Module):
-                found += [item, *_modules(item)]
-    return found
+    return [found for _, child in module.named_children() for found in [child, *_modules(child)]]
 
 
 def uniform_parameter(shape: tuple[int, ...], bound: float) -> Tensor:

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from portkit import __version__, backends, cache, settings
+from portkit.abi import ABI_VERSION
 
 # Modules with `register(subparsers)`: each adds its subcommands and sets `run(args) -> int`
 # as the parser default.
@@ -69,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand whose module is installed."""
     root = argparse.ArgumentParser(prog="portkit", description="Port a deep-learning stack to "
                                    "a new accelerator through a small, frozen ABI.")
-    root.add_argument("--version", action="version", version=f"portkit {__version__}")
+    root.add_argument("--version", action="version", version=f"portkit {__version__} (backend ABI {ABI_VERSION})")
     subparsers = root.add_subparsers(dest="command", required=True)
     subparsers.add_parser("backends", help="list backends and whether they run here"
                           ).set_defaults(run=show_backends)

@@ -2,6 +2,7 @@
 import pytest
 
 from portkit import __version__
+from portkit.abi import ABI_VERSION
 from portkit.cli import main
 
 UNAVAILABLE = """
@@ -65,7 +66,8 @@ backend = Backend("weak", lambda: replace(interpreter.load(), capabilities=repla
 def test_version_and_missing_command(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["--version"])
-    assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"portkit {__version__}"
+    shown = capsys.readouterr().out.strip()
+    assert exited.value.code == 0 and shown == f"portkit {__version__} (backend ABI {ABI_VERSION})"
     with pytest.raises(SystemExit) as exited:
         main([])
     assert exited.value.code == 2 and "required: command" in capsys.readouterr().err

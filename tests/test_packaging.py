@@ -72,3 +72,19 @@ def test_wheel_ships_the_docs_and_the_templates(tmp_path):
             for path in (ROOT / "docs").rglob("*.md")}
     assert docs <= names, sorted(docs - names)
     assert "portkit/_templates/backend/cookiecutter.json" in names
+
+
+def test_the_build_requirement_reads_the_licence_field():
+    """`license = "MIT"` (an SPDX expression) needs setuptools 77; an older build failed."""
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    [setuptools] = [r for r in project["build-system"]["requires"] if r.startswith("setuptools")]
+    assert isinstance(project["project"]["license"], str)
+    assert tuple(int(p) for p in setuptools.split(">=")[1].split(".")) >= (77,)
+    assert "onnxscript" in project["project"]["optional-dependencies"]["onnx"]
+
+
+def test_python_dash_m_portkit_runs_the_command_line():
+    shown = subprocess.run([sys.executable, "-m", "portkit", "--version"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout
+    assert shown.startswith("portkit ") and "backend ABI" in shown

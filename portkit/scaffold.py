@@ -172,7 +172,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "new-backend", help="generate a standalone backend package to start a port from",
         description="Writes portkit-NAME/: a Python package with a renderer, runtime, "
                     "capabilities, tests and a CI script, registered through the "
-                    "portkit.backends entry point. Then: pip install ./portkit-NAME && "
+                    "portkit.backends entry point. Then: pip install -e ./portkit-NAME && "
                     "portkit conform --backend NAME. Guide: docs/porting.md. Needs "
                     "cookiecutter: pip install 'portkit[scaffold]'.",
         epilog="exit codes: 0 written, 2 not written (bad or taken name, no answer at a "
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     folder = _shown(created)
     console.print(f"wrote {folder}/ (starter: {starter}). Next:\n"
-                  f"  pip install {folder}\n"
+                  f"  pip install -e {folder}\n"
                   f"  portkit conform --backend {args.name} --quick\n"
                   f"then follow {folder}/README.md (the porting steps).", highlight=False)
     return 0

@@ -117,7 +117,7 @@ def test_cli_writes_and_says_what_next(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))   # not a terminal: asks nothing
     assert main(["new-backend", "myaccel"]) == 0
     output = capsys.readouterr().out
-    assert "pip install ./portkit-myaccel" in output
+    assert "pip install -e ./portkit-myaccel" in output
     assert "portkit conform --backend myaccel" in output
     assert (tmp_path / "portkit-myaccel" / "portkit_myaccel" / "renderer.py").is_file()
     assert main(["new-backend", "myaccel", "--no-input"]) == 2

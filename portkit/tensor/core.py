@@ -25,7 +25,7 @@ from portkit.tensor.dtype import DTypeLike, Scalar, bool_, check_dtype, to_dtype
 from portkit.tensor.elementwise import ElementwiseOps
 from portkit.tensor.functional_methods import FunctionalMethods
 from portkit.tensor.indexing import IndexingOps
-from portkit.tensor.interop import InteropOps
+from portkit.tensor.interop import InteropOps, import_dlpack
 from portkit.tensor.movement import MovementOps
 from portkit.tensor.random import RandomOps
 from portkit.tensor.reduce import ReduceOps
@@ -306,7 +306,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
 def from_dlpack(source: Any, device: str | None = None) -> Tensor:
     """A Tensor with the values and dtype of any DLPack producer (torch, numpy, jax...): sharing
     its memory on a host-memory backend, else a copy (see the module docstring)."""
-    array = np.from_dlpack(source)
+    array = import_dlpack(source)
     device = runtime.device_name(device)
     dtype = check_dtype(from_numpy(array.dtype), device)
     shared = None
@@ -335,8 +335,8 @@ def realize(*tensors: Tensor) -> None:
 
 
 def _to_numpy(data: Any, dtype: DType | None) -> np.ndarray:
-    if isinstance(data, np.ndarray):
-        array = data
+    if isinstance(data, np.ndarray | np.generic):     # numpy scalars keep their dtype, as torch
+        array = np.asarray(data)
         if array.dtype == np.int64 and dtype is None:      # the int32 default, as documented
             _check_fits(array, np.dtype(np.int32), "dtype=portkit.int64")
             array = array.astype(np.int32)

@@ -99,3 +99,27 @@ def test_from_dlpack_keeps_int64_or_refuses_it_when_written(capabilities):
     else:
         with pytest.raises(UnsupportedDType, match="int32"):
             pk.from_dlpack(torch.arange(3))
+
+
+def test_bfloat16_crosses_dlpack_both_ways_and_prints_as_torch(backend):
+    """numpy has no bfloat16 DLPack code: both directions raised numpy's errors, np.asarray
+    gave void ("|V2") values, and repr printed [1, 2.5]."""
+    from portkit import runtime
+    from portkit.abi import dtypes
+    if dtypes.bfloat16 not in runtime.get(backend).capabilities.dtypes:
+        with pytest.raises(UnsupportedDType):
+            Tensor([1.0], dtype="bfloat16")
+        return
+    values = [1.0, 2.5, -3.0]
+    t = Tensor(values, dtype="bfloat16")
+    out = torch.from_dlpack(t)
+    assert out.dtype == torch.bfloat16 and out.tolist() == values
+    assert np.asarray(t).dtype.name == "bfloat16"
+    back = pk.from_dlpack(torch.tensor(values, dtype=torch.bfloat16))
+    assert back.dtype.name == "bfloat16" and back.tolist() == values
+    assert "[ 1. ,  2.5, -3. ], dtype=bfloat16" in repr(t)
+
+
+def test_a_numpy_scalar_keeps_its_dtype_as_in_torch():
+    assert Tensor(np.float64(3.5), device="cpu").dtype == pk.float64      # was float32
+    assert Tensor(np.float16(1.5), device="cpu").dtype == pk.float16

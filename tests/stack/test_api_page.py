@@ -47,6 +47,8 @@ PARTLY = {
     "Tensor.min": "a tuple of dims gives amin's values (torch refuses it)",
     "Tensor.sort": "O(n^2) pairwise ranking along the dim (no sort in the ABI); always stable",
     "Tensor.repeat_interleave": "integer repeats only, not a tensor of repeats",
+    "Tensor.matmul": "operands of two dtypes promote as elementwise ops do (torch raises)",
+    "nn.Linear": "an integer input promotes to the weight's float dtype (torch raises)",
     "Tensor.nonzero": "reads the values back to the host; int32 indices (torch: int64)",
     "Tensor.unique": "reads the values back to the host; sorted always; int32 inverse, counts",
     "F.embedding": "padding_idx only: no max_norm, scale_grad_by_freq or sparse",

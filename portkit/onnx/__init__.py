@@ -12,6 +12,7 @@ where every value fits, so models with int64 indices run on devices without 64-b
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,14 @@ class Model:
     device: str | None = None
     _host: dict[int, Any] = field(default_factory=dict, repr=False)
     _uploaded: dict[int, Tensor] = field(default_factory=dict, repr=False)
+
+    def __repr__(self) -> str:
+        """A summary, not the weights: opset, inputs, outputs, node counts by op, weights."""
+        ops = Counter(node.op for node in self.nodes)
+        weights = sum(int(np.asarray(value).size) for value in self.constants.values())
+        return (f"Model(opset={self.opset}, inputs={self.inputs}, outputs={self.outputs}, "
+                f"nodes={len(self.nodes)} ({', '.join(f'{op} {n}' for op, n in ops.most_common())})"
+                f", constants={len(self.constants)} ({weights:,} values), device={self.device!r})")
 
     def __call__(self, *args: np.ndarray | Tensor, **named: np.ndarray | Tensor
                  ) -> dict[str, np.ndarray | Tensor]:

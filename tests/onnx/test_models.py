@@ -212,3 +212,13 @@ def test_einsum_with_ellipses_diagonals_and_implicit_outputs(equation, shapes):
     values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     got = load(proto, device="cpu")(*values)["y"]
     np.testing.assert_allclose(got, np.einsum(equation, *values), rtol=1e-5, atol=1e-5)
+
+
+def test_a_loaded_model_prints_a_summary_not_its_weights():
+    weight = onnx.numpy_helper.from_array(np.full((300, 300), 0.125, np.float32), "W")
+    proto = graph([helper.make_node("MatMul", ["x", "W"], ["y"]),
+                   helper.make_node("Relu", ["y"], ["z"])], {"x": [1, 300]}, ["z"], 18,
+                  [weight])
+    shown = repr(load(proto, device="cpu"))
+    assert shown == ("Model(opset=18, inputs=['x'], outputs=['z'], nodes=2 (MatMul 1, Relu 1), "
+                     "constants=1 (90,000 values), device='cpu')")

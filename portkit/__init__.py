@@ -31,6 +31,7 @@ __all__ = [
     "nn",
     "no_grad",
     "optim",
+    "profile",
     "promote",
     "realize",
     "seed",
@@ -40,12 +41,14 @@ __all__ = [
     "uint32",
     "uint64",
 ]
-_STACK = frozenset(__all__) - {"__version__", "dtypes", "jit", "nn", "optim"}
+_STACK = frozenset(__all__) - {"__version__", "dtypes", "jit", "nn", "optim", "profile"}
 
 
 def __getattr__(name: str):
     if name in ("jit", "nn", "optim"):
         return importlib.import_module(f"portkit.{name}")
+    if name == "profile":
+        return importlib.import_module("portkit.runtime.profile").profile
     if name == "dtypes":
         return importlib.import_module("portkit.tensor.dtype_names")
     if name in _STACK:

@@ -66,11 +66,42 @@ def tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def profile_script(args: argparse.Namespace) -> int:
+    """`portkit profile SCRIPT [ARGS...]`: runs SCRIPT as __main__ under a profile, writes the
+    Chrome/Perfetto trace and prints the kernels that took the most device time."""
+    import runpy
+
+    from portkit.runtime.profile import profile
+
+    sys.argv = [args.script, *args.args]
+    code = 0
+    with profile(args.output) as found:
+        try:
+            runpy.run_path(args.script, run_name="__main__")
+        except SystemExit as stopped:
+            code = stopped.code if isinstance(stopped.code, int) else int(bool(stopped.code))
+    kernels = found.totals()
+    total = sum(seconds for _, _, seconds in kernels) or 1.0
+    table = Table("kernel", "launches", "total ms", "mean ms", "share", title="device time")
+    for name, count, seconds in kernels[:args.top]:
+        table.add_row(name, str(count), f"{seconds * 1e3:.3f}", f"{seconds / count * 1e3:.3f}",
+                      f"{seconds / total:.0%}")
+    console = Console()
+    console.print(table)
+    compiles = found.totals("compile")
+    console.print(f"{sum(c for _, c, _ in kernels)} launches, {total * 1e3:.1f} ms of kernels; "
+                  f"{sum(c for _, c, _ in compiles)} compiles, {sum(s for *_, s in compiles):.2f} s; trace: "
+                  f"{args.output} (open it at https://ui.perfetto.dev)", highlight=False,
+                  soft_wrap=True)
+    return code
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand whose module is installed."""
     root = argparse.ArgumentParser(prog="portkit", description="Port a deep-learning stack to "
                                    "a new accelerator through a small, frozen ABI.")
-    root.add_argument("--version", action="version", version=f"portkit {__version__} (backend ABI {ABI_VERSION})")
+    root.add_argument("--version", action="version",
+                      version=f"portkit {__version__} (backend ABI {ABI_VERSION})")
     subparsers = root.add_subparsers(dest="command", required=True)
     subparsers.add_parser("backends", help="list backends and whether they run here"
                           ).set_defaults(run=show_backends)
@@ -87,6 +118,15 @@ def parser() -> argparse.ArgumentParser:
     tuning.add_argument("--beam", type=int, default=None,
                         help="how many tilings to time (default: all)")
     tuning.set_defaults(run=tune)
+    profiling = subparsers.add_parser("profile", help="run a Python script and show where "
+                                      "its kernel time goes (writes a Perfetto trace)")
+    profiling.add_argument("script", help="the Python file to run as __main__ (options of "
+                           "`portkit profile` come before it)")
+    profiling.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    profiling.add_argument("-o", "--output", default="portkit-trace.json",
+                           help="where to write the trace (default: portkit-trace.json)")
+    profiling.add_argument("--top", type=int, default=15, help="kernels to list (default 15)")
+    profiling.set_defaults(run=profile_script)
     for name in SUBCOMMAND_MODULES:
         try:
             module = importlib.import_module(name)

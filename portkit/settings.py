@@ -91,6 +91,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "keeps; the least recently used go."),
     Setting("PORTKIT_POOL_MB", _count("PORTKIT_POOL_MB"), 256, "megabytes",
             "How much freed device memory each device keeps for reuse by later buffers."),
+    Setting("PORTKIT_PROFILE", _text, None, "a file path",
+            "Profile the whole process: kernel launches (each waits for its kernel), compiles, "
+            "realizes and read-backs, written as a Chrome/Perfetto trace to this file at exit."),
     Setting("PORTKIT_CC", _text, None, "a compiler command",
             "The cpu backend's C compiler command (default: clang, else gcc, else cc)."),
 )}

@@ -30,7 +30,7 @@ from portkit.abi.backend import Capabilities, Compiler, Device, HostAllocator
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel, validate
 from portkit.abi.ops import COMPUTE
-from portkit.runtime import progress
+from portkit.runtime import profile, progress
 from portkit.runtime.memory import Buffer, BufferPool, LaunchError
 from portkit.runtime.programs import LRU, Compiled
 
@@ -116,7 +116,10 @@ class Runtime:
             binary = self.device.compiler.compile(source)
         with self.device_lock:
             program = self.device.program(kernel.name, binary)
-        return Compiled(kernel, source, program, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        if profile.current is not None:
+            profile.current.add("compile", kernel.name, start, seconds, backend=self.name)
+        return Compiled(kernel, source, program, seconds)
 
     def compile(self, kernel: Kernel) -> Compiled:
         """`build(kernel)`, once per kernel: later calls return the same Compiled."""
@@ -206,9 +209,16 @@ class Runtime:
         `words`, under the device's lock; with `wait` (or PORTKIT_DEBUG `level` >= 2, which
         prints the launch) it waits and returns the seconds the program reports."""
         kernel = compiled.kernel
+        tracing = profile.current
+        if tracing is not None:
+            start = time.perf_counter()
         with self.device_lock:
             seconds = compiled.program(handles, words, kernel.grid, kernel.block,
-                                       wait=wait or level >= 2)
+                                       wait=wait or level >= 2 or tracing is not None)
+        if tracing is not None:
+            took = seconds or (time.perf_counter() - start)
+            tracing.add("kernel", kernel.name, start, took, self.name, grid=kernel.grid,
+                        block=kernel.block, buffers=len(handles))
         if level >= 2:
             print_launch(compiled, seconds, level)
         return seconds if wait else None
@@ -325,6 +335,9 @@ class Runtime:
         with self._lock:
             self.builds += len(ready)
         share = (time.perf_counter() - start) / max(1, len(ready))
+        if profile.current is not None:
+            profile.current.add("compile", f"compile_batch of {len(ready)}", start,
+                                share * len(ready), backend=self.name)
         results: list[Compiled | Exception] = []
         for entry in made:
             if isinstance(entry, Exception):

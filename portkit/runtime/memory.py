@@ -18,6 +18,7 @@ from portkit import settings
 from portkit.abi.backend import Allocator, HostAllocator
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
+from portkit.runtime import profile
 
 
 class LaunchError(PortkitError, ValueError):
@@ -124,6 +125,12 @@ class Buffer:
         """A new host array of the buffer's first elements in `shape` (default: all of them,
         1-D); waits for the device."""
         shape = (self.size,) if shape is None else shape
+        if profile.current is not None:
+            with profile.current.span("read-back", f"{self.size} x {self.dtype.name}"):
+                return self._numpy(shape)
+        return self._numpy(shape)
+
+    def _numpy(self, shape: tuple[int, ...]) -> np.ndarray:
         with self._pool.lock:
             if isinstance(self._allocator, HostAllocator):   # the handle is the bytes
                 return np.ndarray(shape, self.dtype.np, self.handle).copy()

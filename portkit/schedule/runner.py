@@ -260,6 +260,13 @@ def realize(outs: list[Lazy]) -> None:
     load = GraphOp.LOAD
     if not [o for o in outs if o.op is not load]:   # .realize() or .numpy() of computed ones
         return
+    if runtime.profile.current is not None:
+        with runtime.profile.current.span("realize", f"realize of {len(outs)}"):
+            return _realize(outs)
+    _realize(outs)
+
+
+def _realize(outs: list[Lazy]) -> None:
     structure_key, nodes = graph_key(outs)
     steps = _replays.get(structure_key)
     if isinstance(steps, _ByValue):

@@ -1,7 +1,7 @@
 """print(model) shows the module tree as torch prints it."""
 import torch
 
-import portkit.nn as nn
+from portkit import nn
 
 
 class Net(nn.Module):

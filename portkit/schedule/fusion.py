@@ -92,6 +92,7 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
         if into is not None and (max_loop_trips is None or fused[into] + length <= chunk):
             fused[into] += length
             realize.discard(id(node))
+    limits.cut_shared(order, consumers, realize)
     limits.cut_deep(order, realize)
     while True:
         items = [ScheduleItem(n, _inputs(n, realize)) for n in order if id(n) in realize]

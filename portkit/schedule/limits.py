@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from portkit import graph
+from portkit.abi.ops import Op
 from portkit.graph import GraphOp, Lazy
 
 # Ops fused into one kernel along any path, at most: a chain of 100,000 adds becomes 100
@@ -21,6 +22,36 @@ def cut_deep(order: list[Lazy], realize: set[int]) -> None:
         deepest = max((depth.get(id(s), 0) for s in node.src if id(s) not in realize), default=0)
         depth[id(node)] = deepest + 1
         if deepest >= MAX_FUSED_DEPTH and node.op is not GraphOp.VIEW:
+            realize.add(id(node))
+
+
+# An elementwise value that several kernels read is computed again in each of them: cheap for a
+# short expression, but a recurrence (an LSTM's cell state, c = f * c + i * g, read by the next
+# step and by the output) would recompute every earlier step in every later kernel: O(steps^2)
+# work in ever-larger kernels, each compiled anew. Past this many fused ops deep (views and
+# constants do not count; one exp or tanh is about 20), such a value gets its own buffer: an
+# LSTM step then runs as three kernels of one structure at any sequence length.
+MAX_SHARED_DEPTH = 32
+_MANY = -1
+
+
+def cut_shared(order: list[Lazy], consumers: dict[int, set[int]], realize: set[int]) -> None:
+    """Adds to `realize` the elementwise nodes of `order` (sources first) that two or more
+    kernels would compute and whose fused expression is MAX_SHARED_DEPTH ops deep or more.
+    Consumers are decided first (a cut one is its own kernel), so a value feeding only a cut
+    node belongs to that node's kernel and stays fused."""
+    depth: dict[int, int] = {}
+    for node in order:
+        deepest = max((depth.get(id(s), 0) for s in node.src if id(s) not in realize), default=0)
+        depth[id(node)] = deepest + isinstance(node.op, Op)
+    owner: dict[int, int] = {}       # id(node) -> the one kernel root that computes it, or _MANY
+    for node in reversed(order):
+        if id(node) in realize:
+            continue
+        found = {c if c in realize else owner.get(c, _MANY) for c in consumers[id(node)]}
+        owner[id(node)] = found.pop() if len(found) == 1 else _MANY
+        if (owner[id(node)] == _MANY and isinstance(node.op, Op)
+                and depth[id(node)] >= MAX_SHARED_DEPTH):
             realize.add(id(node))
 
 

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+import portkit
 from portkit import nn, optim
 from portkit.abi.ops import Op
 from portkit.tensor import Tensor
@@ -190,3 +191,41 @@ def test_webgpu_declares_its_binding_limit():
     assert limit is not None and limit >= 2**27        # WebGPU guarantees 128 MiB
     with pytest.raises(TooLarge, match="Capabilities.max_buffer_bytes"):
         Tensor.zeros(limit // 4 + 1, device="webgpu").realize()
+
+
+def _lstm_kernels(steps: int, batch: int = 2, hidden: int = 8):
+    """The schedule of an LSTM's recurrence over `steps`, with its output and numpy's."""
+    from portkit import graph, schedule
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((steps, batch, 4 * hidden)).astype(np.float32)
+    rs = (rng.standard_normal((4 * hidden, hidden)) * 0.3).astype(np.float32)
+    x, r = Tensor(xs), Tensor(rs)
+    h = c = Tensor.zeros(batch, hidden)
+    ref_h = ref_c = np.zeros((batch, hidden), np.float32)
+    outs, refs = [], []
+    sig = lambda v: 1 / (1 + np.exp(-v))
+    for t in range(steps):
+        g, ref_g = x[t] + h @ r.T, xs[t] + ref_h @ rs.T
+        i, o, f, cell = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+        ri, ro, rf, rcell = (ref_g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+        c = f.sigmoid() * c + i.sigmoid() * cell.tanh()
+        ref_c = sig(rf) * ref_c + sig(ri) * np.tanh(rcell)
+        h, ref_h = o.sigmoid() * c.tanh(), sig(ro) * np.tanh(ref_c)
+        outs.append(h)
+        refs.append(ref_h)
+    y = portkit.stack(outs)
+    items = schedule.create_schedule([y.lazy])
+    sizes = [len(graph.toposort([it.root], stop=lambda n, it=it: n is not it.root and (
+        n.realized or any(n is s for s in it.inputs)))) for it in items]
+    return items, sizes, y, np.stack(refs)
+
+
+def test_a_recurrence_is_not_recomputed_in_every_later_step():
+    """An LSTM's cell state is read by the next step and by the output: fused into every
+    reader, each step's kernels recomputed all the steps before it (O(steps^2) work, kernels
+    growing with the sequence, a 16-step LSTM's first call over 10 minutes)."""
+    short, short_sizes, _, _ = _lstm_kernels(8)
+    long, long_sizes, y, ref = _lstm_kernels(16)
+    assert max(long_sizes) == max(short_sizes)           # no kernel grows with the sequence
+    assert len(long) <= 2 * len(short) + 2
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-5, atol=1e-6)

@@ -133,6 +133,16 @@ def test_xfail_file_needs_a_reason_per_line():
     assert entries == {"ops/SIN/*": "polynomial too coarse"}
     with pytest.raises(ValueError, match="has no reason"):
         suite.parse_xfail("ops/SIN/float32\n")
+    with pytest.raises(ValueError, match="no space"):
+        suite.parse_xfail("ops/SIN/*  coarse\n! ops/SIN/float64\n")
+
+
+def test_an_exclusion_takes_cases_out_of_every_entry_whatever_the_order():
+    entries = suite.parse_xfail("!ops/MAX/int*\nops/MAX/*  NaN handling\nops/*/int32  other\n")
+    assert entries["!ops/MAX/int*"] == ""
+    assert suite.xfail_reason("ops/MAX/float32", entries) == "NaN handling"
+    assert suite.xfail_reason("ops/MAX/int32", entries) is None
+    assert suite.xfail_reason("ops/ADD/int32", entries) == "other"
 
 
 def test_cli_exit_codes_and_reports(tmp_path, capsys):

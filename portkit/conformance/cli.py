@@ -22,8 +22,8 @@ from portkit.abi import BackendUnavailable, PortkitError
 from portkit.conformance import compare, replay, report, runner, suite
 from portkit.conformance.case import Unsupported
 from portkit.conformance.isolate import WorkerError, WorkerTarget
+from portkit.conformance.progress_log import LogProgress
 from portkit.conformance.target import Target
-from portkit.runtime.progress import Lines
 
 # The exit codes of `portkit conform`, pytest's where they mean the same thing.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -172,23 +172,22 @@ def run_conform(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.model:
         return _run_model(target, options, args, console)
-    # a CI log gets plain lines, a tenth of the way each; a terminal gets the bar
-    lines = (None if console.is_terminal else
-             (Lines("compiling", console.file), Lines("running", console.file)))
+    # a CI log gets a plain line every few seconds (progress_log); a terminal gets the bar
+    log = None if console.is_terminal else LogProgress(console.file)
     with progress_bar(console) as progress:
         task = progress.add_task(f"conform {target.name}", total=None)
 
         def compiled(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total,
                             description=escape(f"{target.name}: compiling kernels"))
-            if lines:
-                lines[0](done, total)
+            if log:
+                log.compiled(done, total)
 
         def advance(result, done: int, total: int) -> None:
             progress.update(task, completed=done, total=total,
                             description=escape(f"{target.name}: {result.case.id}"))
-            if lines:
-                lines[1](done, total)
+            if log:
+                log.ran(result, done, total)
 
         try:
             result = runner.run(target, options, advance, compiled)

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 import portkit
@@ -214,19 +215,39 @@ def write_html(report: Report | dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(html)
 
 
+def tier_counts(report: Report) -> dict[str, dict[str, int]]:
+    """Per tier name, how many of its results have each status (every status, zeros too)."""
+    counts = {name: {s.value: 0 for s in Status} for name in report.tiers}
+    number = {tier["tier"]: name for name, tier in report.tiers.items()}
+    for r in report.results:
+        if r.case.tier in number:
+            counts[number[r.case.tier]][r.status.value] += 1
+    return counts
+
+
+def tier_table(report: Report) -> Table:
+    """The per-tier summary, narrow enough for 80 columns: passed, failed and blocked always,
+    another status only when some tier has it, no status column (a tier not run shows "-"
+    and is explained below the table), and collapsed padding."""
+    counts = tier_counts(report)
+    shown = [s.value for s in Status if s.value in ("passed", "failed", "blocked")
+             or any(c[s.value] for c in counts.values())]
+    title = f"portkit conform --backend {report.backend}  ({report.seconds:.1f} s)"
+    table = Table("tier", *[Column(s, justify="right", no_wrap=True) for s in shown],
+                  title=title, min_width=min(len(title), 80), box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for name, tier in report.tiers.items():
+        ran = tier["status"] == "run"
+        table.add_row(f"{tier['tier']} {name}", *[
+            ("-" if not ran else f"[{_STYLE[k]}]{counts[name][k]}[/]" if counts[name][k]
+             else "0") for k in shown])
+    return table
+
+
 def print_terminal(report: Report, console: Console | None = None) -> None:
     """Prints the summary per tier, every case that did not pass, and the perf figures."""
     console = console or Console()
-    tiers = Table("tier", "status", *[s.value for s in Status], title=(
-        f"portkit conform --backend {report.backend}  ({report.seconds:.1f} s)"))
-    for name, tier in report.tiers.items():
-        counts = {s.value: 0 for s in Status}
-        for r in report.results:
-            if r.case.tier == tier["tier"]:
-                counts[r.status.value] += 1
-        tiers.add_row(f"{tier['tier']} {name}", "ran" if tier["status"] == "run" else "NOT RUN", *[
-            f"[{_STYLE[k]}]{v}[/]" if v else "0" for k, v in counts.items()])
-    console.print(tiers)
+    console.print(tier_table(report))
     for name, tier in report.tiers.items():
         if tier["status"] != "run":
             console.print(f"[yellow]tier {tier['tier']} ({name}) not run:[/] "

@@ -88,6 +88,38 @@ def test_terminal_summary_names_failures_and_replays(broken_report):
     assert "  portkit replay " in text
 
 
+def _header_and_rows(table, width: int = 80) -> list[str]:
+    console = Console(width=width, record=True)
+    console.print(table)
+    return [line.rstrip() for line in console.export_text().splitlines()]
+
+
+def test_tier_table_fits_80_columns_with_whole_headers(broken_report):
+    lines = _header_and_rows(report.tier_table(broken_report))
+    assert max(map(len, lines)) <= 80 and "…" not in "".join(lines)
+    [header] = [line for line in lines if line.split()[:1] == ["tier"]]
+    assert header.split() == ["tier", "passed", "failed", "blocked"]    # no other status
+    assert lines[0].strip() == f"portkit conform --backend broken-sin  ({broken_report.seconds:.1f} s)"
+    [models] = [line for line in lines if "5 models" in line]
+    assert models.split()[2:] == ["-"] * 3        # not run: explained below the table
+    counts = report.tier_counts(broken_report)["ops"]
+    [ops] = [line for line in lines if "2 ops" in line]
+    assert ops.split()[2:] == [str(counts[s]) for s in ("passed", "failed", "blocked")]
+
+
+def test_tier_table_with_every_status_still_fits_80_columns():
+    from portkit.conformance.case import Case, Result
+
+    results = [Result(Case(f"tensor/{s.value}/{n}", 4), s) for s in Status for n in range(1234)]
+    run_ = suite.Report("opencl", None, Options(), results, seconds=1234.5, tiers={
+        "runtime": {"tier": 1, "status": "run"}, "tensor": {"tier": 4, "status": "run"}})
+    lines = _header_and_rows(report.tier_table(run_))
+    assert max(map(len, lines)) <= 80 and "…" not in "".join(lines)
+    assert [w for line in lines if line.split()[:1] == ["tier"] for w in line.split()] == [
+        "tier", *[s.value for s in Status]]
+    assert "4 tensor" + "1234".rjust(len("passed") + 2) in "\n".join(lines)
+
+
 def test_terminal_shows_blocked_cases_once_per_cause(broken, tmp_path):
     # copyout drops a byte: the round trips fail, and every case above them is blocked.
     run_ = run(Target(broken.copyout_short()), Options(tiers=(1, 2), quick=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
@@ -199,19 +200,56 @@ def perf_bars(perf: list[dict[str, Any]], width: float = 400.0) -> dict[str, Any
             "one": x(1.0), "low": 10 ** low, "high": 10 ** high}
 
 
+def anchor(case_id: str) -> str:
+    """The HTML id of a case's evidence in the report: `case-` and the case id, each run of
+    characters other than letters, digits, `.` and `-` written `_`."""
+    return "case-" + re.sub(r"[^A-Za-z0-9.-]+", "_", case_id)
+
+
+def tier_summary(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per tier of a JSON report: number, name, status, reason, its count of each status, and
+    the cases with evidence (failed, xfail, xpass, crashed, timeout) that the page links to."""
+    evidence = {s.value for s in EVIDENCE}
+    rows = []
+    for name, tier in data["tiers"].items():
+        cases = [c for c in data["cases"] if c["tier"] == tier["tier"]]
+        counts = {s.value: sum(c["status"] == s.value for c in cases) for s in Status}
+        rows.append({"tier": tier["tier"], "name": name, "status": tier["status"],
+                     "reason": tier.get("reason", ""), "counts": counts,
+                     "failing": [c["id"] for c in cases if c["status"] in evidence]})
+    return rows
+
+
+def counts_line(data: dict[str, Any]) -> str:
+    """The verdict's one line: each status that occurred with its count, the total, and how
+    many tiers did not run."""
+    summary = data["summary"]
+    counts = ", ".join(f"{summary[s.value]} {s.value}" for s in Status if summary[s.value])
+    not_run = len(summary["not_run"])
+    tail = f"; {not_run} tier{'s' * (not_run != 1)} not run" if not_run else ""
+    return f"{counts or 'no cases'} of {summary['total']}{tail}"
+
+
 def write_html(report: Report | dict[str, Any], path: str | Path) -> None:
-    """Writes one self-contained HTML page: summary, the op x dtype grid, every tier's cases,
-    blocked cases by cause, failures with their evidence, and perf on a log scale."""
+    """Writes one self-contained HTML page. Its first screen: a verdict banner, the counts per
+    tier (linked to each tier and failing case below) and the perf chart; then the failures
+    with their evidence, blocked cases by cause, each tier's cases, capabilities."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("portkit.conformance", "templates"),
                              autoescape=True)
+    env.filters["anchor"] = anchor
     data = _document(report)
     by_tier = {}
     for name, tier in data["tiers"].items():
         by_tier[name] = [c for c in data["cases"] if c["tier"] == tier["tier"]]
+    tiers = tier_summary(data)
+    shown = [s.value for s in Status if s.value in ("passed", "failed", "blocked")
+             or any(t["counts"][s.value] for t in tiers)]
+    linked = {s.value for s in EVIDENCE}
     html = env.get_template("report.html.j2").render(
         report=data, grid=grid(data), perf=perf_bars(data["perf"]), styles=_STYLE,
-        by_tier=by_tier, blocked=blocked_by_cause(data),
-        evidence=[c for c in data["cases"] if c["status"] in {s.value for s in EVIDENCE}])
+        by_tier=by_tier, blocked=blocked_by_cause(data), tiers=tiers, shown=shown,
+        counts_line=counts_line(data), linked=linked,
+        evidence=[c for c in data["cases"] if c["status"] in linked])
     Path(path).write_text(html)
 
 

@@ -2,6 +2,7 @@
 import importlib
 import json
 import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,73 @@ def test_html_report_is_one_file_with_grid_failures_and_a_perf_plot(broken_repor
     assert 'class="failed">failed</td>' in html and "not run" in html
     # Each benchmark's spread: a whisker from its slowest to its fastest repeat.
     assert html.count('<line class="spread"') == len(report.to_dict(broken_report)["perf"]) > 0
+
+
+class _Page(HTMLParser):
+    """The ids of a page in document order, its #links, and the tier table's rows of cells."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.ids, self.links, self.rows, self.table = [], [], [], None
+        self.banner, self.in_banner, self.cell = "", False, None
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "id" in attrs:
+            self.ids.append(attrs["id"])
+            self.table = attrs["id"] if tag == "table" else self.table
+            self.in_banner = attrs["id"] == "verdict"
+        if tag == "a" and attrs.get("href", "").startswith("#"):
+            self.links.append(attrs["href"][1:])
+        if self.table == "tiers" and tag == "tr":
+            self.rows.append([])
+        if self.table == "tiers" and tag in ("td", "th"):
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.table = None
+        if tag == "div":
+            self.in_banner = False
+        if self.table == "tiers" and tag in ("td", "th"):
+            self.rows[-1].append(" ".join(self.cell.split()))
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.in_banner:
+            self.banner += data
+        if self.cell is not None:
+            self.cell += data
+
+
+def test_html_first_screen_is_verdict_tier_counts_and_perf_with_links(broken_report,
+                                                                       tmp_path):
+    report.write_html(broken_report, tmp_path / "r.html")
+    page = _Page((tmp_path / "r.html").read_text())
+    data = report.to_dict(broken_report)
+    place = {name: page.ids.index(name) for name in ("verdict", "tiers", "perf", "failures")}
+    assert place["verdict"] < place["tiers"] < place["perf"] < place["failures"]
+    assert all(page.ids.index(f"tier-{t['tier']}") > place["failures"]
+               for t in data["tiers"].values())
+    banner = " ".join(page.banner.split())
+    counts = broken_report.counts()
+    assert banner.startswith("FAILED ") and f"{counts['failed']} failed" in banner
+    assert f"{counts['passed']} passed" in banner and "1 tier not run" in banner
+    header, *rows = page.rows
+    assert header[:4] == ["tier", "passed", "failed", "blocked"]
+    by_tier = report.tier_counts(broken_report)
+    for row in rows:
+        name = row[0].split()[1]
+        if data["tiers"][name]["status"] == "run":
+            assert row[1:4] == [str(by_tier[name][s]) for s in ("passed", "failed", "blocked")]
+        else:
+            assert row[1].startswith("not run: needs portkit.nn")
+    failing = [c["id"] for c in data["cases"] if c["status"] == "failed"]
+    assert failing and all(report.anchor(i) in page.ids for i in failing)
+    assert report.anchor("ops/SIN/float32") in page.links      # linked from the tier table
+    assert {f"tier-{t['tier']}" for t in data["tiers"].values()} <= set(page.links)
+    assert set(page.links) <= set(page.ids) and len(page.ids) == len(set(page.ids))
 
 
 def test_terminal_summary_names_failures_and_replays(broken_report):

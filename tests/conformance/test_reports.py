@@ -175,6 +175,20 @@ def test_tier_table_fits_80_columns_with_whole_headers(broken_report):
     assert ops.split()[2:] == [str(counts[s]) for s in ("passed", "failed", "blocked")]
 
 
+def test_perf_table_fits_80_columns_and_warnings_print_whole_below_it(broken_report):
+    perf = [r.perf for r in broken_report.results if r.perf]
+    lines = _header_and_rows(report.perf_table(perf))
+    assert max(map(len, lines)) <= 80 and "…" not in "".join(lines)
+    assert ["benchmark", "figure", "seconds", "CPU", "s", "ratio", "of", "peak"] in [
+        line.split() for line in lines]
+    console = Console(width=80, record=True)
+    report.print_terminal(broken_report, console)
+    text = console.export_text()
+    warned = [p for p in perf if p["warning"]]
+    assert warned and all(" ".join(f"{p['name']}: {p['warning']}".split()) in
+                          " ".join(text.split()) for p in warned)
+
+
 def test_tier_table_with_every_status_still_fits_80_columns():
     from portkit.conformance.case import Case, Result
 

@@ -85,10 +85,13 @@ def test_a_fix_with_an_extra_keeps_its_brackets(fake_backends, fake_backend_modu
     assert "pip install 'portkit[cuda]'" in capsys.readouterr().out
 
 
-def test_no_case_selected_exits_5(capsys):
+def test_no_case_selected_is_a_usage_error_naming_the_pattern(capsys):
     assert main(["conform", "--backend", "interpreter", "--quick", "--tier", "1",
-                 "-k", "no-such-case"]) == 5
-    assert "no case selected" in capsys.readouterr().out
+                 "-k", "no-such-case"]) == 2
+    output = " ".join(capsys.readouterr().out.split())
+    assert "no case selected by -k 'no-such-case' --tier 1" in output
+    assert "pytest --portkit-backend interpreter --portkit-quick --collect-only -q" in output
+    assert "OK" not in output
 
 
 def test_report_folders_are_made_before_the_run(tmp_path):

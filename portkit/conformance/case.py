@@ -33,8 +33,10 @@ class Status(str, Enum):
     TIMEOUT = "timeout"            # ran past the per-case limit; the worker was killed
 
 
-# The statuses that make a run fail (its exit code) and block the cases that require them.
+# The statuses that make a run fail (its exit code).
 FAILING = (Status.FAILED, Status.XPASS, Status.CRASHED, Status.TIMEOUT)
+# A prerequisite with one of these statuses blocks the cases that require it.
+BLOCKING = (Status.FAILED, Status.BLOCKED, Status.XFAIL, Status.CRASHED, Status.TIMEOUT)
 # The statuses whose results carry their evidence: message, kernel, source, replay line.
 EVIDENCE = (Status.FAILED, Status.XFAIL, Status.XPASS, Status.CRASHED, Status.TIMEOUT)
 

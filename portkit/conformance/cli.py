@@ -22,14 +22,14 @@ from portkit.abi import BackendUnavailable, PortkitError
 from portkit.conformance import compare, replay, report, runner, suite
 from portkit.conformance.case import Unsupported
 from portkit.conformance.isolate import WorkerError, WorkerTarget
+from portkit.conformance.progress_log import LogProgress
 from portkit.conformance.target import Target
-from portkit.runtime.progress import Lines
 
 # The exit codes of `portkit conform`, pytest's where they mean the same thing.
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_CASES = 0, 1, 2, 5
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_CODES = ("exit codes: 0 nothing failed, 1 a case failed (or an xfail entry is stale), "
-              "2 usage error (bad option, backend not loadable, report path not writable), "
-              "5 no case selected")
+              "2 usage error (bad option, backend not loadable, report path not writable, "
+              "-k/--tier/--dtype/--shard selecting no case)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -146,8 +146,8 @@ def options_from(args: argparse.Namespace) -> suite.Options:
 
 
 def run_conform(args: argparse.Namespace) -> int:
-    """`portkit conform`: 0 when nothing failed, 1 when something did, 2 on a usage error, 5
-    when no case was selected (the codes pytest uses)."""
+    """`portkit conform`: 0 when nothing failed, 1 when something did, 2 on a usage error
+    (a selection of no case included)."""
     console = Console()
     try:
         options = options_from(args)
@@ -156,7 +156,7 @@ def run_conform(args: argparse.Namespace) -> int:
         console.print(f"[red]{escape(str(error))}[/]")
         return EXIT_USAGE
     if args.available:
-        return _run_available(options, console)
+        return _run_available(options, args, console)
     try:
         target = None
         if options.isolate != "none":     # a backend that ends the process ends only a probe
@@ -172,36 +172,47 @@ def run_conform(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.model:
         return _run_model(target, options, args, console)
-    # a CI log gets plain lines, a tenth of the way each; a terminal gets the bar
-    lines = (None if console.is_terminal else
-             (Lines("compiling", console.file), Lines("running", console.file)))
+    # a CI log gets a plain line every few seconds (progress_log); a terminal gets the bar
+    log = None if console.is_terminal else LogProgress(console.file)
     with progress_bar(console) as progress:
         task = progress.add_task(f"conform {target.name}", total=None)
 
         def compiled(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total,
                             description=escape(f"{target.name}: compiling kernels"))
-            if lines:
-                lines[0](done, total)
+            if log:
+                log.compiled(done, total)
 
         def advance(result, done: int, total: int) -> None:
             progress.update(task, completed=done, total=total,
                             description=escape(f"{target.name}: {result.case.id}"))
-            if lines:
-                lines[1](done, total)
+            if log:
+                log.ran(result, done, total)
 
         try:
             result = runner.run(target, options, advance, compiled)
         except WorkerError as error:
             console.print(f"[red]{escape(str(error))}[/]")
             return EXIT_USAGE
+    if not result.results:
+        console.print(f"[red]{escape(no_case_message(args))}[/]")
+        return EXIT_USAGE
     report.print_terminal(result, console)
     write_reports(report.to_dict(result), args)
-    if not result.results:
-        console.print("[yellow]no case selected[/]: check -k, --tier, --dtype and --shard "
-                      "(`portkit conform --help`)")
-        return EXIT_NO_CASES
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def no_case_message(args: argparse.Namespace) -> str:
+    """Why a run selected no case: the selection it was given, and how to list case ids."""
+    chosen = [f"-k {args.pattern!r}" if args.pattern else "",
+              " ".join(f"--tier {n}" for n in args.tier or []),
+              " ".join(f"--dtype {d}" for d in args.dtype),
+              f"--shard {args.shard[0]}/{args.shard[1]}" if args.shard else ""]
+    quick = " --portkit-quick" if args.quick else ""
+    return (f"no case selected by {' '.join(filter(None, chosen)) or 'these options'}: -k is a "
+            "substring of the case id, or a glob if it has * ? [ (e.g. -k 'ops/SIN/*'); list "
+            f"the case ids with `pytest --portkit-backend {args.backend or 'NAME'}{quick} "
+            "--collect-only -q`")
 
 
 def _run_model(target: Target, options: suite.Options, args: argparse.Namespace,
@@ -244,7 +255,7 @@ def prepare_outputs(paths: list[str | None]) -> None:
                           "writable; choose another path")
 
 
-def _run_available(options: suite.Options, console: Console) -> int:
+def _run_available(options: suite.Options, args: argparse.Namespace, console: Console) -> int:
     worst, ran = EXIT_OK, 0
     for found in backends.probe():     # in a child: a backend that ends it is only listed
         if found.status != "available":
@@ -261,7 +272,9 @@ def _run_available(options: suite.Options, console: Console) -> int:
         verdict = "[green]OK[/]" if result.ok else "[bold red]FAILED[/]"
         console.print(f"{found.name:12} {verdict} {counts} ({result.seconds:.1f} s)")
         worst = max(worst, EXIT_OK if result.ok else EXIT_FAILED)
-    return worst if ran else EXIT_NO_CASES
+    if not ran:
+        console.print(f"[red]{escape(no_case_message(args))}[/]")
+    return worst if ran else EXIT_USAGE
 
 
 def write_reports(data: dict, args: argparse.Namespace) -> None:

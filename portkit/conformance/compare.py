@@ -6,17 +6,20 @@ as HTML or JUnit exactly like a run's, and a diff needs nothing but two files.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from portkit.abi import PortkitError
+from portkit.conformance.case import BLOCKING as BLOCKING_STATUSES
 from portkit.conformance.case import FAILING as FAILING_STATUSES
 from portkit.conformance.case import Status
 from portkit.conformance.report import READABLE_VERSIONS, SCHEMA_VERSION
 
 # Statuses that make a run fail (the exit code's rule, as Report.ok).
 FAILING = tuple(status.value for status in FAILING_STATUSES)
+_BLOCKING = tuple(status.value for status in BLOCKING_STATUSES)
 # Options that must agree for reports to be one run's slices; the shard is what differs.
 _SAME_RUN = ("tiers", "pattern", "dtypes", "quick", "seed", "xfail_file", "perf_min_ratio")
 
@@ -102,21 +105,38 @@ class Diff:
 
     new_failures: list[dict[str, Any]] = field(default_factory=list)   # {id, old, new, message}
     fixes: list[dict[str, Any]] = field(default_factory=list)          # {id, old, new}
+    # passed, now blocked by a case that did not block in the old run: a regression
+    newly_blocked: list[dict[str, Any]] = field(default_factory=list)  # {id, old, new, message}
+    # passed, now blocked by a known failure, or unsupported: listed, not a regression
+    not_run: list[dict[str, Any]] = field(default_factory=list)        # {id, old, new, message}
     slower: list[dict[str, Any]] = field(default_factory=list)  # {name, old, new, change}
     faster: list[dict[str, Any]] = field(default_factory=list)
+    noisy: list[dict[str, Any]] = field(default_factory=list)   # moves {.., why} excused
     gone: list[str] = field(default_factory=list)       # cases the new run does not have
     added: list[str] = field(default_factory=list)      # cases only the new run has
     noise: float = 0.25
 
     @property
     def regressed(self) -> bool:
-        """True when a case newly fails or a benchmark got slower beyond the noise."""
-        return bool(self.new_failures or self.slower)
+        """True when a case newly fails, is newly blocked by a new upstream failure, or a
+        benchmark got slower beyond the noise and beyond both runs' own spread."""
+        return bool(self.new_failures or self.newly_blocked or self.slower)
+
+
+# "blocked by ops/SIN/float32 (failed), ops/EXP2/float32 (xfail) and 4 more"
+_BLOCKER = re.compile(r"(\S+) \((\w+)\)")
+
+
+def blockers(message: str) -> list[str]:
+    """The case ids a blocked case's message names as its blockers (at most three)."""
+    return [case_id for case_id, _ in _BLOCKER.findall(message.removeprefix("blocked by "))]
 
 
 def diff(old: dict[str, Any], new: dict[str, Any], noise: float = 0.25) -> Diff:
-    """New failures, fixes, and benchmarks whose median time moved by more than `noise` (a
-    fraction: 0.25 means 25% slower or faster) from `old` to `new`."""
+    """New failures, fixes, cases that passed and now do not run, and benchmarks whose median
+    time moved by more than `noise` (a fraction: 0.25 means 25% slower or faster) from `old`
+    to `new`. A move within either run's spread of repeats, or of a figure either run marks
+    noisy, goes to `noisy`, not `slower` or `faster`."""
     found = Diff(noise=noise)
     before = {c["id"]: c for c in old["cases"]}
     after = {c["id"]: c for c in new["cases"]}
@@ -124,11 +144,21 @@ def diff(old: dict[str, Any], new: dict[str, Any], noise: float = 0.25) -> Diff:
         was = before.get(case_id)
         if was is None:
             found.added.append(case_id)
-        elif case["status"] in FAILING and was["status"] not in FAILING:
-            found.new_failures.append({"id": case_id, "old": was["status"],
-                                       "new": case["status"], "message": case["message"]})
+            continue
+        change = {"id": case_id, "old": was["status"], "new": case["status"],
+                  "message": case["message"]}
+        if case["status"] in FAILING and was["status"] not in FAILING:
+            found.new_failures.append(change)
         elif was["status"] in FAILING and case["status"] not in FAILING:
-            found.fixes.append({"id": case_id, "old": was["status"], "new": case["status"]})
+            found.fixes.append(change)
+        elif was["status"] == "passed" and case["status"] == "blocked":
+            # It passed, so its prerequisites passed then; unless each blocker named was
+            # already failing in the old run (a prerequisite added since), the failure is new.
+            known = all(before.get(b, {}).get("status") in _BLOCKING
+                        for b in blockers(case["message"]))
+            (found.not_run if known else found.newly_blocked).append(change)
+        elif was["status"] == "passed" and case["status"] == "unsupported":
+            found.not_run.append(change)
     found.gone = [case_id for case_id in before if case_id not in after]
     timed = {p["name"]: p for p in old["perf"] if p.get("seconds")}
     for p in new["perf"]:
@@ -138,11 +168,28 @@ def diff(old: dict[str, Any], new: dict[str, Any], noise: float = 0.25) -> Diff:
         change = p["seconds"] / was["seconds"] - 1
         move = {"name": p["name"], "old": was["seconds"], "new": p["seconds"],
                 "change": change}
-        if change > noise:
-            found.slower.append(move)
-        elif change < -noise / (1 + noise):     # as far below as `noise` is above
-            found.faster.append(move)
+        if not (change > noise or change < -noise / (1 + noise)):   # as far below as above
+            continue
+        why = _excuse(was, p)
+        if why:
+            found.noisy.append({**move, "why": why})
+        else:
+            (found.slower if change > 0 else found.faster).append(move)
     return found
+
+
+def _excuse(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """Why a move of a benchmark's median from `old` to `new` may be noise ("" if it is not):
+    either run marks it noisy, or either median lies within the other run's repeats."""
+    marked = [name for name, p in (("old", old), ("new", new)) if p.get("noisy")]
+    if marked:
+        return f"marked noisy in the {' and '.join(marked)} run"
+    for name, p, median in (("old", old, new["seconds"]), ("new", new, old["seconds"])):
+        if p.get("min_seconds") is not None and p.get("max_seconds") is not None and \
+                p["min_seconds"] <= median <= p["max_seconds"]:
+            return f"within the {name} run's repeats ({p['min_seconds']:.3g}-" \
+                   f"{p['max_seconds']:.3g} s)"
+    return ""
 
 
 def print_diff(found: Diff, console: Any) -> None:
@@ -160,9 +207,16 @@ def print_diff(found: Diff, console: Any) -> None:
     section(f"slower beyond the noise ({found.noise:.0%})", [
         f"{p['name']}: {p['old']:.3g} s -> {p['new']:.3g} s ({p['change']:+.0%})"
         for p in found.slower], "bold red")
+    section("passed, now blocked by a new upstream failure", [
+        f"{d['id']}: {d['message']}" for d in found.newly_blocked], "bold red")
+    section("passed, now not run (blocked by a known failure, or unsupported)", [
+        f"{d['id']}: {d['new']}: {d['message']}" for d in found.not_run], "yellow")
     section("fixed", [f"{d['id']}: {d['old']} -> {d['new']}" for d in found.fixes], "green")
     section("faster", [f"{p['name']}: {p['old']:.3g} s -> {p['new']:.3g} s "
                        f"({p['change']:+.0%})" for p in found.faster], "green")
+    section("moved, but within the noise of a run (not a regression)", [
+        f"{p['name']}: {p['old']:.3g} s -> {p['new']:.3g} s ({p['change']:+.0%}): {p['why']}"
+        for p in found.noisy], "dim")
     section("only in the old run", found.gone, "yellow")
     section("only in the new run", found.added, "yellow")
     console.print("[bold red]REGRESSED[/]" if found.regressed else

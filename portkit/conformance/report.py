@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
@@ -17,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 import portkit
@@ -198,35 +200,106 @@ def perf_bars(perf: list[dict[str, Any]], width: float = 400.0) -> dict[str, Any
             "one": x(1.0), "low": 10 ** low, "high": 10 ** high}
 
 
+def anchor(case_id: str) -> str:
+    """The HTML id of a case's evidence in the report: `case-` and the case id, each run of
+    characters other than letters, digits, `.` and `-` written `_`."""
+    return "case-" + re.sub(r"[^A-Za-z0-9.-]+", "_", case_id)
+
+
+def tier_summary(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per tier of a JSON report: number, name, status, reason, its count of each status, and
+    the cases with evidence (failed, xfail, xpass, crashed, timeout) that the page links to."""
+    evidence = {s.value for s in EVIDENCE}
+    rows = []
+    for name, tier in data["tiers"].items():
+        cases = [c for c in data["cases"] if c["tier"] == tier["tier"]]
+        counts = {s.value: sum(c["status"] == s.value for c in cases) for s in Status}
+        rows.append({"tier": tier["tier"], "name": name, "status": tier["status"],
+                     "reason": tier.get("reason", ""), "counts": counts,
+                     "failing": [c["id"] for c in cases if c["status"] in evidence]})
+    return rows
+
+
+def counts_line(data: dict[str, Any]) -> str:
+    """The verdict's one line: each status that occurred with its count, the total, and how
+    many tiers did not run."""
+    summary = data["summary"]
+    counts = ", ".join(f"{summary[s.value]} {s.value}" for s in Status if summary[s.value])
+    not_run = len(summary["not_run"])
+    tail = f"; {not_run} tier{'s' * (not_run != 1)} not run" if not_run else ""
+    return f"{counts or 'no cases'} of {summary['total']}{tail}"
+
+
 def write_html(report: Report | dict[str, Any], path: str | Path) -> None:
-    """Writes one self-contained HTML page: summary, the op x dtype grid, every tier's cases,
-    blocked cases by cause, failures with their evidence, and perf on a log scale."""
+    """Writes one self-contained HTML page. Its first screen: a verdict banner, the counts per
+    tier (linked to each tier and failing case below) and the perf chart; then the failures
+    with their evidence, blocked cases by cause, each tier's cases, capabilities."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("portkit.conformance", "templates"),
                              autoescape=True)
+    env.filters["anchor"] = anchor
     data = _document(report)
     by_tier = {}
     for name, tier in data["tiers"].items():
         by_tier[name] = [c for c in data["cases"] if c["tier"] == tier["tier"]]
+    tiers = tier_summary(data)
+    shown = [s.value for s in Status if s.value in ("passed", "failed", "blocked")
+             or any(t["counts"][s.value] for t in tiers)]
+    linked = {s.value for s in EVIDENCE}
     html = env.get_template("report.html.j2").render(
         report=data, grid=grid(data), perf=perf_bars(data["perf"]), styles=_STYLE,
-        by_tier=by_tier, blocked=blocked_by_cause(data),
-        evidence=[c for c in data["cases"] if c["status"] in {s.value for s in EVIDENCE}])
+        by_tier=by_tier, blocked=blocked_by_cause(data), tiers=tiers, shown=shown,
+        counts_line=counts_line(data), linked=linked,
+        evidence=[c for c in data["cases"] if c["status"] in linked])
     Path(path).write_text(html)
+
+
+def tier_counts(report: Report) -> dict[str, dict[str, int]]:
+    """Per tier name, how many of its results have each status (every status, zeros too)."""
+    counts = {name: {s.value: 0 for s in Status} for name in report.tiers}
+    number = {tier["tier"]: name for name, tier in report.tiers.items()}
+    for r in report.results:
+        if r.case.tier in number:
+            counts[number[r.case.tier]][r.status.value] += 1
+    return counts
+
+
+def tier_table(report: Report) -> Table:
+    """The per-tier summary, narrow enough for 80 columns: passed, failed and blocked always,
+    another status only when some tier has it, no status column (a tier not run shows "-"
+    and is explained below the table), and collapsed padding."""
+    counts = tier_counts(report)
+    shown = [s.value for s in Status if s.value in ("passed", "failed", "blocked")
+             or any(c[s.value] for c in counts.values())]
+    title = f"portkit conform --backend {report.backend}  ({report.seconds:.1f} s)"
+    table = Table("tier", *[Column(s, justify="right", no_wrap=True) for s in shown],
+                  title=title, min_width=min(len(title), 80), box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for name, tier in report.tiers.items():
+        ran = tier["status"] == "run"
+        table.add_row(f"{tier['tier']} {name}", *[
+            ("-" if not ran else f"[{_STYLE[k]}]{counts[name][k]}[/]" if counts[name][k]
+             else "0") for k in shown])
+    return table
+
+
+def perf_table(perf: list[dict[str, Any]]) -> Table:
+    """The perf figures, narrow enough for 80 columns (their warnings are printed below)."""
+    table = Table("benchmark", "figure", "seconds", "CPU s", "ratio", "of peak",
+                  title="performance (median)", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)
+    for p in perf:
+        table.add_row(p["name"], f"{p['value']:.4g} {p['unit']}", f"{p['seconds']:.3g}",
+                      _fmt(p["reference_seconds"]), _fmt(p["ratio"], "{:.2f}x"),
+                      _fmt(p["peak_fraction"], "{:.0%}"))
+    for column in table.columns:
+        column.no_wrap = True
+    return table
 
 
 def print_terminal(report: Report, console: Console | None = None) -> None:
     """Prints the summary per tier, every case that did not pass, and the perf figures."""
     console = console or Console()
-    tiers = Table("tier", "status", *[s.value for s in Status], title=(
-        f"portkit conform --backend {report.backend}  ({report.seconds:.1f} s)"))
-    for name, tier in report.tiers.items():
-        counts = {s.value: 0 for s in Status}
-        for r in report.results:
-            if r.case.tier == tier["tier"]:
-                counts[r.status.value] += 1
-        tiers.add_row(f"{tier['tier']} {name}", "ran" if tier["status"] == "run" else "NOT RUN", *[
-            f"[{_STYLE[k]}]{v}[/]" if v else "0" for k, v in counts.items()])
-    console.print(tiers)
+    console.print(tier_table(report))
     for name, tier in report.tiers.items():
         if tier["status"] != "run":
             console.print(f"[yellow]tier {tier['tier']} ({name}) not run:[/] "
@@ -257,13 +330,10 @@ def print_terminal(report: Report, console: Console | None = None) -> None:
                 console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
     perf = [r.perf for r in report.results if r.perf]
     if perf:
-        table = Table("benchmark", "figure", "seconds", "CPU ref. s", "ratio", "of peak",
-                      "warning", title="performance (median)")
-        for p in perf:
-            table.add_row(p["name"], f"{p['value']:.4g} {p['unit']}", f"{p['seconds']:.3g}",
-                          _fmt(p["reference_seconds"]), _fmt(p["ratio"], "{:.2f}x"),
-                          _fmt(p["peak_fraction"], "{:.0%}"), Text(p["warning"] or ""))
-        console.print(table)
+        console.print(perf_table(perf))
+        for p in perf:     # below the table, whole: a column of them wraps into a tower
+            if p["warning"]:
+                console.print(Text(f"{p['name']}: {p['warning']}", style="yellow"))
     counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
     verdict = "[green]OK[/]" if report.ok else "[bold red]FAILED[/]"
     console.print(f"{verdict}: {counts or 'no cases'}")

@@ -3,7 +3,6 @@ or in a worker process (isolate.py), applying blocking and xfail, and reports th
 """
 from __future__ import annotations
 
-import fnmatch
 import re
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from portkit.conformance.suite import (
     prerequisites,
     shard,
     with_prerequisites,
+    xfail_reason,
 )
 from portkit.conformance.target import Target
 
@@ -124,16 +124,16 @@ def _run_one(target: Target, case: Case, kc: KernelCase | Exception | None,
 
 
 def _apply_xfail(result: Result, options: Options) -> Result:
-    reasons = [r for p, r in options.xfail.items() if fnmatch.fnmatchcase(result.case.id, p)]
-    if not reasons:
+    reason = xfail_reason(result.case.id, options.xfail)
+    if reason is None:
         return result
     where = options.xfail_file or "the xfail list"
     if result.status in (Status.FAILED, Status.CRASHED, Status.TIMEOUT):
         how = "" if result.status is Status.FAILED else f"{result.status.value}: "
         result.status = Status.XFAIL
-        result.message = f"expected failure ({reasons[0]}): {how}{result.message}"
+        result.message = f"expected failure ({reason}): {how}{result.message}"
     elif result.status is Status.PASSED:
         result.status = Status.XPASS
-        result.message = (f"listed as xfail ({reasons[0]}) but PASSED: remove it from "
+        result.message = (f"listed as xfail ({reason}) but PASSED: remove it from "
                           f"{where}")
     return result

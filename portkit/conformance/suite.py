@@ -79,7 +79,7 @@ class Options:
     quick: bool = False
     seed: int = 0
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)    # compile threads
-    xfail: dict[str, str] = field(default_factory=dict)    # case-id pattern -> reason
+    xfail: dict[str, str] = field(default_factory=dict)    # parse_xfail: pattern -> why
     xfail_file: str | None = None
     perf_min_ratio: float | None = None
     repro_dir: str = "reports/repro"
@@ -116,18 +116,32 @@ class Report:
 
 
 def parse_xfail(text: str, source: str = "xfail file") -> dict[str, str]:
-    """Reads an xfail list: one `CASE-ID-PATTERN  reason` per line; `#` starts a comment."""
+    """Reads an xfail list: one `CASE-ID-PATTERN  reason` per line (a glob on the case id); a
+    line `!CASE-ID-PATTERN` (a reason is optional) takes the cases it matches out of every
+    entry, so `ops/MAX/*` can spare `!ops/MAX/int*`; `#` starts a comment."""
     entries = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split(None, 1)
-        if len(parts) < 2:
+        if parts[0] == "!":
+            raise ValueError(f"{source}:{number}: write `!PATTERN` (no space) to take the "
+                             "cases PATTERN matches out of the list")
+        if len(parts) < 2 and not parts[0].startswith("!"):
             raise ValueError(f"{source}:{number}: {parts[0]!r} has no reason; write "
                              "`PATTERN  why it fails` so the list stays honest")
-        entries[parts[0]] = parts[1]
+        entries[parts[0]] = parts[1] if len(parts) > 1 else ""
     return entries
+
+
+def xfail_reason(case_id: str, entries: dict[str, str]) -> str | None:
+    """The reason of the first xfail entry whose pattern matches `case_id`; None when none
+    does, or when a `!PATTERN` entry matches it (whatever the order of the lines)."""
+    if any(p.startswith("!") and fnmatch.fnmatchcase(case_id, p[1:]) for p in entries):
+        return None
+    return next((reason for p, reason in entries.items()
+                 if not p.startswith("!") and fnmatch.fnmatchcase(case_id, p)), None)
 
 
 def matches(case_id: str, pattern: str) -> bool:

@@ -3,7 +3,7 @@ cases that depend on the broken part, and writes a replay file that reproduces t
 import pytest
 
 from portkit import cli
-from portkit.conformance import Options, Status, Target, replay, run
+from portkit.conformance import Options, Status, Target, replay, run, suite
 
 
 def _run(device, tmp_path, tiers=(1, 2, 3), **options):
@@ -92,6 +92,19 @@ def test_xfail_list_turns_failures_into_xfail_and_stale_entries_into_xpass(broke
         assert "remove it from xfail.txt" in result.message and not report.ok
     else:
         assert report.ok
+
+
+def test_an_exclusion_line_narrows_a_glob_xfail_entry(broken, tmp_path):
+    # `ops/MAX/*` alone turns MAX cases that pass into xpass: `!` lines spare them.
+    xfail = suite.parse_xfail("ops/MAX/*  NaN handling\n!ops/MAX/int*\n!ops/MAX/uint*\n"
+                              "!ops/MAX/bool\n")
+    report = _run(broken.max_nan(), tmp_path, tiers=(2,), pattern="ops/MAX/*", xfail=xfail)
+    statuses = {r.case.id: r.status for r in report.results}
+    assert statuses["ops/MAX/float32"] is Status.XFAIL
+    assert statuses["ops/MAX/int32"] is Status.PASSED and report.ok
+    widened = _run(broken.max_nan(), tmp_path, tiers=(2,), pattern="ops/MAX/*",
+                   xfail={"ops/MAX/*": "NaN handling"})
+    assert {r.case.id: r.status for r in widened.results}["ops/MAX/int32"] is Status.XPASS
 
 
 def test_declared_lack_of_a_dtype_is_unsupported_not_failed(broken, tmp_path):

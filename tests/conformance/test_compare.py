@@ -124,3 +124,54 @@ def test_a_version_2_report_still_reads_and_merges_as_version_3(tmp_path):
     (tmp_path / "v2.json").write_text(json.dumps(old))
     assert compare.merge([compare.load(tmp_path / "v2.json")], ["v2.json"])[
         "schema_version"] == 3
+
+
+def _perf(seconds: float, low: float, high: float, noisy: bool = False) -> dict:
+    return {**PERF[0], "seconds": seconds, "min_seconds": low, "max_seconds": high,
+            "noisy": noisy}
+
+
+def test_a_perf_move_within_a_runs_spread_or_marked_noisy_is_not_a_regression(capsys):
+    old = {"cases": [], "perf": [_perf(0.010, 0.009, 0.011)]}
+    noisy = {"cases": [], "perf": [_perf(0.020, 0.008, 0.030, noisy=True)]}
+    found = compare.diff(old, noisy)
+    assert not found.regressed and not found.slower
+    assert found.noisy[0]["why"] == "marked noisy in the new run"
+    spread = {"cases": [], "perf": [_perf(0.020, 0.010, 0.021)]}   # old median among new repeats
+    assert compare.diff(old, spread).noisy[0]["why"].startswith("within the new run's repeats")
+    assert compare.diff(spread, old).noisy and not compare.diff(spread, old).faster
+    compare.print_diff(compare.diff(noisy, noisy), _console())
+    compare.print_diff(found, _console())
+    output = capsys.readouterr().out
+    assert "moved, but within the noise of a run" in output and "no regression" in output
+    tight = {"cases": [], "perf": [_perf(0.020, 0.019, 0.021)]}
+    assert compare.diff(old, tight).regressed and compare.diff(old, tight).slower
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=200)
+
+
+def _case(case_id: str, status: str, message: str = "") -> dict:
+    return {"id": case_id, "status": status, "message": message}
+
+
+def test_passed_then_blocked_is_listed_and_regresses_only_on_a_new_upstream_failure():
+    old = {"perf": [], "cases": [_case("ops/SIN/float32", "passed"),
+                                 _case("ops/EXP2/float32", "xfail"),
+                                 _case("kernels/a", "passed"), _case("kernels/b", "passed"),
+                                 _case("kernels/c", "passed")]}
+    new = {"perf": [], "cases": [
+        _case("ops/SIN/float32", "xfail"), _case("ops/EXP2/float32", "xfail"),
+        _case("kernels/a", "blocked", "blocked by ops/SIN/float32 (xfail)"),
+        _case("kernels/b", "blocked", "blocked by ops/EXP2/float32 (xfail)"),
+        _case("kernels/c", "unsupported", "the device declares no LOCAL memory")]}
+    found = compare.diff(old, new)
+    assert [d["id"] for d in found.newly_blocked] == ["kernels/a"]     # SIN newly xfail
+    assert [d["id"] for d in found.not_run] == ["kernels/b", "kernels/c"]
+    assert found.regressed and not found.new_failures
+    new["cases"][0]["status"] = old["cases"][0]["status"] = "xfail"
+    assert not compare.diff(old, new).regressed
+    assert compare.blockers("blocked by a/b (failed), c (xfail) and 2 more") == ["a/b", "c"]

@@ -2,6 +2,7 @@
 import importlib
 import json
 import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,73 @@ def test_html_report_is_one_file_with_grid_failures_and_a_perf_plot(broken_repor
     assert html.count('<line class="spread"') == len(report.to_dict(broken_report)["perf"]) > 0
 
 
+class _Page(HTMLParser):
+    """The ids of a page in document order, its #links, and the tier table's rows of cells."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.ids, self.links, self.rows, self.table = [], [], [], None
+        self.banner, self.in_banner, self.cell = "", False, None
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "id" in attrs:
+            self.ids.append(attrs["id"])
+            self.table = attrs["id"] if tag == "table" else self.table
+            self.in_banner = attrs["id"] == "verdict"
+        if tag == "a" and attrs.get("href", "").startswith("#"):
+            self.links.append(attrs["href"][1:])
+        if self.table == "tiers" and tag == "tr":
+            self.rows.append([])
+        if self.table == "tiers" and tag in ("td", "th"):
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.table = None
+        if tag == "div":
+            self.in_banner = False
+        if self.table == "tiers" and tag in ("td", "th"):
+            self.rows[-1].append(" ".join(self.cell.split()))
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.in_banner:
+            self.banner += data
+        if self.cell is not None:
+            self.cell += data
+
+
+def test_html_first_screen_is_verdict_tier_counts_and_perf_with_links(broken_report,
+                                                                       tmp_path):
+    report.write_html(broken_report, tmp_path / "r.html")
+    page = _Page((tmp_path / "r.html").read_text())
+    data = report.to_dict(broken_report)
+    place = {name: page.ids.index(name) for name in ("verdict", "tiers", "perf", "failures")}
+    assert place["verdict"] < place["tiers"] < place["perf"] < place["failures"]
+    assert all(page.ids.index(f"tier-{t['tier']}") > place["failures"]
+               for t in data["tiers"].values())
+    banner = " ".join(page.banner.split())
+    counts = broken_report.counts()
+    assert banner.startswith("FAILED ") and f"{counts['failed']} failed" in banner
+    assert f"{counts['passed']} passed" in banner and "1 tier not run" in banner
+    header, *rows = page.rows
+    assert header[:4] == ["tier", "passed", "failed", "blocked"]
+    by_tier = report.tier_counts(broken_report)
+    for row in rows:
+        name = row[0].split()[1]
+        if data["tiers"][name]["status"] == "run":
+            assert row[1:4] == [str(by_tier[name][s]) for s in ("passed", "failed", "blocked")]
+        else:
+            assert row[1].startswith("not run: needs portkit.nn")
+    failing = [c["id"] for c in data["cases"] if c["status"] == "failed"]
+    assert failing and all(report.anchor(i) in page.ids for i in failing)
+    assert report.anchor("ops/SIN/float32") in page.links      # linked from the tier table
+    assert {f"tier-{t['tier']}" for t in data["tiers"].values()} <= set(page.links)
+    assert set(page.links) <= set(page.ids) and len(page.ids) == len(set(page.ids))
+
+
 def test_terminal_summary_names_failures_and_replays(broken_report):
     console = Console(record=True, width=200)
     report.print_terminal(broken_report, console)
@@ -86,6 +154,52 @@ def test_terminal_summary_names_failures_and_replays(broken_report):
     assert "ops/SIN/float32" in text and "FAILED" in text
     assert "tier 5 (models) not run" in text and "performance (median)" in text
     assert "  portkit replay " in text
+
+
+def _header_and_rows(table, width: int = 80) -> list[str]:
+    console = Console(width=width, record=True)
+    console.print(table)
+    return [line.rstrip() for line in console.export_text().splitlines()]
+
+
+def test_tier_table_fits_80_columns_with_whole_headers(broken_report):
+    lines = _header_and_rows(report.tier_table(broken_report))
+    assert max(map(len, lines)) <= 80 and "…" not in "".join(lines)
+    [header] = [line for line in lines if line.split()[:1] == ["tier"]]
+    assert header.split() == ["tier", "passed", "failed", "blocked"]    # no other status
+    assert lines[0].strip() == f"portkit conform --backend broken-sin  ({broken_report.seconds:.1f} s)"
+    [models] = [line for line in lines if "5 models" in line]
+    assert models.split()[2:] == ["-"] * 3        # not run: explained below the table
+    counts = report.tier_counts(broken_report)["ops"]
+    [ops] = [line for line in lines if "2 ops" in line]
+    assert ops.split()[2:] == [str(counts[s]) for s in ("passed", "failed", "blocked")]
+
+
+def test_perf_table_fits_80_columns_and_warnings_print_whole_below_it(broken_report):
+    perf = [r.perf for r in broken_report.results if r.perf]
+    lines = _header_and_rows(report.perf_table(perf))
+    assert max(map(len, lines)) <= 80 and "…" not in "".join(lines)
+    assert ["benchmark", "figure", "seconds", "CPU", "s", "ratio", "of", "peak"] in [
+        line.split() for line in lines]
+    console = Console(width=80, record=True)
+    report.print_terminal(broken_report, console)
+    text = console.export_text()
+    warned = [p for p in perf if p["warning"]]
+    assert warned and all(" ".join(f"{p['name']}: {p['warning']}".split()) in
+                          " ".join(text.split()) for p in warned)
+
+
+def test_tier_table_with_every_status_still_fits_80_columns():
+    from portkit.conformance.case import Case, Result
+
+    results = [Result(Case(f"tensor/{s.value}/{n}", 4), s) for s in Status for n in range(1234)]
+    run_ = suite.Report("opencl", None, Options(), results, seconds=1234.5, tiers={
+        "runtime": {"tier": 1, "status": "run"}, "tensor": {"tier": 4, "status": "run"}})
+    lines = _header_and_rows(report.tier_table(run_))
+    assert max(map(len, lines)) <= 80 and "…" not in "".join(lines)
+    assert [w for line in lines if line.split()[:1] == ["tier"] for w in line.split()] == [
+        "tier", *[s.value for s in Status]]
+    assert "4 tensor" + "1234".rjust(len("passed") + 2) in "\n".join(lines)
 
 
 def test_terminal_shows_blocked_cases_once_per_cause(broken, tmp_path):
@@ -133,6 +247,16 @@ def test_xfail_file_needs_a_reason_per_line():
     assert entries == {"ops/SIN/*": "polynomial too coarse"}
     with pytest.raises(ValueError, match="has no reason"):
         suite.parse_xfail("ops/SIN/float32\n")
+    with pytest.raises(ValueError, match="no space"):
+        suite.parse_xfail("ops/SIN/*  coarse\n! ops/SIN/float64\n")
+
+
+def test_an_exclusion_takes_cases_out_of_every_entry_whatever_the_order():
+    entries = suite.parse_xfail("!ops/MAX/int*\nops/MAX/*  NaN handling\nops/*/int32  other\n")
+    assert entries["!ops/MAX/int*"] == ""
+    assert suite.xfail_reason("ops/MAX/float32", entries) == "NaN handling"
+    assert suite.xfail_reason("ops/MAX/int32", entries) is None
+    assert suite.xfail_reason("ops/ADD/int32", entries) == "other"
 
 
 def test_cli_exit_codes_and_reports(tmp_path, capsys):

@@ -89,7 +89,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # a conv's output rows fold into m where its row is short (7 wide at ResNet's last stage):
     # 49 rows give 7 x 32 register blocks, 7 of them sharing each B panel
     found = None if reduce is None else match(
-        reduce, lambda node, name: load_steps(node, inputs, name), rows=limits.vector)
+        reduce, lambda node, name: load_steps(node, inputs, name), rows=limits.vector,
+        depths=True)
     if found is None:
         return None
     m, n, k = found.sizes
@@ -97,9 +98,13 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         return None
     # a narrow output (a classifier's 10 logits) takes half a block: one vector of float32
     width = limits.vector if n > limits.vector // 2 else limits.vector // 2
+    # a sum over several axes (a conv's weight gradient: batch and output positions) stages
+    # its A, whose position along the flat k is then worked out once per staged element, not
+    # once per multiply-add; its register rows divide all of m, as the staged A is read flat
+    folded_k = bool(found.k_fold)
     # register rows divide m's last axis (A is read in place, ungated, and a block of a
     # folded m stays within one output row): the most, up to `reuse`
-    row = found.reduce.src[0].shape[found.m]
+    row = m if folded_k else found.reduce.src[0].shape[found.m]
     rows = max(d for d in range(1, limits.reuse + 1) if row % d == 0)
     tiles = m // rows
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
@@ -109,12 +114,12 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     wanted = max(1, min(_MIN_GROUPS, m * n * k // _GROUP_WORK))
     if k <= DEPTH:
         packing = _one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k), tiles,
-                             panels, batch)
+                             panels, batch, folded_k)
         return None if packing is None else (found, packing)
     # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
     # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
     # then register blocks come first (the staged block repays more rows), depth second
-    staged = _evaluation_cost(found.left, {id(x) for x in inputs}) > 1
+    staged = folded_k or _evaluation_cost(found.left, {id(x) for x in inputs}) > 1
     choices = [(most, blocks) for most in (DEPTH, DEPTH // 2, DEPTH // 4)
                for blocks in sorted((d for d in range(1, _BLOCKS + 1) if tiles % d == 0),
                                     reverse=True)]
@@ -133,15 +138,16 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
 
 
 def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
-               wanted: int, base: Packing, tiles: int, panels: int, batch: int
-               ) -> Packing | None:
+               wanted: int, base: Packing, tiles: int, panels: int, batch: int,
+               staged: bool = False) -> Packing | None:
     """The packing of a reduce that fits one depth block (a weight gradient: K is the batch).
     Its A block is worth computing once per group into LOCAL when A is more than a load (the
     MLP's relu gradient, a softmax's): a group then spans several panels along n. The blocking
     minimizes the operands' evaluations, A's (weighted by its ops) once per group along n,
-    B's once per group along m, over those that leave `wanted` groups and fit."""
+    B's once per group along m, over those that leave `wanted` groups and fit; `staged`: A is
+    staged whatever it costs."""
     m, n = found.sizes[:2]
-    cost = _evaluation_cost(found.left, {id(x) for x in inputs})
+    cost = max(_evaluation_cost(found.left, {id(x) for x in inputs}), 2 if staged else 1)
     itemsize = found.accumulate.itemsize
     best: Packing | None = None
     best_cost: tuple[int, int, int] | None = None
@@ -189,7 +195,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     shape = red.src[0].shape
     m_size, n_size, k_size = found.sizes
     wide = found.accumulate
-    batch = [a for a in range(len(shape)) if a not in (*found.m_axes, found.n, found.k)]
+    batch = [a for a in range(len(shape)) if a not in (*found.m_axes, found.n, *found.k_axes)]
     across = p.rows * p.blocks          # rows per workgroup
     grid_shape = (*(shape[a] for a in batch), m_size // across,
                   ceil(n_size / p.width) // p.spans)
@@ -205,7 +211,9 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             idx[axis] = value
         for axis, value in zip(found.m_axes, unravel(m, tuple(shape[a] for a in found.m_axes))):
             idx[axis] = value
-        idx[found.n], idx[found.k] = n, k
+        for axis, value in zip(found.k_axes, unravel(k, tuple(shape[a] for a in found.k_axes))):
+            idx[axis] = value
+        idx[found.n] = n
         return idx
 
     edge = n_size % p.width != 0        # the last panel is partly past N: staged as zeros

@@ -5,8 +5,9 @@ average pools (max_pool with return_indices, max_unpool), interpolate and grid_s
 All are views (pad, shrink, expand, reshape) of the input into sliding windows, then an
 elementwise op and a reduction, so autograd differentiates them with no rule of their own, except
 the convolution: its gradients are given (autograd's "given_vjp") as a convolution of the output
-gradient (the input's) and a sum of lanes (the weight's), laid out for vector lanes, where the
-windows' own gradient would sum nine shifted copies of a tensor nine times the input's size.
+gradient (the input's) and one matmul-shaped sum over the batch and output positions (the
+weight's), where the windows' own gradient would sum nine shifted copies of a tensor nine times
+the input's size.
 """
 from __future__ import annotations
 

@@ -161,6 +161,20 @@ def test_relus_mask_of_the_output_gradient_is_staged_with_the_panel():
     _relative(pw.grad.numpy(), tw.grad.numpy())
 
 
+def test_a_long_weight_gradient_is_split_and_its_first_stage_is_packed():
+    # k = 8 * 48 * 48 = 18432 terms, more than a stage sums (16384): the output rows are cut
+    # into 2 x 32 (padded from 48), and the split moves that reshape and padding into the
+    # product's factors, so the partial sums are still a matmul (a view of the product was not)
+    px = Tensor(_data(8, 8, 48, 48), device="cpu")
+    pw = Tensor(_data(8, 8, 3, 3, seed=1), device="cpu", requires_grad=True)
+    (px.conv2d(pw, padding=1) * Tensor(_data(8, 8, 48, 48, seed=2), device="cpu")).sum().backward()
+    items = schedule.create_schedule([pw.grad.lazy])
+    first = next(it for it in items if any(n.op is GraphOp.REDUCE for n in walk(
+        [it.root], stop=lambda n, it=it: any(n is x for x in it.inputs)).order))
+    (found, _), _ = _packed(first)
+    assert found.sizes[2] <= 16384 and prod(first.root.shape) == 2 * 8 * 8 * 9
+
+
 def _relative(actual: np.ndarray, expected: np.ndarray, rtol: float = 1e-5) -> None:
     """Equal to `rtol` relative to the largest expected magnitude."""
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * np.abs(expected).max())

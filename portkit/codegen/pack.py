@@ -89,7 +89,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # a conv's output rows fold into m where its row is short (7 wide at ResNet's last stage):
     # 49 rows give 7 x 32 register blocks, 7 of them sharing each B panel
     found = None if reduce is None else match(
-        reduce, lambda node, name: load_steps(node, inputs, name), rows=limits.vector)
+        reduce, lambda node, name: load_steps(node, inputs, name), rows=limits.vector,
+        depths=True)
     if found is None:
         return None
     m, n, k = found.sizes
@@ -97,9 +98,16 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         return None
     # a narrow output (a classifier's 10 logits) takes half a block: one vector of float32
     width = limits.vector if n > limits.vector // 2 else limits.vector // 2
+    # a sum over several axes (a conv's weight gradient: batch and output positions) stages
+    # its A, whose position along the flat k is then worked out once per staged element, not
+    # once per multiply-add; its register rows divide all of m, as the staged A is read flat.
+    # It is staged row by row ([row][k]), so that a row's position in a folded m (a channel
+    # and a kernel tap) is worked out once per row: per element, it cost a stride-2 conv's
+    # weight gradient 2.8x its forward's time
+    folded_k = bool(found.k_fold)
     # register rows divide m's last axis (A is read in place, ungated, and a block of a
     # folded m stays within one output row): the most, up to `reuse`
-    row = found.reduce.src[0].shape[found.m]
+    row = m if folded_k else found.reduce.src[0].shape[found.m]
     rows = max(d for d in range(1, limits.reuse + 1) if row % d == 0)
     tiles = m // rows
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
@@ -109,12 +117,12 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     wanted = max(1, min(_MIN_GROUPS, m * n * k // _GROUP_WORK))
     if k <= DEPTH:
         packing = _one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k), tiles,
-                             panels, batch)
+                             panels, batch, folded_k)
         return None if packing is None else (found, packing)
     # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
     # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
     # then register blocks come first (the staged block repays more rows), depth second
-    staged = _evaluation_cost(found.left, {id(x) for x in inputs}) > 1
+    staged = folded_k or _evaluation_cost(found.left, {id(x) for x in inputs}) > 1
     choices = [(most, blocks) for most in (DEPTH, DEPTH // 2, DEPTH // 4)
                for blocks in sorted((d for d in range(1, _BLOCKS + 1) if tiles % d == 0),
                                     reverse=True)]
@@ -125,7 +133,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     for most, blocks in choices:
         depth = ceil(k / ceil(k / most))
         packing = Packing(rows, width, blocks, depth, packed_a=staged,
-                          along_k=found.contiguous_k[0])
+                          along_k=found.contiguous_k[0] or folded_k)
         enough = batch * panels * (tiles // blocks) >= wanted or blocks == 1
         if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
             return found, packing
@@ -133,15 +141,16 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
 
 
 def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
-               wanted: int, base: Packing, tiles: int, panels: int, batch: int
-               ) -> Packing | None:
+               wanted: int, base: Packing, tiles: int, panels: int, batch: int,
+               staged: bool = False) -> Packing | None:
     """The packing of a reduce that fits one depth block (a weight gradient: K is the batch).
     Its A block is worth computing once per group into LOCAL when A is more than a load (the
     MLP's relu gradient, a softmax's): a group then spans several panels along n. The blocking
     minimizes the operands' evaluations, A's (weighted by its ops) once per group along n,
-    B's once per group along m, over those that leave `wanted` groups and fit."""
+    B's once per group along m, over those that leave `wanted` groups and fit; `staged`: A is
+    staged whatever it costs."""
     m, n = found.sizes[:2]
-    cost = _evaluation_cost(found.left, {id(x) for x in inputs})
+    cost = max(_evaluation_cost(found.left, {id(x) for x in inputs}), 2 if staged else 1)
     itemsize = found.accumulate.itemsize
     best: Packing | None = None
     best_cost: tuple[int, int, int] | None = None
@@ -150,7 +159,7 @@ def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
         for spans in (d for d in range(1, panels + 1) if panels % d == 0 and cost > 1 or d == 1):
             packed_a = cost > 1
             packing = Packing(base.rows, base.width, blocks, base.depth, spans, packed_a,
-                              summed=False, along_k=found.contiguous_k[0])
+                              summed=False, along_k=found.contiguous_k[0] or staged)
             groups = batch * (tiles // blocks) * (panels // spans)
             if groups < wanted and (blocks, spans) != (1, 1):
                 continue
@@ -189,7 +198,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     shape = red.src[0].shape
     m_size, n_size, k_size = found.sizes
     wide = found.accumulate
-    batch = [a for a in range(len(shape)) if a not in (*found.m_axes, found.n, found.k)]
+    batch = [a for a in range(len(shape)) if a not in (*found.m_axes, found.n, *found.k_axes)]
     across = p.rows * p.blocks          # rows per workgroup
     grid_shape = (*(shape[a] for a in batch), m_size // across,
                   ceil(n_size / p.width) // p.spans)
@@ -205,7 +214,9 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             idx[axis] = value
         for axis, value in zip(found.m_axes, unravel(m, tuple(shape[a] for a in found.m_axes))):
             idx[axis] = value
-        idx[found.n], idx[found.k] = n, k
+        for axis, value in zip(found.k_axes, unravel(k, tuple(shape[a] for a in found.k_axes))):
+            idx[axis] = value
+        idx[found.n] = n
         return idx
 
     edge = n_size % p.width != 0        # the last panel is partly past N: staged as zeros
@@ -260,7 +271,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                     stage(kk, i)
         with _spans(lowerer, p.spans) as span:
             column0 = (tile_n * p.spans + span) * p.width
-            with _loop(lowerer, "pk", p.depth, end) as kk, _loop(lowerer, "pn", p.width) as j:
+            def copy(kk: Lin, j: Lin) -> None:
                 idx = at(const(0), column0 + j, k0 + kk)
                 gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
                 value, = lowerer.lower(found.right, [idx], [gate])
@@ -268,6 +279,15 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 if gate is not None:
                     value = b.alu(Op.WHERE, gate, value, zero)
                 b.store(panel, lowerer.index(kk * p.width + j), value)
+            if found.k_fold and found.contiguous_k[1]:
+                # B read along its rows (a conv's output gradient along the output positions):
+                # across n its `width` rows lie a plane apart, 4 KiB on a 32 x 32 map, and
+                # walking them all at each k evicts each other from one L1 set
+                with _loop(lowerer, "pn", p.width) as j, _loop(lowerer, "pk", p.depth, end) as kk:
+                    copy(kk, j)
+            else:
+                with _loop(lowerer, "pk", p.depth, end) as kk, _loop(lowerer, "pn", p.width) as j:
+                    copy(kk, j)
             with _loop(lowerer, "mb", p.blocks) as t:
                 accs = [b.acc(zero) for _ in range(p.rows * p.width)]
                 row0 = (tile_m * p.blocks + t) * p.rows

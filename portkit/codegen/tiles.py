@@ -107,6 +107,7 @@ class Contraction:
     accumulate: DType      # float32 for 16-bit floats
     contiguous_k: tuple[bool, bool]   # whether left, right step by 1 along k somewhere
     fold: tuple[int, ...] = ()        # output axes before m read as part of it (outer first)
+    k_fold: tuple[int, ...] = ()      # reduced axes read as part of k, row-major (outer first)
 
     @property
     def m_axes(self) -> tuple[int, ...]:
@@ -114,14 +115,20 @@ class Contraction:
         return (*self.fold, self.m)
 
     @property
+    def k_axes(self) -> tuple[int, ...]:
+        """The reduced axes that together are k, outer first (k itself last)."""
+        return (*self.k_fold, self.k)
+
+    @property
     def sizes(self) -> tuple[int, int, int]:
         shape = self.reduce.src[0].shape
-        return prod(shape[a] for a in self.m_axes), shape[self.n], shape[self.k]
+        return (prod(shape[a] for a in self.m_axes), shape[self.n],
+                prod(shape[a] for a in self.k_axes))
 
     def key(self) -> str:
         """The structure the best tiling depends on: shapes, axes, dtype, operand layouts."""
         layout = "".join("k" if along else "-" for along in self.contiguous_k)
-        folded = "".join(f"f{a}" for a in self.fold)
+        folded = "".join(f"f{a}" for a in self.fold) + "".join(f"r{a}" for a in self.k_fold)
         return (f"{self.reduce.src[0].shape}|{folded}m{self.m}n{self.n}k{self.k}|{layout}|"
                 f"{self.reduce.dtype.name}")
 
@@ -135,11 +142,13 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities, steps) -> Contracti
     return match(root, steps)
 
 
-def match(root: Lazy, steps, rows: int = 0) -> Contraction | None:
+def match(root: Lazy, steps, rows: int = 0, depths: bool = False) -> Contraction | None:
     """The contraction `root` computes (a float sum of one product over one axis, outputs
     along m and n at least _MIN_SIDE wide), on any device; None if it is not one. With `rows`,
     m-like output axes just before m are folded into it until m has at least `rows` elements
-    (a convolution's output rows onto its 7-wide columns)."""
+    (a convolution's output rows onto its 7-wide columns). With `depths`, a sum over several
+    axes is one too, k their row-major flattening (a conv's weight gradient sums over the
+    batch and the output positions)."""
     node = root
     if (node.op is GraphOp.VIEW and node.arg.is_contiguous
             and prod(node.shape) == prod(node.src[0].shape)):
@@ -148,11 +157,11 @@ def match(root: Lazy, steps, rows: int = 0) -> Contraction | None:
         return None
     op, axes = node.arg
     src = node.src[0]
-    if op is not Op.ADD or len(axes) != 1 or src.op is not Op.MUL:
+    if op is not Op.ADD or not (len(axes) == 1 or depths) or src.op is not Op.MUL:
         return None
-    k = axes[0]
+    *k_fold, k = sorted(axes)
     left, right = src.src
-    outputs = [a for a, s in enumerate(src.shape) if s > 1 and a != k]
+    outputs = [a for a, s in enumerate(src.shape) if s > 1 and a not in axes]
 
     def ignores(factor: Lazy, axis: int) -> bool:
         return all(s == 0 for s in steps(factor, f"o{axis}"))
@@ -165,11 +174,12 @@ def match(root: Lazy, steps, rows: int = 0) -> Contraction | None:
     fold: tuple[int, ...] = ()
     while (m - len(fold) - 1) in ms and prod(src.shape[a] for a in (*fold, m)) < rows:
         fold = (m - len(fold) - 1, *fold)
-    if min(prod(src.shape[a] for a in (*fold, m)), src.shape[n], src.shape[k]) < _MIN_SIDE:
+    depth = prod(src.shape[a] for a in axes)
+    if min(prod(src.shape[a] for a in (*fold, m)), src.shape[n], depth) < _MIN_SIDE:
         return None
     wide = dtypes.float32 if node.dtype.itemsize == 2 else node.dtype
     along_k = (1 in steps(left, f"o{k}"), 1 in steps(right, f"o{k}"))
-    return Contraction(node, left, right, m, n, k, wide, along_k, fold)
+    return Contraction(node, left, right, m, n, k, wide, along_k, fold, tuple(k_fold))
 
 
 def choose(found: Contraction, caps: Capabilities, tuned: Tiling | None = None

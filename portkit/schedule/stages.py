@@ -62,7 +62,7 @@ def split_reduce(node: Lazy, chunk: int = CHUNK) -> bool:
     parts = ceil(size / piece)
     if parts * piece != size:   # pad the axis with the reduce's identity to parts * piece
         pad = tuple((0, parts * piece - size if a == axis else 0) for a in range(len(src.shape)))
-        padded = src.view("pad", pad)
+        padded = _moved(src, "pad", pad) if op is Op.ADD else src.view("pad", pad)
         if op is not Op.ADD:     # padding reads 0; a product or a max must see the identity
             shape = padded.shape
             inside = graph.iota(shape, axis, src.device).alu(
@@ -71,7 +71,7 @@ def split_reduce(node: Lazy, chunk: int = CHUNK) -> bool:
             padded = inside.alu(Op.WHERE, padded, identity)
         src = padded
     # axis becomes (parts, piece): the first reduce keeps `parts`, the second reduces it
-    split = src.view("reshape", src.shape[:axis] + (parts, piece) + src.shape[axis + 1:])
+    split = _moved(src, "reshape", src.shape[:axis] + (parts, piece) + src.shape[axis + 1:])
     # 16-bit float partials stay float32 (as a kernel's accumulators) and round once at the end
     partial = dtypes.float32 if src.dtype in (dtypes.float16, dtypes.bfloat16) else src.dtype
     inner = tuple(sorted(a + (a > axis) for a in axes if a != axis)) + (axis + 1,)
@@ -79,3 +79,13 @@ def split_reduce(node: Lazy, chunk: int = CHUNK) -> bool:
         "reshape", node.shape).cast(node.dtype)
     node.op, node.src, node.arg = whole.op, whole.src, whole.arg
     return True
+
+
+def _moved(node: Lazy, method: str, arg) -> Lazy:
+    """`node` reshaped or padded (with zeros); a product is moved factor by factor, so that the
+    first stage is still a sum of one product, which codegen/pack.py blocks as a matmul (a
+    conv's weight gradient, whose batch or output rows are cut)."""
+    if node.op is Op.MUL and all(factor.shape == node.shape for factor in node.src):
+        left, right = (factor.view(method, arg) for factor in node.src)
+        return left.alu(Op.MUL, right)
+    return node.view(method, arg)

@@ -5,8 +5,9 @@ average pools (max_pool with return_indices, max_unpool), interpolate and grid_s
 All are views (pad, shrink, expand, reshape) of the input into sliding windows, then an
 elementwise op and a reduction, so autograd differentiates them with no rule of their own, except
 the convolution: its gradients are given (autograd's "given_vjp") as a convolution of the output
-gradient (the input's) and a sum of lanes (the weight's), laid out for vector lanes, where the
-windows' own gradient would sum nine shifted copies of a tensor nine times the input's size.
+gradient (the input's) and one matmul-shaped sum over the batch and output positions (the
+weight's), where the windows' own gradient would sum nine shifted copies of a tensor nine times
+the input's size.
 """
 from __future__ import annotations
 
@@ -178,29 +179,54 @@ def _input_grad(g: Tensor, weight: Tensor, shape: tuple[int, ...], stride: tuple
 def _weight_grad(g: Tensor, input: Tensor, shape: tuple[int, ...], stride: tuple[int, ...],
                  pads: tuple[tuple[int, int], ...], dilation: tuple[int, ...],
                  groups: int) -> Tensor:
-    """d conv / d weight: the output gradient times the input's windows, summed over the batch
+    """d conv / d weight: the input's windows times the output gradient, summed over the batch
     and the output positions."""
     d = len(stride)
     n = input.shape[0]
     cout, cin_g, *kernel = shape
+    per_group = cout // groups
     x = _windows(input.pad(((0, 0), (0, 0)) + pads), tuple(kernel), stride, dilation)
     out = x.shape[2:2 + d]
-    # The last output axis is cut into (out / lanes, lanes) and the lanes stay an output axis
-    # of the first sum, which also keeps the batch: both operands are contiguous along the
-    # lanes, so they become vector lanes of partial sums (the reduce alone is a scalar loop
-    # along a row), and each group reads one image's planes, not the whole batch's. A second,
-    # short sum adds the batch and the lanes; 16-bit floats sum in float32 throughout.
+    dtype = g.dtype
+    if dtype.is_float and dtype.itemsize == 2:     # 16-bit floats sum in float32 throughout
+        x, g = x.cast(float32), g.cast(float32)
+    if per_group < 8:
+        return _weight_grad_lanes(g, x, shape, groups).cast(dtype)
+    # One sum over (batch, *out) of (groups, cin_g, *kernel, cout_g) products: a matmul
+    # whose m is (cin_g, *kernel), n the output channels and k the batch and output positions,
+    # which codegen/pack.py blocks as one (tiles.match with `depths`): the windows (and an
+    # elementwise producer of the gradient, relu's mask) are staged once per group and depth
+    # block, and the multiply-adds are vector FMAs into 8 x 32 register blocks.
+    x = x.reshape(n, groups, cin_g, *out, *kernel).permute(
+        1, 2, *range(3 + d, 3 + 2 * d), 0, *range(3, 3 + d)).reshape(
+        groups, 1, cin_g, *kernel, n, *out)
+    dy = g.reshape(n, groups, per_group, *out).permute(1, 2, 0, *range(3, 3 + d)).reshape(
+        groups, per_group, 1, *(1,) * d, n, *out)
+    # summed in the weight's order (groups, cout_g, cin_g, *kernel): no permute after the sum
+    dw = (x * dy).sum(tuple(range(3 + d, 4 + 2 * d)))
+    return dw.reshape(shape).cast(dtype)
+
+
+def _weight_grad_lanes(g: Tensor, x: Tensor, shape: tuple[int, ...], groups: int) -> Tensor:
+    """The weight gradient of a conv with few output channels per group (a depthwise conv),
+    no matmul to pack: the last output axis is cut into (out / lanes, lanes) and the lanes stay
+    an output axis of a first sum, which also keeps the batch, so both operands are vector loads
+    of partial sums and each group reads one image's planes. A second, short sum adds the batch
+    and the lanes. `x` is the input's windows (n, cin, *out, *kernel), `g` the output's
+    gradient, both float32 where the weight is a 16-bit float."""
+    n = x.shape[0]
+    cout, cin_g, *kernel = shape
+    d = len(kernel)
+    out = x.shape[2:2 + d]
     lanes = next(k for k in (8, 4, 2, 1) if out[-1] % k == 0)
     x = x.reshape(n, groups, 1, cin_g, *out[:-1], out[-1] // lanes, lanes, *kernel)
     dy = g.reshape(n, groups, cout // groups, 1, *out[:-1], out[-1] // lanes, lanes,
                    *(1,) * d)
-    if g.dtype.is_float and g.dtype.itemsize == 2:
-        x, dy = x.cast(float32), dy.cast(float32)
     # (n, groups, cin_g, *kernel, cout_g, *out[:-1], out / lanes, lanes)
     order = (0, 1, 3, *range(5 + d, 5 + 2 * d), 2, *range(4, 5 + d))
     dw = (dy.permute(order) * x.permute(order)).sum(tuple(range(4 + d, 4 + 2 * d)))
     dw = dw.sum(0).sum(-1).reshape(groups, cin_g, *kernel, cout // groups)
-    return dw.permute(0, 2 + d, 1, *range(2, 2 + d)).reshape(shape).cast(g.dtype)
+    return dw.permute(0, 2 + d, 1, *range(2, 2 + d)).reshape(shape)
 
 
 def _conv_padding(padding: IntTuple | str, kernel: Sequence[int], stride: tuple[int, ...],

@@ -1,6 +1,6 @@
 """A convolution's gradients (portkit/tensor/spatial.py): the input gradient is a convolution of the
-output gradient, the weight gradient keeps lanes and the batch in a first sum, and `plan` tiles
-that sum as a block of two reused axes; each against torch on odd shapes, strides, dilation,
+output gradient, the weight gradient is one sum over the batch and the output positions that
+codegen/pack.py blocks as a matmul; each against torch on odd shapes, strides, dilation,
 groups, padding modes and float16."""
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from portkit import schedule
+from portkit import runtime, schedule
+from portkit.abi.ops import Op
+from portkit.codegen import pack
+from portkit.codegen.lower import lower
 from portkit.codegen.plan import SERIAL, plan
+from portkit.graph import GraphOp, walk
 from portkit.nn import functional as F
 from portkit.tensor import Tensor, float16
 
@@ -111,19 +115,83 @@ def test_the_input_gradient_is_a_convolution_of_the_output_gradient():
     assert tiles.get(3, 1) > 1 and tiles.get(1, 1) > 1, tiles
 
 
-def test_the_weight_gradient_sums_vector_lanes_in_square_blocks():
-    # the first sum's output (n, groups, cin, kh, kw, cout, 1, 1, lanes): the lanes are vector
-    # lanes and both channel axes are reused, each by its own operand (before: one scalar sum
-    # per weight, each reading the whole batch)
-    items = _backward_schedule("weight")
-    first = next(it for it in items if it.root.shape[-1] == 8 and it.root.shape[0] == 2)
-    assert first.root.shape == (2, 1, 16, 3, 3, 16, 1, 1, 8)
-    tiles = dict(plan(first.root, first.inputs, SERIAL).upcast)
-    assert tiles.get(8) == 8, tiles
-    # a block of a x b loads a + b vectors for a * b sums: near square (before: 2 x 16)
-    blocks = sorted((tiles.get(2, 1), tiles.get(5, 1)))
-    assert blocks[1] <= 2 * blocks[0] and blocks[0] > 1, tiles
-    assert blocks[0] * blocks[1] * 8 <= SERIAL.accumulators
+def _the_sum(items):
+    """The last kernel of `items` that sums (a reduce under its root): the weight gradient."""
+    return [it for it in items if any(n.op is GraphOp.REDUCE for n in walk(
+        [it.root], stop=lambda n, it=it: any(n is x for x in it.inputs)).order)][-1]
+
+
+def _packed(item):
+    """The packing codegen/pack.py finds for `item` on the cpu, and the kernel's C source."""
+    device = runtime.get("cpu")
+    found = pack.find(item.root, item.inputs, device.capabilities)
+    assert found is not None, "not packed"
+    return found, device.compile(lower(item.root, item.inputs, device.capabilities)).source
+
+
+def test_the_weight_gradient_is_a_packed_matmul_over_the_batch_and_positions():
+    # one sum over (batch, *out) with m = (cin, *kernel) and n = cout: the windows staged once
+    # per group and depth block, vector FMAs into register blocks (before: a first sum that
+    # kept the batch and 8 lanes, scalar register tiles, and a second sum)
+    item = _the_sum(_backward_schedule("weight"))
+    (found, packing), source = _packed(item)
+    assert found.sizes == (16 * 3 * 3, 16, 2 * 12 * 16) and len(found.k_axes) == 3
+    assert packing.packed_a and "pk_f32x16_fma" in source
+    assert _ops_of(item).count(Op.LOCAL) >= 2
+
+
+def _ops_of(item) -> list[Op]:
+    return [n.op for n in lower(item.root, item.inputs, runtime.get("cpu").capabilities).nodes]
+
+
+def test_relus_mask_of_the_output_gradient_is_staged_with_the_panel():
+    # dy * (h > 0) is computed into the B panel once per group and depth block: one compare
+    # in the kernel, none among the multiply-adds
+    x, w = _data(2, 16, 12, 16), _data(16, 16, 3, 3, seed=1)
+    px = Tensor(x, device="cpu")
+    pw = Tensor(w, device="cpu", requires_grad=True)
+    h = px.conv2d(pw, padding=1)
+    (h.relu() * Tensor(_data(2, 16, 12, 16, seed=2), device="cpu")).sum().backward()
+    item = _the_sum(schedule.create_schedule([pw.grad.lazy]))
+    _packed(item)
+    assert _ops_of(item).count(Op.CMPLT) == 1
+    tx, tw = torch.from_numpy(x).double(), torch.from_numpy(w).double().requires_grad_()
+    r = torch.from_numpy(_data(2, 16, 12, 16, seed=2)).double()
+    (TF.conv2d(tx, tw, padding=1).relu() * r).sum().backward()
+    _relative(pw.grad.numpy(), tw.grad.numpy())
+
+
+def test_a_long_weight_gradient_is_split_and_its_first_stage_is_packed():
+    # k = 8 * 48 * 48 = 18432 terms, more than a stage sums (16384): the output rows are cut
+    # into 2 x 32 (padded from 48), and the split moves that reshape and padding into the
+    # product's factors, so the partial sums are still a matmul (a view of the product was not)
+    px = Tensor(_data(8, 8, 48, 48), device="cpu")
+    pw = Tensor(_data(8, 8, 3, 3, seed=1), device="cpu", requires_grad=True)
+    (px.conv2d(pw, padding=1) * Tensor(_data(8, 8, 48, 48, seed=2), device="cpu")).sum().backward()
+    items = schedule.create_schedule([pw.grad.lazy])
+    first = next(it for it in items if any(n.op is GraphOp.REDUCE for n in walk(
+        [it.root], stop=lambda n, it=it: any(n is x for x in it.inputs)).order))
+    (found, _), _ = _packed(first)
+    assert found.sizes[2] <= 16384 and prod(first.root.shape) == 2 * 8 * 8 * 9
+
+
+def _relative(actual: np.ndarray, expected: np.ndarray, rtol: float = 1e-5) -> None:
+    """Equal to `rtol` relative to the largest expected magnitude."""
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("x_shape, w_shape, kwargs", [
+    ((4, 8, 16, 16), (16, 8, 3, 3), {"padding": 1}),
+    ((4, 8, 17, 15), (16, 8, 3, 3), {"stride": 2, "padding": 1}),
+    ((2, 16, 12, 12), (32, 16, 1, 1), {}),
+    ((2, 8, 14, 13), (16, 8, 3, 3), {"padding": 2, "dilation": 2}),
+    ((2, 16, 10, 12), (32, 8, 3, 3), {"padding": 1, "groups": 2}),
+    ((2, 3, 16, 16), (8, 3, 5, 5), {"stride": (1, 2), "padding": (2, 1)}),
+    ((8, 8, 48, 48), (8, 8, 3, 3), {"padding": 1}),      # k = 18432: split, cut rows padded
+])
+def test_packed_weight_gradients_match_torch_to_1e_5(x_shape, w_shape, kwargs):
+    ours, theirs = _grads("cpu", _data(*x_shape), _data(*w_shape, seed=1), **kwargs)
+    _relative(ours[2].numpy(), theirs[2].detach().numpy())
 
 
 def test_the_gradient_of_a_sum_is_copied_padded_before_the_input_gradient():

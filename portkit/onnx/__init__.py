@@ -48,6 +48,13 @@ CHECKS = {name: fn for module in MODULES for name, fn in module.CHECKS.items()}
 DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training", "ai.onnx.ml")
 
 
+_EAGER = object()      # an input signature whose calls portkit.jit cannot replay
+
+
+class _HostOutput(Exception):
+    """An output computed on the host (from constants alone): nothing to replay."""
+
+
 class UnsupportedModel(PortkitError):
     """The model uses ops or attributes that portkit cannot run; raised by `load`."""
 
@@ -85,7 +92,9 @@ class Model:
     constants: dict[str, np.ndarray]
     opset: int
     device: str | None = None
+    replays: bool = True
     _host: dict[int, Any] = field(default_factory=dict, repr=False)
+    _jits: dict[tuple, Any] = field(default_factory=dict, repr=False)
     _uploaded: dict[int, Tensor] = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
@@ -98,10 +107,16 @@ class Model:
 
     def __call__(self, *args: np.ndarray | Tensor, **named: np.ndarray | Tensor
                  ) -> dict[str, np.ndarray | Tensor]:
-        """Runs the graph; outputs are Tensors if any input was one, else numpy arrays."""
+        """Runs the graph; outputs are Tensors if any input was one, else numpy arrays.
+
+        With `replays` (the default), calls with inputs of one shape and dtype go through
+        portkit.jit: the first two run the graph and record its launches, later ones replay
+        them without running the graph's Python. A graph a replay cannot redo (values read
+        back to the host, random ops, control flow on values) runs eagerly every call."""
         values = self.bind(args, named)
         tensors_in = any(isinstance(v, Tensor) for v in values.values())
-        env = self.run(values)
+        env = self._replayed(values) if self.replays else None
+        env = self.run(values) if env is None else env
         results = {}
         for name in self.outputs:
             value = env[name]
@@ -113,6 +128,34 @@ class Model:
                 results[name] = array.astype(self.output_dtypes.get(name, array.dtype),
                                              copy=False)
         return results
+
+    def _replayed(self, values: dict[str, Any]) -> dict[str, Any] | None:
+        """The outputs by name through this input signature's portkit.jit, or None where it
+        cannot replay (then the caller runs the graph eagerly)."""
+        from portkit.jit import JitError, jit
+
+        ctx = Context(self.device, self.opset, self._uploaded, {})
+        tensors = [v if isinstance(v, Tensor) else ctx.tensor(np.asarray(v))
+                   for v in (values[name] for name in self.inputs)]
+        key = tuple((t.shape, t.dtype, t.device) for t in tensors)
+        replay = self._jits.get(key)
+        if replay is None:
+            replay = self._jits[key] = jit(self._outputs)
+        if replay is _EAGER:
+            return None
+        try:
+            outs = replay(*tensors)
+        except (JitError, _HostOutput):
+            self._jits[key] = _EAGER
+            return None
+        return dict(zip(self.outputs, outs))
+
+    def _outputs(self, *tensors: Tensor) -> tuple[Tensor, ...]:
+        env = self.run(dict(zip(self.inputs, tensors)))
+        outs = tuple(env[name] for name in self.outputs)
+        if not all(isinstance(out, Tensor) for out in outs):
+            raise _HostOutput
+        return outs
 
     def bind(self, args: tuple, named: dict) -> dict[str, Any]:
         """The graph inputs by name, from positional and keyword arguments."""

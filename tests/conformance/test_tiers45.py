@@ -115,3 +115,13 @@ def test_tier4_kernels_compile_ahead_in_batches(tmp_path, monkeypatch):
     assert {r.status for r in report.results} == {Status.PASSED}
     assert one_by_one == []             # every kernel the cases ran was compiled ahead
     assert max(batches) > 4
+
+
+def test_tier4_kernels_compile_ahead_in_a_worker_process(tmp_path):
+    compiled = []
+    report = run(Target.load("cpu"), Options(tiers=(4,), repro_dir=str(tmp_path), quick=True,
+                                             pattern="tensor/[ls]*/float32/*",
+                                             isolate="process"),
+                 compiling=lambda done, total: compiled.append(total))
+    assert {r.status for r in report.results} == {Status.PASSED}
+    assert compiled and compiled[-1] > 4    # the worker compiled the cases' kernels ahead

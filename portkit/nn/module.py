@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from portkit.abi import dtypes
+from portkit.abi import PortkitError, dtypes
 from portkit.tensor import DTypeLike, Tensor, realize
 from portkit.tensor.dtype import to_dtype
 
@@ -131,5 +131,10 @@ def realize_deferred() -> None:
     if _deferred:
         pending = _deferred[:]
         _deferred.clear()
-        realize(*pending)
+        try:
+            realize(*pending)
+        except PortkitError:
+            # a device that has gone since (a test's own): each value is still a lazy graph,
+            # computed where it is used, and the error, if it is this model's, shows there
+            pass
 

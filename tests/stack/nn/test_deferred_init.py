@@ -42,3 +42,17 @@ def test_deferred_values_are_the_draws_made_at_construction():
     expected = (Tensor.rand(4, 8) * (2 * bound) - bound).numpy()
     np.testing.assert_array_equal(layer.weight.numpy(), expected)
     assert np.abs(layer.bias.numpy()).max() <= bound
+
+
+def test_a_deferred_value_on_a_device_gone_since_does_not_fail_another_model(monkeypatch):
+    from portkit import runtime
+    from portkit.reference_backends.cpu import backend
+
+    nn.module.realize_deferred()
+    monkeypatch.setitem(runtime.registry._runtimes, "cpu.gone",
+                        runtime.Runtime("cpu.gone", backend.load()))
+    orphan = nn.module.deferred(Tensor.ones(3, device="cpu.gone").contiguous())
+    monkeypatch.delitem(runtime.registry._runtimes, "cpu.gone")
+    layer = nn.Linear(3, 2)
+    out = layer(Tensor(np.ones((1, 3), np.float32))).numpy()
+    assert out.shape == (1, 2) and orphan.lazy.op is not GraphOp.LOAD

@@ -1,18 +1,27 @@
-"""Cold start: the first call of a small ONNX CNN and the first SGD step of an MLP
-(784-512-512-10, batch 64) on one device, with the kernel caches empty.
+"""Cold start: the first call of a small ONNX CNN or of ResNet-18 (ONNX, 1x3x224x224) and the
+first SGD step of an MLP (784-512-512-10, batch 64) on one device, with the kernel caches empty.
 
-    PORTKIT_CACHE=$(mktemp -d) POCL_CACHE_DIR=$(mktemp -d) python benchmarks/cold_start.py cnn cpu
+    PORTKIT_CACHE=$(mktemp -d) POCL_CACHE_DIR=$(mktemp -d) PYTHONPATH=. \
+        python benchmarks/cold_start.py cnn cpu
 
-Prints one line: what, device, wall seconds, and the CPU seconds of this process and of its
-child processes (the C compiler) together. Run each in a fresh process with fresh caches.
+`what` is cnn, resnet18 or mlp. Prints one line: what, device, wall seconds, the CPU seconds
+of this process and of its child processes (the C compiler) together, and on cpu the number of
+C compiler processes, counted through a PORTKIT_CC wrapper (unless PORTKIT_CC is set). ResNet-18
+is exported with torch (benchmarks/zoo.py) into the temporary folder before the clock starts.
+Run each in a fresh process with fresh caches.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def cnn():
@@ -43,10 +52,18 @@ def cnn():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def first_cnn_call(device: str) -> None:
+def resnet18() -> Path:
+    """ResNet-18 (benchmarks/zoo.py) exported to ONNX at batch 1, kept in the temporary folder
+    (the export takes seconds of torch, not portkit)."""
+    import zoo
+
+    return zoo.exported("resnet18", "full", 1, Path(tempfile.gettempdir()) / "portkit-zoo")[2]
+
+
+def first_onnx_call(model, shape: tuple[int, ...], device: str) -> None:
     from portkit.onnx import load
 
-    load(cnn(), device=device)(x=np.ones((1, 3, 32, 32), np.float32))
+    load(model, device=device)(np.ones(shape, np.float32))
 
 
 def first_mlp_step(device: str) -> None:
@@ -65,13 +82,33 @@ def first_mlp_step(device: str) -> None:
     loss.item()
 
 
+def counting_compiler(folder: Path) -> Path:
+    """A PORTKIT_CC wrapper around clang (else gcc) that appends a line to `folder`/count at
+    each run; returns the count file."""
+    count, wrapper = folder / "count", folder / "cc"
+    compiler = shutil.which("clang") or shutil.which("gcc") or "cc"
+    wrapper.write_text(f'#!/bin/sh\necho >> "{count}"\nexec {compiler} "$@"\n')
+    wrapper.chmod(0o755)
+    os.environ["PORTKIT_CC"] = str(wrapper)
+    return count
+
+
 if __name__ == "__main__":
     what, device = sys.argv[1], sys.argv[2]
     os.environ["PORTKIT_DEVICE"] = device
+    counted = None
+    if device == "cpu" and "PORTKIT_CC" not in os.environ:
+        counted = counting_compiler(Path(tempfile.mkdtemp(prefix="portkit-cc-count-")))
+    model = {"cnn": cnn, "resnet18": resnet18, "mlp": lambda: None}[what]()
     import portkit  # noqa: F401 - imported before the clock starts
 
     start, times = time.perf_counter(), os.times()
-    {"cnn": first_cnn_call, "mlp": first_mlp_step}[what](device)
+    if what == "mlp":
+        first_mlp_step(device)
+    else:
+        first_onnx_call(model, (1, 3, 224, 224) if what == "resnet18" else (1, 3, 32, 32), device)
     wall, after = time.perf_counter() - start, os.times()
     cpu = sum(after[:4]) - sum(times[:4])
-    print(f"{what} {device} wall {wall:.2f} s cpu {cpu:.2f} s")
+    processes = "" if counted is None else \
+        f" compiler processes {len(counted.read_text().splitlines()) if counted.exists() else 0}"
+    print(f"{what} {device} wall {wall:.2f} s cpu {cpu:.2f} s{processes}")

@@ -4,6 +4,7 @@ bfloat16 has no numpy type of its own; it comes from ml_dtypes, the library JAX 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import ml_dtypes
@@ -71,6 +72,7 @@ class DType:
         return self.np.type(1) if self.kind == "bool" else _info(self).max
 
 
+@functools.cache          # a kernel's validation reads the int limits at every constant
 def _info(dtype: DType):
     return ml_dtypes.finfo(dtype.np) if dtype.is_float else np.iinfo(dtype.np)
 

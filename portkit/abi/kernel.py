@@ -169,7 +169,8 @@ def validate(kernel: Kernel) -> Kernel:
     scopes: list[int] = []          # positions of the open RANGE / IF nodes
     scope_of: list[tuple[int, ...]] = []
     for i, node in enumerate(nodes):
-        fail = functools.partial(_failure, f"kernel {kernel.name!r}, node {i} ({node.op.name})")
+        # the message's prefix is made only on failure: a kernel has thousands of nodes
+        fail = functools.partial(_failure, kernel.name, i, node.op)
 
         for s in node.src:
             if not (_is_int(s) and 0 <= s < i):
@@ -210,15 +211,18 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _failure(where: str, message: str) -> InvalidKernel:
-    return InvalidKernel(f"{where}: {message}")
+def _failure(name: str, position: int, op: Op, message: str) -> InvalidKernel:
+    return InvalidKernel(f"kernel {name!r}, node {position} ({op.name}): {message}")
+
+
+_ARITY = {**dict.fromkeys(UNARY, 1), **dict.fromkeys(BINARY, 2), **dict.fromkeys(TERNARY, 3),
+          Op.CAST: 1, Op.BITCAST: 1, Op.RANGE: 2, Op.END: 1, Op.IF: 1, Op.ENDIF: 1,
+          Op.ACC: 1, Op.ASSIGN: 2}
 
 
 def _check_node(node: Node, src: list[Node], fail) -> None:
     op, dtype, arg = node.op, node.dtype, node.arg
-    arity = {**dict.fromkeys(UNARY, 1), **dict.fromkeys(BINARY, 2), **dict.fromkeys(TERNARY, 3),
-             Op.CAST: 1, Op.BITCAST: 1, Op.RANGE: 2, Op.END: 1, Op.IF: 1, Op.ENDIF: 1,
-             Op.ACC: 1, Op.ASSIGN: 2}.get(op, 0)
+    arity = _ARITY.get(op, 0)
     if op is Op.LOAD:
         arity = len(src) if len(src) in (2, 3) else 2
     if op is Op.STORE:

@@ -188,7 +188,9 @@ class Outcome:
 @dataclass
 class Case:
     """One named check of a backend. `requires` holds case-id patterns (fnmatch) that must
-    pass first; `make` builds a kernel case, or `fn(target)` runs a hand-written one."""
+    pass first; `make` builds a kernel case, or `fn(target)` runs a hand-written one.
+    `ahead(target)`, where given, says what `fn` will compile without running anything: the
+    stack's device name and the ABI kernels, compiled with the rest of the tier's in batches."""
 
     id: str
     tier: int
@@ -197,6 +199,7 @@ class Case:
     requires: tuple[str, ...] = ()
     make: Callable[[], KernelCase] | None = None
     fn: Callable[[Any], Outcome] | None = None
+    ahead: Callable[[Any], tuple[str, list]] | None = None
 
 
 @dataclass

@@ -73,11 +73,12 @@ class Isolated:
 
     def precompile(self, cases: list[Case], report: progress.Report | None = None
                    ) -> dict[str, KernelCase | Exception]:
-        """Has the worker make and compile the kernel cases of `cases` on `options.jobs`
-        threads, `report(done, total)` following each batch. If it dies doing so, the next
-        worker compiles each case as it runs, so the crash is pinned on its case. The kernel
-        cases stay in the worker: returns {}."""
-        ids = [c.id for c in cases if c.make is not None]
+        """Has the worker make and compile the kernel cases of `cases`, and the kernels the
+        others say they will compile (`Case.ahead`), on `options.jobs` threads, `report(done,
+        total)` following each batch. If it dies doing so, the next worker compiles each case
+        as it runs, so the crash is pinned on its case. The kernel cases stay in the worker:
+        returns {}."""
+        ids = [c.id for c in cases if c.make is not None or c.ahead is not None]
         if ids:
             kind, _ = self._ask(("precompile", ids), self.options.timeout * 4, report)
             if kind != "done":

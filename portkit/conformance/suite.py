@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from portkit import runtime
 from portkit.abi import CapabilityError
 from portkit.conformance import replay
 from portkit.conformance.case import (
@@ -225,13 +226,24 @@ class InProcess:
 
     def precompile(self, cases: list[Case], report: progress.Report | None = None
                    ) -> dict[str, KernelCase | Exception]:
-        """Makes the kernel cases of `cases` and compiles their kernels on `options.jobs`
-        threads, so that running them later only launches: case id -> its kernel case.
-        `report(done, total)` follows each batch of kernels compiled."""
+        """Makes the kernel cases of `cases` and compiles their kernels, and the kernels the
+        other cases say they will compile (`Case.ahead`), on `options.jobs` threads, so that
+        running them later only launches: case id -> its kernel case. `report(done, total)`
+        follows each batch of kernels compiled."""
         made = {c.id: make_case(c) for c in cases if c.make is not None}
+        planned: dict[str, list] = {}
+        for case in cases:
+            if case.ahead is not None:
+                try:
+                    device, kernels = case.ahead(self.target)
+                except Exception:  # noqa: BLE001, S112 - the case's own run reports it
+                    continue
+                planned.setdefault(device, []).extend(kernels)
         with progress.reporting(report):
             self.target.precompile([kc.kernel for kc in made.values()
                                     if isinstance(kc, KernelCase)], self.options.jobs)
+            for device, kernels in planned.items():
+                runtime.get(device).compile_all(kernels, self.options.jobs)
         return made
 
     def outcome(self, case: Case, kc: KernelCase | Exception | None) -> Outcome:

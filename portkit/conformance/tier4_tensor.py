@@ -109,30 +109,42 @@ def run_op(op: TensorOp, dtype: dtypes.DType, inputs: list[np.ndarray], is_float
     """Runs `op` on `device`: the forward and, with `w`, the gradients of sum(out * w).
 
     With `plan`, nothing runs: the result holds U and `kernels`, the ABI kernels it would use.
+    The forward and the gradients realize in one schedule (`kernels_ahead` lists its kernels).
     """
-    from portkit.tensor import Tensor, realize
+    from portkit.tensor import realize
+
+    out, wanted = _graphs(op, inputs, is_float, w, device)
+    if plan:
+        forward = out.schedule()
+        backward = [k for g in wanted for k in g.schedule()]
+        return Ran(np.zeros(0), units=(rounding_units(forward), rounding_units(backward)),
+                   kernels=(forward, backward))
+    realize(out, *wanted)
+    return Ran(out.numpy(), [g.numpy() for g in wanted])
+
+
+def kernels_ahead(op: TensorOp, inputs: list[np.ndarray], is_float: list[bool],
+                  w: np.ndarray | None, device: str) -> list:
+    """The ABI kernels `run_op` compiles on `device` (nothing runs), to compile ahead."""
+    from portkit import schedule
+
+    out, wanted = _graphs(op, inputs, is_float, w, device)
+    return schedule.kernels([out.lazy, *[g.lazy for g in wanted]])
+
+
+def _graphs(op: TensorOp, inputs: list[np.ndarray], is_float: list[bool],
+            w: np.ndarray | None, device: str) -> tuple[Any, list]:
+    """The op's output on `device` and, with `w`, the gradients of sum(out * w), unrealized."""
+    from portkit.tensor import Tensor
 
     grads = w is not None
     tensors = [Tensor(x, device=device, requires_grad=grads and f)
                for x, f in zip(inputs, is_float)]
     out = op.run(*tensors)
-    if plan:
-        forward = out.schedule()
-        ran = Ran(np.zeros(0), units=(rounding_units(forward), 0.0), kernels=(forward, []))
-    else:
-        ran = Ran(out.numpy())
     if not grads:
-        return ran
+        return out, []
     (out * Tensor(w.astype(out.dtype.np), device=device)).sum().backward()
-    wanted = [t.grad for t, f in zip(tensors, is_float) if f]
-    if plan:
-        backward = [k for g in wanted for k in g.schedule()]
-        ran.units = (ran.units[0], rounding_units(backward))
-        ran.kernels = (forward, backward)
-        return ran
-    realize(*wanted)
-    ran.grads = [g.numpy() for g in wanted]
-    return ran
+    return out, [t.grad for t, f in zip(tensors, is_float) if f]
 
 
 # -- judging --------------------------------------------------------------------------------
@@ -220,9 +232,7 @@ def oracle_shape(op: TensorOp, inputs: list[np.ndarray]) -> tuple[int, ...]:
 
 def _plan(ctx: Context, op: TensorOp, dtype: dtypes.DType, device: str) -> _Plan:
     """Builds the op's graph on the interpreter (nothing runs) to read its kernels."""
-    rng = ctx.rng(f"tensor/{op.name}/{dtype.name}")
-    inputs, is_float = case_inputs(op, dtype, rng)
-    w = rng.standard_normal(oracle_shape(op, inputs)) if differentiable(op, dtype) else None
+    inputs, is_float, w = case_data(ctx, op, dtype)
     try:
         ran = run_op(op, dtype, inputs, is_float, w, device, plan=True)
     except Exception as error:  # noqa: BLE001 - reported by the case when it runs
@@ -254,12 +264,20 @@ def _outcome(verdicts: list) -> Outcome:
                    max(errors) if errors else None, failed[0].worst if failed else None)
 
 
-def evaluate(ctx: Context, op: TensorOp, dtype: dtypes.DType, backward: bool, plan: _Plan,
-             device: str) -> Outcome:
-    """Runs one case on `device` and judges it against float64 numpy."""
+def case_data(ctx: Context, op: TensorOp, dtype: dtypes.DType
+              ) -> tuple[list[np.ndarray], list[bool], np.ndarray | None]:
+    """The case's inputs, which are floats, and the w its gradient is weighted by (None where
+    the op has no backward in `dtype`): the same for every run of the case."""
     rng = ctx.rng(f"tensor/{op.name}/{dtype.name}")
     inputs, is_float = case_inputs(op, dtype, rng)
     w = rng.standard_normal(oracle_shape(op, inputs)) if differentiable(op, dtype) else None
+    return inputs, is_float, w
+
+
+def evaluate(ctx: Context, op: TensorOp, dtype: dtypes.DType, backward: bool, plan: _Plan,
+             device: str) -> Outcome:
+    """Runs one case on `device` and judges it against float64 numpy."""
+    inputs, is_float, w = case_data(ctx, op, dtype)
     try:
         ran = run_op(op, dtype, inputs, is_float, w if backward else None, device)
     except UnsupportedDType as why:
@@ -300,7 +318,13 @@ def _case(ctx: Context, op: TensorOp, dtype: dtypes.DType, backward: bool,
             outcome.replay = f"portkit conform --backend {target.name} --tier 4 -k {case_id}"
         return outcome
 
-    return Case(case_id, TIER, op.name, dtype.name, plan.requires[backward], fn=fn)
+    def ahead(target: Any) -> tuple[str, list]:
+        inputs, is_float, w = case_data(ctx, op, dtype)
+        device = stack_device(target)
+        return device, kernels_ahead(op, inputs, is_float, w if backward else None, device)
+
+    return Case(case_id, TIER, op.name, dtype.name, plan.requires[backward], fn=fn,
+                ahead=None if plan.error else ahead)
 
 
 def interpreter_target() -> Any:

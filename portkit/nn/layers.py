@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 
 from portkit.nn import functional as F
-from portkit.nn.module import Module, uniform_parameter
+from portkit.nn.module import Module, deferred, uniform_parameter
 from portkit.tensor import Tensor, realize
 from portkit.tensor.spatial import IntTuple
 
@@ -35,9 +35,9 @@ class LayerNorm(Module):
     def __init__(self, shape, eps: float = 1e-5, elementwise_affine: bool = True):
         self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
         self.eps = eps
-        self.weight = Tensor.ones(*self.shape).contiguous().realize().requires_grad_() \
+        self.weight = deferred(Tensor.ones(*self.shape).contiguous()).requires_grad_() \
             if elementwise_affine else None
-        self.bias = Tensor.zeros(*self.shape).contiguous().realize().requires_grad_() \
+        self.bias = deferred(Tensor.zeros(*self.shape).contiguous()).requires_grad_() \
             if elementwise_affine else None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -56,10 +56,10 @@ class _BatchNorm(Module):
 
     def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.1):
         self.eps, self.momentum = eps, momentum
-        self.weight = Tensor.ones(channels).contiguous().realize().requires_grad_()
-        self.bias = Tensor.zeros(channels).contiguous().realize().requires_grad_()
-        self.running_mean = Tensor.zeros(channels).contiguous().realize()
-        self.running_var = Tensor.ones(channels).contiguous().realize()
+        self.weight = deferred(Tensor.ones(channels).contiguous()).requires_grad_()
+        self.bias = deferred(Tensor.zeros(channels).contiguous()).requires_grad_()
+        self.running_mean = deferred(Tensor.zeros(channels).contiguous())
+        self.running_var = deferred(Tensor.ones(channels).contiguous())
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim != self.dims + 2 and not (self.dims == 1 and x.ndim == 2):
@@ -101,7 +101,7 @@ class Embedding(Module):
         if padding_idx is not None:        # that row starts at 0 and never learns, as torch's
             rows = Tensor.arange(count).reshape(count, 1)
             weight = (rows == padding_idx % count).where(0.0, weight)
-        self.weight = weight.realize().requires_grad_()
+        self.weight = deferred(weight).requires_grad_()
         self.padding_idx = padding_idx
 
     def forward(self, index: Tensor) -> Tensor:
@@ -250,7 +250,7 @@ class PReLU(Module):
 
 
 def _filled(value: float, shape: tuple[int, ...]) -> Tensor:
-    return Tensor.full(shape, value).contiguous().realize().requires_grad_()
+    return deferred(Tensor.full(shape, value).contiguous()).requires_grad_()
 
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Conv1d", "Conv2d", "Conv3d",

@@ -1,13 +1,16 @@
-"""`Module`: the base of layers, which finds its parameters by walking its attributes."""
+"""`Module`: the base of layers, which finds its parameters by walking its attributes; and the
+initial values of layers, computed together on first use (`deferred`)."""
 from __future__ import annotations
 
 import numpy as np
 
-from portkit.abi import dtypes
+from portkit.abi import PortkitError, dtypes
 from portkit.tensor import DTypeLike, Tensor, realize
 from portkit.tensor.dtype import to_dtype
 
 _DTYPE_NAMES = frozenset(d.name for d in dtypes.ALL)
+# initial values made since the last realize_deferred(), in the order they were made
+_deferred: list[Tensor] = []
 
 
 class Module:
@@ -16,7 +19,9 @@ class Module:
     training = True
 
     def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
-        """Every tensor of this module and its children, by dotted name."""
+        """Every tensor of this module and its children, by dotted name (initial values
+        computed: realize_deferred)."""
+        realize_deferred()
         out: dict[str, Tensor] = {}
         for name, value in vars(self).items():
             _collect(value, prefix + name, out)
@@ -81,6 +86,7 @@ class Module:
         return self.train(False)
 
     def __call__(self, *args, **kwargs) -> Tensor:
+        realize_deferred()
         return self.forward(*args, **kwargs)
 
     def named_children(self) -> list[tuple[str, Module]]:
@@ -127,5 +133,28 @@ def _modules(module: Module) -> list[Module]:
 
 def uniform_parameter(shape: tuple[int, ...], bound: float) -> Tensor:
     """A parameter drawn uniformly from [-bound, bound], as torch initializes its layers."""
-    return (Tensor.rand(*shape) * (2 * bound) - bound).realize().requires_grad_()
+    return deferred(Tensor.rand(*shape) * (2 * bound) - bound).requires_grad_()
+
+
+def deferred(tensor: Tensor) -> Tensor:
+    """`tensor`, a layer's initial value, left lazy until `realize_deferred`: a model's
+    initial values then compile as one batch and run as one schedule, where one realize each
+    compiled each layer's kernels on their own (the random draws are counter-based, so the
+    values do not depend on when they are computed)."""
+    _deferred.append(tensor)
+    return tensor
+
+
+def realize_deferred() -> None:
+    """Computes every initial value made since the last call (`deferred`) in one schedule; a
+    module's call, state_dict() and parameters() call it."""
+    if _deferred:
+        pending = _deferred[:]
+        _deferred.clear()
+        try:
+            realize(*pending)
+        except PortkitError:
+            # a device that has gone since (a test's own): each value is still a lazy graph,
+            # computed where it is used, and the error, if it is this model's, shows there
+            pass
 

@@ -94,3 +94,34 @@ def test_tier5_is_blocked_by_a_failed_tensor_op(broken, tmp_path):
     assert pool.status is Status.BLOCKED and "ops/MAX/float32" in pool.message
     cnn = _result(report, "models/cnn/float32")
     assert cnn.status is Status.BLOCKED and "tensor/" in cnn.message
+
+
+def test_tier4_kernels_compile_ahead_in_batches(tmp_path, monkeypatch):
+    from portkit.reference_backends.cpu import backend
+    from portkit.runtime import Runtime
+
+    one_by_one = []
+    build = Runtime.build
+    monkeypatch.setattr(Runtime, "build", lambda self, kernel, disk_cache=True: (
+        one_by_one.append(kernel.name), build(self, kernel, disk_cache))[1])
+    batches = []
+    compile_all = Runtime.compile_all
+    monkeypatch.setattr(Runtime, "compile_all", lambda self, kernels, jobs=None: (
+        batches.append(len(kernels)), compile_all(self, kernels, jobs))[1])
+    # a device of its own, so that no kernel of another test is compiled already
+    report = _run(Target(backend.load()), tmp_path, (4,), quick=True,
+                  pattern="tensor/[ls]*/float32/*", isolate="none")
+    assert len(report.results) > 4
+    assert {r.status for r in report.results} == {Status.PASSED}
+    assert one_by_one == []             # every kernel the cases ran was compiled ahead
+    assert max(batches) > 4
+
+
+def test_tier4_kernels_compile_ahead_in_a_worker_process(tmp_path):
+    compiled = []
+    report = run(Target.load("cpu"), Options(tiers=(4,), repro_dir=str(tmp_path), quick=True,
+                                             pattern="tensor/[ls]*/float32/*",
+                                             isolate="process"),
+                 compiling=lambda done, total: compiled.append(total))
+    assert {r.status for r in report.results} == {Status.PASSED}
+    assert compiled and compiled[-1] > 4    # the worker compiled the cases' kernels ahead

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import product
 from typing import TYPE_CHECKING
 
 from portkit.tensor.dtype import float_of
@@ -139,8 +140,8 @@ def _max_blocks(input: Tensor, kernel: tuple[int, ...], pads: tuple[tuple[int, i
 
     def grad(g: Tensor) -> tuple[Tensor]:
         top = out.reshape(_kept(blocks.shape, axes))
-        first = _first(blocks == top, axes)
-        return (_unblock(first.where(g.reshape(top.shape), 0.0), input.shape, pads),)
+        return (_unblock(_first_max_grad(blocks, top, g.reshape(top.shape), axes), input.shape,
+                         pads),)
     return out._prim("given_vjp", input, arg=grad)
 
 
@@ -192,38 +193,22 @@ def _unblock(grad: Tensor, shape: tuple[int, ...], pads: tuple[tuple[int, int], 
                                                     zip(shape[-d:], pads)])
 
 
-def _first(hit: Tensor, axes: tuple[int, ...]) -> Tensor:
-    """Where `hit` holds for the first time in each window, in row-major order over `axes`
-    (torch's max pools send a tie's gradient to the first maximum)."""
-    return hit & _earlier(hit, axes).logical_not()
-
-
-def _earlier(hit: Tensor, axes: tuple[int, ...]) -> Tensor:
-    """Whether an element before this one in its window, in row-major order, hits: one in an
-    earlier slice along the first axis, or an earlier one in the same slice."""
-    axis, rest = axes[0], axes[1:]
-    inside = hit
-    for a in rest:      # any hit in the slice, broadcast back over it
-        inside = _any_of(inside, a)
-    size = hit.shape[axis]
-    before = None
-    for shift in range(1, size):
-        moved = inside.pad(tuple((shift, 0) if a == axis else (0, 0) for a in range(hit.ndim)))
-        moved = moved.shrink([(0, size) if a == axis else None for a in range(hit.ndim)])
-        before = moved if before is None else before | moved
-    if before is None:
-        before = hit & False
-    return before | _earlier(hit, rest) if rest else before
-
-
-def _any_of(x: Tensor, axis: int) -> Tensor:
-    """Whether any element along `axis` (a short window axis) is true, expanded over it."""
-    parts = [x.shrink([(k, k + 1) if a == axis else None for a in range(x.ndim)])
-             for k in range(x.shape[axis])]
-    out = parts[0]
-    for part in parts[1:]:
-        out = out | part
-    return out.expand(x.shape)
+def _first_max_grad(blocks: Tensor, top: Tensor, g: Tensor, axes: tuple[int, ...]) -> Tensor:
+    """g at the first element of each block equal to its maximum `top`, in row-major order
+    over `axes` (torch's max pools send a tie's gradient to the first maximum), 0 elsewhere: a
+    sum of one term per window position, each a strided read of the blocks padded back into
+    place (a gate on a window axis, which the kernel unrolls)."""
+    total, earlier = None, None
+    for position in product(*(range(blocks.shape[a]) for a in axes)):
+        at = dict(zip(axes, position))
+        hit = blocks.shrink([(at[a], at[a] + 1) if a in at else None
+                             for a in range(blocks.ndim)]) == top
+        first = hit if earlier is None else hit & earlier.logical_not()
+        earlier = hit if earlier is None else earlier | hit
+        term = first.where(g, 0.0).pad(tuple((at[a], blocks.shape[a] - at[a] - 1) if a in at
+                                             else (0, 0) for a in range(blocks.ndim)))
+        total = term if total is None else total + term
+    return total
 
 
 def _pool_args(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None,

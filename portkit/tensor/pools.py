@@ -54,8 +54,15 @@ def _max_pool(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None, pad
     keep = ((0, 0),) * (input.ndim - d)
     if not return_indices and stride == kernel and dilation == (1,) * d:
         return _max_blocks(input, kernel, pads, lowest)
-    views = windows(input.pad(keep + pads, lowest), kernel, stride, dilation)
     last = tuple(range(-d, 0))
+    if not return_indices and dilation == (1,) * d:
+        padded = input.detach().pad(keep + pads, lowest)
+        out = windows(padded, kernel, stride, dilation).amax(last)
+        if not input.requires_grad:
+            return out
+        return out._prim("given_vjp", input, arg=lambda g: (
+            _max_phases_grad(padded, out, g, kernel, stride, pads),))
+    views = windows(input.pad(keep + pads, lowest), kernel, stride, dilation)
     if not return_indices:
         return views.amax(last)
     flat = views.reshape(*views.shape[:-d], math.prod(kernel))
@@ -209,6 +216,47 @@ def _first_max_grad(blocks: Tensor, top: Tensor, g: Tensor, axes: tuple[int, ...
                                              else (0, 0) for a in range(blocks.ndim)))
         total = term if total is None else total + term
     return total
+
+
+def _max_phases_grad(padded: Tensor, out: Tensor, g: Tensor, kernel: tuple[int, ...],
+                     stride: tuple[int, ...], pads: tuple[tuple[int, int], ...]) -> Tensor:
+    """The input gradient of a max pool whose windows overlap (ResNet's 3x3 stride-2): for
+    each window position, g where that position holds the window's first maximum, placed at
+    the input elements it read. The input is laid out in phases, (..., H / s, s, W / s, s):
+    position i of window o reads element o * s + i, block o + i // s, phase i % s, so each
+    term is a strided read padded into place, with no div or mod; a sum of one element gives
+    the sum its own kernel, looping over that layout."""
+    d = len(kernel)
+    lead = out.shape[:-d]
+    outs = out.shape[-d:]
+    blocks = [-(-size // s) for size, s in zip(padded.shape[-d:], stride)]
+    total, earlier = None, None
+    for position in product(*(range(k) for k in kernel)):
+        hit = _strided(padded, position, stride, outs) == out
+        first = hit if earlier is None else hit & earlier.logical_not()
+        earlier = hit if earlier is None else earlier | hit
+        term = first.where(g, 0.0).reshape(*lead, *(n for o in outs for n in (o, 1)))
+        places = [((i // s, b - o - i // s), (i % s, s - 1 - i % s))
+                  for i, s, o, b in zip(position, stride, outs, blocks)]
+        term = term.pad(((0, 0),) * len(lead) + tuple(p for place in places for p in place))
+        total = term if total is None else total + term
+    total = total.unsqueeze(-1).sum(-1).reshape(*lead, *(b * s for b, s in zip(blocks, stride)))
+    sizes = [size - lo - hi for size, (lo, hi) in zip(padded.shape[-d:], pads)]
+    return total.shrink([None] * len(lead) + [(lo, lo + n) for (lo, _), n in zip(pads, sizes)])
+
+
+def _strided(x: Tensor, position: tuple[int, ...], stride: tuple[int, ...],
+             outs: tuple[int, ...]) -> Tensor:
+    """x[..., i + o * s] for o < outs along each of the last dims: window position `position`
+    of every window, a strided view."""
+    d = len(position)
+    lead = [None] * (x.ndim - d)
+    x = x.pad(((0, 0),) * (x.ndim - d) + tuple(
+        (0, max(0, i + o * s - n)) for i, o, s, n in zip(position, outs, stride, x.shape[-d:])))
+    x = x.shrink(lead + [(i, i + o * s) for i, o, s in zip(position, outs, stride)])
+    x = x.reshape(*x.shape[:-d], *(n for o, s in zip(outs, stride) for n in (o, s)))
+    x = x.shrink(lead + [r for o in outs for r in ((0, o), (0, 1))])
+    return x.reshape(*x.shape[:x.ndim - 2 * d], *outs)
 
 
 def _pool_args(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None,

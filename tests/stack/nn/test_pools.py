@@ -1,5 +1,6 @@
-"""Pools whose windows tile the input (portkit/tensor/pools.py): reshapes into blocks, their
-gradient given, torch's tie rule, and a gradient kernel with no div or mod per element."""
+"""Pools (portkit/tensor/pools.py): windows that tile the input as reshapes into blocks,
+max pools' gradients given (in blocks, or in phases of the stride), torch's tie rule, and a
+block gradient kernel with no div or mod per element."""
 import numpy as np
 import pytest
 
@@ -25,8 +26,14 @@ TF = torch.nn.functional
     ("avg_pool2d", (2,), {}, (2, 3, 9, 7)),
     ("avg_pool1d", (3,), {}, (2, 3, 10)),
     ("avg_pool3d", (2,), {}, (1, 2, 4, 5, 6)),
+    # overlapping windows: the gradient laid out in phases of the stride
+    ("max_pool2d", (3, 2, 1), {}, (2, 3, 9, 8)),
+    ("max_pool2d", (3, 1, 1), {}, (1, 2, 6, 7)),
+    ("max_pool2d", ((3, 2), (2, 1), (1, 0)), {"ceil_mode": True}, (1, 2, 7, 6)),
+    ("max_pool1d", (3, 2, 1), {}, (2, 3, 9)),
+    ("max_pool3d", (3, 2, 1), {}, (1, 2, 5, 4, 6)),
 ])
-def test_pools_in_blocks_match_torch_with_ties(name, args, kwargs, shape, check, same_call):
+def test_pools_match_torch_with_ties(name, args, kwargs, shape, check, same_call):
     # small integers: most windows hold their maximum twice or more, and torch's gradient goes
     # to the first in row-major order
     ties = np.random.default_rng(3).integers(0, 3, shape).astype(np.float32)

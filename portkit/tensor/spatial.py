@@ -1,6 +1,6 @@
 """The nn functions over spatial dims, in 1, 2 and 3 dims as torch.nn.functional has them: pad
-(constant, reflect, replicate, circular), convolution and transposed convolution, max and
-average pools (max_pool with return_indices, max_unpool), interpolate and grid_sample.
+(constant, reflect, replicate, circular), convolution and transposed convolution, interpolate
+and grid_sample; the pools live in pools.py and are importable from here too.
 
 All are views (pad, shrink, expand, reshape) of the input into sliding windows, then an
 elementwise op and a reduction, so autograd differentiates them with no rule of their own, except

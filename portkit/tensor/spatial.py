@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import product
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -166,9 +167,13 @@ def _input_grad(g: Tensor, weight: Tensor, shape: tuple[int, ...], stride: tuple
                 pads: tuple[tuple[int, int], ...], dilation: tuple[int, ...],
                 groups: int) -> Tensor:
     """d conv / d input: the output gradient spread by the stride, padded, and correlated with
-    the flipped weight (in and out channels swapped per group), a convolution itself."""
+    the flipped weight (in and out channels swapped per group), a convolution itself. A strided
+    conv without dilation takes it in phases (`_phase_input_grad`) instead: spread, s^2 - 1 of
+    every s^2 terms would multiply a zero."""
     d = len(stride)
     cout, cin_g, *kernel = weight.shape
+    if any(s > 1 for s in stride) and all(dd == 1 for dd in dilation):
+        return _phase_input_grad(g, weight, shape, stride, pads, groups)
     x = g
     for axis, s in enumerate(stride, start=2):
         x = spread(x, axis, s)
@@ -182,6 +187,52 @@ def _input_grad(g: Tensor, weight: Tensor, shape: tuple[int, ...], stride: tuple
     w = weight.reshape(groups, cout // groups, cin_g, *kernel).transpose(1, 2).reshape(
         groups * cin_g, cout // groups, *kernel).flip(tuple(range(2, 2 + d)))
     return _correlate(x, w, (1,) * d, ((0, 0),) * d, dilation, groups)
+
+
+def _phase_input_grad(g: Tensor, weight: Tensor, shape: tuple[int, ...],
+                      stride: tuple[int, ...], pads: tuple[tuple[int, int], ...],
+                      groups: int) -> Tensor:
+    """d conv / d input of a strided conv as s^2 stride-1 convolutions (sub-pixel): the input
+    element at padded position j = s * m + r reads output m - t through tap r + s * t only, so
+    phase r of the input is the output gradient correlated with the taps r, r + s, ... (a
+    phase no tap reaches is zero). The phases are padded into the input laid out as (..., H /
+    s, s, W / s, s) and summed over one element, which gives the interleave a kernel of its
+    own."""
+    d = len(stride)
+    n = g.shape[0]
+    cout, cin_g, *kernel = weight.shape
+    outs = g.shape[2:]
+    # phase m of every dim covers padded positions [s * m, s * m + s) up to the input's end
+    blocks = [-(-(size + lo) // s) for size, (lo, _), s in zip(shape[2:], pads, stride)]
+    total = None
+    for phase in product(*(range(s) for s in stride)):
+        taps = [len(range(r, k, s)) for r, k, s in zip(phase, kernel, stride)]
+        if 0 in taps:       # no tap reaches this phase (a 1x1 conv's odd positions): zeros
+            continue
+        # the taps r, r + s, ... of each dim: a strided view of the weight
+        w = weight.pad(((0, 0), (0, 0)) + tuple((0, t * s - k + r) if t * s + r > k else (0, 0)
+                                                  for t, s, k, r in zip(taps, stride, kernel,
+                                                                        phase)))
+        w = w.shrink([None, None] + [(r, r + t * s) for r, t, s in zip(phase, taps, stride)])
+        w = w.reshape(cout, cin_g, *(x for t, s in zip(taps, stride) for x in (t, s)))
+        w = w.shrink([None, None] + [x for t in taps for x in ((0, t), (0, 1))]).reshape(
+            cout, cin_g, *taps)
+        w = w.reshape(groups, cout // groups, cin_g, *taps).transpose(1, 2).reshape(
+            groups * cin_g, cout // groups, *taps).flip(tuple(range(2, 2 + d)))
+        # output m - t for t < taps, m < blocks: the gradient padded by taps - 1 before
+        x = g.pad(((0, 0), (0, 0)) + tuple((t - 1, max(0, b - o)) for t, b, o in
+                                           zip(taps, blocks, outs)))
+        x = x.shrink([None, None] + [(0, b + t - 1) for b, t in zip(blocks, taps)])
+        part = _correlate(x, w, (1,) * d, ((0, 0),) * d, (1,) * d, groups)
+        part = part.reshape(n, groups * cin_g, *(x for b in blocks for x in (b, 1))).pad(
+            ((0, 0), (0, 0)) + tuple(x for r, s in zip(phase, stride)
+                                     for x in ((0, 0), (r, s - 1 - r))))
+        total = part if total is None else total + part
+    assert total is not None    # phase 0 has tap 0
+    total = total.unsqueeze(-1).sum(-1).reshape(
+        n, groups * cin_g, *(b * s for b, s in zip(blocks, stride)))
+    return total.shrink([None, None] + [(lo, lo + size) for (lo, _), size in
+                                        zip(pads, shape[2:])])
 
 
 def _weight_grad(g: Tensor, input: Tensor, shape: tuple[int, ...], stride: tuple[int, ...],

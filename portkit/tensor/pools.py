@@ -215,6 +215,7 @@ def _first_max_grad(blocks: Tensor, top: Tensor, g: Tensor, axes: tuple[int, ...
         term = first.where(g, 0.0).pad(tuple((at[a], blocks.shape[a] - at[a] - 1) if a in at
                                              else (0, 0) for a in range(blocks.ndim)))
         total = term if total is None else total + term
+    assert total is not None    # a window has at least one position
     return total
 
 
@@ -240,6 +241,7 @@ def _max_phases_grad(padded: Tensor, out: Tensor, g: Tensor, kernel: tuple[int, 
                   for i, s, o, b in zip(position, stride, outs, blocks)]
         term = term.pad(((0, 0),) * len(lead) + tuple(p for place in places for p in place))
         total = term if total is None else total + term
+    assert total is not None    # a window has at least one position
     total = total.unsqueeze(-1).sum(-1).reshape(*lead, *(b * s for b, s in zip(blocks, stride)))
     sizes = [size - lo - hi for size, (lo, hi) in zip(padded.shape[-d:], pads)]
     return total.shrink([None] * len(lead) + [(lo, lo + n) for (lo, _), n in zip(pads, sizes)])
@@ -260,7 +262,9 @@ def _strided(x: Tensor, position: tuple[int, ...], stride: tuple[int, ...],
 
 
 def _pool_args(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None,
-               padding: IntTuple, dilation: IntTuple, ceil_mode: bool, d: int):
+               padding: IntTuple, dilation: IntTuple, ceil_mode: bool, d: int
+               ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...],
+                          tuple[int, ...]]:
     """kernel, stride, ((before, after) padding per spatial dim) and dilation of a d-dim pool;
     ceil_mode pads the end so a last partial window fits, if it starts inside the input or the
     padding before it (PyTorch's rule)."""

@@ -430,7 +430,10 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)
-    row = row_length(tile_shape, serial(caps) and tiling.work == 1)
+    row, tail = row_length(tile_shape, serial(caps) and tiling.work == 1)
+    if tail:        # each step of the row computes the short trailing axes whole
+        amounts[-tail:] = tile_shape[-tail:]
+        tile_shape = tile_shape[:-tail] + (1,) * tail
     items = tiles // row            # what a thread's loop counts: tiles, or rows of tiles
     groups, block, per_thread = launch_shape(items, caps, row * prod(amounts) * tiling.work)
     thread = b.special("group", 0)
@@ -458,12 +461,12 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if row > 1:
         # per-row decoding: the row's position is decoded once, the inner loop runs along the
         # last axis with plain strided indices (no div or mod per element)
-        tile = unravel(t_var, tile_shape[:-1])
+        tile = unravel(t_var, tile_shape[:len(tile_shape) - 1 - tail])
         for atom, _ in (term for i in tile for term in i.terms):
             lowerer.atom(atom)
         column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0), lowerer.const(row)))
         lowerer.scopes.append({})
-        tile.append(lowerer.new_var("c", 0, row - 1, column))
+        tile += [lowerer.new_var("c", 0, row - 1, column)] + [const(0)] * tail
     else:
         tile = unravel(t_var, tile_shape)
     idxs = [[t * n + k for t, n, k in zip(tile, amounts, offsets)]

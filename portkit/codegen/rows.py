@@ -6,6 +6,11 @@ A flat loop over elements decodes every element's position with a div and a mod 
 runs at a fraction of the memory's speed. Looping over rows decodes a row's position once, and
 the inner loop's indices are plain strides, which vectorize (tests/codegen/test_conv_tiles.py
 checks that no div or mod is left inside the inner loop). `lower` emits the two loops.
+
+Short trailing axes (a pool's window (..., W / k, k), the unit axis of a sum over one element,
+an (re, im) pair) are unrolled into each step of the inner loop, which then runs along the axis
+before them: as the inner loop they would be too short, and as part of a flat loop each element
+would pay a div and a mod.
 """
 from __future__ import annotations
 
@@ -13,12 +18,21 @@ from math import prod
 
 # Shorter rows keep the flat loop: an inner loop of a few iterations vectorizes badly.
 MIN_ROW = 8
+# The most elements of short trailing axes that one step of the inner loop computes.
+MAX_TAIL = 8
 
 
-def row_length(tile_shape: tuple[int, ...], elementwise_on_loops: bool) -> int:
-    """The inner loop's length when a thread decodes its tiles' positions once per row (given
-    a kernel without a tiled reduce on a device whose threads are loops), else 1."""
-    if (elementwise_on_loops and len(tile_shape) > 1 and prod(tile_shape[:-1]) > 1
-            and tile_shape[-1] >= MIN_ROW):
-        return tile_shape[-1]
-    return 1
+def row_length(tile_shape: tuple[int, ...], elementwise_on_loops: bool) -> tuple[int, int]:
+    """(the inner loop's length, how many short trailing axes each of its steps unrolls) when a
+    thread decodes its tiles' positions once per row (given a kernel without a tiled reduce on
+    a device whose threads are loops), else (1, 0)."""
+    if not elementwise_on_loops:
+        return 1, 0
+    tail = 0
+    while (tail < len(tile_shape) - 1 and tile_shape[-1 - tail] < MIN_ROW
+           and prod(tile_shape[len(tile_shape) - 1 - tail:]) <= MAX_TAIL):
+        tail += 1
+    axis = len(tile_shape) - 1 - tail
+    if axis >= 1 and prod(tile_shape[:axis]) > 1 and tile_shape[axis] >= MIN_ROW:
+        return tile_shape[axis], tail
+    return 1, 0

@@ -1,7 +1,9 @@
 """Fusion: which nodes of a lazy graph get their own buffer, and so a kernel each.
 
 - the nodes being realized, and every REDUCE and GATHER, except one whose only consumer is a
-  chain of elementwise ops ending in a realized node: it fuses into that kernel (one kernel);
+  chain of elementwise ops ending in a realized node: it fuses into that kernel (one kernel),
+  unless it is a sum of one element: that is how a graph asks for a kernel of its own, one
+  that loops over the sum's shape (a pool's gradient, in blocks of its windows);
 - the source of a COPY (data must exist to be moved) and of a GATHER that gathers itself.
 Everything else (elementwise ops, views, constants) is computed inside the kernel that needs it,
 so elementwise chains fuse into their consumer and movement ops cost nothing. A kernel that
@@ -87,8 +89,10 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
     for node in order:
         if node.op not in (GraphOp.REDUCE, GraphOp.GATHER) or id(node) in wanted:
             continue
-        into = _fuses_down(node, consumers, by_id, realize)
         length = prod(node.src[0].shape[a] for a in node.arg[1]) if node.op is GraphOp.REDUCE else 0
+        if node.op is GraphOp.REDUCE and length == 1:
+            continue        # a sum of one element asks for a kernel of its own (tensor/pools.py)
+        into = _fuses_down(node, consumers, by_id, realize)
         if into is not None and (max_loop_trips is None or fused[into] + length <= chunk):
             fused[into] += length
             realize.discard(id(node))

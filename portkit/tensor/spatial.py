@@ -1,6 +1,6 @@
 """The nn functions over spatial dims, in 1, 2 and 3 dims as torch.nn.functional has them: pad
-(constant, reflect, replicate, circular), convolution and transposed convolution, max and
-average pools (max_pool with return_indices, max_unpool), interpolate and grid_sample.
+(constant, reflect, replicate, circular), convolution and transposed convolution, interpolate
+and grid_sample; the pools live in pools.py and are importable from here too.
 
 All are views (pad, shrink, expand, reshape) of the input into sliding windows, then an
 elementwise op and a reduction, so autograd differentiates them with no rule of their own, except
@@ -13,17 +13,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import product
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from portkit.tensor.dtype import float32, float_of, int32
 from portkit.tensor.movement import cat
+from portkit.tensor.pools import (  # noqa: F401  (the pools' home before pools.py)
+    avg_pool1d,
+    avg_pool2d,
+    avg_pool3d,
+    max_pool1d,
+    max_pool2d,
+    max_pool3d,
+    max_unpool2d,
+)
+from portkit.tensor.windows import IntTuple, ntuple, windows
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
 
-IntTuple = int | Sequence[int]
 PadMode = Literal["constant", "reflect", "replicate", "circular"]
 
 
@@ -107,7 +117,7 @@ def _conv(input: Tensor, weight: Tensor, bias: Tensor | None, stride: IntTuple,
     if groups < 1 or cin != cin_g * groups or cout % groups:
         raise ValueError(f"{name}: input shape {input.shape} and weight shape {weight.shape} "
                          f"do not match for groups={groups}")
-    stride, dilation = _ntuple(stride, d, "stride"), _ntuple(dilation, d, "dilation")
+    stride, dilation = ntuple(stride, d, "stride"), ntuple(dilation, d, "dilation")
     pads = _conv_padding(padding, kernel, stride, dilation, name)
     y = _correlate(input.detach(), weight.detach(), stride, pads, dilation, groups)
     if input.requires_grad or weight.requires_grad:
@@ -135,7 +145,7 @@ def _correlate(input: Tensor, weight: Tensor, stride: tuple[int, ...],
     d = len(stride)
     n = input.shape[0]
     cout, cin_g, *kernel = weight.shape
-    x = _windows(input.pad(((0, 0), (0, 0)) + pads), tuple(kernel), stride, dilation)
+    x = windows(input.pad(((0, 0), (0, 0)) + pads), tuple(kernel), stride, dilation)
     out = x.shape[2:2 + d]
     per_group = cout // groups
     if per_group > 1:
@@ -158,9 +168,13 @@ def _input_grad(g: Tensor, weight: Tensor, shape: tuple[int, ...], stride: tuple
                 pads: tuple[tuple[int, int], ...], dilation: tuple[int, ...],
                 groups: int) -> Tensor:
     """d conv / d input: the output gradient spread by the stride, padded, and correlated with
-    the flipped weight (in and out channels swapped per group), a convolution itself."""
+    the flipped weight (in and out channels swapped per group), a convolution itself. A strided
+    conv without dilation takes it in phases (`_phase_input_grad`) instead: spread, s^2 - 1 of
+    every s^2 terms would multiply a zero."""
     d = len(stride)
     cout, cin_g, *kernel = weight.shape
+    if any(s > 1 for s in stride) and all(dd == 1 for dd in dilation):
+        return _phase_input_grad(g, weight, shape, stride, pads, groups)
     x = g
     for axis, s in enumerate(stride, start=2):
         x = spread(x, axis, s)
@@ -176,6 +190,52 @@ def _input_grad(g: Tensor, weight: Tensor, shape: tuple[int, ...], stride: tuple
     return _correlate(x, w, (1,) * d, ((0, 0),) * d, dilation, groups)
 
 
+def _phase_input_grad(g: Tensor, weight: Tensor, shape: tuple[int, ...],
+                      stride: tuple[int, ...], pads: tuple[tuple[int, int], ...],
+                      groups: int) -> Tensor:
+    """d conv / d input of a strided conv as s^2 stride-1 convolutions (sub-pixel): the input
+    element at padded position j = s * m + r reads output m - t through tap r + s * t only, so
+    phase r of the input is the output gradient correlated with the taps r, r + s, ... (a
+    phase no tap reaches is zero). The phases are padded into the input laid out as (..., H /
+    s, s, W / s, s) and summed over one element, which gives the interleave a kernel of its
+    own."""
+    d = len(stride)
+    n = g.shape[0]
+    cout, cin_g, *kernel = weight.shape
+    outs = g.shape[2:]
+    # phase m of every dim covers padded positions [s * m, s * m + s) up to the input's end
+    blocks = [-(-(size + lo) // s) for size, (lo, _), s in zip(shape[2:], pads, stride)]
+    total = None
+    for phase in product(*(range(s) for s in stride)):
+        taps = [len(range(r, k, s)) for r, k, s in zip(phase, kernel, stride)]
+        if 0 in taps:       # no tap reaches this phase (a 1x1 conv's odd positions): zeros
+            continue
+        # the taps r, r + s, ... of each dim: a strided view of the weight
+        w = weight.pad(((0, 0), (0, 0)) + tuple((0, t * s - k + r) if t * s + r > k else (0, 0)
+                                                  for t, s, k, r in zip(taps, stride, kernel,
+                                                                        phase)))
+        w = w.shrink([None, None] + [(r, r + t * s) for r, t, s in zip(phase, taps, stride)])
+        w = w.reshape(cout, cin_g, *(x for t, s in zip(taps, stride) for x in (t, s)))
+        w = w.shrink([None, None] + [x for t in taps for x in ((0, t), (0, 1))]).reshape(
+            cout, cin_g, *taps)
+        w = w.reshape(groups, cout // groups, cin_g, *taps).transpose(1, 2).reshape(
+            groups * cin_g, cout // groups, *taps).flip(tuple(range(2, 2 + d)))
+        # output m - t for t < taps, m < blocks: the gradient padded by taps - 1 before
+        x = g.pad(((0, 0), (0, 0)) + tuple((t - 1, max(0, b - o)) for t, b, o in
+                                           zip(taps, blocks, outs)))
+        x = x.shrink([None, None] + [(0, b + t - 1) for b, t in zip(blocks, taps)])
+        part = _correlate(x, w, (1,) * d, ((0, 0),) * d, (1,) * d, groups)
+        part = part.reshape(n, groups * cin_g, *(x for b in blocks for x in (b, 1))).pad(
+            ((0, 0), (0, 0)) + tuple(x for r, s in zip(phase, stride)
+                                     for x in ((0, 0), (r, s - 1 - r))))
+        total = part if total is None else total + part
+    assert total is not None    # phase 0 has tap 0
+    total = total.unsqueeze(-1).sum(-1).reshape(
+        n, groups * cin_g, *(b * s for b, s in zip(blocks, stride)))
+    return total.shrink([None, None] + [(lo, lo + size) for (lo, _), size in
+                                        zip(pads, shape[2:])])
+
+
 def _weight_grad(g: Tensor, input: Tensor, shape: tuple[int, ...], stride: tuple[int, ...],
                  pads: tuple[tuple[int, int], ...], dilation: tuple[int, ...],
                  groups: int) -> Tensor:
@@ -185,7 +245,7 @@ def _weight_grad(g: Tensor, input: Tensor, shape: tuple[int, ...], stride: tuple
     n = input.shape[0]
     cout, cin_g, *kernel = shape
     per_group = cout // groups
-    x = _windows(input.pad(((0, 0), (0, 0)) + pads), tuple(kernel), stride, dilation)
+    x = windows(input.pad(((0, 0), (0, 0)) + pads), tuple(kernel), stride, dilation)
     out = x.shape[2:2 + d]
     dtype = g.dtype
     if dtype.is_float and dtype.itemsize == 2:     # 16-bit floats sum in float32 throughout
@@ -239,7 +299,7 @@ def _conv_padding(padding: IntTuple | str, kernel: Sequence[int], stride: tuple[
             raise ValueError(f"{name}: padding='same' needs stride 1, got stride {stride}")
         totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
         return tuple((t // 2, t - t // 2) for t in totals)
-    return tuple((p, p) for p in _ntuple(padding, len(kernel), "padding", 0))
+    return tuple((p, p) for p in ntuple(padding, len(kernel), "padding", 0))
 
 
 def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -278,9 +338,9 @@ def _conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None, stride: 
         raise ValueError(f"{name}: input shape {input.shape} and weight shape {weight.shape} "
                          f"do not match for groups={groups} (weight is (C_in, C_out/groups, "
                          f"*kernel))")
-    stride, dilation = _ntuple(stride, d, "stride"), _ntuple(dilation, d, "dilation")
-    padding = _ntuple(padding, d, "padding", 0)
-    extra = _ntuple(output_padding, d, "output_padding", 0)
+    stride, dilation = ntuple(stride, d, "stride"), ntuple(dilation, d, "dilation")
+    padding = ntuple(padding, d, "padding", 0)
+    extra = ntuple(output_padding, d, "output_padding", 0)
     if any(e >= max(s, dd) for e, s, dd in zip(extra, stride, dilation)):
         raise ValueError(f"{name}: output_padding {extra} must be smaller than stride {stride} "
                          f"or dilation {dilation}")
@@ -310,132 +370,6 @@ def spread(x: Tensor, axis: int, stride: int) -> Tensor:
     return x.shrink([(0, (n - 1) * stride + 1) if a == axis else None for a in range(x.ndim)])
 
 
-# -- pools ---------------------------------------------------------------------------------------
-
-def max_pool1d(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None = None,
-               padding: IntTuple = 0, dilation: IntTuple = 1, ceil_mode: bool = False,
-               return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-    """The maximum of each window over the last dim."""
-    return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 1)
-
-
-def max_pool2d(input: Tensor, kernel_size: IntTuple = 2, stride: IntTuple | None = None,
-               padding: IntTuple = 0, dilation: IntTuple = 1, ceil_mode: bool = False,
-               return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-    """The maximum of each window over the last two dims (padding never wins); with
-    return_indices, also where in each (H * W) plane it was, as torch's."""
-    return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 2)
-
-
-def max_pool3d(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None = None,
-               padding: IntTuple = 0, dilation: IntTuple = 1, ceil_mode: bool = False,
-               return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-    """The maximum of each window over the last three dims."""
-    return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 3)
-
-
-def _max_pool(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None, padding: IntTuple,
-              dilation: IntTuple, ceil_mode: bool, return_indices: bool, d: int):
-    kernel, stride, pads, dilation = _pool_args(input, kernel_size, stride, padding, dilation,
-                                                ceil_mode, d)
-    # -inf for floats, the dtype's minimum for integers (which keeps the dtype)
-    lowest = float("-inf") if input.dtype.is_float else input.dtype.min
-    keep = ((0, 0),) * (input.ndim - d)
-    windows = _windows(input.pad(keep + pads, lowest), kernel, stride, dilation)
-    last = tuple(range(-d, 0))
-    if not return_indices:
-        return windows.amax(last)
-    flat = windows.reshape(*windows.shape[:-d], math.prod(kernel))
-    choice = flat.argmax(-1, keepdim=True)
-    # each input element's index in its plane, padded with anything (padding never wins)
-    spatial = input.shape[-d:]
-    where = type(input).arange(math.prod(spatial), device=input.device).reshape(spatial)
-    where = _windows(where.pad(pads), kernel, stride, dilation)
-    where = where.reshape((1,) * (flat.ndim - d - 1) + flat.shape[-d - 1:]).expand(flat.shape)
-    # gathered, the gradient reaches the element picked only, as torch's
-    return flat.gather(-1, choice).squeeze(-1), where.gather(-1, choice).squeeze(-1)
-
-
-def max_unpool2d(input: Tensor, indices: Tensor, kernel_size: IntTuple,
-                 stride: IntTuple | None = None, padding: IntTuple = 0,
-                 output_size: Sequence[int] | None = None) -> Tensor:
-    """Puts each value back where max_pool2d(return_indices=True) found it; zeros elsewhere."""
-    if input.shape != indices.shape or input.ndim not in (3, 4):
-        raise ValueError(f"max_unpool2d: input {input.shape} and indices {indices.shape} must "
-                         "have one (N, C, H, W) or (C, H, W) shape")
-    kernel = _ntuple(kernel_size, 2, "kernel_size")
-    stride = _ntuple(kernel_size if stride is None else stride, 2, "stride")
-    padding = _ntuple(padding, 2, "padding", 0)
-    size = tuple((i - 1) * s - 2 * p + k for i, s, p, k in zip(input.shape[-2:], stride,
-                                                              padding, kernel))
-    if output_size is not None:
-        size = tuple(output_size)[-2:]
-    lead = input.shape[:-2]
-    plane = type(input).zeros(*lead, math.prod(size), dtype=input.dtype, device=input.device)
-    out = plane.scatter(-1, indices.reshape(*lead, -1), input.reshape(*lead, -1))
-    return out.reshape(*lead, *size)
-
-
-def avg_pool1d(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None = None,
-               padding: IntTuple = 0, ceil_mode: bool = False,
-               count_include_pad: bool = True) -> Tensor:
-    """The mean of each window over the last dim."""
-    return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, 1)
-
-
-def avg_pool2d(input: Tensor, kernel_size: IntTuple = 2, stride: IntTuple | None = None,
-               padding: IntTuple = 0, ceil_mode: bool = False,
-               count_include_pad: bool = True) -> Tensor:
-    """The mean of each window over the last two dims. Padding counts as 0 and, with
-    count_include_pad, in the divisor; windows that ceil_mode adds past the padding never do."""
-    return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, 2)
-
-
-def avg_pool3d(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None = None,
-               padding: IntTuple = 0, ceil_mode: bool = False,
-               count_include_pad: bool = True) -> Tensor:
-    """The mean of each window over the last three dims."""
-    return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, 3)
-
-
-def _avg_pool(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None,
-              padding: IntTuple, ceil_mode: bool, count_include_pad: bool, d: int) -> Tensor:
-    kernel, stride, pads, _ = _pool_args(input, kernel_size, stride, padding, 1, ceil_mode, d)
-    ones = (1,) * d
-    x = input.cast(float_of(input.dtype)).pad(((0, 0),) * (input.ndim - d) + pads)
-    total = _windows(x, kernel, stride, ones).sum(tuple(range(-d, 0)))
-    counted_pad = [p if count_include_pad else 0 for p, _ in pads]
-    # the divisor of each window: how many of its elements are input (or counted padding)
-    counted = type(input).ones(*(s + 2 * c for s, c in zip(input.shape[-d:], counted_pad)),
-                               device=input.device)
-    counted = counted.pad(tuple((p - c, after - c) for (p, after), c in zip(pads, counted_pad)))
-    count = _windows(counted, kernel, stride, ones).sum(tuple(range(-d, 0)))
-    return total / count
-
-
-def _pool_args(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None,
-               padding: IntTuple, dilation: IntTuple, ceil_mode: bool, d: int):
-    """kernel, stride, ((before, after) padding per spatial dim) and dilation of a d-dim pool;
-    ceil_mode pads the end so a last partial window fits, if it starts inside the input or the
-    padding before it (PyTorch's rule)."""
-    if input.ndim < d + 1:
-        raise RuntimeError(f"{d}-d pooling needs at least {d + 1} dims, got shape "
-                           f"{input.shape}")
-    kernel = _ntuple(kernel_size, d, "kernel_size")
-    stride = _ntuple(kernel_size if stride is None or stride == [] else stride, d, "stride")
-    pad, dilation = _ntuple(padding, d, "padding", 0), _ntuple(dilation, d, "dilation")
-    if any(2 * p > k for p, k in zip(pad, kernel)):
-        raise RuntimeError(f"padding {pad} should be at most half of kernel size {kernel}")
-    pads = []
-    for size, k, s, p, dd in zip(input.shape[-d:], kernel, stride, pad, dilation):
-        span = size + 2 * p - dd * (k - 1) - 1
-        out = (-(-span // s) if ceil_mode else span // s) + 1
-        if ceil_mode and (out - 1) * s >= size + p:
-            out -= 1
-        pads.append((p, p + max(0, (out - 1) * s + dd * (k - 1) + 1 - (size + 2 * p))))
-    return kernel, stride, tuple(pads), dilation
-
-
 # -- resampling ----------------------------------------------------------------------------------
 
 def interpolate(input: Tensor, size: IntTuple | None = None,
@@ -456,7 +390,7 @@ def interpolate(input: Tensor, size: IntTuple | None = None,
         raise ValueError("interpolate: pass exactly one of size and scale_factor")
     spatial = input.shape[2:]
     if size is not None:
-        sizes, scales = _ntuple(size, d, "size", 0), [None] * d
+        sizes, scales = ntuple(size, d, "size", 0), [None] * d
     else:
         scales = [float(f) for f in ((scale_factor,) * d if isinstance(scale_factor, int | float)
                                      else scale_factor)]
@@ -534,43 +468,3 @@ def grid_sample(input: Tensor, grid: Tensor, mode: Literal["bilinear", "nearest"
 
 def _indices(values: np.ndarray, like: Tensor) -> Tensor:
     return type(like)(values.astype(np.int32), int32, like.device)
-
-
-# -- sliding windows -----------------------------------------------------------------------------
-
-def _ntuple(v: IntTuple, n: int, name: str = "stride", minimum: int = 1) -> tuple[int, ...]:
-    values = (v,) * n if isinstance(v, int) else tuple(v)
-    if len(values) == 1 and n > 1:
-        values *= n
-    if len(values) != n or any(not isinstance(p, int) or p < minimum for p in values):
-        raise RuntimeError(f"{name} must be an int or {n} ints >= {minimum}, got {v!r}")
-    return values
-
-
-def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
-             dilation: tuple[int, ...]) -> Tensor:
-    """Sliding windows over the last len(kernel) dims -> (..., *out, *kernel), as views."""
-    keep = x.shape[:-len(kernel)]
-    sizes = x.shape[-len(kernel):]
-    noop = [(0, s) for s in keep]
-    outs = [(i - d * (k - 1) - 1) // s + 1 for i, d, k, s in zip(sizes, dilation, kernel,
-                                                                 stride)]
-    if any(o <= 0 for o in outs):
-        raise ValueError(f"input of spatial size {sizes} is smaller than kernel {kernel} "
-                         f"(dilation {dilation})")
-    reps = [-(-k * (i + d) // i) for k, i, d in zip(kernel, sizes, dilation)]
-    x = x.reshape(keep + tuple(d for i in sizes for d in (1, i)))
-    x = x.expand(keep + tuple(d for e, i in zip(reps, sizes) for d in (e, i)))
-    x = x.reshape(keep + tuple(e * i for e, i in zip(reps, sizes)))
-    x = x.shrink(noop + [(0, k * (i + d)) for k, i, d in zip(kernel, sizes, dilation)])
-    x = x.reshape(keep + tuple(d for k, i, dd in zip(kernel, sizes, dilation)
-                               for d in (k, i + dd)))
-    x = x.shrink(noop + [r for k, o, s in zip(kernel, outs, stride)
-                         for r in ((0, k), (0, o * s))])
-    x = x.reshape(keep + tuple(d for k, o, s in zip(kernel, outs, stride)
-                               for d in (k, o, s)))
-    x = x.shrink(noop + [r for k, o in zip(kernel, outs) for r in ((0, k), (0, o), (0, 1))])
-    x = x.reshape(keep + tuple(d for k, o in zip(kernel, outs) for d in (k, o)))
-    n = len(keep)
-    return x.permute(tuple(range(n)) + tuple(n + 2 * i + 1 for i in range(len(kernel))) +
-                     tuple(n + 2 * i for i in range(len(kernel))))

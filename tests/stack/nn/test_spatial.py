@@ -102,3 +102,46 @@ def test_bad_arguments_raise_at_the_call():
         F.grid_sample(x, Tensor.zeros(1, 2, 2, 2), padding_mode="reflection")
     with pytest.raises(RuntimeError, match="3-d pooling needs at least 4 dims"):
         F.max_pool3d(Tensor.ones(2, 3, 4), 2)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kwargs", [
+    ((2, 4, 8, 8), (6, 4, 3, 3), {"stride": 2, "padding": 1}),
+    ((2, 4, 9, 7), (6, 4, 3, 3), {"stride": 2, "padding": 1}),
+    ((2, 4, 9, 9), (6, 4, 1, 1), {"stride": 2}),
+    ((1, 3, 10, 11), (4, 3, 3, 3), {"stride": 3, "padding": 1}),
+    ((1, 4, 11, 10), (6, 2, 5, 5), {"stride": 3, "padding": 2, "groups": 2}),
+    ((1, 2, 7, 9), (3, 2, 2, 3), {"stride": (2, 3), "padding": (0, 1)}),
+    ((1, 8, 12, 12), (8, 2, 4, 4), {"stride": 2, "padding": 1, "groups": 4}),
+    ((1, 3, 9, 9), (3, 3, 3, 3), {"stride": 2, "padding": 1, "dilation": 2}),
+    ((1, 3, 8, 8), (3, 3, 3, 3), {"stride": 1, "padding": 1}),
+])
+def test_strided_conv_gradients_in_phases(x_shape, w_shape, kwargs, check, data, same_call):
+    # a strided conv's input gradient is s^2 stride-1 convolutions of the output gradient with
+    # the taps of each phase (portkit/tensor/spatial.py, _phase_input_grad)
+    check(same_call("conv2d", **kwargs), data(*x_shape), data(*w_shape), atol=1e-6,
+          rtol=1e-5)
+
+
+def test_a_1x1_stride_2_input_gradient_is_zero_between_its_taps(check, data, same_call):
+    check(same_call("conv1d", stride=2), data(2, 3, 9), data(4, 3, 1), atol=1e-6, rtol=1e-5)
+
+
+def test_a_strided_conv_input_gradient_multiplies_no_spread_zeros():
+    # as a transposed convolution through the zero-spread gradient, 3 of every 4 terms of a
+    # stride-2 conv's input gradient multiplied a zero
+    from portkit import graph, schedule
+    from portkit.graph import GraphOp
+
+    x = Tensor(np.ones((2, 4, 8, 8), np.float32), requires_grad=True)
+    w = Tensor(np.ones((6, 4, 3, 3), np.float32))
+    F.conv2d(x, w, stride=2, padding=1).sum().backward()
+    terms = 0
+    for item in schedule.create_schedule([x.grad.lazy]):
+        inputs = {id(n) for n in item.inputs}
+        for node in graph.toposort([item.root], stop=lambda n, ids=inputs: id(n) in ids):
+            if node.op is GraphOp.REDUCE:
+                terms += int(np.prod(node.src[0].shape))
+    # each input element reads (3 / 2)^2 taps on average of each of 6 output channels: 2 * 4 *
+    # 64 * 6 * 9 / 4 terms; the phases' padded edges add a half (5 x 5 blocks for 4 x 4), the
+    # interleave one term per element; through the spread gradient it was 4x
+    assert terms <= 2 * 2 * 4 * 64 * 6 * 9 // 4, terms

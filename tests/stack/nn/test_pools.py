@@ -1,0 +1,83 @@
+"""Pools (portkit/tensor/pools.py): windows that tile the input as reshapes into blocks,
+max pools' gradients given (in blocks, or in phases of the stride), torch's tie rule, and a
+block gradient kernel with no div or mod per element."""
+import numpy as np
+import pytest
+
+from portkit import runtime, schedule
+from portkit.abi.ops import Op
+from portkit.codegen.lower import lower
+from portkit.nn import functional as F
+from portkit.tensor import Tensor
+
+torch = pytest.importorskip("torch")
+TF = torch.nn.functional
+
+
+@pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize("name,args,kwargs,shape", [
+    ("max_pool2d", (2,), {}, (2, 3, 9, 7)),
+    ("max_pool2d", (3,), {}, (2, 3, 9, 7)),
+    ("max_pool2d", ((2, 3),), {}, (2, 3, 8, 9)),
+    ("max_pool2d", (2, 2, 1), {}, (2, 3, 7, 6)),
+    ("max_pool2d", (2,), {"ceil_mode": True}, (2, 3, 7, 5)),
+    ("max_pool1d", (3,), {}, (2, 3, 10)),
+    ("max_pool3d", (2,), {}, (1, 2, 4, 5, 6)),
+    ("avg_pool2d", (2,), {}, (2, 3, 9, 7)),
+    ("avg_pool1d", (3,), {}, (2, 3, 10)),
+    ("avg_pool3d", (2,), {}, (1, 2, 4, 5, 6)),
+    # overlapping windows: the gradient laid out in phases of the stride
+    ("max_pool2d", (3, 2, 1), {}, (2, 3, 9, 8)),
+    ("max_pool2d", (3, 1, 1), {}, (1, 2, 6, 7)),
+    ("max_pool2d", ((3, 2), (2, 1), (1, 0)), {"ceil_mode": True}, (1, 2, 7, 6)),
+    ("max_pool1d", (3, 2, 1), {}, (2, 3, 9)),
+    ("max_pool3d", (3, 2, 1), {}, (1, 2, 5, 4, 6)),
+])
+def test_pools_match_torch_with_ties(name, args, kwargs, shape, check, same_call):
+    # small integers: most windows hold their maximum twice or more, and torch's gradient goes
+    # to the first in row-major order
+    ties = np.random.default_rng(3).integers(0, 3, shape).astype(np.float32)
+    check(same_call(name, *args, **kwargs), ties)
+
+
+def test_a_tie_sends_the_gradient_to_the_first_maximum():
+    x = Tensor(np.array([[[[1, 2], [2, 1]], [[5, 5], [5, 5]]]], np.float32),
+               requires_grad=True)
+    (F.max_pool2d(x, 2) * Tensor(np.array([3, 7], np.float32).reshape(1, 2, 1, 1))).sum() \
+        .backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [[[[0, 3], [0, 0]], [[7, 0], [0, 0]]]])
+
+
+def _range_dependent_divisions(kernel) -> list:
+    """IDIV and MOD nodes that depend on a loop other than the first (the thread's loop over
+    rows): a div or a mod per element rather than per row."""
+    depends: list[set[int]] = []
+    first = next(i for i, n in enumerate(kernel.nodes) if n.op is Op.RANGE)
+    found = []
+    for i, node in enumerate(kernel.nodes):
+        ranges = set().union(*(depends[s] for s in node.src if isinstance(s, int)
+                               and s < len(depends))) if node.src else set()
+        if node.op is Op.RANGE and i != first:
+            ranges = ranges | {i}
+        depends.append(ranges)
+        if node.op in (Op.IDIV, Op.MOD) and ranges:
+            found.append(node)
+    return found
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_a_pool_gradient_in_blocks_has_no_div_or_mod_per_element(pool):
+    # the old gradient, derived from sliding windows, gathered a 3x3 neighbourhood with about
+    # a hundred div/mod per term
+    x = Tensor(np.random.default_rng(0).standard_normal((2, 4, 16, 32)).astype(np.float32),
+               requires_grad=True, device="cpu")
+    y = F.max_pool2d(x, 2) if pool == "max" else F.avg_pool2d(x, 2)
+    (y * Tensor(np.ones(y.shape, np.float32), device="cpu")).sum().backward()
+    items = schedule.create_schedule([x.grad.lazy])
+    blocks = [it for it in items if it.root.shape == (2, 4, 8, 2, 16, 2, 1)]
+    assert len(blocks) == 1, [it.root.shape for it in items]
+    kernel = lower(blocks[0].root, blocks[0].inputs, runtime.get("cpu").capabilities)
+    assert not _range_dependent_divisions(kernel)
+    expected = torch.tensor(x.numpy(), requires_grad=True)
+    (TF.max_pool2d if pool == "max" else TF.avg_pool2d)(expected, 2).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), expected.grad.numpy(), atol=1e-6)

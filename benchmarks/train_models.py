@@ -51,7 +51,7 @@ SIZES: dict[str, dict[str, dict]] = {
         "tiny": {"depth": 1, "dim": 16, "heads": 2, "seq": 8, "vocab": 50, "batch": 2}},
     "lstm": {"default": {"vocab": 2000, "embed": 256, "hidden": 256, "seq": 35, "batch": 16},
              "quick": {"vocab": 2000, "embed": 128, "hidden": 128, "seq": 35, "batch": 8},
-             "tiny": {"vocab": 50, "embed": 8, "hidden": 8, "seq": 5, "batch": 2}},
+             "tiny": {"vocab": 50, "embed": 8, "hidden": 8, "seq": 2, "batch": 2}},
 }
 
 # per workload: the optimizer's class name (the same in torch.optim and portkit.optim) and

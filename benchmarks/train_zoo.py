@@ -11,8 +11,8 @@ and POCL_CACHE_DIR folders) is timed, then warm-up steps (portkit.jit's captures
 `--steps` timed steps (fewer once `--budget` seconds have passed, at least 3), each waited for
 (`.item()` of its loss). Reported: steps/s of the median step, process CPU time per step
 (time.process_time: all threads), the first step's seconds, the rise of the process's peak
-resident memory (getrusage maxrss) over the steps, the first loss and the ratio to torch
-eager's steps/s in the same run. Threads: 1 sets OMP_NUM_THREADS=1 (portkit's cpu backend is
+resident memory (getrusage maxrss) over the steps, the first loss, and the ratios to torch
+eager in the same run: of steps/s, and of CPU time per step (steadier on a busy host). Threads: 1 sets OMP_NUM_THREADS=1 (portkit's cpu backend is
 OpenMP; PoCL has its own pool) and torch.set_num_threads(1); 0 leaves both at their default.
 torch.compile is not timed: its Inductor compile of these steps takes minutes on a 2-core host.
 `--profile` adds, per portkit mode, the kernels of one step under PORTKIT_DEBUG=2 summed by
@@ -155,17 +155,18 @@ def show(rows: list[dict], title: str) -> None:
     console = console if console.is_terminal else Console(width=140)   # a log keeps its rows
     table = Table(title=title)
     for column in ("workload", "threads", "mode", "steps/s", "CPU ms/step", "first step s",
-                   "peak MiB", "vs torch", "first loss"):
+                   "peak MiB", "vs torch", "CPU vs torch", "first loss"):
         table.add_column(column, justify="left" if column in ("workload", "mode") else "right")
     for row in rows:
         head = (row["workload"], str(row["threads"] or "default"), row["mode"])
         if "error" in row:
-            table.add_row(*head, f"[red]{row['error'][:70]}[/red]", *[""] * 5)
+            table.add_row(*head, f"[red]{row['error'][:70]}[/red]", *[""] * 6)
             continue
-        ratio = row.get("vs_torch")
+        ratios = ["-" if row.get(key) is None else f"{row[key]:.2f}x"
+                  for key in ("vs_torch", "cpu_vs_torch")]
         table.add_row(*head, f"{row['steps_per_s']:.2f}", f"{row['cpu_ms']:.1f}",
-                      f"{row['first_s']:.2f}", f"{row['peak_mib']:.0f}",
-                      "-" if ratio is None else f"{ratio:.2f}x", f"{row['first_loss']:.5f}")
+                      f"{row['first_s']:.2f}", f"{row['peak_mib']:.0f}", *ratios,
+                      f"{row['first_loss']:.5f}")
     console.print(table)
     for row in rows:
         if row.get("kernels"):
@@ -201,16 +202,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only:
         size = "quick" if name in quick else "default"
         for threads in args.threads:
-            torch_rate = None
+            torch_row: dict = {}
             for mode in args.modes:
                 print(f"{name} ({size}), {mode}, threads {threads or 'default'} ...", flush=True)
                 row = run_isolated((name, size, mode, args.device, threads, args.steps,
                                     args.budget, args.profile),
                                    child_env(mode, args.device, threads, args.cold), args.timeout)
                 if mode == "torch" and "error" not in row:
-                    torch_rate = row["steps_per_s"]
-                if torch_rate and "error" not in row:
-                    row["vs_torch"] = row["steps_per_s"] / torch_rate
+                    torch_row = row
+                if torch_row and "error" not in row:
+                    row["vs_torch"] = row["steps_per_s"] / torch_row["steps_per_s"]
+                    row["cpu_vs_torch"] = torch_row["cpu_ms"] / row["cpu_ms"]
                 rows.append({"workload": name, "size": size, "threads": threads, "mode": mode}
                             | row)
                 # written after every row, so a run stopped midway keeps what it measured

@@ -12,9 +12,10 @@ and POCL_CACHE_DIR folders) is timed, then warm-up steps (portkit.jit's captures
 (`.item()` of its loss). Reported: steps/s of the median step, process CPU time per step
 (time.process_time: all threads), the first step's seconds, the rise of the process's peak
 resident memory (getrusage maxrss) over the steps, the first loss, and the ratios to torch
-eager in the same run: of steps/s, and of CPU time per step (steadier on a busy host). Threads: 1 sets OMP_NUM_THREADS=1 (portkit's cpu backend is
-OpenMP; PoCL has its own pool) and torch.set_num_threads(1); 0 leaves both at their default.
-torch.compile is not timed: its Inductor compile of these steps takes minutes on a 2-core host.
+eager in the same run: of steps/s, and of CPU time per step (steadier on a busy host).
+Threads: 1 sets OMP_NUM_THREADS=1 (portkit's cpu backend is OpenMP; PoCL has its own pool) and
+torch.set_num_threads(1); 0 leaves both at their default. torch.compile is not a mode: its
+Inductor compile of these steps was not tried on the 2-core host.
 `--profile` adds, per portkit mode, the kernels of one step under PORTKIT_DEBUG=2 summed by
 name, the top five with their share of the step's kernel time.
 """

@@ -13,8 +13,8 @@ pytest.importorskip("torch", reason="the workloads start from torch's weights")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import train_models as tm  # benchmarks/ is no package
 
-# each workload compiles its forward, backward and optimizer kernels: 5-25 s per workload on
-# a quiet 2-core host with an empty kernel cache, more when it is loaded
+# each workload compiles its forward, backward and optimizer kernels: 30-144 s per workload
+# (455 s in all) on the 2-core host at load 9-19, the LSTM's and GPT's the longest
 pytestmark = pytest.mark.slow
 STEPS = 6       # portkit.jit captures up to 3 calls; the rest are replays
 

@@ -276,6 +276,8 @@ class _Lowerer:
         b = self.b
         op, axes = node.arg
         src = node.src[0]
+        if self.plan.inline == id(node):
+            return self.written_out(node, idxs, gates)
         unrolled, copies = (self.plan.unroll if self.plan.reduce == id(node) else None) or (
             None, 1)
         wide = dtypes.float32 if node.dtype.is_float and node.dtype.itemsize == 2 else None
@@ -311,6 +313,34 @@ class _Lowerer:
         for row in accs:            # pairwise, so the partial sums stay balanced
             while len(row) > 1:
                 row = [b.alu(op, row[k], row[k + 1]) for k in range(0, len(row), 2)]
+            out.append(b.cast(row[0], node.dtype) if wide else row[0])
+        return out
+
+    def written_out(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]
+                    ) -> list[int]:
+        """A short reduce (plan's `inline`) as one expression per output: every term at its
+        constant position in the window, combined pairwise (16-bit floats in float32)."""
+        b = self.b
+        op, axes = node.arg
+        src = node.src[0]
+        wide = dtypes.float32 if node.dtype.is_float and node.dtype.itemsize == 2 else None
+        taps = list(product(*(range(src.shape[a]) for a in axes)))
+        inner = []
+        for idx in idxs:
+            for tap in taps:
+                at = list(idx)
+                for axis, value in zip(axes, tap):
+                    at[axis] = const(value)
+                inner.append(at)
+        inner_gates = [gate for gate in gates for _ in taps]
+        values = (self.terms(src, inner, inner_gates, op is Op.ADD) if wide
+                  else self.lower(src, inner, inner_gates))
+        out = []
+        for k in range(len(idxs)):
+            row = values[k * len(taps):(k + 1) * len(taps)]
+            while len(row) > 1:
+                row = [b.alu(op, row[j], row[j + 1]) if j + 1 < len(row) else row[j]
+                       for j in range(0, len(row), 2)]
             out.append(b.cast(row[0], node.dtype) if wide else row[0])
         return out
 
@@ -430,7 +460,12 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)
-    row = row_length(tile_shape, serial(caps) and tiling.work == 1)
+    # the row is the last axis longer than 1 (a reduce keeps its reduced axes as 1s)
+    body = len(tile_shape)
+    while body > 1 and tile_shape[body - 1] == 1:
+        body -= 1
+    row = row_length(tile_shape[:body], serial(caps) and (tiling.work == 1 or
+                                                           tiling.inline is not None))
     items = tiles // row            # what a thread's loop counts: tiles, or rows of tiles
     groups, block, per_thread = launch_shape(items, caps, row * prod(amounts) * tiling.work)
     thread = b.special("group", 0)
@@ -458,12 +493,13 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if row > 1:
         # per-row decoding: the row's position is decoded once, the inner loop runs along the
         # last axis with plain strided indices (no div or mod per element)
-        tile = unravel(t_var, tile_shape[:-1])
+        tile = unravel(t_var, tile_shape[:body - 1])
         for atom, _ in (term for i in tile for term in i.terms):
             lowerer.atom(atom)
         column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0), lowerer.const(row)))
         lowerer.scopes.append({})
         tile.append(lowerer.new_var("c", 0, row - 1, column))
+        tile += [const(0)] * (len(tile_shape) - body)
     else:
         tile = unravel(t_var, tile_shape)
     idxs = [[t * n + k for t, n, k in zip(tile, amounts, offsets)]

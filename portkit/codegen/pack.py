@@ -250,7 +250,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         is first_row(t)."""
         row = first[0] + r
         idx = at(row, column, const(0))
-        conds = (Bound(idx[found.n], 0, n_size),) if edge else ()
+        conds: tuple[Bound, ...] = (Bound(idx[found.n], 0, n_size),) if edge else ()
         if remainder:               # rows the block before stored already are not stored
             conds += (Bound(row + first[1] * -1, 0, m_size),)
         gate = lowerer.condition(conds, None) if conds else None

@@ -276,6 +276,8 @@ class _Lowerer:
         b = self.b
         op, axes = node.arg
         src = node.src[0]
+        if self.plan.inline == id(node):
+            return self.written_out(node, idxs, gates)
         unrolled, copies = (self.plan.unroll if self.plan.reduce == id(node) else None) or (
             None, 1)
         wide = dtypes.float32 if node.dtype.is_float and node.dtype.itemsize == 2 else None
@@ -311,6 +313,34 @@ class _Lowerer:
         for row in accs:            # pairwise, so the partial sums stay balanced
             while len(row) > 1:
                 row = [b.alu(op, row[k], row[k + 1]) for k in range(0, len(row), 2)]
+            out.append(b.cast(row[0], node.dtype) if wide else row[0])
+        return out
+
+    def written_out(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]
+                    ) -> list[int]:
+        """A short reduce (plan's `inline`) as one expression per output: every term at its
+        constant position in the window, combined pairwise (16-bit floats in float32)."""
+        b = self.b
+        op, axes = node.arg
+        src = node.src[0]
+        wide = dtypes.float32 if node.dtype.is_float and node.dtype.itemsize == 2 else None
+        taps = list(product(*(range(src.shape[a]) for a in axes)))
+        inner = []
+        for idx in idxs:
+            for tap in taps:
+                at = list(idx)
+                for axis, value in zip(axes, tap):
+                    at[axis] = const(value)
+                inner.append(at)
+        inner_gates = [gate for gate in gates for _ in taps]
+        values = (self.terms(src, inner, inner_gates, op is Op.ADD) if wide
+                  else self.lower(src, inner, inner_gates))
+        out = []
+        for k in range(len(idxs)):
+            row = values[k * len(taps):(k + 1) * len(taps)]
+            while len(row) > 1:
+                row = [b.alu(op, row[j], row[j + 1]) if j + 1 < len(row) else row[j]
+                       for j in range(0, len(row), 2)]
             out.append(b.cast(row[0], node.dtype) if wide else row[0])
         return out
 
@@ -430,7 +460,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)
-    row, tail = row_length(tile_shape, serial(caps) and tiling.work == 1)
+    row, tail = row_length(tile_shape, serial(caps) and (tiling.work == 1 or
+                                                        tiling.inline is not None))
     if tail:        # each step of the row computes the short trailing axes whole
         amounts[-tail:] = tile_shape[-tail:]
         tile_shape = tile_shape[:-tail] + (1,) * tail

@@ -105,11 +105,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # and a kernel tap) is worked out once per row: per element, it cost a stride-2 conv's
     # weight gradient 2.8x its forward's time
     folded_k = bool(found.k_fold)
-    # register rows divide m's last axis (A is read in place, ungated, and a block of a
-    # folded m stays within one output row): the most, up to `reuse`
-    row = m if folded_k else found.reduce.src[0].shape[found.m]
-    rows = max(d for d in range(1, limits.reuse + 1) if row % d == 0)
-    tiles = m // rows
+    rows = _rows(found, limits.reuse, m)
+    tiles = ceil(m / rows)
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
     panels = ceil(n / width)
     itemsize = found.accumulate.itemsize
@@ -124,8 +121,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # then register blocks come first (the staged block repays more rows), depth second
     staged = folded_k or _evaluation_cost(found.left, {id(x) for x in inputs}) > 1
     choices = [(most, blocks) for most in (DEPTH, DEPTH // 2, DEPTH // 4)
-               for blocks in sorted((d for d in range(1, _BLOCKS + 1) if tiles % d == 0),
-                                    reverse=True)]
+               for blocks in sorted(_blocks(tiles, rows, m, staged), reverse=True)]
     if staged:
         choices.sort(key=lambda choice: -choice[1])
     # else the deepest panel, then the most register blocks per group that divide m's,
@@ -138,6 +134,27 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
             return found, packing
     return None
+
+
+def _rows(found: Contraction, reuse: int, m: int) -> int:
+    """Register rows per block: the most, up to `reuse`, that divide m's last axis (A is read
+    in place, ungated, and a block of a folded m stays within one output row), or all of m for
+    a sum over several axes (its staged A is read flat); or `reuse` with a remainder block
+    where m is one axis that no more than reuse // 2 rows divide (ViT's 197 tokens: 8-row
+    blocks, the last group shifted back to end at m, instead of 1-row blocks)."""
+    row = m if found.k_fold else found.reduce.src[0].shape[found.m]
+    rows = max(d for d in range(1, reuse + 1) if row % d == 0)
+    if not found.fold and not found.k_fold and 2 * rows <= reuse <= row:
+        return reuse
+    return rows
+
+
+def _blocks(tiles: int, rows: int, m: int, staged: bool) -> list[int]:
+    """Register blocks per workgroup along m: those that divide the blocks m needs; with A
+    staged per group (whose last group is shifted back whole), those that span no more
+    than m."""
+    return [d for d in range(1, _BLOCKS + 1) if tiles % d == 0 and (
+        not staged or m % rows == 0 or d * rows <= m)]
 
 
 def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
@@ -154,7 +171,7 @@ def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
     itemsize = found.accumulate.itemsize
     best: Packing | None = None
     best_cost: tuple[int, int, int] | None = None
-    for blocks in (d for d in range(1, _BLOCKS + 1) if tiles % d == 0):
+    for blocks in _blocks(tiles, base.rows, m, cost > 1):
         # a plain load of A is read in place, as in the deeper matmuls: one panel per group
         for spans in (d for d in range(1, panels + 1) if panels % d == 0 and cost > 1 or d == 1):
             packed_a = cost > 1
@@ -200,13 +217,31 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     wide = found.accumulate
     batch = [a for a in range(len(shape)) if a not in (*found.m_axes, found.n, *found.k_axes)]
     across = p.rows * p.blocks          # rows per workgroup
-    grid_shape = (*(shape[a] for a in batch), m_size // across,
+    grid_shape = (*(shape[a] for a in batch), ceil(m_size / across),
                   ceil(n_size / p.width) // p.spans)
     groups = prod(grid_shape)
     # the MOD is a no-op on this grid; it tells a C compiler every index's range
     group_node = b.alu(Op.MOD, b.special("group", 0), lowerer.const(groups))
     group = lowerer.new_var("g", 0, groups - 1, group_node)
     *batch_idx, tile_m, tile_n = unravel(group, grid_shape)
+    # Where `rows` does not divide m (a remainder block, `_rows`), the last block starts at
+    # m - rows instead, so that A's rows stay in place and ungated, and stores only the rows
+    # the block before it did not; with A staged per group, the last group is shifted so.
+    remainder = m_size % p.rows != 0
+
+    def first_row(t: Lin) -> tuple[Lin, Lin]:
+        """Block t's first row, and the row where its new rows begin."""
+        nominal = (tile_m * p.blocks + t) * p.rows
+        if not remainder:
+            return nominal, nominal
+        if p.packed_a:
+            start, shift = tile_m * across, m_size - across
+        else:
+            start, shift = nominal, m_size - p.rows
+        last, at_start = lowerer.const(shift), lowerer.index(start)
+        first = lowerer.new_var("m", 0, shift, b.alu(
+            Op.WHERE, b.alu(Op.CMPLT, at_start, last), at_start, last))
+        return (first + t * p.rows, start) if p.packed_a else (first, start)
 
     def at(m: Lin, n: Lin, k: Lin) -> list[Lin]:
         idx = [const(0)] * len(shape)
@@ -222,10 +257,15 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     edge = n_size % p.width != 0        # the last panel is partly past N: staged as zeros
     strides = strides_for(red.shape)
 
-    def write(t: Lin, r: int, column: Lin, value: int) -> None:
-        """Stores register block t's output (r, column), rounded to the output's dtype."""
-        idx = at((tile_m * p.blocks + t) * p.rows + r, column, const(0))
-        gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
+    def write(t: Lin, r: int, column: Lin, value: int, first: tuple[Lin, Lin]) -> None:
+        """Stores register block t's output (r, column), rounded to the output's dtype; `first`
+        is first_row(t)."""
+        row = first[0] + r
+        idx = at(row, column, const(0))
+        conds: tuple[Bound, ...] = (Bound(idx[found.n], 0, n_size),) if edge else ()
+        if remainder:               # rows the block before stored already are not stored
+            conds += (Bound(row + first[1] * -1, 0, m_size),)
+        gate = lowerer.condition(conds, None) if conds else None
         value = value if wide == red.dtype else b.cast(value, red.dtype)
         flat = recombine(sum((i * s for i, s in zip(idx, strides) if s), Lin()))
         if root is not red and not (root.op is GraphOp.VIEW and root.src[0] is red):
@@ -257,9 +297,10 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                                                               lowerer.const(-p.depth)))
             end = b.alu(Op.WHERE, b.alu(Op.CMPLT, left, end), left, end)
         if p.packed_a:
+            group_row = first_row(const(0))[0]
             # A's block, computed once for every panel the group spans, in A's order
             def stage(kk: Lin, i: Lin) -> None:
-                value, = lowerer.lower(found.left, [at(tile_m * across + i, const(0), k0 + kk)],
+                value, = lowerer.lower(found.left, [at(group_row + i, const(0), k0 + kk)],
                                        [None])
                 value = value if b.dtype(value) == wide else b.cast(value, wide)
                 b.store(staged, lowerer.index(at_a(i, kk)), value)
@@ -290,7 +331,8 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                     copy(kk, j)
             with _loop(lowerer, "mb", p.blocks) as t:
                 accs = [b.acc(zero) for _ in range(p.rows * p.width)]
-                row0 = (tile_m * p.blocks + t) * p.rows
+                first = first_row(t)
+                row0 = first[0]
                 with _loop(lowerer, "kk", p.depth, end) as kk:
                     if p.packed_a:
                         lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, kk)))
@@ -309,16 +351,17 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                             b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
                 for acc, (r, col) in zip(accs, product(range(p.rows), range(p.width))):
                     if single:
-                        write(t, r, column0 + col, acc)
+                        write(t, r, column0 + col, acc, first)
                         continue
                     where = lowerer.index((t * p.rows + r) * p.width + col)
                     b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
     if not single:
         column0 = tile_n * p.width
         with _loop(lowerer, "mo", p.blocks) as t:
+            first = first_row(t)
             for r, col in product(range(p.rows), range(p.width)):
                 where = lowerer.index((t * p.rows + r) * p.width + col)
-                write(t, r, column0 + col, b.load(sums, where))
+                write(t, r, column0 + col, b.load(sums, where), first)
     return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
 
 

@@ -20,8 +20,10 @@ def pad_apart(node: Lazy) -> Lazy | None:
     if node.op is not GraphOp.VIEW:
         return None
     views = node.arg.views
-    if not any(st == 0 and size > 1 for view in views[1:]
-               for size, st in zip(view.shape, view.strides)):
+    # the windows' expand is in a later view, or (a depthwise conv's, whose windows are only
+    # permuted after) in the padded view itself
+    if len(views) < 2 or not any(st == 0 and size > 1 for view in views
+                                 for size, st in zip(view.shape, view.strides)):
         return None
     if node.src[0].op is GraphOp.VIEW and not node.src[0].realized:
         return node.src[0]          # rewritten by an earlier schedule of the same graph

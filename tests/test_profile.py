@@ -29,7 +29,9 @@ def test_a_profile_records_each_launch_compile_realize_and_read_back(tmp_path):
     kernels = _events(trace, "kernel")
     assert len(kernels) == 2 and kernels[0]["name"] == kernels[1]["name"]
     assert all(k["dur"] >= 0 and k["args"]["grid"] and k["ph"] == "X" for k in kernels)
-    assert len(_events(trace, "realize")) == 2 and len(_events(trace, "read-back")) == 2
+    # the read-backs of the values (a device's fault flag may be read back too)
+    reads = [e for e in _events(trace, "read-back") if e["name"] == "3 x float32"]
+    assert len(_events(trace, "realize")) == 2 and len(reads) == 2
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert names == {"host (Python)", "device cpu"}
     assert found.totals()[0][:2] == (kernels[0]["name"], 2)

@@ -9,7 +9,7 @@ from portkit import graph
 from portkit.abi import dtypes
 from portkit.abi.ops import Op
 from portkit.codegen.lower import reduce_identity
-from portkit.graph import Lazy
+from portkit.graph import GraphOp, Lazy
 
 # A reduce of at least _SPLIT_FROM elements per output, into fewer than _SPLIT_OUTPUTS outputs,
 # becomes up to _SPLIT_PARTS partial reduces of at least _SPLIT_LEAST elements each, so that
@@ -85,7 +85,10 @@ def _moved(node: Lazy, method: str, arg) -> Lazy:
     """`node` reshaped or padded (with zeros); a product is moved factor by factor, so that the
     first stage is still a sum of one product, which codegen/pack.py blocks as a matmul (a
     conv's weight gradient, whose batch or output rows are cut)."""
-    if node.op is Op.MUL and all(factor.shape == node.shape for factor in node.src):
+    # a factor that is a constant (x * 2.0) stays outside: a scalar reaches a replay as a kernel
+    # argument only through its own constant view, which a moved reshape would hide
+    if node.op is Op.MUL and all(factor.shape == node.shape and factor.base.op is not
+                                 GraphOp.CONST for factor in node.src):
         left, right = (factor.view(method, arg) for factor in node.src)
         return left.alu(Op.MUL, right)
     return node.view(method, arg)

@@ -140,6 +140,12 @@ def run_isolated(args: tuple, timeout: float, cold: bool) -> dict:
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(send, args, cold))
     child.start()
+    return answer(receive, child, timeout)
+
+
+def answer(receive, child, timeout: float) -> dict:
+    """What a started child process sends on `receive`, or an error row where it gives no
+    answer within `timeout` seconds (then it is killed) or dies first."""
     try:
         if not receive.poll(timeout):
             child.kill()

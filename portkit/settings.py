@@ -66,6 +66,20 @@ def _text(text: str) -> str:
     return text
 
 
+def _seconds(text: str) -> float | None:
+    value = text.strip().lower()
+    if value in ("off", "no", "never"):
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ValueError(f"PORTKIT_PROGRESS={text!r} is not a number of seconds: use e.g. 3, "
+                         "0 (always), or off")
+    return seconds
+
+
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("PORTKIT_DEVICE", _text, "cpu", "a backend name",
             "The device a Tensor gets when none is named."),
@@ -94,6 +108,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("PORTKIT_PROFILE", _text, None, "a file path",
             "Profile the whole process: kernel launches (each waits for its kernel), compiles, "
             "realizes and read-backs, written as a Chrome/Perfetto trace to this file at exit."),
+    Setting("PORTKIT_PROGRESS", _seconds, 3.0, "seconds, or off",
+            "Show progress (a bar on a terminal, a line each tenth of the way otherwise) on "
+            "stderr once compiling a step's kernels has taken this long; quicker compiles print "
+            "nothing."),
     Setting("PORTKIT_CC", _text, None, "a compiler command",
             "The cpu backend's C compiler command (default: clang, else gcc, else cc)."),
 )}

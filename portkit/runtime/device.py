@@ -13,6 +13,7 @@ PORTKIT_CHECK once (`settings.launch()`) and hands them to each of its launches.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -266,7 +267,8 @@ class Runtime:
         sources in batches (a core's share, at most BATCH); a batch that fails as a whole is
         compiled one by one, so each kernel that fails gives its own error. A kernel that fails
         gives its exception in its place. Within `progress.reporting(report)`, `report(done,
-        total)` follows each batch."""
+        total)` follows each batch; without it, progress shows on stderr once the compile has
+        taken PORTKIT_PROGRESS seconds."""
         results: list[Compiled | Exception | None] = [None] * len(kernels)
         todo: dict[str, list[int]] = {}     # by JSON form, as `compile` keys them
         for i, kernel in enumerate(kernels):
@@ -283,7 +285,12 @@ class Runtime:
         size = min(BATCH, -(-len(todo) // jobs)) if batched else 1
         entries = list(todo.items())
         groups = [entries[g:g + size] for g in range(0, len(entries), size)]
-        report, compiled_so_far = progress.hook(), 0
+        report, compiled_so_far, shown = progress.hook(), 0, contextlib.ExitStack()
+        after = settings.read("PORTKIT_PROGRESS")
+        if report is None and after is not None:
+            report = shown.enter_context(progress.delayed(
+                f"compiling {len(entries)} {self.name} kernel{'s' * (len(entries) > 1)}", after,
+                len(entries)))
 
         def work(group: list[tuple[str, list[int]]]) -> list[Compiled | Exception]:
             group_kernels = [kernels[places[0]] for _, places in group]
@@ -291,7 +298,7 @@ class Runtime:
                 return self._build_batch(group_kernels)
             return [self._build_or_error(kernel) for kernel in group_kernels]
 
-        with ThreadPoolExecutor(jobs) as pool:
+        with shown, ThreadPoolExecutor(jobs) as pool:
             for group, built in zip(groups, pool.map(work, groups)):
                 for (key, places), compiled in zip(group, built):
                     if not isinstance(compiled, Exception):

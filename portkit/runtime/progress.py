@@ -3,11 +3,16 @@ of it (a rich bar on a terminal, a plain line each tenth of the way in a log).
 
     with progress.shown("compiling") as show, progress.reporting(show):
         model(x)      # the first call compiles every kernel of the model in batches
+
+Without a hook, `compile_all` shows its own progress through `delayed` once it has taken
+PORTKIT_PROGRESS seconds (default 3): a first training step that compiles for a minute says so,
+and a quick one prints nothing.
 """
 from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import IO
@@ -64,3 +69,37 @@ def shown(label: str, console: Console | None = None) -> Iterator[Report]:
                   TextColumn("{task.description}"), console=console, transient=True) as bar:
         task = bar.add_task(label, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@contextlib.contextmanager
+def delayed(label: str, after: float, total: int) -> Iterator[Report]:
+    """A report that shows nothing until `after` seconds have passed, then `shown(label)` with
+    the last done/total (0/`total` before the first report) and every report after it."""
+    last, lock, stack = [0, total], threading.Lock(), contextlib.ExitStack()
+    display: list[Report] = []
+
+    def start() -> None:
+        with lock:
+            if not display:
+                display.append(stack.enter_context(shown(label)))
+                display[0](*last)
+
+    def report(done: int, total: int) -> None:
+        with lock:
+            last[:] = done, total
+            if display:
+                display[0](done, total)
+
+    timer = threading.Timer(after, start)
+    timer.daemon = True
+    if after > 0:
+        timer.start()
+    else:
+        start()
+    try:
+        yield report
+    finally:
+        timer.cancel()
+        with lock:
+            display.append(report)      # a timer firing now finds it taken and shows nothing
+            stack.close()

@@ -16,13 +16,13 @@ SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "_
                               "portkit-*")
 
 
-def _build(kind: str, tmp_path: Path) -> Path:
-    """An sdist or a wheel built by setuptools from a copy of the tree; its path."""
+def _build(kind: str, tmp_path: Path, python: str = sys.executable) -> Path:
+    """An sdist or a wheel built by setuptools (`python`'s) from a copy of the tree; its path."""
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, ignore=SKIP)
     script = ("import sys; from setuptools import build_meta; "
               f"print(build_meta.build_{kind}(sys.argv[1]))")
-    build = subprocess.run([sys.executable, "-c", script, str(tmp_path / "dist")],
+    build = subprocess.run([python, "-c", script, str(tmp_path / "dist")],
         cwd=source, capture_output=True, text=True, check=False)
     assert build.returncode == 0, build.stdout + build.stderr
     return tmp_path / "dist" / build.stdout.strip().splitlines()[-1]
@@ -61,17 +61,47 @@ def test_sdist_carries_its_tests_and_they_run(tmp_path):
     assert " passed" in tests.stdout
 
 
+def _venv(where: Path, *packages: str) -> Path:
+    """A fresh virtualenv at `where` with `packages` installed from PyPI; its python."""
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    python = where / "bin" / "python"
+    if packages:
+        pip = subprocess.run([python, "-m", "pip", "install", "-q", *packages],
+                             capture_output=True, text=True, check=False)
+        assert pip.returncode == 0, pip.stdout[-3000:] + pip.stderr[-3000:]
+    return python
+
+
 @pytest.mark.slow
-def test_wheel_ships_the_docs_and_the_templates(tmp_path):
-    """About 15 s: `portkit docs` and `portkit new-backend` must work from an installed wheel,
-    which has no docs/ or templates/ beside it."""
+def test_a_wheel_from_the_oldest_setuptools_installs_and_runs_the_readme_example(tmp_path):
+    """About 40 s, from PyPI: the wheel that the oldest setuptools series the metadata allows builds
+    carries the docs and templates (`portkit docs` and `portkit new-backend` read them from
+    the package), installs into a fresh virtualenv with its dependencies, and runs the README's
+    first program outside the repository."""
     import zipfile
-    wheel = _build("wheel", tmp_path)
+
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    # ">=77" -> "==77.*": the oldest release series the metadata allows
+    [oldest] = [r.replace(">=", "==") + ".*" for r in project["build-system"]["requires"]]
+    wheel = _build("wheel", tmp_path, str(_venv(tmp_path / "build", oldest)))
     names = set(zipfile.ZipFile(wheel).namelist())
     docs = {f"portkit/_docs/{path.relative_to(ROOT / 'docs').as_posix()}"
             for path in (ROOT / "docs").rglob("*.md")}
     assert docs <= names, sorted(docs - names)
     assert "portkit/_templates/backend/cookiecutter.json" in names
+
+    python = _venv(tmp_path / "fresh", str(wheel))
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PORTKIT_DEVICE")}
+    ran = subprocess.run([python, "-c", example], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, check=False)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.startswith("54.0 ["), ran.stdout      # (x @ x).relu().sum() of [[1,2],[3,4]]
+    shown = subprocess.run([python, "-m", "portkit", "--version"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, check=True).stdout
+    assert shown.startswith("portkit ") and "backend ABI" in shown
 
 
 def test_the_build_requirement_reads_the_licence_field():

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from portkit.conformance import replay
-from portkit.conformance.case import EVIDENCE, Case, KernelCase, Result, Status
+from portkit.conformance.case import BLOCKING, EVIDENCE, Case, KernelCase, Result, Status
 from portkit.conformance.isolate import Isolated, WorkerTarget
 from portkit.conformance.suite import (
     InProcess,
@@ -24,8 +24,6 @@ from portkit.conformance.suite import (
     xfail_reason,
 )
 from portkit.conformance.target import Target
-
-_BLOCKING = (Status.FAILED, Status.BLOCKED, Status.XFAIL, Status.CRASHED, Status.TIMEOUT)
 
 
 def executor(target: Target, options: Options) -> InProcess | Isolated:
@@ -99,7 +97,7 @@ def run(target: Target, options: Options,
 
 def _run_one(target: Target, case: Case, kc: KernelCase | Exception | None,
              required: list[Result], options: Options, runs: InProcess | Isolated) -> Result:
-    blockers = [r for r in required if r.status in _BLOCKING]
+    blockers = [r for r in required if r.status in BLOCKING]
     if blockers:
         names = ", ".join(f"{r.case.id} ({r.status.value})" for r in blockers[:3])
         more = f" and {len(blockers) - 3} more" if len(blockers) > 3 else ""

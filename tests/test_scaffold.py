@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -177,10 +178,43 @@ def _loads(name: str) -> bool:
 
 
 @pytest.mark.slow
+def test_the_porting_guide_runs_as_written(tmp_path):
+    """docs/porting.md's first commands, run as written by bash, the prompts answered with their
+    defaults (the C starter). The one change: `.venv` is a fresh virtualenv that sees this
+    environment's packages (portkit's command included), so that `pip install -e` changes
+    nothing here. About 40 s on 2
+    idle cores: pip builds the package (setuptools from PyPI) and the quick run compiles the
+    C starter's kernels (the cache starts empty). The package's own tests pass too."""
+    block = (ROOT / "docs" / "porting.md").read_text().split("```sh\n", 1)[1].split("```")[0]
+    assert block.startswith("source .venv/bin/activate\n"), block
+    venv = tmp_path / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    [site] = (venv / "lib").glob("python*/site-packages")
+    (site / "outer.pth").write_text(
+        f"import site; site.addsitedir({sysconfig.get_path('purelib')!r})\n")
+    command = venv / "bin" / "portkit"     # what installing portkit there would write
+    command.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom portkit.cli import main\n"
+                       "if __name__ == '__main__':\n    sys.exit(main())\n")
+    command.chmod(0o755)
+    env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+           "PORTKIT_CACHE": str(tmp_path / "cache"), "COLUMNS": "200"}
+    ran = subprocess.run(["bash", "-e", "-c", block], input="\n" * 10, cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=False)
+    assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-4000:]
+    assert re.search(r"myaccel.*available", ran.stdout), ran.stdout
+    assert "FAILED" not in ran.stdout and "passed" in ran.stdout, ran.stdout[-4000:]
+    # ... and the package's own tests, which run the same command (on warm binaries now).
+    own = subprocess.run([venv / "bin" / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests"], cwd=tmp_path / "portkit-myaccel", env=env,
+                         capture_output=True, text=True, check=False)
+    assert own.returncode == 0 and "2 passed" in own.stdout, own.stdout + own.stderr
+
+
+@pytest.mark.slow
 def test_generated_packages_install_list_and_conform(tmp_path):
-    """The path a new user takes, for every starter. About 30 s on 2 idle cores, most of it
-    compiling the C starter's kernels for the quick run (the cache starts empty)."""
-    for name, starter in (("myaccel", "c"), ("myblank", "blank"), ("mycl", "opencl")):
+    """The blank and OpenCL starters, installed side by side: listed, and conformance says
+    what each lacks. About 20 s on 2 idle cores."""
+    for name, starter in (("myblank", "blank"), ("mycl", "opencl")):
         generate(name, tmp_path, starter)
     site = tmp_path / "site"
     # --no-index: nothing is downloaded; --no-build-isolation: this environment's setuptools.
@@ -190,18 +224,9 @@ def test_generated_packages_install_list_and_conform(tmp_path):
 
     listed = _portkit(site, "backends")
     assert listed.returncode == 0, listed.stderr
-    for name in ("myaccel", "myblank", "mycl"):
+    for name in ("myblank", "mycl"):
         assert name in listed.stdout, listed.stdout
     repro = ("--repro-dir", str(tmp_path / "repro"))
-
-    # The C starter (the cpu backend renamed) passes the quick run out of the box.
-    quick = _portkit(site, "conform", "--backend", "myaccel", "--quick", *repro)
-    assert quick.returncode == 0, quick.stdout + quick.stderr
-    assert "FAILED" not in quick.stdout and "passed" in quick.stdout
-    # ... and so do its own tests, which run the same command (on warm binaries now).
-    own = _run(site, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests",
-               cwd=tmp_path / "portkit-myaccel")
-    assert own.returncode == 0 and "2 passed" in own.stdout, own.stdout + own.stderr
 
     # The blank starter loads; conformance fails tier 1 with the guide's section and blocks
     # the rest, without a traceback.

@@ -1,0 +1,123 @@
+"""Conformance of the MMA node (tier 2): every matrix unit the device declares, on random
+tiles, edge tiles and a tile that tells the accumulator's precision, against spec.mma.
+
+Each case is one kernel: `tiles` groups of the unit's threads, each loading its fragments of A,
+B and C from buffers that hold the tiles row-major, running one MMA, and storing its C fragment.
+The check is a per-element bound (spec.mma_bound), so any summation order passes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from portkit.abi import spec
+from portkit.abi.kernel import Kernel, KernelBuilder
+from portkit.abi.matrix import Fragment, MatrixUnit
+from portkit.abi.ops import Op
+from portkit.conformance.case import Case, Check, Context, KernelCase, Outcome, Unsupported
+from portkit.conformance.tier1_runtime import ESSENTIAL
+
+TIER = 2
+KINDS = ("random", "edges", "precision")
+
+
+def mma_kernel(unit: MatrixUnit, tiles: int) -> Kernel:
+    """One MMA per group of `unit.threads` threads; tile g of A, B, C lies row-major at
+    g·M·K, g·K·N and g·M·N of buffers 0, 1, 2, and D replaces C in buffer 2."""
+    b = KernelBuilder(f"mma_{unit.name}")
+    a_buf, b_buf, c_buf = b.param(unit.a_dtype), b.param(unit.b_dtype), b.param(unit.acc_dtype)
+    lane = b.special("local", 0)
+    threads = b.const(unit.threads)
+    thread = b.alu(Op.MOD, lane, threads)
+    tile = b.alu(Op.ADD, b.alu(Op.IDIV, lane, threads),
+                 b.alu(Op.MUL, b.special("group", 0), b.const(tiles)))
+
+    def indices(layout: Fragment, rows: int, cols: int) -> list[int]:
+        # element e of thread t is at tile·rows·cols + row·cols + col: a table lookup by
+        # thread, written as a chain of WHEREs over the unit's threads
+        base = b.alu(Op.MUL, tile, b.const(rows * cols))
+        found = []
+        for e in range(len(layout[0])):
+            offset = b.const(layout[0][e][0] * cols + layout[0][e][1])
+            for t in range(1, unit.threads):
+                r, c = layout[t][e]
+                offset = b.alu(Op.WHERE, b.alu(Op.CMPNE, thread, b.const(t)), offset,
+                               b.const(r * cols + c))
+            found.append(b.alu(Op.ADD, base, offset))
+        return found
+
+    a = [b.load(a_buf, i) for i in indices(unit.a, unit.m, unit.k)]
+    bb = [b.load(b_buf, i) for i in indices(unit.b, unit.k, unit.n)]
+    c_at = indices(unit.c, unit.m, unit.n)
+    c = [b.acc(b.load(c_buf, i)) for i in c_at]
+    b.add(Op.MMA, None, tuple(a + bb + c), unit)
+    for i, acc in zip(c_at, c):
+        b.store(c_buf, i, acc)
+    return b.build(grid=(1, 1, 1), block=(unit.threads * tiles, 1, 1))
+
+
+def tiles_of(unit: MatrixUnit, kind: str, rng: np.random.Generator, tiles: int,
+             preserve_denormals: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A, B, C for `tiles` tiles: random values; edge values (zeros of both signs, the
+    largest and smallest normal inputs, denormals where the device keeps them, a NaN); or
+    "precision": A and B of ones and C = 2^(p/2) for an accumulator of p mantissa bits, so
+    that each +1 is far above the accumulator's allowed error but lost in an accumulator of
+    half its width (float16 or bfloat16 sums where float32 was declared)."""
+    import ml_dtypes
+
+    shapes = ((tiles, unit.m, unit.k), (tiles, unit.k, unit.n), (tiles, unit.m, unit.n))
+    kinds = (unit.a_dtype, unit.b_dtype, unit.acc_dtype)
+    if kind == "random":
+        made = [rng.uniform(-2, 2, s) if d.is_float else rng.integers(-8, 8, s)
+                for s, d in zip(shapes, kinds)]
+    elif kind == "precision":
+        top = 2.0 ** (ml_dtypes.finfo(unit.acc_dtype.np).nmant // 2) if (
+            unit.acc_dtype.is_float) else 1.0
+        made = [np.ones(shapes[0]), np.ones(shapes[1]), np.full(shapes[2], top)]
+    else:
+        made = []
+        for s, d in zip(shapes, kinds):
+            values = [0.0, -0.0, 1.0, -1.0]
+            if d.is_float:
+                info = ml_dtypes.finfo(d.np)
+                values += [float(info.smallest_normal), -float(info.smallest_normal),
+                           float(np.sqrt(float(info.max))) / 64]
+                if preserve_denormals:
+                    values.append(float(info.smallest_subnormal))
+            made.append(rng.choice(values, s))
+        if unit.a_dtype.is_float:
+            made[0][0, 0, 0] = np.nan
+    return tuple(x.astype(d.np) for x, d in zip(made, kinds))
+
+
+def make(ctx: Context, unit: MatrixUnit, kind: str) -> KernelCase:
+    """The kernel case of one unit on one kind of tile."""
+    tiles = 2 if ctx.quick else 8
+    a, b, c = tiles_of(unit, kind, ctx.rng(case_id(unit, kind)), tiles,
+                       ctx.capabilities.denormals == "preserve")
+    expected = spec.mma(a, b, c, unit.acc_dtype).reshape(-1)
+    bound = spec.mma_bound(a, b, c, unit.acc_dtype).reshape(-1)
+    check = Check(output=2, kind="bound", expected=(expected,), count=expected.size,
+                  dtype=unit.acc_dtype.name, bound=bound)
+    return KernelCase(mma_kernel(unit, tiles), [a.reshape(-1), b.reshape(-1), c.reshape(-1)],
+                      [check])
+
+
+def case_id(unit: MatrixUnit, kind: str) -> str:
+    """"ops/MMA/m16n8k16_float16_float32/random"."""
+    return f"ops/MMA/{unit.name}/{kind}"
+
+
+def _none_declared(target: object) -> Outcome:
+    raise Unsupported("the device declares no matrix units (Capabilities.matrix_units is "
+                      "empty), so codegen never writes MMA nodes for it")
+
+
+def cases(ctx: Context) -> list[Case]:
+    """Each declared unit on each kind of tile; one unsupported case when none is declared."""
+    units = ctx.capabilities.matrix_units
+    if not units:
+        return [Case("ops/MMA/none", TIER, "MMA", None, ESSENTIAL, fn=_none_declared)]
+    return [Case(case_id(u, kind), TIER, "MMA", f"{u.a_dtype.name}->{u.acc_dtype.name}",
+                 ESSENTIAL,
+                 make=lambda u=u, kind=kind: make(ctx, u, kind))
+            for u in units for kind in KINDS]

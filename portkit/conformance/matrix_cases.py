@@ -1,9 +1,10 @@
-"""Conformance of the MMA node (tier 2): every matrix unit the device declares, on random
-tiles, edge tiles and a tile that tells the accumulator's precision, against spec.mma.
+"""Conformance of the MMA node: every matrix unit the device declares, on random tiles, edge
+tiles and a tile that tells the accumulator's precision (tier 2), and in a loop over K across
+several workgroups (tier 3), against spec.mma.
 
-Each case is one kernel: `tiles` groups of the unit's threads, each loading its fragments of A,
-B and C from buffers that hold the tiles row-major, running one MMA, and storing its C fragment.
-The check is a per-element bound (spec.mma_bound), so any summation order passes.
+Each case is one kernel: groups of the unit's threads, each loading its fragments of A, B and C
+from buffers that hold the tiles row-major, running MMA once per K step, and storing its C
+fragment. The check is a per-element bound (spec.mma_bound), so any summation order passes.
 """
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ TIER = 2
 KINDS = ("random", "edges", "precision")
 
 
-def mma_kernel(unit: MatrixUnit, tiles: int) -> Kernel:
-    """One MMA per group of `unit.threads` threads; tile g of A, B, C lies row-major at
-    g·M·K, g·K·N and g·M·N of buffers 0, 1, 2, and D replaces C in buffer 2."""
+def mma_kernel(unit: MatrixUnit, tiles: int, steps: int = 1, groups: int = 1) -> Kernel:
+    """`groups` workgroups of `tiles` tiles, each tile one group of `unit.threads` threads
+    running `steps` MMAs in a loop. Tile g's C lies row-major at g·M·N of buffer 2, where D
+    replaces it; its step s of A (of B) at (g·steps + s)·M·K of buffer 0 (·K·N of buffer 1)."""
     b = KernelBuilder(f"mma_{unit.name}")
     a_buf, b_buf, c_buf = b.param(unit.a_dtype), b.param(unit.b_dtype), b.param(unit.acc_dtype)
     lane = b.special("local", 0)
@@ -31,10 +33,10 @@ def mma_kernel(unit: MatrixUnit, tiles: int) -> Kernel:
     tile = b.alu(Op.ADD, b.alu(Op.IDIV, lane, threads),
                  b.alu(Op.MUL, b.special("group", 0), b.const(tiles)))
 
-    def indices(layout: Fragment, rows: int, cols: int) -> list[int]:
-        # element e of thread t is at tile·rows·cols + row·cols + col: a table lookup by
+    def indices(layout: Fragment, rows: int, cols: int, first: int) -> list[int]:
+        # element e of thread t is at first·rows·cols + row·cols + col: a table lookup by
         # thread, written as a chain of WHEREs over the unit's threads
-        base = b.alu(Op.MUL, tile, b.const(rows * cols))
+        base = b.alu(Op.MUL, first, b.const(rows * cols))
         found = []
         for e in range(len(layout[0])):
             offset = b.const(layout[0][e][0] * cols + layout[0][e][1])
@@ -45,14 +47,16 @@ def mma_kernel(unit: MatrixUnit, tiles: int) -> Kernel:
             found.append(b.alu(Op.ADD, base, offset))
         return found
 
-    a = [b.load(a_buf, i) for i in indices(unit.a, unit.m, unit.k)]
-    bb = [b.load(b_buf, i) for i in indices(unit.b, unit.k, unit.n)]
-    c_at = indices(unit.c, unit.m, unit.n)
+    c_at = indices(unit.c, unit.m, unit.n, tile)
     c = [b.acc(b.load(c_buf, i)) for i in c_at]
-    b.add(Op.MMA, None, tuple(a + bb + c), unit)
+    with b.loop(b.const(0), b.const(steps)) as step:
+        at = b.alu(Op.ADD, b.alu(Op.MUL, tile, b.const(steps)), step)
+        a = [b.load(a_buf, i) for i in indices(unit.a, unit.m, unit.k, at)]
+        bb = [b.load(b_buf, i) for i in indices(unit.b, unit.k, unit.n, at)]
+        b.add(Op.MMA, None, tuple(a + bb + c), unit)
     for i, acc in zip(c_at, c):
         b.store(c_buf, i, acc)
-    return b.build(grid=(1, 1, 1), block=(unit.threads * tiles, 1, 1))
+    return b.build(grid=(groups, 1, 1), block=(unit.threads * tiles, 1, 1))
 
 
 def tiles_of(unit: MatrixUnit, kind: str, rng: np.random.Generator, tiles: int,
@@ -100,6 +104,32 @@ def make(ctx: Context, unit: MatrixUnit, kind: str) -> KernelCase:
                   dtype=unit.acc_dtype.name, bound=bound)
     return KernelCase(mma_kernel(unit, tiles), [a.reshape(-1), b.reshape(-1), c.reshape(-1)],
                       [check])
+
+
+def looped(ctx: Context, unit: MatrixUnit) -> KernelCase:
+    """Tier 3: two workgroups of two tiles, each summing three K steps into its registers."""
+    groups, tiles, steps = 2, 2, 3
+    rng = ctx.rng(f"kernels/mma/{unit.name}")
+    a, b, c = tiles_of(unit, "random", rng, groups * tiles * steps, True)
+    c = c[:groups * tiles]
+    # the whole K of each tile, its steps side by side: (tile, M, steps·K) and (tile, steps·K, N)
+    a_whole = a.reshape(-1, steps, unit.m, unit.k).transpose(0, 2, 1, 3).reshape(
+        -1, unit.m, steps * unit.k)
+    b_whole = b.reshape(-1, steps * unit.k, unit.n)
+    expected = spec.mma(a_whole, b_whole, c, unit.acc_dtype).reshape(-1)
+    # each step rounds on its own: `steps` times one long dot product's bound covers them
+    bound = steps * spec.mma_bound(a_whole, b_whole, c, unit.acc_dtype).reshape(-1)
+    check = Check(output=2, kind="bound", expected=(expected,), count=expected.size,
+                  dtype=unit.acc_dtype.name, bound=bound)
+    return KernelCase(mma_kernel(unit, tiles, steps, groups),
+                      [a.reshape(-1), b.reshape(-1), c.reshape(-1)], [check])
+
+
+def loop_cases(ctx: Context) -> list[Case]:
+    """Tier 3's MMA cases: each declared unit in a loop, after its tier 2 cases pass."""
+    return [Case(f"kernels/mma/{u.name}", 3, None, f"{u.a_dtype.name}->{u.acc_dtype.name}",
+                 ESSENTIAL + (case_id(u, "random"),), make=lambda u=u: looped(ctx, u))
+            for u in ctx.capabilities.matrix_units]
 
 
 def case_id(unit: MatrixUnit, kind: str) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from portkit.abi import spec
+from portkit.abi import dtypes, spec
 from portkit.abi.kernel import Kernel, KernelBuilder
-from portkit.abi.matrix import Fragment, MatrixUnit
+from portkit.abi.matrix import MatrixUnit
 from portkit.abi.ops import Op
 from portkit.conformance.case import Case, Check, Context, KernelCase, Outcome, Unsupported
 from portkit.conformance.tier1_runtime import ESSENTIAL
@@ -24,39 +24,46 @@ KINDS = ("random", "edges", "precision")
 def mma_kernel(unit: MatrixUnit, tiles: int, steps: int = 1, groups: int = 1) -> Kernel:
     """`groups` workgroups of `tiles` tiles, each tile one group of `unit.threads` threads
     running `steps` MMAs in a loop. Tile g's C lies row-major at g·M·N of buffer 2, where D
-    replaces it; its step s of A (of B) at (g·steps + s)·M·K of buffer 0 (·K·N of buffer 1)."""
+    replaces it; its step s of A (of B) at (g·steps + s)·M·K of buffer 0 (·K·N of buffer 1).
+    Buffer 3 is the unit's layout as offsets into a tile (`layout_table`)."""
     b = KernelBuilder(f"mma_{unit.name}")
     a_buf, b_buf, c_buf = b.param(unit.a_dtype), b.param(unit.b_dtype), b.param(unit.acc_dtype)
+    table = b.param(dtypes.int32)
     lane = b.special("local", 0)
     threads = b.const(unit.threads)
     thread = b.alu(Op.MOD, lane, threads)
     tile = b.alu(Op.ADD, b.alu(Op.IDIV, lane, threads),
                  b.alu(Op.MUL, b.special("group", 0), b.const(tiles)))
 
-    def indices(layout: Fragment, rows: int, cols: int, first: int) -> list[int]:
-        # element e of thread t is at first·rows·cols + row·cols + col: a table lookup by
-        # thread, written as a chain of WHEREs over the unit's threads
-        base = b.alu(Op.MUL, first, b.const(rows * cols))
-        found = []
-        for e in range(len(layout[0])):
-            offset = b.const(layout[0][e][0] * cols + layout[0][e][1])
-            for t in range(1, unit.threads):
-                r, c = layout[t][e]
-                offset = b.alu(Op.WHERE, b.alu(Op.CMPNE, thread, b.const(t)), offset,
-                               b.const(r * cols + c))
-            found.append(b.alu(Op.ADD, base, offset))
-        return found
+    starts = np.cumsum([0, *(unit.threads * n for n in unit.operand_counts)])
 
-    c_at = indices(unit.c, unit.m, unit.n, tile)
+    def indices(operand: int, first: int) -> list[int]:
+        # element e of thread t is at first·(tile size) + its offset in the table
+        count = unit.operand_counts[operand]
+        size = (unit.m * unit.k, unit.k * unit.n, unit.m * unit.n)[operand]
+        base = b.alu(Op.MUL, first, b.const(size))
+        row = b.alu(Op.ADD, b.alu(Op.MUL, thread, b.const(count)), b.const(int(starts[operand])))
+        return [b.alu(Op.ADD, base, b.load(table, b.alu(Op.ADD, row, b.const(e))))
+                for e in range(count)]
+
+    c_at = indices(2, tile)
     c = [b.acc(b.load(c_buf, i)) for i in c_at]
     with b.loop(b.const(0), b.const(steps)) as step:
         at = b.alu(Op.ADD, b.alu(Op.MUL, tile, b.const(steps)), step)
-        a = [b.load(a_buf, i) for i in indices(unit.a, unit.m, unit.k, at)]
-        bb = [b.load(b_buf, i) for i in indices(unit.b, unit.k, unit.n, at)]
+        a = [b.load(a_buf, i) for i in indices(0, at)]
+        bb = [b.load(b_buf, i) for i in indices(1, at)]
         b.add(Op.MMA, None, tuple(a + bb + c), unit)
     for i, acc in zip(c_at, c):
         b.store(c_buf, i, acc)
     return b.build(grid=(groups, 1, 1), block=(unit.threads * tiles, 1, 1))
+
+
+def layout_table(unit: MatrixUnit) -> np.ndarray:
+    """The last buffer of `mma_kernel`: for A, then B, then C, each thread's elements as
+    offsets into a row-major tile (row · columns + col)."""
+    return np.array([r * cols + c
+                     for layout, cols in ((unit.a, unit.k), (unit.b, unit.n), (unit.c, unit.n))
+                     for row in layout for r, c in row], np.int32)
 
 
 def tiles_of(unit: MatrixUnit, kind: str, rng: np.random.Generator, tiles: int,
@@ -102,8 +109,8 @@ def make(ctx: Context, unit: MatrixUnit, kind: str) -> KernelCase:
     bound = spec.mma_bound(a, b, c, unit.acc_dtype).reshape(-1)
     check = Check(output=2, kind="bound", expected=(expected,), count=expected.size,
                   dtype=unit.acc_dtype.name, bound=bound)
-    return KernelCase(mma_kernel(unit, tiles), [a.reshape(-1), b.reshape(-1), c.reshape(-1)],
-                      [check])
+    return KernelCase(mma_kernel(unit, tiles), [a.reshape(-1), b.reshape(-1), c.reshape(-1),
+                                                layout_table(unit)], [check])
 
 
 def looped(ctx: Context, unit: MatrixUnit) -> KernelCase:
@@ -122,7 +129,7 @@ def looped(ctx: Context, unit: MatrixUnit) -> KernelCase:
     check = Check(output=2, kind="bound", expected=(expected,), count=expected.size,
                   dtype=unit.acc_dtype.name, bound=bound)
     return KernelCase(mma_kernel(unit, tiles, steps, groups),
-                      [a.reshape(-1), b.reshape(-1), c.reshape(-1)], [check])
+                      [a.reshape(-1), b.reshape(-1), c.reshape(-1), layout_table(unit)], [check])
 
 
 def loop_cases(ctx: Context) -> list[Case]:

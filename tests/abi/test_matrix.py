@@ -11,7 +11,7 @@ from portkit.abi import CapabilityError, InvalidKernel, Kernel, KernelBuilder, O
 from portkit.abi.interpreter import run
 from portkit.abi.matrix import MatrixUnit, fragment, row_per_thread
 from portkit.conformance.case import Context, judge
-from portkit.conformance.matrix_cases import make, mma_kernel, tiles_of
+from portkit.conformance.matrix_cases import layout_table, make, mma_kernel, tiles_of
 from portkit.reference_backends.interpreter.capabilities import MATRIX_UNITS, capabilities
 
 F16, F32 = dtypes.float16, dtypes.float32
@@ -91,7 +91,7 @@ def test_the_interpreter_multiplies_tiles_in_the_declared_layout(unit):
     rng = np.random.default_rng(0)
     a, b, c = tiles_of(unit, "random", rng, 3, True)
     out = c.reshape(-1).copy()
-    run(mma_kernel(unit, 3), [a.reshape(-1), b.reshape(-1), out])
+    run(mma_kernel(unit, 3), [a.reshape(-1), b.reshape(-1), out, layout_table(unit)])
     exact = a.astype(np.float64) @ b.astype(np.float64) + c
     np.testing.assert_allclose(out.reshape(c.shape), exact, rtol=1e-6)
 
@@ -99,7 +99,7 @@ def test_the_interpreter_multiplies_tiles_in_the_declared_layout(unit):
 def test_the_bound_accepts_any_order_and_rejects_a_narrow_accumulator():
     ctx = Context(capabilities(matrix_units=True), quick=True)
     case = make(ctx, MATRIX_UNITS[1], "precision")
-    a, b, c = case.inputs
+    a, b, c, _ = case.inputs
     tiles = (-1, 8, 8)
     check = case.checks[0]
     forward = c.reshape(tiles).astype(np.float32).copy()

@@ -15,6 +15,8 @@ import pytest
 
 from portkit import backends, runtime
 from portkit.abi import BackendUnavailable, CompileError, KernelBuilder, Op, dtypes
+from portkit.conformance import matrix_cases, suite
+from portkit.conformance.case import Context, Status
 from portkit.conformance.matrix_cases import mma_kernel
 from portkit.conformance.shims import (
     conformance_kernels,
@@ -23,6 +25,7 @@ from portkit.conformance.shims import (
     shim_device,
     tensor_kernels,
 )
+from portkit.conformance.target import Target
 from portkit.reference_backends import cuda
 from portkit.reference_backends.cuda import runtime as cuda_runtime
 from portkit.reference_backends.cuda.renderer import MMA_UNITS, CUDARenderer
@@ -182,3 +185,17 @@ def test_tensor_cores_compile_for_ampere_and_hopper(capabilities):
     for arch in ("sm_80", "sm_90"):
         failures = compile_all(sources, arch)
         assert not failures, f"{len(failures)} kernels fail for {arch}:\n" + "\n".join(failures)
+
+
+def test_tensor_core_numerics_through_the_host_shim(shim):
+    # The host build of pk_mma_* gathers the warp's registers and computes the PTX ISA's tile:
+    # every MMA case passes only if the renderer packs each declared layout as the ISA says.
+    declared = dataclasses.replace(shim.capabilities, matrix_units=MMA_UNITS)
+    target = Target(dataclasses.replace(shim, capabilities=declared), "cuda-shim-tensor-cores")
+    ctx = Context(declared, quick=True)
+    cases = matrix_cases.cases(ctx) + matrix_cases.loop_cases(ctx)
+    target.precompile([case.make().kernel for case in cases], jobs=2)
+    outcomes = {case.id: suite.execute(target, case) for case in cases}
+    failed = [f"{name}: {o.message}" for name, o in outcomes.items()
+              if o.status is not Status.PASSED]
+    assert len(outcomes) == 8 and not failed, "\n".join(failed)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from portkit import backends, runtime
-from portkit.abi import Op, dtypes, spec
+from portkit.abi import CapabilityError, Op, dtypes, spec
 from portkit.abi.matrix import MatrixUnit, fragment
 from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor
@@ -90,3 +90,12 @@ def test_the_bound_of_one_tile_covers_the_scalar_path():
     c = np.zeros((1, 8, 8))
     exact = a @ b
     assert np.all(np.abs(sequential - exact) <= spec.mma_bound(a, b, c, dtypes.float32))
+
+
+def test_a_renderer_without_units_names_the_unit_it_cannot_render():
+    from portkit.conformance.matrix_cases import mma_kernel
+    from portkit.reference_backends.opencl.renderer import OpenCLRenderer
+
+    with pytest.raises(CapabilityError, match="OpenCLRenderer renders no matrix unit, yet the "
+                       "kernel uses m4n4k4_float32_float32"):
+        OpenCLRenderer(fp16=False, fp64=False).render(mma_kernel(SCRAMBLED, 1))

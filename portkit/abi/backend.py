@@ -22,6 +22,7 @@ from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError, CompileError
 from portkit.abi.kernel import Dim3, Kernel
+from portkit.abi.matrix import MatrixUnit
 from portkit.abi.ops import COMPUTE, REQUIRED, Op
 
 
@@ -52,6 +53,10 @@ class Capabilities:
     # maxStorageBufferBindingSize, OpenCL's CL_DEVICE_MAX_MEM_ALLOC_SIZE); the scheduler
     # refuses a larger tensor before allocating. None: no limit but memory.
     max_buffer_bytes: int | None = None
+    # The matrix units (tensor cores, NPU arrays) the device runs MMA nodes on, each with its
+    # tile shape, dtypes and thread layout (portkit/abi/matrix.py). Empty: none, and codegen
+    # writes scalar code only.
+    matrix_units: tuple[MatrixUnit, ...] = ()
     peak_gflops: float | None = None        # float32, for the performance tier
     peak_bandwidth_gbs: float | None = None
     device_name: str = ""
@@ -85,7 +90,28 @@ class Capabilities:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= least):
                 raise fail(f"{name} must be None (no limit) or an int >= {least}, got {value!r}")
+        self._validate_matrix_units(fail)
         return self
+
+    def _validate_matrix_units(self, fail: Callable[[str], CapabilityError]) -> None:
+        if not isinstance(self.matrix_units, tuple) or not all(
+                isinstance(u, MatrixUnit) for u in self.matrix_units):
+            raise fail("matrix_units must be a tuple of portkit.abi.matrix.MatrixUnit, got "
+                       f"{self.matrix_units!r}")
+        for unit in self.matrix_units:
+            found = unit.problems()
+            if found:
+                raise fail(f"matrix unit {unit.m}x{unit.n}x{unit.k} is malformed: "
+                           + "; ".join(found) + " (build its layout with "
+                           "portkit.abi.matrix.fragment)")
+            lacking = sorted({unit.a_dtype.name, unit.b_dtype.name, unit.acc_dtype.name}
+                             - {d.name for d in self.dtypes})
+            if lacking:
+                raise fail(f"matrix unit {unit.name} uses dtypes {lacking} that `dtypes` "
+                           "does not declare")
+            if unit.threads > self.max_block_threads:
+                raise fail(f"matrix unit {unit.name} takes {unit.threads} threads, more than "
+                           f"max_block_threads ({self.max_block_threads})")
 
     def check_launch(self, kernel: Kernel) -> None:
         """Raises CapabilityError if this device cannot launch `kernel` as written."""
@@ -115,6 +141,10 @@ class Capabilities:
         if ops:
             problems.append(f"ops {ops} are not native; decompose them first "
                             "(portkit.codegen.decompose)")
+        units = sorted({n.arg.name for n in kernel.nodes if n.op is Op.MMA
+                        and n.arg not in self.matrix_units})
+        if units:
+            problems.append(f"matrix units {units} are not among the device's matrix_units")
         if problems:
             raise CapabilityError(f"kernel {kernel.name!r} cannot run on this device: "
                                   + "; ".join(problems))
@@ -224,7 +254,7 @@ class Device:
 @dataclass(frozen=True)
 class Backend:
     """What the `portkit.backends` entry point names: a name, how to load the device, and the
-    ABI version the backend implements ("0.6"; portkit refuses to load an incompatible one).
+    ABI version the backend implements ("0.7"; portkit refuses to load an incompatible one).
 
     `load()` returns the Device, or raises BackendUnavailable naming the fix.
     """

@@ -16,6 +16,7 @@ import numpy as np
 
 from portkit.abi import spec
 from portkit.abi.kernel import Dim3, Kernel, word_value
+from portkit.abi.matrix import Fragment, MatrixUnit
 from portkit.abi.ops import COMPUTE, Op
 
 
@@ -91,6 +92,11 @@ def run(kernel: Kernel, buffers: Sequence[np.ndarray], scalars: Sequence[int] = 
             values[pc] = np.broadcast_to(args[0], lanes.shape).copy()
         elif op is Op.ASSIGN:
             values[src[0]] = np.where(mask, args[1], values[src[0]])
+        elif op is Op.MMA:
+            counts = node.arg.operand_counts
+            fragments = [np.broadcast_to(a, lanes.shape) for a in args]
+            for acc, new in zip(src[counts[0] + counts[1]:], mma(node.arg, fragments)):
+                values[acc] = np.where(mask, new, values[acc])
         elif op is Op.IF:
             saved.append(mask)
             mask = mask & args[0]
@@ -123,6 +129,29 @@ def run(kernel: Kernel, buffers: Sequence[np.ndarray], scalars: Sequence[int] = 
             mask = saved.pop()
         # BARRIER: lanes run in lockstep, so every lane has already arrived.
         pc += 1
+
+
+def mma(unit: MatrixUnit, fragments: list[np.ndarray]) -> list[np.ndarray]:
+    """The new C fragment of an MMA node: `fragments` are its operands' per-lane values (A's,
+    B's, then C's elements), every `unit.threads` consecutive lanes one tile; the result is
+    C's elements per lane, computed by spec.mma."""
+    na, nb, _ = unit.operand_counts
+    tiles = fragments[0].size // unit.threads
+
+    def gather(layout: Fragment, values: list[np.ndarray], shape: tuple[int, int]) -> np.ndarray:
+        rows, cols = np.array(layout).transpose(2, 0, 1)       # each [thread, element]
+        per_thread = np.stack(values, axis=-1).reshape(tiles, unit.threads, len(values))
+        tile = np.zeros((tiles, *shape), per_thread.dtype)
+        tile[:, rows, cols] = per_thread
+        return tile
+
+    a = gather(unit.a, fragments[:na], (unit.m, unit.k))
+    b = gather(unit.b, fragments[na:na + nb], (unit.k, unit.n))
+    c = gather(unit.c, fragments[na + nb:], (unit.m, unit.n))
+    d = spec.mma(a, b, c, unit.acc_dtype)
+    rows, cols = np.array(unit.c).transpose(2, 0, 1)
+    owned = d[:, rows, cols]                                    # [tile, thread, element]
+    return [owned[:, :, e].reshape(-1) for e in range(owned.shape[-1])]
 
 
 def _split(linear: np.ndarray, dims: Dim3) -> tuple[np.ndarray, ...]:

@@ -16,6 +16,8 @@ Rules `validate` cannot check, which a kernel must keep and a backend may rely o
 - Indices stay inside their buffer, except under a false gate.
 - ADD, MUL and the other ops are each rounded on their own: a backend must not contract
   MUL then ADD into a fused multiply-add (only MULACC may be fused).
+- Every thread of a matrix unit's group reaches each MMA together (as for BARRIER: uniform loop
+  bounds), and the threads that hold copies of one A or B element give it the same value.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import numpy as np
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import InvalidKernel
+from portkit.abi.matrix import MatrixUnit
 from portkit.abi.ops import BINARY, COMPARISON, DOMAIN, TERNARY, UNARY, Op
 from portkit.abi.version import ABI_VERSION
 
@@ -144,16 +147,20 @@ def _dim3(dims: Any) -> Dim3:
 def _arg_to_json(node: Node) -> Any:
     if node.op is Op.CONST and node.value_dtype.is_float:
         return float(node.arg).hex()
+    if isinstance(node.arg, MatrixUnit):
+        return node.arg.to_json()
     return list(node.arg) if isinstance(node.arg, tuple) else node.arg
 
 
 def _arg_from_json(op: Op, dtype: DType | None, arg: Any) -> Any:
     if op is Op.CONST and dtype is not None and dtype.is_float:
         return float.fromhex(arg)
+    if op is Op.MMA and isinstance(arg, dict):
+        return MatrixUnit.from_json(arg)
     return tuple(arg) if isinstance(arg, list) else arg
 
 
-_NO_VALUE = (Op.STORE, Op.END, Op.ENDIF, Op.ASSIGN, Op.BARRIER, Op.IF)
+_NO_VALUE = (Op.STORE, Op.END, Op.ENDIF, Op.ASSIGN, Op.BARRIER, Op.IF, Op.MMA)
 _MEMORY = (Op.PARAM, Op.LOCAL)
 
 
@@ -185,8 +192,13 @@ def validate(kernel: Kernel) -> Kernel:
                 raise fail(f"must close the innermost open {opener.name}")
             scopes.pop()
         _check_node(node, [nodes[s] for s in node.src], fail)
-        if node.op is Op.BARRIER and any(nodes[s].op is Op.IF for s in scopes):
-            raise fail("a BARRIER inside an IF can deadlock; place it outside every branch")
+        if node.op in (Op.BARRIER, Op.MMA) and any(nodes[s].op is Op.IF for s in scopes):
+            raise fail(f"a {node.op.name} inside an IF can deadlock; place it outside every "
+                       "branch")
+        if node.op is Op.MMA and (kernel.block[0] * kernel.block[1] * kernel.block[2]
+                                  ) % node.arg.threads:
+            raise fail(f"its unit takes {node.arg.threads} threads a tile, a multiple of which "
+                       f"must make the block {kernel.block}")
         if node.op in (Op.RANGE, Op.IF):
             scopes.append(i)
         scope_of.append(tuple(scopes))
@@ -223,6 +235,11 @@ _ARITY = {**dict.fromkeys(UNARY, 1), **dict.fromkeys(BINARY, 2), **dict.fromkeys
 def _check_node(node: Node, src: list[Node], fail) -> None:
     op, dtype, arg = node.op, node.dtype, node.arg
     arity = _ARITY.get(op, 0)
+    if op is Op.MMA:
+        if not isinstance(arg, MatrixUnit) or arg.problems():
+            why = arg.problems() if isinstance(arg, MatrixUnit) else type(arg).__name__
+            raise fail(f"arg must be a well-formed MatrixUnit, got {why}")
+        arity = sum(arg.operand_counts)
     if op is Op.LOAD:
         arity = len(src) if len(src) in (2, 3) else 2
     if op is Op.STORE:
@@ -281,6 +298,21 @@ def _check_node(node: Node, src: list[Node], fail) -> None:
         raise fail(f"initial value is {src[0].dtype}, register is {dtype}")
     elif op is Op.ASSIGN and (src[0].op is not Op.ACC or src[1].dtype != src[0].dtype):
         raise fail("must assign a value of the register's dtype to an ACC")
+    elif op is Op.MMA:
+        _check_mma(arg, node.src, src, fail)
+
+
+def _check_mma(unit: MatrixUnit, positions: tuple[int, ...], src: list[Node], fail) -> None:
+    na, nb, nc = unit.operand_counts
+    if len(set(positions[na + nb:])) != nc:
+        raise fail("C fragment names one ACC twice; each element has its own register")
+    for what, operands, want in (("A", src[:na], unit.a_dtype), ("B", src[na:na + nb],
+                                 unit.b_dtype), ("C", src[na + nb:], unit.acc_dtype)):
+        if any(s.dtype != want for s in operands):
+            got = sorted({s.dtype.name if s.dtype else "no value" for s in operands})
+            raise fail(f"{what} fragment must be {want.name}, got {got}")
+    if any(s.op is not Op.ACC for s in src[na + nb:]):
+        raise fail("C fragment must be ACC registers: MMA adds A·B into them")
 
 
 _SPECIALS = tuple((kind, axis) for kind in ("group", "local") for axis in range(3))

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from portkit.abi import ABI_VERSION, backend, dtypes, kernel, ops
+from portkit.abi import ABI_VERSION, backend, dtypes, kernel, matrix, ops
 
 PATH = Path(__file__).with_name("manifest.json")
 
@@ -40,6 +40,7 @@ def current() -> dict:
         "node": fields(kernel.Node),
         "kernel": fields(kernel.Kernel),
         "capabilities": fields(backend.Capabilities),
+        "matrix_unit": fields(matrix.MatrixUnit),
         "device": fields(backend.Device),
         "backend": fields(backend.Backend),
         "runtime": {cls.__name__: methods(cls) for cls in (

@@ -1,4 +1,4 @@
-"""The ABI's operations: 25 compute ops and 14 structural nodes. This list is frozen per ABI_VERSION.
+"""The ABI's operations: 25 compute ops and 15 structural nodes. This list is frozen per ABI_VERSION.
 
 Compute ops take and give values; structural nodes give a kernel its shape (arguments, thread
 indices, memory, loops, branches). The semantics of every compute op per dtype is in spec.py.
@@ -58,6 +58,9 @@ class Op(Enum):
     ACC = "ACC"          # src = (init,): a mutable register; reading it gives its current value
     ASSIGN = "ASSIGN"    # src = (acc, value): sets the register
     BARRIER = "BARRIER"  # all threads of a workgroup wait here; orders LOCAL memory
+    # Optional: only on a device that declares the unit (Capabilities.matrix_units).
+    MMA = "MMA"          # src = (A fragment, B fragment, C ACCs), arg = a MatrixUnit: the
+    #                      unit's threads multiply their tiles together; C's ACCs become C + A·B
 
 
 UNARY = (Op.NEG, Op.RECIP, Op.SQRT, Op.EXP2, Op.LOG2, Op.SIN, Op.TRUNC)
@@ -67,7 +70,7 @@ TERNARY = (Op.WHERE, Op.MULACC)
 CONVERSION = (Op.CAST, Op.BITCAST)
 COMPUTE = UNARY + BINARY + TERNARY + CONVERSION
 STRUCTURAL = (Op.PARAM, Op.VAR, Op.CONST, Op.SPECIAL, Op.RANGE, Op.END, Op.IF, Op.ENDIF,
-              Op.LOAD, Op.STORE, Op.LOCAL, Op.ACC, Op.ASSIGN, Op.BARRIER)
+              Op.LOAD, Op.STORE, Op.LOCAL, Op.ACC, Op.ASSIGN, Op.BARRIER, Op.MMA)
 COMPARISON = (Op.CMPLT, Op.CMPNE)
 
 # The compute ops a backend may leave out: codegen rewrites them into the others

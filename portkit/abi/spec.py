@@ -312,3 +312,40 @@ def _tiny(dtype: np.dtype) -> float:
     import ml_dtypes
 
     return float(ml_dtypes.finfo(dtype).smallest_normal)
+
+
+# The MMA node (a matrix unit's tile multiply-accumulate, portkit/abi/matrix.py).
+MMA_TEXT = ("D = C + A·B on one tile. Each product a·b is exact or rounded once to the "
+            "accumulator dtype; the K products and C are summed in the accumulator dtype in any "
+            "order and grouping, each addition rounded to nearest or toward zero. So each "
+            "element of D is within γ(K+1)·(|c| + Σ|a·b|) of the exact value, γ(n) = n·ε/(1 - "
+            "n·ε) with ε the accumulator's machine epsilon. Integer units are exact (wrapping). "
+            "A NaN input gives NaN in the elements it reaches.")
+
+
+def mma(a: Array, b: Array, c: Array, acc: DType) -> Array:
+    """The oracle of MMA: C + A·B on stacked tiles (…×M×K, …×K×N, …×M×N), summed in float64
+    and rounded once to `acc` (integers: exact, wrapped to `acc`)."""
+    if not acc.is_float:
+        wide = a.astype(np.int64) @ b.astype(np.int64) + c.astype(np.int64)
+        return wide.astype(acc.np)
+    with np.errstate(all="ignore"):
+        exact = a.astype(np.float64) @ b.astype(np.float64) + c.astype(np.float64)
+    return _round(exact, acc)
+
+
+def mma_bound(a: Array, b: Array, c: Array, acc: DType) -> Array:
+    """Per element of D, the largest |actual - exact| MMA allows (see MMA_TEXT); 0 for
+    integer units."""
+    if not acc.is_float:
+        return np.zeros(np.broadcast_shapes(c.shape, a.shape[:-1] + b.shape[-1:]))
+    n = a.shape[-1] + 1
+    eps = _eps(acc)
+    gamma = n * eps / (1 - n * eps)
+    with np.errstate(all="ignore"):
+        magnitude = (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
+                     + np.abs(c.astype(np.float64)))
+    # The oracle's own rounding to `acc` adds half an ULP; a device that flushes denormal
+    # partial sums loses less than the smallest normal number at each of n steps.
+    return (gamma * magnitude + eps * np.abs(mma(a, b, c, acc).astype(np.float64))
+            + n * _tiny(acc.np))

@@ -31,7 +31,9 @@ import numpy as np
 from portkit.abi import dtypes
 from portkit.abi.backend import Renderer
 from portkit.abi.dtypes import DType
+from portkit.abi.errors import CapabilityError
 from portkit.abi.kernel import Kernel, Node
+from portkit.abi.matrix import MatrixUnit
 from portkit.abi.ops import COMPARISON, Op
 from portkit.codegen.positions import positions
 
@@ -315,6 +317,8 @@ class CStyleRenderer(Renderer):
                 line = self.render_store(nodes[node.src[0]].value_dtype, *src)
             elif node.op is Op.BARRIER:
                 line = self.barrier
+            elif node.op is Op.MMA:
+                line = self.render_mma(node.arg, src)
             else:
                 names[i] = f"v{i}"
                 value = (self.code_for_op[node.op](*src, node.dtype) if i in signed else
@@ -325,6 +329,13 @@ class CStyleRenderer(Renderer):
             if node.op in (Op.RANGE, Op.IF):
                 depth += 1
         return lines
+
+    def render_mma(self, unit: MatrixUnit, src: list[str]) -> str:
+        """The statement of an MMA node on `unit`: `src` names A's, B's elements and then C's
+        registers, which it updates. A language with matrix units overrides this."""
+        raise CapabilityError(f"{type(self).__name__} renders no matrix unit, yet the kernel "
+                              f"uses {unit.name}: declare only the units the renderer has "
+                              "(Capabilities.matrix_units)")
 
     def rendered_together(self, kernel: Kernel) -> dict[int, Callable[[dict], tuple]]:
         """Nodes a language renders as a group (accumulators held in one vector, say): node ->

@@ -423,19 +423,22 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     id() of every constant read through a VAR to its index (default: `scalars` in order).
     A matmul on a device with workgroup memory is LOCAL-tiled (codegen/tiles.py) as `local`
     says (a tiles.Tiling), else as the tuner stored for this device, else by default; on one
-    whose threads are loops it copies B into panels instead (codegen/pack.py)."""
+    whose threads are loops it copies B into panels instead (codegen/pack.py). A matmul that
+    fits a matrix unit the device declares runs on it instead (codegen/mma.py)."""
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    from portkit.codegen import pack as packing  # these build on this module
+    from portkit.codegen import mma as matrix  # these build on this module
+    from portkit.codegen import pack as packing
     from portkit.codegen import tiles as staging
     from portkit.codegen import tune
-    contraction = tune.contraction(root, inputs, caps)
+    on_unit = matrix.find(root, inputs, caps)
+    contraction = None if on_unit else tune.contraction(root, inputs, caps)
     chosen = None if contraction is None else staging.choose(
         contraction, caps, local or tune.stored(caps, contraction))
-    packed = None if chosen else packing.find(root, inputs, caps)
-    tiling = Plan() if chosen or packed else plan(root, inputs,
-                                                  SERIAL if serial(caps) else THREADED)
+    packed = None if chosen or on_unit else packing.find(root, inputs, caps)
+    tiling = Plan() if chosen or packed or on_unit else plan(
+        root, inputs, SERIAL if serial(caps) else THREADED)
     lowerer = _Lowerer(name, inputs, tiling)
     lowerer.ranges = dtypes.uint32 in caps.dtypes
     b = lowerer.b
@@ -449,6 +452,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if slots is None:
         slots = {id(node): k for k, node in enumerate(scalars)}
     lowerer.scalars = {node: values[k] for node, k in slots.items()}
+    if on_unit:
+        return matrix.emit(lowerer, root, *on_unit, out)
     if contraction is not None and chosen is not None:
         return staging.emit(lowerer, root, contraction, chosen, out)
     if packed:

@@ -1,4 +1,5 @@
-"""Tier 2, ABI ops: every compute op on every dtype, against the spec's oracle and budget.
+"""Tier 2, ABI ops: every compute op on every dtype, against the spec's oracle and budget, and
+every declared matrix unit's MMA (matrix_cases.py).
 
 Each case is one kernel that applies one op to edge values (crossed when that stays small) and
 random values; inputs outside spec.valid are masked out, never compared.
@@ -10,7 +11,7 @@ import numpy as np
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.ops import BINARY, CONVERSION, DOMAIN, TERNARY, UNARY, Op
-from portkit.conformance import generate
+from portkit.conformance import generate, matrix_cases
 from portkit.conformance.case import Case, Check, Context, KernelCase
 from portkit.conformance.tier1_runtime import ESSENTIAL
 
@@ -74,4 +75,4 @@ def cases(ctx: Context) -> list[Case]:
             found.append(Case(case_id(op, source, target), TIER, op.name,
                               dtype_key(source, target), ESSENTIAL,
                               make=lambda op=op, s=source, t=target: make(ctx, op, s, t)))
-    return found
+    return found + matrix_cases.cases(ctx)

@@ -16,6 +16,7 @@ from portkit.abi import Kernel, KernelBuilder, dtypes, interpreter, spec
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import scalar_words
 from portkit.abi.ops import COMPUTE, Op
+from portkit.conformance import matrix_cases
 from portkit.conformance.case import Case, Check, Context, KernelCase
 from portkit.conformance.tier1_runtime import ESSENTIAL
 from portkit.conformance.tier2_ops import case_id
@@ -349,4 +350,4 @@ def cases(ctx: Context) -> list[Case]:
               dtypes.int32),
         _case("grid-3d", lambda: grid_3d(ctx), dtypes.int32),
     ]
-    return found
+    return found + matrix_cases.loop_cases(ctx)

@@ -15,7 +15,9 @@ from portkit.reference_backends.interpreter.capabilities import (
 )
 
 BACKENDS = target.available()
-CASES = {c.id: c for c in tier2_ops.cases(Context(interpreter_capabilities(), quick=True))}
+# The compute ops' cases; the MMA cases are tests/abi/test_matrix.py's.
+CASES = {c.id: c for c in tier2_ops.cases(Context(interpreter_capabilities(), quick=True))
+         if c.op != "MMA"}
 
 
 @pytest.fixture(scope="module")

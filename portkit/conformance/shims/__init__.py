@@ -182,7 +182,7 @@ def conformance_kernels(capabilities: Capabilities, quick: bool = False) -> list
 
     context = Context(capabilities, quick=quick)
     cases = tier2_ops.cases(context) + tier3_kernels.cases(context)
-    return _prepared(capabilities, [case.make().kernel for case in cases])
+    return _prepared(capabilities, [case.make().kernel for case in cases if case.make])
 
 
 class _Recorder(Renderer):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.ops import COMPUTE
+from portkit.reference_backends.cuda.renderer import MMA_UNITS
 from portkit.reference_backends.cuda.runtime import CUDACompiler, CUDAContext, check, driver
 
 
@@ -27,6 +28,8 @@ def capabilities(context: CUDAContext, compiler: CUDACompiler) -> Capabilities:
         # NVRTC compiles names of 100,000 characters; the driver's limit is not measured yet,
         # so names stay at the 64-character function names ("k_" + 62) known to load.
         max_name_length=62,
+        # mma.sync m16n8k16 with float16 and bfloat16 inputs needs sm_80 (Ampere) or newer
+        matrix_units=MMA_UNITS if major >= 8 else (),
         peak_bandwidth_gbs=a("GLOBAL_MEMORY_BUS_WIDTH") / 8 * a("MEMORY_CLOCK_RATE") * 2 / 1e6,
         device_name=f"{name} (compute capability {major}.{minor}; {compiler.version} "
                     f"-arch={compiler.arch})")

@@ -67,7 +67,7 @@ def _text(text: str) -> str:
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("PORTKIT_DEVICE", _text, "cpu", "a backend name",
+    Setting("PORTKIT_DEVICE", _text, "cpu", "a device name (\"cpu\", \"opencl:1\")",
             "The device a Tensor gets when none is named."),
     Setting("PORTKIT_DEBUG", _debug, 0, "0-4, or yes/no",
             "1: each realize prints its kernel count and time; 2: one line per launch (name, "
@@ -94,6 +94,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("PORTKIT_PROFILE", _text, None, "a file path",
             "Profile the whole process: kernel launches (each waits for its kernel), compiles, "
             "realizes and read-backs, written as a Chrome/Perfetto trace to this file at exit."),
+    Setting("PORTKIT_CPU_DEVICES", _count("PORTKIT_CPU_DEVICES", positive=True), 2,
+            "a positive whole number",
+            "How many logical devices the cpu backend has (\"cpu\", \"cpu:1\", ...): each "
+            "with its own memory, sharing the cores, so work across devices runs on one "
+            "machine."),
     Setting("PORTKIT_CC", _text, None, "a compiler command",
             "The cpu backend's C compiler command (default: clang, else gcc, else cc)."),
 )}

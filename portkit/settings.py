@@ -98,7 +98,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "a positive whole number",
             "How many logical devices the cpu backend has (\"cpu\", \"cpu:1\", ...): each "
             "with its own memory, sharing the cores, so work across devices runs on one "
-            "machine."),
+            "machine. Read when the backend first loads in a process."),
     Setting("PORTKIT_CC", _text, None, "a compiler command",
             "The cpu backend's C compiler command (default: clang, else gcc, else cc)."),
 )}

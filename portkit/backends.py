@@ -4,6 +4,9 @@ Any installed package adds a backend by naming a `portkit.abi.Backend` in that g
 reference backends register the same way, in its own pyproject.toml. Loading never crashes the
 caller: a backend that cannot run here, or a package that is broken, becomes a typed error whose
 message names the fix.
+
+A device is named by its backend and an index, as torch names them: "opencl:1" is the second
+device of the opencl backend; a backend's name alone ("opencl", or "opencl:0") is its first.
 """
 from __future__ import annotations
 
@@ -79,12 +82,39 @@ def names() -> list[str]:
     return sorted({point.name for point in entry_points()})
 
 
+def split(name: str) -> tuple[str, int]:
+    """A device name's backend and device index: "opencl:1" -> ("opencl", 1), "cpu" ->
+    ("cpu", 0). Raises UnknownBackend when what follows the ':' is not an index."""
+    base, colon, index = name.partition(":")
+    if not colon:
+        return name, 0
+    if not index.isdigit():
+        raise UnknownBackend(f"no device named {name!r}: what follows ':' is a device index",
+                             f"write {base!r} or {base + ':0'!r}, {base + ':1'!r}, ...")
+    return base, int(index)
+
+
+def canonical(name: str) -> str:
+    """The one spelling of a device name: "cpu:0" and "cpu" are both "cpu"; "cpu:1" stays."""
+    base, index = split(name)
+    return f"{base}:{index}" if index else base
+
+
 def load(name: str) -> Device:
-    """The device of backend `name`, loaded once. Raises BackendUnavailable or CapabilityError."""
-    result = _load(name)
+    """The device `name` ("opencl", "opencl:1"), loaded once. Raises BackendUnavailable (its
+    subclass NoSuchDevice for an index past the backend's device count) or CapabilityError."""
+    result = _load(canonical(name))
     if isinstance(result, Exception):
         raise result
     return result
+
+
+def device_count(name: str) -> int:
+    """How many devices backend `name` has here (1 for a backend that does not say); loads
+    its first device, so raises as `load(name)` does when the backend cannot run here."""
+    base = split(name)[0]
+    load(base)
+    return _counts.get(base, 1)
 
 
 def available() -> dict[str, str | None]:
@@ -99,6 +129,7 @@ def available() -> dict[str, str | None]:
 # name -> its device or why it does not load. Failures are kept as well: probing a missing
 # driver again only costs time.
 _loaded: dict[str, Device | BackendUnavailable | CapabilityError] = {}
+_counts: dict[str, int] = {}    # backend name -> its device count, found when it loads
 
 
 def _load(name: str) -> Device | BackendUnavailable | CapabilityError:
@@ -120,28 +151,29 @@ def entry_point(name: str) -> metadata.EntryPoint | None:
 
 
 def _attempt(name: str) -> Device | BackendUnavailable | CapabilityError:
-    found = [point for point in entry_points() if point.name == name]
+    base, index = split(name)
+    found = [point for point in entry_points() if point.name == base]
     if not found:
         known = names()
-        base = name.lower().partition(":")[0]
-        close = difflib.get_close_matches(base, known, n=1, cutoff=0.6)
-        hint = ""
-        if ":" in name and base in known:
-            hint = f"a device is named by its backend alone, {base!r}; "
-        elif close:
-            hint = f"did you mean {close[0]!r}? "
-        return UnknownBackend(f"no backend named {name!r}", f"{hint}use one of "
+        close = difflib.get_close_matches(base.lower(), known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return UnknownBackend(f"no backend named {base!r}", f"{hint}use one of "
                               f"{', '.join(known) or '(none)'}, or install the package that "
                               "provides it")
     point, conflict = choose(found)
     if conflict:
         return conflict
-    return load_point(point)
+    return load_point(point, index)
 
 
 class UnknownBackend(BackendUnavailable, RuntimeError):
     """A device name that no installed backend registers; a RuntimeError too, as torch's error
     for an unknown device string."""
+
+
+class NoSuchDevice(UnknownBackend):
+    """A device index at or past its backend's device count ("cpu:5" where the cpu backend has
+    2): a RuntimeError, as torch's invalid device ordinal."""
 
 
 class BackendConflict(UserWarning):
@@ -192,8 +224,10 @@ def choose(points: list[metadata.EntryPoint]) -> tuple[metadata.EntryPoint, Brok
         "uninstall all but one of them, or rename the others' entry points")
 
 
-def load_point(point: metadata.EntryPoint) -> Device | BackendUnavailable | CapabilityError:
-    """Imports and loads the backend that `point` names; every failure, even a SystemExit or
+def load_point(point: metadata.EntryPoint, index: int = 0
+               ) -> Device | BackendUnavailable | CapabilityError:
+    """Imports the backend that `point` names and loads its device `index` (`load()` for 0, so
+    a backend with one device needs no index); every failure, even a SystemExit or
     another BaseException raised while importing or loading, comes back as a typed error.
     (KeyboardInterrupt still stops the caller; os._exit cannot be caught: `portkit backends`
     probes in a subprocess for that, portkit.conformance in its worker.)"""
@@ -210,7 +244,15 @@ def load_point(point: metadata.EntryPoint) -> Device | BackendUnavailable | Capa
         if problem:
             return BrokenBackend(f"broken backend package {distribution(point)}: {problem[0]}",
                                  problem[1])
-        device = backend.load()
+        count = backend.devices() if backend.devices is not None else 1
+        _counts[name] = count
+        if index and index >= count:
+            return NoSuchDevice(
+                f"no device {name}:{index}: backend {name!r} has {count} device"
+                f"{'s' if count != 1 else ''} here ({name}:0 to {name}:{count - 1})",
+                f"use an index below {count}, or make more of the backend's devices visible "
+                "(its docs say how)")
+        device = backend.load(index) if index else backend.load()
         if not isinstance(device, Device):
             raise TypeError(f"load() returned a {type(device).__name__}, "
                             "not a portkit.abi.Device")
@@ -237,6 +279,7 @@ class Probe:
     status: str
     detail: str
     fix: str = ""
+    devices: tuple[str, ...] = ()     # each device's name, where the backend has several
 
 
 def probe(only: list[str] | None = None, timeout: float = 120.0) -> list[Probe]:
@@ -291,15 +334,30 @@ def probe(only: list[str] | None = None, timeout: float = 120.0) -> list[Probe]:
 
 def _probe_child(pipe: connection.Connection, todo: list[tuple[str, str]]) -> None:
     for name, value in todo:
-        found = load_point(metadata.EntryPoint(name, value, GROUP))
+        point = metadata.EntryPoint(name, value, GROUP)
+        found = load_point(point)
         if isinstance(found, Device):
-            report = Probe(name, "available", found.capabilities.device_name or "-")
+            report = Probe(name, "available", found.capabilities.device_name or "-",
+                           devices=_device_names(point, found))
         elif isinstance(found, BackendUnavailable):
             status = "broken" if isinstance(found, BrokenBackend) else "unavailable"
             report = Probe(name, status, found.reason, found.fix or "")
         else:
             report = Probe(name, "invalid", str(found))
         pipe.send(report)
+
+
+def _device_names(point: metadata.EntryPoint, first: Device) -> tuple[str, ...]:
+    """The name of each device of a backend with several (its first is `first`); () for one."""
+    count = _counts.get(point.name, 1)
+    if count < 2:
+        return ()
+    named = [first.capabilities.device_name or "-"]
+    for index in range(1, count):
+        found = load_point(point, index)
+        named.append(found.capabilities.device_name or "-" if isinstance(found, Device)
+                     else f"does not load: {found}")
+    return tuple(named)
 
 
 def describe_exit(code: int | None) -> str:

@@ -18,13 +18,16 @@ SUBCOMMAND_MODULES = ("portkit.conformance.cli", "portkit.scaffold", "portkit.do
 
 
 def show_backends(args: argparse.Namespace) -> int:
-    """Prints each backend with its device, or the reason it cannot run here and the fix.
+    """Prints each backend with its device (a row per further device, "opencl:1"), or the
+    reason it cannot run here and the fix.
     Each is loaded in a probe process (backends.probe), so no package can end this one."""
     table = Table("backend", "status", "device, or why not and how to fix it")
     for found in backends.probe():
         style = "green" if found.status == "available" else "red"
         detail = f"{found.detail}\nfix: {found.fix}" if found.fix else found.detail
         table.add_row(found.name, Text(found.status, style=style), Text(detail))
+        for index, named in enumerate(found.devices[1:], 1):   # device 0 is the row above
+            table.add_row(f"{found.name}:{index}", Text(found.status, style=style), Text(named))
     Console().print(table)
     return 0
 

@@ -37,6 +37,22 @@ def check_elements(shape: Sequence[int]) -> None:
                        "(2^31 - 1): split it into smaller tensors")
 
 
+class DeviceMismatch(PortkitError, RuntimeError):
+    """An op given tensors on two devices: a RuntimeError with torch's message, raised when
+    the op is written."""
+
+
+def check_devices(first: Lazy, others: Iterable[Lazy]) -> None:
+    """Raises DeviceMismatch, naming both devices and the fix, if any of `others` is on
+    another device than `first`."""
+    for other in others:
+        if other.device != first.device:
+            raise DeviceMismatch(
+                "Expected all tensors to be on the same device, but found at least two "
+                f"devices, {first.device} and {other.device}! Copy one to the other's device "
+                f"first: .to({first.device!r})")
+
+
 class GraphOp(Enum):
     """Graph ops that are not ABI compute ops."""
 
@@ -101,6 +117,7 @@ class Lazy:
 
     def alu(self, op: Op, *others: Lazy) -> Lazy:
         """An ABI compute op over same-shaped operands (Tensor broadcasts first)."""
+        check_devices(self, others)
         srcs = (self,) + others
         dtype = dtypes.bool_ if op in COMPARISON else srcs[1 if op is Op.WHERE else 0].dtype
         return Lazy(op, dtype, self.shape, srcs, None, self.device)
@@ -137,6 +154,7 @@ class Lazy:
         with that axis index's size; index has self's ndim and, outside the axis, self's size
         or 1 (the same index for every position there). `fault` is the int32 flag buffer an
         index out of range sets (portkit/tensor/faults.py)."""
+        check_devices(self, (index,))
         shape = tuple(index.shape[d] if d == arg.axis else s for d, s in enumerate(self.shape))
         return Lazy(GraphOp.GATHER, self.dtype, shape, (self, index, fault), arg, self.device)
 

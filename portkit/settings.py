@@ -81,7 +81,7 @@ def _seconds(text: str) -> float | None:
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("PORTKIT_DEVICE", _text, "cpu", "a backend name",
+    Setting("PORTKIT_DEVICE", _text, "cpu", "a device name (\"cpu\", \"opencl:1\")",
             "The device a Tensor gets when none is named."),
     Setting("PORTKIT_DEBUG", _debug, 0, "0-4, or yes/no",
             "1: each realize prints its kernel count and time; 2: one line per launch (name, "
@@ -112,6 +112,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "Show progress (a bar on a terminal, a line each tenth of the way otherwise) on "
             "stderr once compiling a step's kernels has taken this long; quicker compiles print "
             "nothing."),
+    Setting("PORTKIT_CPU_DEVICES", _count("PORTKIT_CPU_DEVICES", positive=True), 2,
+            "a positive whole number",
+            "How many logical devices the cpu backend has (\"cpu\", \"cpu:1\", ...): each "
+            "with its own memory, sharing the cores, so work across devices runs on one "
+            "machine. Read when the backend first loads in a process."),
     Setting("PORTKIT_CC", _text, None, "a compiler command",
             "The cpu backend's C compiler command (default: clang, else gcc, else cc)."),
 )}

@@ -19,6 +19,7 @@ def fake_backends(monkeypatch):
         monkeypatch.setattr(backends, "entry_points", lambda: registered)
         # A private cache, so that devices loaded by other tests stay the same objects.
         monkeypatch.setattr(backends, "_loaded", {})
+        monkeypatch.setattr(backends, "_counts", {})
 
     return install
 

@@ -259,7 +259,9 @@ def test_a_malformed_entry_point_value_is_a_broken_package_naming_it(fake_backen
 @pytest.mark.parametrize("typed, hint", [
     ("cdua", "did you mean 'cuda'?"),
     ("CPU", "did you mean 'cpu'?"),
-    ("cuda:0", "a device is named by its backend alone, 'cuda'"),
+    ("cdua:1", "did you mean 'cuda'?"),
+    ("cpu:x", "what follows ':' is a device index"),
+    ("cpu:99", "backend 'cpu' has"),
 ])
 def test_a_mistyped_device_raises_where_it_is_typed(typed, hint):
     """Every way a tensor op names a device checks the name at once, as torch's RuntimeError

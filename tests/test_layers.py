@@ -26,7 +26,7 @@ LAYERS = [
     ["portkit.tensor"],
     ["portkit.jit"],
     ["portkit.nn", "portkit.optim"],
-    ["portkit.onnx"],
+    ["portkit.onnx", "portkit.distributed"],
     ["portkit.conformance", "portkit.scaffold", "portkit.docs", "portkit.cli", "portkit"],
 ]
 __doc__ += "\n".join("  " + ", ".join(layer) for layer in LAYERS)

@@ -7,7 +7,8 @@
 the interpreter, the conformance shims).
 
 A backend package exposes one `Backend` through the `portkit.backends` entry point group. Its
-`load()` raises BackendUnavailable (with the fix) when the driver or device is missing here.
+`load()` raises BackendUnavailable (with the fix) when the driver or device is missing here; a
+backend with several devices also says how many (`Backend.devices`) and loads each by index.
 """
 from __future__ import annotations
 
@@ -229,6 +230,16 @@ class HostAllocator(Allocator):
         out[:] = buffer[:out.size]
 
 
+def host_peer_copy(destination: np.ndarray, source_device: Device, source: Any,
+                   nbytes: int) -> bool:
+    """`Device.peer_copy` of a host-memory device: one memcpy from another host-memory
+    device's buffer; False from any other device (the runtime then goes through the host)."""
+    if not isinstance(source_device.allocator, HostAllocator):
+        return False
+    destination[:nbytes] = source[:nbytes]
+    return True
+
+
 def synchronous() -> None:
     """`Device.synchronize` of a device whose launches finish before they return."""
 
@@ -249,6 +260,11 @@ class Device:
     compiler: Compiler
     program: Callable[[str, bytes], Program]
     synchronize: Callable[[], None] = synchronous
+    # Optional (ABI 0.7): peer_copy(destination, source device, source buffer, nbytes) copies
+    # `nbytes` from another device's buffer into this device's `destination` without the
+    # host's help and returns True, or returns False where it cannot copy from that device
+    # (another backend, another context); the runtime then copies through the host.
+    peer_copy: Callable[[Any, Device, Any, int], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -256,10 +272,14 @@ class Backend:
     """What the `portkit.backends` entry point names: a name, how to load the device, and the
     ABI version the backend implements ("0.7"; portkit refuses to load an incompatible one).
 
-    `load()` returns the Device, or raises BackendUnavailable naming the fix.
+    `load()` returns the Device, or raises BackendUnavailable naming the fix. A backend with
+    several devices (ABI 0.7) gives `devices`, which returns how many there are here, and a
+    `load(index)` that loads device `index` (0 to devices() - 1); portkit calls `load()` with no
+    argument for device 0, so a one-device backend's `load` takes none.
     """
 
     name: str
-    load: Callable[[], Device]
+    load: Callable[..., Device]
     description: str = ""
     abi_version: str = ""
+    devices: Callable[[], int] | None = None

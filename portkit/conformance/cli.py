@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     conform = subparsers.add_parser(
         "conform", help="check a backend against the ABI spec and the CPU reference",
         description="Runs the conformance tiers (1 runtime, 2 ABI ops, 3 kernels, 4 Tensor ops, "
-                    "5 models, 6 performance, 7 stress).", epilog=EXIT_CODES)
+                    "5 models, 6 performance, 7 stress, 8 devices).", epilog=EXIT_CODES)
     which = conform.add_mutually_exclusive_group(required=True)
     which.add_argument("--backend", help="the backend to check (see `portkit backends`)")
     which.add_argument("--available", action="store_true",

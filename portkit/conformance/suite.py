@@ -41,6 +41,7 @@ TIERS = {
     5: "portkit.conformance.tier5_models",
     6: "portkit.conformance.tier6_perf",
     7: "portkit.conformance.tier7_stress",
+    8: "portkit.conformance.tier8_devices",
 }
 
 
@@ -74,7 +75,7 @@ def tier(number: int) -> Tier:
 class Options:
     """What to run: the command line's options."""
 
-    tiers: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7)
+    tiers: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     pattern: str | None = None
     dtypes: tuple[str, ...] = ()
     quick: bool = False

@@ -62,6 +62,9 @@ class Runtime:
 
     def __init__(self, name: str, device: Device):
         self.name, self.device = name, device
+        # the backend's name: the devices of one backend share its disk cache (a compiler's
+        # cache_key names the target where a binary differs between them)
+        self.backend = name.partition(":")[0]
         self.device_lock = threading.RLock()   # re-entrant: a Buffer may be freed inside a call
         self.pool = BufferPool(device.allocator, self.device_lock)
         # Programs of the most recent kernels (PORTKIT_KERNEL_CACHE, default 1024): one per
@@ -86,6 +89,22 @@ class Runtime:
         if not isinstance(self.device.allocator, HostAllocator) or memory.dtype != np.uint8:
             return None
         return Buffer(self.pool, dtype, memory.size // dtype.itemsize, borrowed=memory)
+
+    def copy_from(self, source: Runtime, buffer: Buffer, size: int) -> Buffer:
+        """A new buffer on this device holding the first `size` elements of `buffer`, a buffer
+        of device `source`: this device's `peer_copy` where it copies from that device (after
+        `source` finishes its launched work), else through the host."""
+        out = self.alloc(buffer.dtype, max(size, 1))
+        if not size:
+            return out
+        peer = self.device.peer_copy
+        if peer is not None:
+            source.synchronize()
+            with self.device_lock:
+                done = peer(out.handle, source.device, buffer.handle, size * buffer.dtype.itemsize)
+            if done:
+                return out
+        return out.copyin(buffer.numpy((size,)))
 
     def prepare(self, kernel: Kernel) -> Kernel:
         """`kernel` as this device runs it: ops it lacks decomposed, a name longer than the
@@ -112,7 +131,7 @@ class Runtime:
         kernel = self.prepare(kernel)
         source = self.device.renderer.render(kernel)
         if disk_cache:
-            binary = cache.compile_cached(self.name, self.device.compiler, source)
+            binary = cache.compile_cached(self.backend, self.device.compiler, source)
         else:
             binary = self.device.compiler.compile(source)
         with self.device_lock:
@@ -336,7 +355,7 @@ class Runtime:
         ready = [m for m in made if not isinstance(m, Exception)]
         try:
             binaries = iter(cache.compile_batch_cached(
-                self.name, self.device.compiler, [source for _, source in ready]))
+                self.backend, self.device.compiler, [source for _, source in ready]))
         except Exception:  # noqa: BLE001 - a CompileError of the whole batch, or worse
             return [self._build_or_error(kernel) for kernel in kernels]
         with self._lock:

@@ -31,12 +31,12 @@ def default_device() -> str:
 
 
 def device_name(name: str | None = None) -> str:
-    """`name`, or `default_device()` when it is None, checked where a tensor op names it: an
-    unknown name raises backends.UnknownBackend (a RuntimeError, with the closest name), a
+    """`name` in its one spelling ("cpu:0" is "cpu"), or `default_device()`'s when it is None,
+    checked where a tensor op names it: an unknown name raises backends.UnknownBackend (a
+    RuntimeError, with the closest name), an index past the backend's devices NoSuchDevice, a
     backend that cannot load here BackendUnavailable; a name taken from $PORTKIT_DEVICE says so."""
     if name is not None:
-        get(name)
-        return name
+        return get(name).name
     try:
         return get().name
     except BackendUnavailable as error:
@@ -48,11 +48,15 @@ _runtimes: dict[str, Runtime] = {}
 
 
 def get(name: str | None = None) -> Runtime:
-    """The runtime of backend `name` (default: `default_device()`), made once per name."""
+    """The runtime of device `name` ("opencl", "opencl:1"; default: `default_device()`), made
+    once per device: "cpu" and "cpu:0" are one runtime, named "cpu"."""
     name = name or default_device()
     found = _runtimes.get(name)
     if found is None:
-        found = _runtimes.setdefault(name, Runtime(name, backends.load(name)))
+        name = backends.canonical(name)
+        found = _runtimes.get(name)
+        if found is None:
+            found = _runtimes.setdefault(name, Runtime(name, backends.load(name)))
     return found
 
 

@@ -154,8 +154,9 @@ def _run(items: list[ScheduleItem], number: dict[int, int]) -> tuple[_Replay | N
             src = root.src[0]
             if recorder is not None:
                 recorder.copy(root)
-            data = src.buffer.numpy((src.size,))
-            root.realize_as(upload(data, root.device, root.dtype))
+            buffer = runtime.get(root.device).copy_from(runtime.get(src.device), src.buffer,
+                                                        src.size)
+            root.realize_as(buffer)
             continue
         rt = runtime.get(root.device)
         buffer = _alloc(root.device, root.dtype, root.size)

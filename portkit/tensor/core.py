@@ -189,14 +189,19 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
         return self.numpy().tolist()
 
     def to(self, device: str) -> Tensor:
-        """This tensor on another device (an unknown name raises here, not at realize)."""
+        """This tensor on device `device` ("cpu:1"), lazily: the copy runs at realize, directly
+        where the backend declares a peer copy, else through the host; a gradient flows back
+        to this tensor's device. An unknown name raises here, not at realize."""
+        device = runtime.device_name(device)
         if device == self.device:
             return self
-        return self._prim("copy", arg=runtime.device_name(device))
+        return self._prim("copy", arg=device)
 
     def assign(self, value: Tensor | Any) -> Tensor:
-        """Replaces this tensor's contents (same shape and dtype), keeping the object."""
+        """Replaces this tensor's contents (same shape and dtype), keeping the object and its
+        device: a value on another device is copied here, as torch's copy_."""
         value = value if isinstance(value, Tensor) else Tensor(value, self.dtype, self.device)
+        value = value.detach().to(self.device) if value.device != self.device else value
         if value.shape != self.shape:
             raise ValueError(f"assign: shapes differ, {self.shape} vs {value.shape}")
         recorder = schedule.recording()

@@ -126,10 +126,8 @@ class ElementwiseOps:
             other = Tensor(other, device=lazy.device) if other.ndim else other.item()
             tensor = isinstance(other, Tensor)
         if tensor:
+            graph.check_devices(lazy, (other.lazy,))
             dtype = promote_tensors(self, other)
-            if other.lazy.device != lazy.device:
-                raise ValueError(f"tensors are on different devices: {self.device} and "
-                                 f"{other.device}; move one with .to()")
             a, b = self.cast(dtype), other.cast(dtype)
             if a.lazy.shape != b.lazy.shape:
                 a, b = broadcast(a, b)

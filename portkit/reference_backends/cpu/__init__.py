@@ -1,12 +1,12 @@
 """The CPU reference backend: kernels rendered as C, built by the system compiler, run in-process.
 
-    device.py        find_device() -> the host C compiler, probed; load() -> Device
+    device.py        find_device() -> the host C compiler, probed; devices(); load(index)
     capabilities.py  capabilities(compiler): all dtypes and ops, host limits
     renderer.py      CPURenderer: C11, one entry point per kernel, named after it
     runtime.py       CPUAllocator (host memory), CPUCompiler (clang or gcc), CPUProgram (dlopen)
 """
 from portkit.abi import ABI_VERSION, Backend
-from portkit.reference_backends.cpu.device import load
+from portkit.reference_backends.cpu.device import devices, load
 
 backend = Backend("cpu", load, "C on the host CPU (clang or gcc, OpenMP)",
-                  abi_version=ABI_VERSION)
+                  abi_version=ABI_VERSION, devices=devices)

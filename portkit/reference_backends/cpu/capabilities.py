@@ -14,14 +14,16 @@ from portkit.abi.ops import COMPUTE
 from portkit.reference_backends.cpu.runtime import CPUCompiler, cpu_model
 
 
-def capabilities(compiler: CPUCompiler) -> Capabilities:
-    """What the host CPU runs with `compiler`; the name says how many cores it uses."""
+def capabilities(compiler: CPUCompiler, index: int = 0) -> Capabilities:
+    """What the host CPU runs with `compiler`, as logical device `index`; the name says how
+    many cores it uses and, past the first, which logical device it is."""
     cores = (f"{os.cpu_count()} cores, OpenMP" if compiler.openmp
              else "1 core: no OpenMP in the compiler")
+    logical = f", logical device {index}" if index else ""
     return Capabilities(
         dtypes=frozenset(dtypes.ALL), ops=frozenset(COMPUTE), max_block_threads=1024,
         max_block=(1024, 1024, 64), max_grid=(2**31 - 1, 65535, 65535),
         local_memory_bytes=64 * 1024, max_buffers=64, denormals="preserve",
         threads_are_loops=True,
         max_loop_trips=None, max_name_length=None,   # C compilers limit neither
-        device_name=f"{cpu_model()} ({cores}; {compiler.version})")
+        device_name=f"{cpu_model()} ({cores}; {compiler.version}){logical}")

@@ -4,13 +4,16 @@ The compiler is $PORTKIT_CC, else clang, else gcc. It is probed with a small Ope
 compiler without OpenMP (clang without libomp) still builds kernels, on one core. The probe's
 build goes through the disk cache like a kernel's (same compiler, flags and CPU in the key), so
 only a process that finds no earlier build pays the compiler's 0.3-0.5 s.
+
+The CPU is PORTKIT_CPU_DEVICES logical devices ("cpu", "cpu:1", ...), each with its own memory
+pool, so that work across devices runs on one machine.
 """
 from __future__ import annotations
 
 import shlex
 
-from portkit import cache
-from portkit.abi.backend import Device
+from portkit import cache, settings
+from portkit.abi.backend import Device, host_peer_copy
 from portkit.abi.errors import BackendUnavailable, CompileError
 from portkit.reference_backends.cpu.capabilities import capabilities
 from portkit.reference_backends.cpu.renderer import CPURenderer
@@ -43,8 +46,16 @@ def find_device() -> CPUCompiler:
                              FIX)
 
 
-def load() -> Device:
-    """The host CPU as a Device; BackendUnavailable (with the fix) without a C compiler."""
+def devices() -> int:
+    """How many logical devices the host CPU is: PORTKIT_CPU_DEVICES (default 2). Each has its
+    own buffers and runtime, so work across devices (copies, data parallelism) runs and is
+    tested on one machine; they share the cores."""
+    return settings.read("PORTKIT_CPU_DEVICES")
+
+
+def load(index: int = 0) -> Device:
+    """Logical device `index` of the host CPU; BackendUnavailable (with the fix) without a C
+    compiler. Its buffers copy to another host-memory device's in one memcpy (peer_copy)."""
     compiler = find_device()
-    return Device("cpu", capabilities(compiler), CPUAllocator(), CPURenderer(),
-                  compiler, CPUProgram)
+    return Device("cpu", capabilities(compiler, index), CPUAllocator(), CPURenderer(),
+                  compiler, CPUProgram, peer_copy=host_peer_copy)

@@ -1,7 +1,8 @@
 """The device: finds an OpenCL device and joins its parts into one portkit `Device`.
 
-Any OpenCL driver works (PoCL runs kernels on a CPU). `find_device` prefers a GPU of any
-platform, else takes the first device.
+Any OpenCL driver works (PoCL runs kernels on a CPU). Devices are numbered GPUs first, then
+the rest, over every platform: "opencl" is the first GPU, else the first device; "opencl:1"
+the next. Each device has its own context, so copies between them go through the host.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from portkit.reference_backends.opencl.runtime import (
 )
 
 
-def find_device():
-    """The first GPU of any platform, else the first device; BackendUnavailable if none."""
+def find_device(index: int = 0):
+    """Device `index` of every platform's devices, GPUs first (by default the first GPU, else
+    the first device); BackendUnavailable if there is none."""
     if cl is None:
         raise BackendUnavailable("pyopencl or filelock is not installed", "pip install portkit[opencl]")
     fix = "apt-get install pocl-opencl-icd (or your vendor's OpenCL driver)"
@@ -35,12 +37,23 @@ def find_device():
         raise BackendUnavailable(f"no OpenCL platform or device ({error})", fix) from None
     if not found:
         raise BackendUnavailable("no OpenCL device on any platform", fix)
-    return min(found, key=lambda d: not d.type & cl.device_type.GPU)
+    return sorted(found, key=lambda d: not d.type & cl.device_type.GPU)[index]
 
 
-def load() -> Device:
-    """The device, ready to use; BackendUnavailable (with the fix) if it cannot run here."""
-    device = find_device()
+def devices() -> int:
+    """How many OpenCL devices there are here (PoCL: POCL_DEVICES="pthread pthread" gives two
+    CPU devices); 1 where there are none, so that loading the first says why."""
+    if cl is None:
+        return 1
+    try:
+        return max(1, sum(len(p.get_devices()) for p in cl.get_platforms()))
+    except cl.Error:    # no ICD, or a platform without devices
+        return 1
+
+
+def load(index: int = 0) -> Device:
+    """Device `index`, ready to use; BackendUnavailable (with the fix) if it cannot run here."""
+    device = find_device(index)
     context = cl.Context([device])
     queue = cl.CommandQueue(context, device,
                             properties=cl.command_queue_properties.PROFILING_ENABLE)

@@ -7,6 +7,7 @@ only a process that finds no earlier build pays the compiler's 0.3-0.5 s.
 """
 from __future__ import annotations
 
+import functools
 import shlex
 
 from portkit import cache
@@ -17,6 +18,7 @@ from portkit.reference_backends.cpu.renderer import CPURenderer
 from portkit.reference_backends.cpu.runtime import (
     FIX,
     CPUAllocator,
+    CPUBatch,
     CPUCompiler,
     CPUProgram,
     find_compiler,
@@ -47,4 +49,4 @@ def load() -> Device:
     """The host CPU as a Device; BackendUnavailable (with the fix) without a C compiler."""
     compiler = find_device()
     return Device("cpu", capabilities(compiler), CPUAllocator(), CPURenderer(),
-                  compiler, CPUProgram)
+                  compiler, CPUProgram, batch=functools.partial(CPUBatch, compiler))

@@ -19,6 +19,7 @@ from portkit.reference_backends.opencl.capabilities import capabilities
 from portkit.reference_backends.opencl.renderer import OpenCLRenderer
 from portkit.reference_backends.opencl.runtime import (
     OpenCLAllocator,
+    OpenCLBatch,
     OpenCLCompiler,
     OpenCLProgram,
 )
@@ -49,4 +50,5 @@ def load() -> Device:
     renderer = OpenCLRenderer("cl_khr_fp16" in device.extensions.split(),
                               dtypes.float64 in caps.dtypes)
     return Device("opencl", caps, OpenCLAllocator(context, queue), renderer, compiler,
-                  functools.partial(OpenCLProgram, compiler, queue), queue.finish)
+                  functools.partial(OpenCLProgram, compiler, queue), queue.finish,
+                  functools.partial(OpenCLBatch, queue))

@@ -202,10 +202,10 @@ class OneByOne(Batch):
     def __call__(self, buffers: Sequence[tuple[int, int, Any]] = (),
                  scalars: Sequence[tuple[int, list[int]]] = (), wait: bool = False
                  ) -> float | None:
-        for launch, position, handle in buffers:
-            self.launches[launch].buffers[position] = handle
-        for launch, words in scalars:
-            self.launches[launch].scalars = list(words)
+        for index, position, handle in buffers:
+            self.launches[index].buffers[position] = handle
+        for index, words in scalars:
+            self.launches[index].scalars = list(words)
         seconds = 0.0
         for launch in self.launches:
             seconds += launch.program(launch.buffers, launch.scalars, launch.grid,

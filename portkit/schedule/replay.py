@@ -116,7 +116,7 @@ class Queue:
         self.runtime.run_batch(self.batch, buffers, scalars, self.kernels)
 
     def _make(self, steps: Sequence[Step], found: tuple[Sequence, ...], numbers: Any) -> None:
-        launches = []
+        launches: list[tuple[Compiled, list, list[int]]] = []
         for k, step in enumerate(steps):
             if step.compiled is None:
                 continue
@@ -132,6 +132,7 @@ class Queue:
                 self.traced.append((launch, k))
             launches.append((step.compiled, buffers, step.scalars(numbers)[1]))
         self.kernels = [compiled.kernel for compiled, _, _ in launches]
+        assert self.runtime is not None     # set by `take`
         self.batch = self.runtime.batch(launches)
 
     def take(self, steps: Sequence[Step]) -> bool:

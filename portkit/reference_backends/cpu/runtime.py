@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import cffi
 import numpy as np
@@ -153,8 +154,8 @@ class CPUBatch(Batch):
     def __init__(self, compiler: CPUCompiler, launches: list[Launch]):
         self.library, self.run = _run_batch(compiler)
         self.count = len(launches)
-        self.kernels = _ffi.new("void *[]", [_ffi.cast("void *", launch.program.launch)
-                                             for launch in launches])
+        programs = [cast(CPUProgram, launch.program) for launch in launches]
+        self.kernels = _ffi.new("void *[]", [_ffi.cast("void *", p.launch) for p in programs])
         self.buffer_at = [0]
         self.scalar_at = [0]
         for launch in launches:

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import os
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import platformdirs
@@ -145,17 +146,17 @@ class OpenCLBatch(Batch):
 
     def __init__(self, queue, launches: list[Launch]):
         self.queue, self.ready = queue, False
-        self.launches = []
+        self.launches: list[tuple] = []
         for launch in launches:
-            program = launch.program
+            program = cast(OpenCLProgram, launch.program)
             with program.lock:
                 kernel = cl.Kernel(program.program, program.function)
             kernel.set_scalar_arg_dtypes([None] * len(launch.buffers)
                                          + [np.int32] * len(launch.scalars))
             kernel.set_args(*launch.buffers, *launch.scalars)
             self.launches.append((kernel, list(launch.buffers), list(launch.scalars),
-                                  [g * b for g, b in zip(launch.grid, launch.block)],
-                                  list(launch.block), program))
+                                  tuple(g * b for g, b in zip(launch.grid, launch.block)),
+                                  tuple(launch.block), program))
 
     def __call__(self, buffers=(), scalars=(), wait: bool = False) -> float | None:
         changed = set()

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from typing import cast
 
 import numpy as np
 
@@ -137,7 +138,7 @@ class WebGPUBatch(Batch):
                 resources.append(device.create_buffer_with_data(
                     data=_uniform(launch.scalars),
                     usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST))
-            program = launch.program
+            program = cast(WebGPUProgram, launch.program)
             self.launches.append([program, resources, program.bind(resources), launch.grid])
 
     def __call__(self, buffers=(), scalars=(), wait: bool = False) -> float | None:

@@ -100,3 +100,32 @@ def test_a_jitted_chain_replays_through_one_batch(device, monkeypatch):
         s = np.float32(0.5 * k)
         y = v * s + np.float32(1)
         np.testing.assert_array_equal(got, (y * y - v) + s)
+
+
+def test_a_profiled_replay_records_one_span_per_batch(tmp_path):
+    @portkit.jit
+    def step(x):
+        return ((x + 1.0).realize() * 2.0).realize() - x
+
+    x = Tensor(np.arange(8, dtype=np.float32), device="cpu")
+    for _ in range(3):
+        step(x)
+    with portkit.profile() as found:
+        got = step(x).numpy()
+    spans = [e for e in found.events if e["cat"] == "kernel"]
+    assert [s["name"] for s in spans] == ["batch of 3 launches"]
+    assert len(spans[0]["args"]["kernels"]) == 3 and len(spans[0]["args"]["grid"]) == 3
+    np.testing.assert_array_equal(got, (np.arange(8) + 1) * 2 - np.arange(8))
+
+
+def test_a_realize_seen_before_replays_through_a_batch(monkeypatch):
+    made = []
+    original = runtime.Runtime.batch
+    monkeypatch.setattr(runtime.Runtime, "batch",
+                        lambda self, launches: made.append(len(launches)) or original(self,
+                                                                                      launches))
+    values = [np.full(7, k + 1, np.float32) for k in range(4)]
+    got = [(Tensor(v, device="cpu") * 3.0 - 1.0).sqrt().numpy() for v in values]
+    assert made == [1]      # the second realize of the structure made it, the later reused it
+    for v, g in zip(values, got):
+        np.testing.assert_array_equal(g, np.sqrt(v * np.float32(3) - np.float32(1)))

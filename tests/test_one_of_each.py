@@ -40,7 +40,8 @@ def test_one_place_runs_a_program():
                 launching.add(path)
     # and the ABI's default Batch (OneByOne), which Runtime.run_batch calls
     assert launching == {"portkit/runtime/device.py", "portkit/abi/backend.py"}
-    assert _places("run_batch") <= {"portkit/schedule/replay.py"}
+    assert _places("run_batch") <= {"portkit/schedule/replay.py",
+                                     "portkit/conformance/tier1_runtime.py"}
 
 
 def test_one_replay_engine():

@@ -117,6 +117,7 @@ class Queue:
 
     def _make(self, steps: Sequence[Step], found: tuple[Sequence, ...], numbers: Any) -> None:
         launches: list[tuple[Compiled, list, list[int]]] = []
+        fills, traced = [], []
         for k, step in enumerate(steps):
             if step.compiled is None:
                 continue
@@ -124,16 +125,17 @@ class Queue:
             buffers = [b.handle if b is not None else None for b in step.template]
             if step.fresh:
                 buffers[0] = found[MADE][k].handle
-                self.fills.append((launch, 0, MADE, k))
+                fills.append((launch, 0, MADE, k))
             for slot, kind, position in step.fills:
                 buffers[slot] = found[kind][position].handle
-                self.fills.append((launch, slot, kind, position))
+                fills.append((launch, slot, kind, position))
             if step.traced:
-                self.traced.append((launch, k))
+                traced.append((launch, k))
             launches.append((step.compiled, buffers, step.scalars(numbers)[1]))
-        self.kernels = [compiled.kernel for compiled, _, _ in launches]
         assert self.runtime is not None     # set by `take`
         self.batch = self.runtime.batch(launches)
+        self.kernels = [compiled.kernel for compiled, _, _ in launches]
+        self.fills, self.traced = fills, traced
 
     def take(self, steps: Sequence[Step]) -> bool:
         """Whether `steps` can replay through this queue now; if so, it is this thread's until

@@ -155,8 +155,11 @@ class WebGPUBatch(Batch):
             self.device.queue.write_buffer(self.launches[launch][1][-1], 0, _uniform(words))
         encoder = self.device.create_command_encoder()
         compute = encoder.begin_compute_pass()
+        pipeline = None
         for program, _, group, grid in self.launches:
-            compute.set_pipeline(program.pipeline)
+            if program.pipeline is not pipeline:    # one kernel launched again keeps it
+                pipeline = program.pipeline
+                compute.set_pipeline(pipeline)
             compute.set_bind_group(0, group)
             compute.dispatch_workgroups(*grid)
         compute.end()

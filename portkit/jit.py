@@ -53,7 +53,7 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import PortkitError
 from portkit.graph import Lazy
 from portkit.schedule import replay
-from portkit.schedule.replay import ARGS, KEPT, MADE, STATE, Step
+from portkit.schedule.replay import ARGS, KEPT, MADE, STATE, Queue, Step
 from portkit.tensor.core import Tensor, realize, wrap
 
 if TYPE_CHECKING:
@@ -212,6 +212,7 @@ class Plan:
     outputs: list[tuple[tuple[int, int], DType, tuple, str]]
     sets: list[tuple[Any, str, Any, type]] = field(default_factory=list)
     guards: list[tuple[Number, Callable, Any, bool]] = field(default_factory=list)
+    queue: Queue = field(default_factory=Queue)     # the steps as one batch, once replayed
 
     def check(self, name: str, numbers: list[float]) -> None:
         """JitError if this call's numbers compare otherwise than the captured ones did."""
@@ -523,7 +524,8 @@ class Jit:
                 realize(*pending)
         args, entry = [t.lazy.buffer for t in tensors], [t.lazy.buffer for t in state]
         with self._replaying:
-            made = replay.run(plan.steps, (args, entry, None, plan.kept), numbers)
+            made = replay.run(plan.steps, (args, entry, None, plan.kept), numbers,
+                              queue=plan.queue)
         tables: tuple[list, ...] = (args, entry, made, plan.kept)
         if plan.sets:
             values = [(obj, name, _plain(_now(value, numbers), kind))

@@ -38,7 +38,10 @@ def test_one_place_runs_a_program():
                     "grid", "block"} <= {
                     a.attr for a in call.args if isinstance(a, ast.Attribute)}:
                 launching.add(path)
-    assert launching == {"portkit/runtime/device.py"}
+    # and the ABI's default Batch (OneByOne), which Runtime.run_batch calls
+    assert launching == {"portkit/runtime/device.py", "portkit/abi/backend.py"}
+    assert _places("run_batch") <= {"portkit/schedule/replay.py",
+                                     "portkit/conformance/tier1_runtime.py"}
 
 
 def test_one_replay_engine():

@@ -7,10 +7,13 @@ from portkit.abi import dtypes
 from portkit.abi.backend import (
     Allocator,
     Backend,
+    Batch,
     Capabilities,
     Compiler,
     Device,
     HostAllocator,
+    Launch,
+    OneByOne,
     Program,
     Renderer,
 )
@@ -28,8 +31,9 @@ from portkit.abi.ops import Op
 from portkit.abi.version import ABI_VERSION
 
 __all__ = [
-    "ABI_VERSION", "Allocator", "Backend", "BackendUnavailable", "Capabilities", "CapabilityError",
-    "CompileError", "Compiler", "DType", "Device", "HostAllocator", "InvalidKernel", "Kernel",
-    "KernelBuilder", "Node", "Op", "PortkitError", "Program", "Renderer", "UnsupportedDType",
+    "ABI_VERSION", "Allocator", "Backend", "BackendUnavailable", "Batch", "Capabilities",
+    "CapabilityError", "CompileError", "Compiler", "DType", "Device", "HostAllocator",
+    "InvalidKernel", "Kernel", "KernelBuilder", "Launch", "Node", "OneByOne", "Op",
+    "PortkitError", "Program", "Renderer", "UnsupportedDType",
     "dtypes", "validate",
 ]

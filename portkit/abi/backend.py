@@ -2,6 +2,7 @@
 
     Renderer   kernel -> source text         Compiler  source -> binary bytes
     Program    binary -> launchable kernel   Allocator device memory and copies
+    Batch      a recorded list of launches, replayed in one submission (optional)
 
 `HostAllocator` is the Allocator of every device whose memory is the host's (the CPU backend,
 the interpreter, the conformance shims).
@@ -13,7 +14,7 @@ backend with several devices also says how many (`Backend.devices`) and loads ea
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -194,6 +195,55 @@ class Program(ABC):
         are the VARs' 32-bit words as signed ints (`scalar_words`), whatever their dtype."""
 
 
+@dataclass
+class Launch:
+    """One launch of a batch: a program, its buffers (allocator handles), its scalars' 32-bit
+    words, and its grid and block, as `Program.__call__` takes them."""
+
+    program: Program
+    buffers: list[Any]
+    scalars: list[int]
+    grid: Dim3
+    block: Dim3
+
+
+class Batch(ABC):
+    """Launches recorded once and replayed, all of them in order, in one submission (ABI 0.7;
+    made by `Device.batch`). Each launch sees the writes of the launches before it in the
+    batch and of the work submitted before the replay; a copy, read-back or launch after a
+    replay sees all of its writes."""
+
+    @abstractmethod
+    def __call__(self, buffers: Sequence[tuple[int, int, Any]] = (),
+                 scalars: Sequence[tuple[int, list[int]]] = (), wait: bool = False
+                 ) -> float | None:
+        """Replays every launch. First each (launch, position, handle) of `buffers` replaces
+        that launch's buffer at that position, and each (launch, words) of `scalars` that
+        launch's scalar words, for this replay and the later ones. With `wait`, blocks until
+        done and returns the seconds the whole batch took."""
+
+
+class OneByOne(Batch):
+    """The default Batch: each launch through its own Program, one submission each."""
+
+    def __init__(self, launches: list[Launch]):
+        self.launches = [Launch(launch.program, list(launch.buffers), list(launch.scalars),
+                                launch.grid, launch.block) for launch in launches]
+
+    def __call__(self, buffers: Sequence[tuple[int, int, Any]] = (),
+                 scalars: Sequence[tuple[int, list[int]]] = (), wait: bool = False
+                 ) -> float | None:
+        for index, position, handle in buffers:
+            self.launches[index].buffers[position] = handle
+        for index, words in scalars:
+            self.launches[index].scalars = list(words)
+        seconds = 0.0
+        for launch in self.launches:
+            seconds += launch.program(launch.buffers, launch.scalars, launch.grid,
+                                      launch.block, wait=wait) or 0.0
+        return seconds if wait else None
+
+
 class Allocator(ABC):
     """Device memory. Buffers are opaque handles; sizes are in bytes."""
 
@@ -250,7 +300,8 @@ class Device:
 
     `program(kernel name, binary)` makes a Program: a Program class, or a `functools.partial`
     of one that binds the device's handles (context, queue). `synchronize()` waits for all
-    launched work.
+    launched work. `batch(launches)` (ABI 0.7) makes a Batch of programs it made; the default,
+    `OneByOne`, launches each in turn.
     """
 
     name: str
@@ -265,6 +316,7 @@ class Device:
     # host's help and returns True, or returns False where it cannot copy from that device
     # (another backend, another context); the runtime then copies through the host.
     peer_copy: Callable[[Any, Device, Any, int], bool] | None = None
+    batch: Callable[[list[Launch]], Batch] = OneByOne
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,10 @@ def current() -> dict:
         "matrix_unit": fields(matrix.MatrixUnit),
         "device": fields(backend.Device),
         "backend": fields(backend.Backend),
+        "launch": fields(backend.Launch),
         "runtime": {cls.__name__: methods(cls) for cls in (
             backend.Renderer, backend.Compiler, backend.Program, backend.Allocator,
-            backend.HostAllocator)},
+            backend.HostAllocator, backend.Batch, backend.OneByOne)},
         "budgets": spec.budget_table(),
     }
 

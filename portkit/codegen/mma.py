@@ -116,7 +116,7 @@ def _positions(lowerer, layout: Fragment, lane: Lin, name: str) -> list[tuple[Li
             table = [layout[t][e][side] for t in range(threads)]
             weights = None if lane_bits is None else [
                 table[1 << i] - table[0] for i in range(bits)]
-            if weights is not None and all(
+            if lane_bits is not None and weights is not None and all(
                     table[t] == table[0] + sum(w for i, w in enumerate(weights) if t >> i & 1)
                     for t in range(threads)):
                 pair.append(sum((bit * w for bit, w in zip(lane_bits, weights) if w),

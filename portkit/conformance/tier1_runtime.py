@@ -1,4 +1,4 @@
-"""Tier 1, runtime: memory round trips, many buffers, a first launch, scalar arguments.
+"""Tier 1, runtime: memory round trips, many buffers, a first launch, scalar arguments, a batch.
 
 Every later tier moves data with these parts, so they are checked byte by byte first; a fault
 here blocks the rest instead of surfacing as thousands of wrong op results.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from portkit.abi import KernelBuilder, dtypes
+from portkit.abi import KernelBuilder, Op, dtypes
 from portkit.conformance.case import Case, CaseFailed, Context, Outcome, Status
 from portkit.conformance.target import Target
 
@@ -104,6 +104,32 @@ def _scalars(target: Target) -> Outcome:
     return Outcome(Status.PASSED, source=target.compile(kernel)[1])
 
 
+def _batch(target: Target) -> Outcome:
+    """Device.batch (ABI 0.7): out = x * a + b twice in one batch, the second launch reading
+    what the first wrote; a read-back, then a replay with a replaced buffer and scalars."""
+    b = KernelBuilder("conform_batch")
+    out, x = b.param(dtypes.int32), b.param(dtypes.int32)
+    i = b.special("group", 0)
+    b.store(out, i, b.alu(Op.ADD, b.alu(Op.MUL, b.load(x, i), b.var("a")), b.var("b")))
+    compiled = target.runtime.compile(target.prepare(b.build(grid=(4, 1, 1))))
+    x0 = np.array([1, -2, 3, 40], np.int32)
+    with target.buffers([x0, *(np.zeros(4, np.int32),) * 3]) as (h0, h1, h2, h3):
+        batch = target.runtime.batch([(compiled, [h1, h0], [3, 1]), (compiled, [h2, h1], [-2, 5])])
+        kernels = [compiled.kernel] * 2
+        target.runtime.run_batch(batch, [], [], kernels)
+        first = target.read(h2, np.dtype(np.int32), 4)
+        target.runtime.run_batch(batch, [(1, 0, h3)], [(1, [7, 0])], kernels)
+        second = target.read(h3, np.dtype(np.int32), 4)
+    for what, got, want in (("the first replay", first, (x0 * 3 + 1) * -2 + 5),
+                            ("a replay with launch 1 writing another buffer, a = 7, b = 0",
+                             second, (x0 * 3 + 1) * 7)):
+        if list(got) != list(want):
+            raise CaseFailed(f"{what} gave {list(got)}, not {list(want)}: a batch's launches "
+                             "run in order, each seeing the writes before it, with the buffers "
+                             "and scalars last replaced")
+    return Outcome(Status.PASSED, source=compiled.source)
+
+
 def cases(ctx: Context) -> list[Case]:
     """The runtime cases; the full run adds a 64 MiB round trip."""
     sizes = [1, 3, 1000, 4099, 1 << 20] + ([] if ctx.quick else [64 << 20])
@@ -115,5 +141,6 @@ def cases(ctx: Context) -> list[Case]:
         Case("runtime/many-buffers", TIER, fn=_many),
         Case("runtime/launch", TIER, fn=_launch),
         Case("runtime/scalars", TIER, fn=_scalars),
+        Case("runtime/batch", TIER, fn=_batch),
     ]
     return found

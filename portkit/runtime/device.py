@@ -27,7 +27,7 @@ import numpy as np
 
 from portkit import cache, settings
 from portkit.abi import dtypes
-from portkit.abi.backend import Capabilities, Compiler, Device, HostAllocator
+from portkit.abi.backend import Batch, Capabilities, Compiler, Device, HostAllocator, Launch
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel, validate
 from portkit.abi.ops import COMPUTE
@@ -242,6 +242,33 @@ class Runtime:
         if level >= 2:
             print_launch(compiled, seconds, level)
         return seconds if wait else None
+
+    def batch(self, launches: list[tuple[Compiled, list, list]]) -> Batch:
+        """The device's Batch (ABI 0.7) of `launches`, each (compiled, handles, words)."""
+        with self.device_lock:
+            return self.device.batch([Launch(c.program, handles, words, c.kernel.grid,
+                                             c.kernel.block) for c, handles, words in launches])
+
+    def run_batch(self, batch: Batch, buffers: list, scalars: list, kernels: list[Kernel]
+                  ) -> None:
+        """The one place a batch runs (a replay's): the launches of `kernels`, under the
+        device's lock, after replacing its `buffers` and `scalars` (`Batch.__call__`). An open
+        profile gets one span for the whole batch (named after its kernel if it has one, with
+        every launch's kernel and grid), which then waits."""
+        tracing = profile.current
+        if tracing is None:
+            with self.device_lock:
+                batch(buffers, scalars)
+            return
+        start = time.perf_counter()
+        with self.device_lock:
+            seconds = batch(buffers, scalars, wait=True)
+        one = kernels[0] if len(kernels) == 1 else None
+        tracing.add("kernel", one.name if one else f"batch of {len(kernels)} launches", start,
+                    seconds or (time.perf_counter() - start), self.name,
+                    grid=one.grid if one else [k.grid for k in kernels],
+                    block=one.block if one else [k.block for k in kernels],
+                    kernels=[k.name for k in kernels])
 
     def run(self, kernel: Kernel, *arrays: np.ndarray, scalars: tuple = ()
             ) -> list[np.ndarray]:

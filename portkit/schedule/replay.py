@@ -6,6 +6,12 @@ function's launches (portkit/jit.py). Both describe a launch as a `Step` and run
 each input buffer is named by where a replay finds it (a table and a position in it), each
 scalar argument is either fixed or read afresh from the call's numbers.
 
+A caller that replays the same steps again and again hands `run` a `Queue` kept with them:
+the steps' launches then become one device batch (`Runtime.batch`, ABI 0.7), made at the first
+replay, and each later replay hands it only what changed (the new buffers and scalars) and
+submits it whole (`Runtime.run_batch`). PORTKIT_DEBUG and PORTKIT_CHECK, a recorder, steps on
+several devices and a queue busy in another thread launch one by one instead.
+
 While a recorder is set (in this thread), every launch, upload, copy between devices and read
 back to the host is reported to it: portkit.jit records a function's launches this way.
 """
@@ -18,7 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from portkit import settings
+from portkit.abi.backend import Batch
 from portkit.abi.dtypes import DType
+from portkit.abi.kernel import Kernel
 from portkit.runtime import Buffer, Compiled, Runtime
 from portkit.schedule.keys import var_value
 
@@ -73,16 +81,92 @@ class Step:
         return tuple(values), self.compiled.words(values)
 
 
+class Queue:
+    """The steps of one plan as one device batch, made at their first replay through it: what
+    each replay changes is listed once, so a replay costs a look-up per changed buffer and
+    scalar, and one submission."""
+
+    def __init__(self) -> None:
+        self.batch: Batch | None = None
+        self.runtime: Runtime | None = None
+        self.usable = True      # False: steps on several devices, launched one by one
+        self.busy = threading.Lock()
+        self.kernels: list[Kernel] = []     # the launches', for a profile
+        self.fresh: list[int] = []      # steps whose output is a new buffer at each replay
+        # what a replay replaces: (launch, slot, table, position) and (launch, step)
+        self.fills: list[tuple[int, int, int, int]] = []
+        self.traced: list[tuple[int, int]] = []
+
+    def run(self, steps: Sequence[Step], found: tuple[Sequence, ...], numbers: Any,
+            made: list[Buffer | None]) -> None:
+        """Allocates the fresh steps' outputs into `made` and runs every launch as one batch,
+        reading buffers from `found` (the tables) and scalars from `numbers`."""
+        for k in self.fresh:
+            step = steps[k]
+            made[k] = step.runtime.alloc(step.dtype, step.size)
+        if self.batch is None:
+            self._make(steps, found, numbers)
+            buffers: list = []
+            scalars: list = []
+        else:
+            buffers = [(launch, slot, found[kind][position].handle)
+                       for launch, slot, kind, position in self.fills]
+            scalars = [(launch, steps[k].scalars(numbers)[1]) for launch, k in self.traced]
+        assert self.runtime is not None and self.batch is not None
+        self.runtime.run_batch(self.batch, buffers, scalars, self.kernels)
+
+    def _make(self, steps: Sequence[Step], found: tuple[Sequence, ...], numbers: Any) -> None:
+        launches: list[tuple[Compiled, list, list[int]]] = []
+        fills, traced = [], []
+        for k, step in enumerate(steps):
+            if step.compiled is None:
+                continue
+            launch = len(launches)
+            buffers = [b.handle if b is not None else None for b in step.template]
+            if step.fresh:
+                buffers[0] = found[MADE][k].handle
+                fills.append((launch, 0, MADE, k))
+            for slot, kind, position in step.fills:
+                buffers[slot] = found[kind][position].handle
+                fills.append((launch, slot, kind, position))
+            if step.traced:
+                traced.append((launch, k))
+            launches.append((step.compiled, buffers, step.scalars(numbers)[1]))
+        assert self.runtime is not None     # set by `take`
+        self.batch = self.runtime.batch(launches)
+        self.kernels = [compiled.kernel for compiled, _, _ in launches]
+        self.fills, self.traced = fills, traced
+
+    def take(self, steps: Sequence[Step]) -> bool:
+        """Whether `steps` can replay through this queue now; if so, it is this thread's until
+        `busy` is released."""
+        if self.runtime is None and self.usable:
+            devices = {step.runtime for step in steps if step.compiled is not None}
+            self.usable = len(devices) == 1
+            self.runtime = devices.pop() if self.usable else None
+            self.fresh = [k for k, step in enumerate(steps) if step.fresh]
+        return self.usable and self.busy.acquire(blocking=False)
+
+
 def run(steps: Sequence[Step], tables: tuple[Sequence | None, ...], numbers: Any,
         report: Callable[[Step, list], None] | None = None,
-        flags: settings.Launch | None = None) -> list[Buffer | None]:
+        flags: settings.Launch | None = None, queue: Queue | None = None
+        ) -> list[Buffer | None]:
     """Launches `steps` in order on the buffers `tables` name (MADE filled as they run) and the
     scalars read from `numbers`; returns the buffers the fresh steps wrote. `report(step,
-    buffers)`, if given, hears of each launch; `flags`: the caller's `settings.launch()`."""
+    buffers)`, if given, hears of each launch; `flags`: the caller's `settings.launch()`;
+    `queue`: the steps' Queue, kept with them between replays, to run them as one batch."""
     flags = flags or settings.launch()       # once per replay, not per launch
     made: list[Buffer | None] = [None] * len(steps)
     args, state, _, kept = tables          # spelled out: a generator costs a microsecond
     found: tuple[Sequence, ...] = (args or (), state or (), made, kept or ())
+    if (queue is not None and report is None and not flags.debug and not flags.check
+            and queue.take(steps)):
+        try:
+            queue.run(steps, found, numbers, made)
+        finally:
+            queue.busy.release()
+        return made
     for k, step in enumerate(steps):
         buffers = step.template.copy()
         if step.fresh:

@@ -30,7 +30,7 @@ from portkit.schedule.keys import (
     scalar_values,
     structure,
 )
-from portkit.schedule.replay import ARGS, MADE, Step, recording
+from portkit.schedule.replay import ARGS, MADE, Queue, Step, recording
 
 
 @contextmanager
@@ -128,11 +128,12 @@ class _NodeArg:
 class _Replay(NamedTuple):
     """A graph's first realize, as a replay runs it again: its steps, the positions of the
     graph's realized inputs they read (table ARGS, by index here) and the node each step
-    realizes (None: one the scheduler made)."""
+    realizes (None: one the scheduler made), and the Queue that runs them as one batch."""
 
     steps: list[Step]
     loads: list[int]
     roots: list[int | None]
+    queue: Queue
 
 
 def _run(items: list[ScheduleItem], number: dict[int, int]) -> tuple[_Replay | None, list[int]]:
@@ -196,7 +197,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int]) -> tuple[_Replay | N
         return None, code
     for step in steps:
         step.prepare()
-    return _Replay(steps, list(loads), roots), code
+    return _Replay(steps, list(loads), roots, Queue()), code
 
 
 def _report(debug: int, start: float, launched: int, devices: set[str]) -> None:
@@ -247,7 +248,7 @@ def _replay(found: _Replay, nodes: list[Lazy]) -> None:
                        if isinstance(read, _NodeArg)]
             recorder.launch(step.runtime.name, step.compiled, buffers, scalars, [])
     made = replay.run(found.steps, ([nodes[p].buffer for p in found.loads], (), None, ()), nodes,
-                      report, flags)
+                      report, flags, found.queue)
     for root, buffer in zip(found.roots, made):
         if root is not None:
             nodes[root].realize_as(buffer)

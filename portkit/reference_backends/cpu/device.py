@@ -10,6 +10,7 @@ pool, so that work across devices runs on one machine.
 """
 from __future__ import annotations
 
+import functools
 import shlex
 
 from portkit import cache, settings
@@ -20,6 +21,7 @@ from portkit.reference_backends.cpu.renderer import CPURenderer
 from portkit.reference_backends.cpu.runtime import (
     FIX,
     CPUAllocator,
+    CPUBatch,
     CPUCompiler,
     CPUProgram,
     find_compiler,
@@ -58,4 +60,5 @@ def load(index: int = 0) -> Device:
     compiler. Its buffers copy to another host-memory device's in one memcpy (peer_copy)."""
     compiler = find_device()
     return Device("cpu", capabilities(compiler, index), CPUAllocator(), CPURenderer(),
-                  compiler, CPUProgram, peer_copy=host_peer_copy)
+                  compiler, CPUProgram, peer_copy=host_peer_copy,
+                  batch=functools.partial(CPUBatch, compiler))

@@ -3,12 +3,14 @@
 Each kernel becomes a shared object with one entry point, `pk_launch_<kernel function>`, that
 cffi calls with the buffers as pointers; `compile_batch` builds many kernels into one shared
 object with one compiler process, each program finding its own entry point by its kernel's
-name. Buffers are host memory (numpy arrays), so copies are memcpy and launches are
-synchronous.
+name. A Batch of launches is one call into a small C loop (`pk_run_batch`, built once) that
+calls each kernel's entry point in turn. Buffers are host memory (numpy arrays), so copies are
+memcpy and launches are synchronous.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import platform
 import shlex
 import shutil
@@ -16,12 +18,13 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import cffi
 import numpy as np
 
 from portkit import cache, settings
-from portkit.abi.backend import Compiler, HostAllocator, Program
+from portkit.abi.backend import Batch, Compiler, HostAllocator, Launch, Program
 from portkit.abi.errors import BackendUnavailable, CompileError
 from portkit.codegen.cstyle import compile_joined
 from portkit.reference_backends.cpu.renderer import entry_point
@@ -117,6 +120,72 @@ class CPUProgram(Program):
             last_dims = self.dims = ((grid, block), _ffi.new("int32_t[6]", [*grid, *block]))
         start = time.perf_counter()
         self.launch(pointers, last_scalars[1], last_dims[1])
+        return time.perf_counter() - start if wait else None
+
+
+# Every launch of a batch in one native call: each kernel's entry point on its own slices of
+# flat arrays of buffer pointers, scalar words and dims (grid, block).
+_BATCH = """#include <stdint.h>
+typedef void (*pk_kernel)(void **, const int32_t *, const int32_t *);
+void pk_run_batch(int32_t count, void **kernels, void **buffers, const int32_t *buffer_at,
+                  const int32_t *scalars, const int32_t *scalar_at, const int32_t *dims) {
+  for (int32_t i = 0; i < count; i++)
+    ((pk_kernel)kernels[i])(buffers + buffer_at[i], scalars + scalar_at[i], dims + 6 * i);
+}
+"""
+_RUN_BATCH = ("void (*)(int32_t, void **, void **, const int32_t *, const int32_t *, "
+              "const int32_t *, const int32_t *)")
+
+
+@functools.cache
+def _run_batch(compiler: CPUCompiler):
+    """`pk_run_batch`, built (through the disk cache) and loaded once per compiler."""
+    binary = cache.compile_cached("cpu", compiler, _BATCH)
+    with cache.file_holding("cpu", binary, ".so") as path:
+        library = ctypes.CDLL(str(path))
+    entry = ctypes.cast(library.pk_run_batch, ctypes.c_void_p).value
+    return library, _ffi.cast(_RUN_BATCH, entry)
+
+
+class CPUBatch(Batch):
+    """Launches replayed by one native call (`pk_run_batch`); a replaced buffer or scalar
+    words are written into the C arrays it reads."""
+
+    def __init__(self, compiler: CPUCompiler, launches: list[Launch]):
+        self.library, self.run = _run_batch(compiler)
+        self.count = len(launches)
+        programs = [cast(CPUProgram, launch.program) for launch in launches]
+        self.kernels = _ffi.new("void *[]", [_ffi.cast("void *", p.launch) for p in programs])
+        self.buffer_at = [0]
+        self.scalar_at = [0]
+        for launch in launches:
+            self.buffer_at.append(self.buffer_at[-1] + len(launch.buffers))
+            self.scalar_at.append(self.scalar_at[-1] + len(launch.scalars))
+        self.pointers = _ffi.new("void *[]", max(1, self.buffer_at[-1]))
+        self.held: list = [None] * self.buffer_at[-1]   # keeps each pointer's memory alive
+        self.words = _ffi.new("int32_t[]", [w for launch in launches for w in launch.scalars]
+                              or [0])
+        self.c_buffer_at = _ffi.new("int32_t[]", self.buffer_at)
+        self.c_scalar_at = _ffi.new("int32_t[]", self.scalar_at)
+        self.dims = _ffi.new("int32_t[]", [d for launch in launches
+                                           for d in (*launch.grid, *launch.block)] or [0])
+        for index, launch in enumerate(launches):
+            for position, buffer in enumerate(launch.buffers):
+                self._set(index, position, buffer)
+
+    def _set(self, launch: int, position: int, buffer: np.ndarray) -> None:
+        at = self.buffer_at[launch] + position
+        self.held[at] = self.pointers[at] = _pointers.get(id(buffer)) or _ffi.from_buffer(buffer)
+
+    def __call__(self, buffers=(), scalars=(), wait: bool = False) -> float | None:
+        for launch, position, buffer in buffers:
+            self._set(launch, position, buffer)
+        for launch, words in scalars:
+            at = self.scalar_at[launch]
+            self.words[at:at + len(words)] = words
+        start = time.perf_counter()
+        self.run(self.count, self.kernels, self.pointers, self.c_buffer_at, self.words,
+                 self.c_scalar_at, self.dims)
         return time.perf_counter() - start if wait else None
 
 

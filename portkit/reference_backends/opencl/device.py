@@ -20,6 +20,7 @@ from portkit.reference_backends.opencl.capabilities import capabilities
 from portkit.reference_backends.opencl.renderer import OpenCLRenderer
 from portkit.reference_backends.opencl.runtime import (
     OpenCLAllocator,
+    OpenCLBatch,
     OpenCLCompiler,
     OpenCLProgram,
 )
@@ -62,4 +63,5 @@ def load(index: int = 0) -> Device:
     renderer = OpenCLRenderer("cl_khr_fp16" in device.extensions.split(),
                               dtypes.float64 in caps.dtypes)
     return Device("opencl", caps, OpenCLAllocator(context, queue), renderer, compiler,
-                  functools.partial(OpenCLProgram, compiler, queue), queue.finish)
+                  functools.partial(OpenCLProgram, compiler, queue), queue.finish,
+                  batch=functools.partial(OpenCLBatch, queue))

@@ -3,7 +3,8 @@
 All three go through pyopencl to the OpenCL driver. The Compiler builds a program and returns
 the driver's binary, which the disk cache keeps; loading a kernel rebuilds the program from that
 binary, so a warm cache skips the compiler. OpenCL's global size counts threads, not
-workgroups: global = grid * block.
+workgroups: global = grid * block. A Batch enqueues all its launches on the in-order queue at
+once, each with a kernel object of its own whose arguments stay set between replays.
 
 PoCL keeps a kernel cache of its own (POCL_CACHE_DIR, else ~/.cache/pocl), and PoCL 3.1 crashes
 when two processes touch one program's folder there at once (a segfault reading a program's
@@ -17,6 +18,7 @@ import functools
 import hashlib
 import os
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import platformdirs
@@ -27,7 +29,7 @@ try:
 except ImportError:   # device.find_device reports the backend unavailable, with the fix
     cl = None
 
-from portkit.abi.backend import Allocator, Compiler, Program
+from portkit.abi.backend import Allocator, Batch, Compiler, Launch, Program
 from portkit.abi.errors import CompileError
 from portkit.codegen.cstyle import compile_joined, function_name
 
@@ -113,9 +115,9 @@ class OpenCLProgram(Program):
 
     def __init__(self, compiler: OpenCLCompiler, queue, name: str, binary: bytes):
         self.queue, self.lock, self.launched = queue, compiler.lock, False
-        program = compiler.load(binary)
+        self.program, self.function = compiler.load(binary), function_name(name)
         with self.lock:
-            self.kernel = cl.Kernel(program, function_name(name))
+            self.kernel = cl.Kernel(self.program, self.function)
 
     def __call__(self, buffers, scalars, grid, block, wait: bool = False) -> float | None:
         if not self.launched:
@@ -136,3 +138,53 @@ class OpenCLProgram(Program):
             return None
         event.wait()
         return (event.profile.end - event.profile.start) * 1e-9
+
+
+class OpenCLBatch(Batch):
+    """Launches enqueued one after another on the in-order queue, with one wait for them all
+    when asked to; only a launch whose buffers or scalars were replaced sets its arguments."""
+
+    def __init__(self, queue, launches: list[Launch]):
+        self.queue, self.ready = queue, False
+        self.launches: list[tuple] = []
+        for launch in launches:
+            program = cast(OpenCLProgram, launch.program)
+            with program.lock:
+                kernel = cl.Kernel(program.program, program.function)
+            kernel.set_scalar_arg_dtypes([None] * len(launch.buffers)
+                                         + [np.int32] * len(launch.scalars))
+            kernel.set_args(*launch.buffers, *launch.scalars)
+            self.launches.append((kernel, list(launch.buffers), list(launch.scalars),
+                                  tuple(g * b for g, b in zip(launch.grid, launch.block)),
+                                  tuple(launch.block), program))
+
+    def __call__(self, buffers=(), scalars=(), wait: bool = False) -> float | None:
+        changed = set()
+        for launch, position, buffer in buffers:
+            self.launches[launch][1][position] = buffer
+            changed.add(launch)
+        for launch, words in scalars:
+            self.launches[launch][2][:] = words
+            changed.add(launch)
+        if not self.launches:
+            return 0.0 if wait else None
+        for launch in changed:
+            kernel, handles, words = self.launches[launch][:3]
+            kernel.set_args(*handles, *words)
+        if not self.ready:      # a first launch builds the work-group functions (see Program)
+            with self.launches[0][5].lock:
+                events = self._enqueue()
+                events[-1].wait()
+            for launch in self.launches:
+                launch[5].launched = True
+            self.ready = True
+        else:
+            events = self._enqueue()
+        if not wait:
+            return None
+        events[-1].wait()
+        return (events[-1].profile.end - events[0].profile.start) * 1e-9
+
+    def _enqueue(self) -> list:
+        return [cl.enqueue_nd_range_kernel(self.queue, kernel, size, block)
+                for kernel, _, _, size, block, _ in self.launches]

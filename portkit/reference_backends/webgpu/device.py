@@ -11,6 +11,7 @@ from portkit.reference_backends.webgpu.capabilities import capabilities
 from portkit.reference_backends.webgpu.renderer import WebGPURenderer
 from portkit.reference_backends.webgpu.runtime import (
     WebGPUAllocator,
+    WebGPUBatch,
     WebGPUCompiler,
     WebGPUProgram,
     fence,
@@ -46,4 +47,5 @@ def load() -> Device:
     done = fence(device)
     return Device("webgpu", caps, WebGPUAllocator(device), WebGPURenderer(),
                   WebGPUCompiler(device), functools.partial(WebGPUProgram, device, done),
-                  functools.partial(synchronize, device, done))
+                  functools.partial(synchronize, device, done),
+                  batch=functools.partial(WebGPUBatch, device, done))

@@ -3,7 +3,8 @@
 
 WGSL has no binary form a program could be rebuilt from, so the Compiler only validates (the
 driver parses the shader) and hands the source on; the Program builds the compute pipeline once
-per kernel.
+per kernel. A Batch encodes all its launches as dispatches of one compute pass, one command
+buffer and one submit; WebGPU makes each dispatch see the writes of the ones before it.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from typing import cast
 
 import numpy as np
 
@@ -25,7 +27,7 @@ try:
 except ImportError:   # device.find_device reports the backend unavailable, with the fix
     wgpu = None
 
-from portkit.abi.backend import Allocator, Compiler, Program
+from portkit.abi.backend import Allocator, Batch, Compiler, Launch, Program
 from portkit.abi.errors import CompileError
 from portkit.codegen.cstyle import function_name
 
@@ -93,17 +95,73 @@ class WebGPUProgram(Program):
     def __call__(self, buffers, scalars, grid, block, wait: bool = False) -> float | None:
         resources = list(buffers)
         if scalars:
-            data = np.zeros(-(-len(scalars) // 4) * 4, np.int32)   # uniforms: 16-byte blocks
-            data[:len(scalars)] = scalars
             resources.append(self.device.create_buffer_with_data(
-                data=data.tobytes(), usage=wgpu.BufferUsage.UNIFORM))
-        group = self.device.create_bind_group(layout=self.layout, entries=[
-            {"binding": i, "resource": {"buffer": b}} for i, b in enumerate(resources)])
+                data=_uniform(scalars), usage=wgpu.BufferUsage.UNIFORM))
+        group = self.bind(resources)
         encoder = self.device.create_command_encoder()
         compute = encoder.begin_compute_pass()
         compute.set_pipeline(self.pipeline)
         compute.set_bind_group(0, group)
         compute.dispatch_workgroups(*grid)
+        compute.end()
+        start = time.perf_counter()
+        self.device.queue.submit([encoder.finish()])
+        if not wait:
+            return None
+        synchronize(self.device, self.fence)
+        return time.perf_counter() - start
+
+
+    def bind(self, resources: list):
+        """A bind group of `resources`: the buffers, then the scalars' uniform if any."""
+        return self.device.create_bind_group(layout=self.layout, entries=[
+            {"binding": i, "resource": {"buffer": b}} for i, b in enumerate(resources)])
+
+
+def _uniform(scalars: list[int]) -> bytes:
+    data = np.zeros(-(-len(scalars) // 4) * 4, np.int32)   # uniforms: 16-byte blocks
+    data[:len(scalars)] = scalars
+    return data.tobytes()
+
+
+class WebGPUBatch(Batch):
+    """Launches as the dispatches of one compute pass, submitted at once. Each launch keeps its
+    bind group, made again only when a buffer is replaced, and a uniform buffer of its scalars
+    that a replacement rewrites."""
+
+    def __init__(self, device, fence, launches: list[Launch]):
+        self.device, self.fence = device, fence
+        self.launches: list[list] = []    # program, resources (uniform last), group, grid
+        for launch in launches:
+            resources = list(launch.buffers)
+            if launch.scalars:
+                resources.append(device.create_buffer_with_data(
+                    data=_uniform(launch.scalars),
+                    usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST))
+            program = cast(WebGPUProgram, launch.program)
+            self.launches.append([program, resources, program.bind(resources), launch.grid])
+
+    def __call__(self, buffers=(), scalars=(), wait: bool = False) -> float | None:
+        changed = set()
+        for launch, position, buffer in buffers:
+            resources = self.launches[launch][1]
+            if resources[position] is not buffer:
+                resources[position] = buffer
+                changed.add(launch)
+        for launch in changed:
+            entry = self.launches[launch]
+            entry[2] = entry[0].bind(entry[1])
+        for launch, words in scalars:
+            self.device.queue.write_buffer(self.launches[launch][1][-1], 0, _uniform(words))
+        encoder = self.device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        pipeline = None
+        for program, _, group, grid in self.launches:
+            if program.pipeline is not pipeline:    # one kernel launched again keeps it
+                pipeline = program.pipeline
+                compute.set_pipeline(pipeline)
+            compute.set_bind_group(0, group)
+            compute.dispatch_workgroups(*grid)
         compute.end()
         start = time.perf_counter()
         self.device.queue.submit([encoder.finish()])

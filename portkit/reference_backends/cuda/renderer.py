@@ -150,7 +150,7 @@ class CUDARenderer(CStyleRenderer):
         for unit in sorted(units, key=lambda u: u.name):
             emulated = self.emulated[unit.a_dtype]
             helpers += _MMA_HELPER.format(kind=_PTX_TYPE[unit.a_dtype],
-                                          load=emulated.load.replace("({})", ""))
+                                          load=emulated.load.removesuffix("({})"))
         return _PRELUDE + helpers
 
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:

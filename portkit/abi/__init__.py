@@ -23,13 +23,14 @@ from portkit.abi.errors import (
                                  PortkitError,
                                  UnsupportedDType,
 )
-from portkit.abi.kernel import Kernel, KernelBuilder, Node, validate
+from portkit.abi.kernel import Kernel, KernelBuilder, Node, Signature, validate
 from portkit.abi.ops import Op
 from portkit.abi.version import ABI_VERSION
 
 __all__ = [
     "ABI_VERSION", "Allocator", "Backend", "BackendUnavailable", "Capabilities", "CapabilityError",
     "CompileError", "Compiler", "DType", "Device", "HostAllocator", "InvalidKernel", "Kernel",
-    "KernelBuilder", "Node", "Op", "PortkitError", "Program", "Renderer", "UnsupportedDType",
+    "KernelBuilder", "Node", "Op", "PortkitError", "Program", "Renderer", "Signature",
+    "UnsupportedDType",
     "dtypes", "validate",
 ]

@@ -21,7 +21,7 @@ import numpy as np
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError, CompileError
-from portkit.abi.kernel import Dim3, Kernel
+from portkit.abi.kernel import Dim3, Kernel, Signature
 from portkit.abi.ops import COMPUTE, REQUIRED, Op
 
 
@@ -52,6 +52,10 @@ class Capabilities:
     # maxStorageBufferBindingSize, OpenCL's CL_DEVICE_MAX_MEM_ALLOC_SIZE); the scheduler
     # refuses a larger tensor before allocating. None: no limit but memory.
     max_buffer_bytes: int | None = None
+    # Scalar arguments (VARs, one 32-bit word each) one launch takes: Vulkan guarantees 128
+    # bytes of push constants, 32 words (lavapipe silently ran 40). The scheduler gives a
+    # kernel at most this many and writes further numbers as code. None: no limit.
+    max_scalars: int | None = None
     peak_gflops: float | None = None        # float32, for the performance tier
     peak_bandwidth_gbs: float | None = None
     device_name: str = ""
@@ -81,7 +85,7 @@ class Capabilities:
             raise fail("max_block_threads must be >= 1, max_buffers >= 2, "
                        "local_memory_bytes >= 0")
         for name, least in (("max_loop_trips", 64), ("max_name_length", 16),
-                            ("max_buffer_bytes", 1)):
+                            ("max_buffer_bytes", 1), ("max_scalars", 0)):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= least):
                 raise fail(f"{name} must be None (no limit) or an int >= {least}, got {value!r}")
@@ -103,6 +107,9 @@ class Capabilities:
         if len(kernel.params) > self.max_buffers:
             problems.append(f"{len(kernel.params)} buffers exceed the limit of "
                             f"{self.max_buffers}")
+        if self.max_scalars is not None and len(kernel.vars) > self.max_scalars:
+            problems.append(f"{len(kernel.vars)} scalar arguments exceed the limit of "
+                            f"{self.max_scalars} (Capabilities.max_scalars)")
         local = sum(n.arg * n.value_dtype.itemsize for n in kernel.nodes if n.op is Op.LOCAL)
         if local > self.local_memory_bytes:
             problems.append(f"{local} bytes of LOCAL memory exceed {self.local_memory_bytes}")
@@ -209,7 +216,7 @@ class Device:
 
     `program(kernel name, binary)` makes a Program: a Program class, or a `functools.partial`
     of one that binds the device's handles (context, queue). `synchronize()` waits for all
-    launched work.
+    launched work. `signed_program(kernel name, binary, signature)`, where set, makes it instead.
     """
 
     name: str
@@ -219,12 +226,21 @@ class Device:
     compiler: Compiler
     program: Callable[[str, bytes], Program]
     synchronize: Callable[[], None] = synchronous
+    # Optional (ABI 0.7): used instead of `program` when set, and given the kernel's Signature
+    # too, for APIs that declare a pipeline's layout before they build it (Vulkan).
+    signed_program: Callable[[str, bytes, Signature], Program] | None = None
+
+    def make_program(self, kernel: Kernel, binary: bytes) -> Program:
+        """The Program of `kernel` compiled to `binary`: through `signed_program` if set."""
+        if self.signed_program is not None:
+            return self.signed_program(kernel.name, binary, kernel.signature)
+        return self.program(kernel.name, binary)
 
 
 @dataclass(frozen=True)
 class Backend:
     """What the `portkit.backends` entry point names: a name, how to load the device, and the
-    ABI version the backend implements ("0.6"; portkit refuses to load an incompatible one).
+    ABI version the backend implements ("0.7"; portkit refuses to load an incompatible one).
 
     `load()` returns the Device, or raises BackendUnavailable naming the fix.
     """

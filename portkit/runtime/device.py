@@ -120,7 +120,7 @@ class Runtime:
         else:
             binary = self.device.compiler.compile(source)
         with self.device_lock:
-            program = self.device.program(kernel.name, binary)
+            program = self.device.make_program(kernel, binary)
         seconds = time.perf_counter() - start
         if profile.current is not None:
             profile.current.add("compile", kernel.name, start, seconds, backend=self.name)
@@ -355,7 +355,7 @@ class Runtime:
             kernel, source = entry
             try:
                 with self.device_lock:
-                    program = self.device.program(kernel.name, binary)
+                    program = self.device.make_program(kernel, binary)
             except Exception as error:  # noqa: BLE001 - handed back in place
                 results.append(error)
                 continue

@@ -18,7 +18,7 @@ import numpy as np
 from portkit import runtime, settings
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
-from portkit.codegen.lower import MAX_SCALARS, check_dtypes, lower
+from portkit.codegen.lower import check_dtypes, lower
 from portkit.graph import GraphOp, Lazy
 from portkit.schedule import limits, replay, search
 from portkit.schedule.fusion import ScheduleItem, schedule
@@ -72,9 +72,8 @@ runtime.on_clear(_replays.clear)
 
 
 def _key(item: ScheduleItem) -> tuple[tuple, Scalars]:
-    limit = runtime.get(item.root.device).capabilities.max_scalars
     key, scalars = structure(item.root, item.inputs,
-                             MAX_SCALARS if limit is None else min(limit, MAX_SCALARS))
+                             runtime.get(item.root.device).capabilities.max_scalars)
     return (item.root.device, key), scalars
 
 

@@ -30,8 +30,10 @@ def _device(base: str, name: str, **limits) -> runtime.Runtime:
         return runtime.get(name)
 
 
-def _add_one_in_place(groups: int, block: int, barrier: bool = False) -> Kernel:
-    """x[i] += 1 for one element per thread; with `barrier`, through LOCAL memory."""
+def _add_one_in_place(groups: int, block: int, barrier: bool = False,
+                      gated: bool = False) -> Kernel:
+    """x[i] += 1 for one element per thread; with `barrier`, through LOCAL memory; with
+    `gated`, a gate on the store leaves the last element alone."""
     b = KernelBuilder("add_one")
     x = b.param(dtypes.int32)
     local = b.special("local", 0)
@@ -44,7 +46,8 @@ def _add_one_in_place(groups: int, block: int, barrier: bool = False) -> Kernel:
         value = b.load(tile, b.alu(Op.SUB, b.const(block - 1), local))
         i = b.alu(Op.ADD, b.alu(Op.MUL, b.special("group", 0), b.const(block)),
                   b.alu(Op.SUB, b.const(block - 1), local))
-    b.store(x, i, value)
+    gate = b.alu(Op.CMPLT, i, b.const(groups * block - 1)) if gated else None
+    b.store(x, i, value, gate)
     return b.build(grid=(groups, 1, 1), block=(block, 1, 1))
 
 
@@ -54,13 +57,16 @@ def test_a_long_grid_folds_over_the_free_axes(groups, folded):
     assert fold_grid(_add_one_in_place(groups, 1), LIMIT).grid == folded
 
 
-@pytest.mark.parametrize("groups, barrier", [(5000, False), (1025, False), (1025, True)])
-def test_a_folded_kernel_computes_what_the_long_one_does(groups, barrier):
+@pytest.mark.parametrize("groups, barrier, gated", [(5000, False, False), (1025, False, False),
+                                                    (1025, True, False), (1025, False, True)])
+def test_a_folded_kernel_computes_what_the_long_one_does(groups, barrier, gated):
     # in place: a tail group that stored would add 1 twice to the last group's elements
-    kernel = _add_one_in_place(groups, 2, barrier)
+    kernel = _add_one_in_place(groups, 2, barrier, gated)
     x = np.arange(2 * groups, dtype=np.int32)
     interpret(fold_grid(kernel, LIMIT), [x])
-    np.testing.assert_array_equal(x, np.arange(2 * groups) + 1)
+    expected = np.arange(2 * groups) + 1
+    expected[-1] -= gated
+    np.testing.assert_array_equal(x, expected)
 
 
 def test_a_grid_that_cannot_fold_is_refused_naming_the_limit():

@@ -26,7 +26,7 @@ from portkit.abi.errors import (
                                  PortkitError,
                                  UnsupportedDType,
 )
-from portkit.abi.kernel import Kernel, KernelBuilder, Node, validate
+from portkit.abi.kernel import Kernel, KernelBuilder, Node, Signature, validate
 from portkit.abi.ops import Op
 from portkit.abi.version import ABI_VERSION
 
@@ -34,6 +34,6 @@ __all__ = [
     "ABI_VERSION", "Allocator", "Backend", "BackendUnavailable", "Batch", "Capabilities",
     "CapabilityError", "CompileError", "Compiler", "DType", "Device", "HostAllocator",
     "InvalidKernel", "Kernel", "KernelBuilder", "Launch", "Node", "OneByOne", "Op",
-    "PortkitError", "Program", "Renderer", "UnsupportedDType",
+    "PortkitError", "Program", "Renderer", "Signature", "UnsupportedDType",
     "dtypes", "validate",
 ]

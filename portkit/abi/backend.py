@@ -23,7 +23,7 @@ import numpy as np
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError, CompileError
-from portkit.abi.kernel import Dim3, Kernel
+from portkit.abi.kernel import Dim3, Kernel, Signature
 from portkit.abi.matrix import MatrixUnit
 from portkit.abi.ops import COMPUTE, REQUIRED, Op
 
@@ -59,6 +59,10 @@ class Capabilities:
     # tile shape, dtypes and thread layout (portkit/abi/matrix.py). Empty: none, and codegen
     # writes scalar code only.
     matrix_units: tuple[MatrixUnit, ...] = ()
+    # Scalar arguments (VARs, one 32-bit word each) one launch takes: Vulkan guarantees 128
+    # bytes of push constants, 32 words (lavapipe silently ran 40). The scheduler gives a
+    # kernel at most this many and writes further numbers as code. None: no limit.
+    max_scalars: int | None = None
     peak_gflops: float | None = None        # float32, for the performance tier
     peak_bandwidth_gbs: float | None = None
     device_name: str = ""
@@ -88,7 +92,7 @@ class Capabilities:
             raise fail("max_block_threads must be >= 1, max_buffers >= 2, "
                        "local_memory_bytes >= 0")
         for name, least in (("max_loop_trips", 64), ("max_name_length", 16),
-                            ("max_buffer_bytes", 1)):
+                            ("max_buffer_bytes", 1), ("max_scalars", 0)):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= least):
                 raise fail(f"{name} must be None (no limit) or an int >= {least}, got {value!r}")
@@ -131,6 +135,9 @@ class Capabilities:
         if len(kernel.params) > self.max_buffers:
             problems.append(f"{len(kernel.params)} buffers exceed the limit of "
                             f"{self.max_buffers}")
+        if self.max_scalars is not None and len(kernel.vars) > self.max_scalars:
+            problems.append(f"{len(kernel.vars)} scalar arguments exceed the limit of "
+                            f"{self.max_scalars} (Capabilities.max_scalars)")
         local = sum(n.arg * n.value_dtype.itemsize for n in kernel.nodes if n.op is Op.LOCAL)
         if local > self.local_memory_bytes:
             problems.append(f"{local} bytes of LOCAL memory exceed {self.local_memory_bytes}")
@@ -302,6 +309,8 @@ class Device:
     of one that binds the device's handles (context, queue). `synchronize()` waits for all
     launched work. `batch(launches)` (ABI 0.7) makes a Batch of programs it made; the default,
     `OneByOne`, launches each in turn.
+    `signed_program(kernel name, binary, signature)`, where set, makes programs instead of
+    `program`.
     """
 
     name: str
@@ -317,6 +326,15 @@ class Device:
     # (another backend, another context); the runtime then copies through the host.
     peer_copy: Callable[[Any, Device, Any, int], bool] | None = None
     batch: Callable[[list[Launch]], Batch] = OneByOne
+    # Optional (ABI 0.7): used instead of `program` when set, and given the kernel's Signature
+    # too, for APIs that declare a pipeline's layout before they build it (Vulkan).
+    signed_program: Callable[[str, bytes, Signature], Program] | None = None
+
+    def make_program(self, kernel: Kernel, binary: bytes) -> Program:
+        """The Program of `kernel` compiled to `binary`: through `signed_program` if set."""
+        if self.signed_program is not None:
+            return self.signed_program(kernel.name, binary, kernel.signature)
+        return self.program(kernel.name, binary)
 
 
 @dataclass(frozen=True)

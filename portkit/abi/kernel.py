@@ -65,6 +65,17 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Signature:
+    """A kernel's arguments, as an explicit-layout API (Vulkan's descriptor set and push
+    constants) declares them before it builds a pipeline: each buffer's dtype in argument
+    order, the positions of those it stores to, and each scalar's dtype (one 32-bit word each)."""
+
+    buffers: tuple[DType, ...]
+    written: frozenset[int]
+    scalars: tuple[DType, ...]
+
+
+@dataclass(frozen=True)
 class Kernel:
     """A complete, launchable unit of work: what every backend renders, compiles and runs."""
 
@@ -94,6 +105,12 @@ class Kernel:
         nodes = self.nodes
         return frozenset(nodes[n.src[0]].arg for n in nodes
                          if n.op is Op.STORE and nodes[n.src[0]].op is Op.PARAM)
+
+    @property
+    def signature(self) -> Signature:
+        """Its arguments' dtypes and which buffers it writes (ABI 0.7)."""
+        return Signature(tuple(p.value_dtype for p in self.params), self.written,
+                         self.var_dtypes)
 
     def to_json(self) -> str:
         """The kernel as JSON text: exact (floats as hex), so a replay runs the same kernel."""

@@ -3,9 +3,9 @@
     rt = runtime.get("cpu")
     out, = rt.run(kernel, np.zeros(16, np.float32))
 
-This is the one device pipeline: `prepare` (decompose what the device lacks, check the launch),
-render, compile through the disk cache, make the program; and `run_program`, the one place a program
-runs. The Tensor stack, the tuner and conformance all go through it.
+This is the one device pipeline: `prepare` (decompose what the device lacks, fold a long grid,
+check the launch), render, compile through the disk cache, make the program; and `run_program`,
+the one place a program runs. The Tensor stack, the tuner and conformance all go through it.
 
 PORTKIT_DEBUG=2 prints one line per launch (name, grid, block, time); 3 adds the kernel's JSON
 and 4 its rendered source, both at a kernel's first launch. A realize or a replay reads it and
@@ -108,7 +108,8 @@ class Runtime:
 
     def prepare(self, kernel: Kernel) -> Kernel:
         """`kernel` as this device runs it: ops it lacks decomposed, a name longer than the
-        device takes shortened (its start and a hash), checked against its limits."""
+        device takes shortened (its start and a hash), a grid longer than it takes folded
+        (codegen/grid.py), checked against its limits."""
         capabilities = self.capabilities
         longest = capabilities.max_name_length
         if longest is not None and len(kernel.name) > longest:
@@ -118,6 +119,10 @@ class Runtime:
             from portkit.codegen.decompose import decompose
 
             kernel = decompose(kernel, capabilities.ops)
+        if any(g > m for g, m in zip(kernel.grid, capabilities.max_grid)):
+            from portkit.codegen.grid import fold_grid
+
+            kernel = fold_grid(kernel, capabilities.max_grid)
         validate(kernel)
         capabilities.check_launch(kernel)
         return kernel
@@ -135,7 +140,7 @@ class Runtime:
         else:
             binary = self.device.compiler.compile(source)
         with self.device_lock:
-            program = self.device.program(kernel.name, binary)
+            program = self.device.make_program(kernel, binary)
         seconds = time.perf_counter() - start
         if profile.current is not None:
             profile.current.add("compile", kernel.name, start, seconds, backend=self.name)
@@ -403,7 +408,7 @@ class Runtime:
             kernel, source = entry
             try:
                 with self.device_lock:
-                    program = self.device.program(kernel.name, binary)
+                    program = self.device.make_program(kernel, binary)
             except Exception as error:  # noqa: BLE001 - handed back in place
                 results.append(error)
                 continue

@@ -37,11 +37,14 @@ def same_value(node: Lazy) -> tuple:
     return dtype, value
 
 
-def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
+def structure(root: Lazy, inputs: list[Lazy],
+              max_scalars: int | None = None) -> tuple[tuple, Scalars]:
     """What the kernel computes, with buffers replaced by their positions and constants by the
     VAR they read (a cache key), and those VARs. Equal constants share a VAR, so a kernel with
-    many copies of 0 and 1 stays within MAX_SCALARS; which constants are equal is part of the
-    key. Constants past MAX_SCALARS distinct values stay code: their value is in the key."""
+    many copies of 0 and 1 stays within MAX_SCALARS, or `max_scalars` (the device's
+    Capabilities.max_scalars) where that is less; which constants are equal is part of the key.
+    Constants past that many distinct values stay code: their value is in the key."""
+    limit = MAX_SCALARS if max_scalars is None else min(max_scalars, MAX_SCALARS)
     number: dict[int, int] = {id(x): k for k, x in enumerate(inputs)}
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
     scalars = Scalars([], {}, [])
@@ -50,7 +53,7 @@ def structure(root: Lazy, inputs: list[Lazy]) -> tuple[tuple, Scalars]:
     def slot_of(node: Lazy) -> int | None:
         value = same_value(node)
         slot = by_value.get(value)
-        if slot is None and len(scalars.nodes) < MAX_SCALARS:
+        if slot is None and len(scalars.nodes) < limit:
             slot = by_value[value] = len(scalars.nodes)
             scalars.nodes.append(node)
         return slot

@@ -72,7 +72,8 @@ runtime.on_clear(_replays.clear)
 
 
 def _key(item: ScheduleItem) -> tuple[tuple, Scalars]:
-    key, scalars = structure(item.root, item.inputs)
+    key, scalars = structure(item.root, item.inputs,
+                             runtime.get(item.root.device).capabilities.max_scalars)
     return (item.root.device, key), scalars
 
 

@@ -1,6 +1,8 @@
 """Tier 6 is honest: the CPU reference's best kernel for the work, and noisy figures flagged."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -76,3 +78,38 @@ def test_the_handwritten_matmul_is_compared_with_the_same_kernel_on_the_referenc
     outcome = case.fn(vendor)
     assert ran == [(False, "perf_matmul_tiled"), (True, "perf_matmul_tiled")]
     assert outcome.perf["ratio"] == 1.0
+
+
+def _declaring(**peaks) -> tier6_perf._Described:
+    caps = Target.load("interpreter").capabilities
+    return tier6_perf._Described(dataclasses.replace(caps, **peaks))
+
+
+@pytest.mark.parametrize("name, value, unit, status", [
+    ("copy", 60.0, "GB/s", Status.PASSED),            # 60 % of 100 GB/s, band 50 %
+    ("copy", 40.0, "GB/s", Status.FAILED),
+    ("reduce", 45.0, "GB/s", Status.PASSED),          # band 40 %
+    ("matmul-codegen", 300.0, "GFLOP/s", Status.PASSED),   # 30 % of 1000 GFLOP/s, band 25 %
+    ("conv", 200.0, "GFLOP/s", Status.FAILED),
+    ("launch-latency", 1e6, "us", Status.PASSED),     # reported only
+])
+def test_a_declared_peak_is_the_band_a_figure_is_judged_by(name, value, unit, status):
+    target = _declaring(peak_bandwidth_gbs=100.0, peak_gflops=1000.0)
+    ctx = Context(target.capabilities)
+    outcome = tier6_perf._report(ctx, target, name, [1.0] * 3, None, value, unit)
+    assert outcome.status is status, outcome.message
+    if name != "launch-latency":
+        assert outcome.perf["peak_fraction"] == pytest.approx(value / (
+            100.0 if unit == "GB/s" else 1000.0))
+        assert "of the declared peak" in outcome.message
+    if status is Status.FAILED:
+        assert f"band of {tier6_perf.PEAK_BANDS[name]:.0%}" in outcome.message
+
+
+def test_a_device_without_a_declared_peak_is_reported_never_failed():
+    target = _declaring(peak_bandwidth_gbs=None, peak_gflops=None)
+    outcome = tier6_perf._report(Context(target.capabilities), target, "copy", [1.0] * 3,
+                                 None, 0.001, "GB/s")
+    assert outcome.status is Status.PASSED
+    assert outcome.perf["peak_fraction"] is None and outcome.perf["peak_band"] is None
+    assert "no declared peak" in outcome.message

@@ -26,4 +26,6 @@ def capabilities(compiler: CPUCompiler, index: int = 0) -> Capabilities:
         local_memory_bytes=64 * 1024, max_buffers=64, denormals="preserve",
         threads_are_loops=True,
         max_loop_trips=None, max_name_length=None,   # C compilers limit neither
+        # No peak_gflops / peak_bandwidth_gbs: the peaks are the host's, and tier 6's plain
+        # kernels reach a small fraction of them here (docs/conformance.md, Performance).
         device_name=f"{cpu_model()} ({cores}; {compiler.version}){logical}")

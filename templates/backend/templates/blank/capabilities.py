@@ -22,4 +22,5 @@ def capabilities() -> Capabilities:
         threads_are_loops=False,   # True if a workgroup's threads run one after another
         max_loop_trips=None,       # iterations a thread's loops may run in all, if limited
         max_name_length=62,        # longest kernel name your compiler and driver take
+        max_scalars=None,          # scalar arguments one launch takes, if limited (Vulkan: 32)
         device_name="{{ cookiecutter.name }} (blank starter: nothing implemented yet)")

@@ -7,7 +7,10 @@
 - the source of a COPY (data must exist to be moved) and of a GATHER that gathers itself.
 Everything else (elementwise ops, views, constants) is computed inside the kernel that needs it,
 so elementwise chains fuse into their consumer and movement ops cost nothing. A kernel that
-would read more buffers than the device allows is split by realizing its sources first.
+would read more buffers than the device allows is split by realizing its sources first; an
+elementwise value that is costly and that a kernel reads many times per element (a matmul's
+operand through its expand), or that several kernels compute and is deep, gets a buffer of its
+own (limits.py).
 
 A reduce of many elements into few outputs is split in two (partial results per slice, then
 a short reduce of those) so that many workgroups share the long part, and no reduce loops
@@ -83,6 +86,7 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             realize.add(id(node))
             if graph.gathers(node.src[0].base, lambda n: n.realized or id(n) in realize):
                 realize.add(id(node.src[0].base))
+    limits.cut_reused(order, consumers, realize)
     # With a loop budget, the reduces fused into one kernel share it: x.sum() + y.sum() + ...
     # of 16,000 each, fused, ran 80,000 iterations, and lavapipe summed 63,546 of them.
     fused: dict[int, int] = defaultdict(int)      # id(kernel root) -> reduced elements in it

@@ -1,8 +1,10 @@
 """What one kernel may hold, as the scheduler enforces it: how many ops it fuses along a path,
-how many elements it indexes, how many bytes its output takes."""
+which values it computes again rather than reads, how many elements it indexes, how many bytes
+its output takes."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from math import prod
 
 from portkit import graph
 from portkit.abi.ops import Op
@@ -53,6 +55,59 @@ def cut_shared(order: list[Lazy], consumers: dict[int, set[int]], realize: set[i
         if (owner[id(node)] == _MANY and isinstance(node.op, Op)
                 and depth[id(node)] >= MAX_SHARED_DEPTH):
             realize.add(id(node))
+
+
+# A matmul reads its A operand through an expand (each element once per output column), and
+# a packed matmul computes A's fused expression again for every panel of output columns
+# (codegen/pack.py): in ViT-S a GELU fused into the MLP's down-projection ran 12 times per
+# element, and the residual stream and layer norm fused into each qkv and MLP matmul (up to 25
+# buffers read by the last block) ran 36-48 times, so those matmuls ran at 1-2 GFLOP/s. An
+# elementwise value that reaches such a view through views only, and whose fused expression
+# has this many ops and buffer reads or more, gets its own buffer, written once. A short
+# operand (relu(h + b) is 4, a layer norm of a buffer 14) stays fused.
+MAX_REUSED_COST = 16
+# Fewer reads of one element than this cost a packed matmul at most two evaluations (two
+# panels of 32 columns); a small graph (an MLP's logits' gradient, 4 columns) keeps its fusion.
+MIN_REUSE = 64
+
+
+def _reuse(view: Lazy) -> int:
+    """How many times a view reads each source element, at most (the sizes of its stride-0
+    axes, multiplied)."""
+    return max((prod(size for size, st in zip(v.shape, v.strides) if st == 0)
+                for v in view.arg.views), default=1)
+
+
+def cut_reused(order: list[Lazy], consumers: dict[int, set[int]], realize: set[int]) -> None:
+    """Adds to `realize` the elementwise nodes of `order` (sources first) that reach a view
+    reading each element MIN_REUSE times or more through views only, and whose fused
+    expression costs MAX_REUSED_COST or more (ops plus buffer reads, each node once)."""
+    by_id = {id(n): n for n in order}
+    reused: set[int] = set()     # ids of nodes some kernel reads MIN_REUSE times an element
+    for node in reversed(order):
+        views = [by_id[c] for c in consumers[id(node)] if by_id[c].op is GraphOp.VIEW]
+        if any(_reuse(v) >= MIN_REUSE or id(v) in reused for v in views):
+            reused.add(id(node))
+    for node in order:
+        if (id(node) in reused and id(node) not in realize and isinstance(node.op, Op)
+                and _cost(node, realize, MAX_REUSED_COST) >= MAX_REUSED_COST):
+            realize.add(id(node))
+
+
+def _cost(root: Lazy, realize: set[int], most: int) -> int:
+    """The ops and buffer reads of `root`'s fused expression, counting up to `most`."""
+    seen, stack, cost = {id(root)}, [root], 0
+    while stack and cost < most:
+        node = stack.pop()
+        if node is not root and (node.realized or id(node) in realize):
+            cost += 1
+            continue
+        cost += isinstance(node.op, Op)
+        for s in node.src:
+            if id(s) not in seen:
+                seen.add(id(s))
+                stack.append(s)
+    return cost
 
 
 def check_sizes(roots: list[Lazy], max_buffer_bytes: Callable[[str], int | None]) -> None:

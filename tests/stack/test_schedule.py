@@ -229,3 +229,25 @@ def test_a_recurrence_is_not_recomputed_in_every_later_step():
     assert max(long_sizes) == max(short_sizes)           # no kernel grows with the sequence
     assert len(long) <= 2 * len(short) + 2
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_costly_matmul_operand_gets_its_own_kernel():
+    # ViT's MLP: a GELU between two linears. Fused into the second matmul, the GELU ran again
+    # for every panel of that matmul's columns (12 times per element at ViT-S's 384); with its
+    # own buffer it runs once and the matmul reads a plain operand.
+    rng = np.random.default_rng(0)
+    x, w1, b1, w2 = (Tensor(rng.standard_normal(s, dtype=np.float32))
+                     for s in ((8, 32), (32, 64), (64,), (64, 64)))
+    from portkit import schedule
+    items = schedule.create_schedule([((x @ w1 + b1).gelu() @ w2).lazy])
+    assert len(items) == 3, items
+    gelu, matmul = items[1], items[2]
+    assert gelu.root in matmul.inputs and len(matmul.inputs) == 2
+
+
+def test_cheap_matmul_operand_stays_fused():
+    rng = np.random.default_rng(0)
+    x, w1, b1, w2 = (Tensor(rng.standard_normal(s, dtype=np.float32))
+                     for s in ((8, 32), (32, 64), (64,), (64, 64)))
+    from portkit import schedule
+    assert len(schedule.create_schedule([((x @ w1 + b1).relu() @ w2).lazy])) == 2

@@ -2,9 +2,9 @@
 
     torchrun --standalone --nproc-per-node 2 tests/stack/distributed_worker.py STATE OUT STEPS
 
-Rank 0 starts from the weights in STATE (an .npz); the other ranks start from their own random
-weights until `broadcast_parameters` gives them rank 0's. Each rank trains on its share of the
-batch of tests/stack/test_distributed.py and writes its final weights and losses to OUT/rank{r}.npz.
+Rank 0 starts from the weights in STATE (an .npz); the other ranks start from zeros until
+`broadcast_parameters` gives them rank 0's. Each rank trains on its share of the batch of
+tests/stack/test_distributed.py and writes its final weights and losses to OUT/rank{r}.npz.
 """
 import sys
 
@@ -21,6 +21,9 @@ def main(state_path: str, out: str, steps: int) -> None:
     model = mlp()
     if rank == 0:
         model.load_state_dict(dict(np.load(state_path)))
+    else:
+        for tensor in model.state_dict().values():
+            tensor.assign(np.zeros(tensor.shape, np.float32))
     reducer = distributed.ProcessGroupReducer(model)
     reducer.broadcast_parameters()
     opt = optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)

@@ -122,7 +122,8 @@ class ProcessGroupReducer:
         """Sets each parameter's gradient to its mean across the ranks (`all_reduce`, one
         bucket per dtype). Parameters without a gradient are left out: every rank must compute
         its loss from the same parameters."""
-        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        # Any: Tensor declares no type for .grad, which mypy then reads as always None
+        parameters: list[Any] = [p for p in self.model.parameters() if p.grad is not None]
         if not parameters:
             return
         grads = all_reduce([p.grad.detach() for p in parameters], "mean", self.group)

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from portkit import Tensor, distributed, nn, optim
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((8, 6)).astype(np.float32)
 Y = RNG.standard_normal((8, 3)).astype(np.float32)
+LR, MOMENTUM = 0.1, 0.9
 
 
 def mse(output: Tensor, target: Tensor) -> Tensor:
@@ -22,7 +24,7 @@ def mlp() -> nn.Module:
 
 
 def losses_on_one_device(model, steps, device="cpu"):
-    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     found = []
     for _ in range(steps):
         opt.zero_grad()
@@ -35,7 +37,7 @@ def losses_on_one_device(model, steps, device="cpu"):
 
 def losses_in_parallel(model, devices, steps):
     parallel = distributed.DataParallel(model, devices,
-                                        lambda p: optim.SGD(p, lr=0.1, momentum=0.9))
+                                        lambda p: optim.SGD(p, lr=LR, momentum=MOMENTUM))
     found = []
     for _ in range(steps):
         parallel.zero_grad()
@@ -101,3 +103,43 @@ def test_two_opencl_devices_train_as_one():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("same")
+
+
+@pytest.mark.slow
+def test_two_processes_train_as_one_on_the_whole_batch(tmp_path):
+    """torchrun starts two ranks (gloo on localhost); each trains on half the batch with its
+    gradients averaged through the process group, and both end where one process ends on the
+    whole batch. Slow for its three imports of torch: 26 s on 2 busy cores (load 3)."""
+    pytest.importorskip("torch", reason="collectives across processes run through torch")
+    steps = 50
+    single = mlp()
+    np.savez(tmp_path / "state.npz", **{n: t.numpy() for n, t in single.state_dict().items()})
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parents[1]), str(here)])}
+    ranks = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(here / "distributed_worker.py"), str(tmp_path / "state.npz"), str(tmp_path),
+         str(steps)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    expected = losses_on_one_device(single, steps)
+    output = ranks.communicate(timeout=120)[0]
+    assert ranks.returncode == 0, output
+    first, second = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
+    assert expected[-1] < expected[0] / 2
+    np.testing.assert_allclose((first["losses"] + second["losses"]) / 2, expected, rtol=1e-5)
+    for name, weight in single.state_dict().items():
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+        np.testing.assert_allclose(first[name], weight.numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_collectives_without_torch_name_the_fix(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)
+    with pytest.raises(distributed.ProcessGroupUnavailable, match="pip install torch"):
+        distributed.ProcessGroupReducer(mlp()).broadcast_parameters()
+
+
+def test_collectives_without_a_process_group_name_the_fix():
+    pytest.importorskip("torch", reason="the check asks torch.distributed")
+    with pytest.raises(distributed.ProcessGroupUnavailable, match="init_process_group"):
+        distributed.process_group.all_reduce([Tensor([1.0])])

@@ -10,9 +10,10 @@ replicas' optimizers step, so that they stay equal and train as one model on the
         parallel.step()
 
 Values move between devices as `Tensor.to` moves them (a backend's peer copy where it declares
-one, else through the host), lazily: a reduction is part of the next realize's schedule. Not
-here: sharding one tensor across devices (tensor parallelism) and processes on several machines
-(torch.distributed); docs/devices.md says what there is.
+one, else through the host), lazily: a reduction is part of the next realize's schedule. Across
+processes and hosts, `process_group` averages gradients through a torch.distributed process
+group. Not here: sharding one tensor across devices (tensor parallelism); docs/devices.md says
+what there is.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import copy
 from collections.abc import Callable, Sequence
 
 from portkit import runtime
+from portkit.distributed.process_group import ProcessGroupReducer as ProcessGroupReducer
+from portkit.distributed.process_group import ProcessGroupUnavailable as ProcessGroupUnavailable
 from portkit.nn import Module
 from portkit.optim import Optimizer
 from portkit.tensor import Tensor, realize

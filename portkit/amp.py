@@ -54,7 +54,8 @@ class GradScaler:
                              f"backoff_factor {backoff_factor} in (0, 1) and growth_interval "
                              f"{growth_interval} >= 1")
         self.device, self._enabled = device, enabled
-        self._init_scale, self._scale = float(init_scale), None
+        self._init_scale = float(init_scale)
+        self._scale: float | None = None
         self._growth_factor, self._backoff_factor = growth_factor, backoff_factor
         self._growth_interval, self._growth_tracker = growth_interval, 0
         self._per_optimizer: dict[int, _OptimizerState] = {}
@@ -65,7 +66,8 @@ class GradScaler:
             return outputs
         if self._scale is None:
             self._scale = self._init_scale
-        return _apply(outputs, lambda t: t * self._scale)
+        scale = self._scale
+        return _apply(outputs, lambda t: t * scale)
 
     def unscale_(self, optimizer: Optimizer) -> None:
         """Divides the optimizer's gradients by the scale, in place, and records whether any
@@ -82,21 +84,23 @@ class GradScaler:
         if self._scale is None:
             raise RuntimeError("unscale_() before scale(): scale the loss with "
                                "scaler.scale(loss) before backward()")
-        grads = [p for p in optimizer.params if p.grad is not None]
-        if any(p.grad.dtype == float16 for p in grads):
+        # Tensor.grad is typed by its first assignment, None: read it as what it may be
+        grads: list[tuple[Tensor, Tensor]] = [(p, g) for p in optimizer.params
+                                              if (g := _grad(p)) is not None]
+        if any(g.dtype == float16 for _, g in grads):
             raise ValueError("Attempting to unscale FP16 gradients: keep the parameters "
                              "float32 and run the forward pass under portkit.autocast")
         inverse = float(np.float32(1.0 / self._scale))      # rounded to float32, as torch's
-        nonfinite = None
-        for p in grads:
-            p.grad = p.grad.detach() * inverse
-            bad = (~p.grad.isfinite()).any()
-            nonfinite = bad if nonfinite is None else nonfinite | bad
-        if nonfinite is None:
-            state.found_inf = False
-        else:
-            realize(nonfinite, *(p.grad for p in grads))
+        unscaled = [g.detach() * inverse for _, g in grads]
+        state.found_inf = False
+        if unscaled:
+            nonfinite = (~unscaled[0].isfinite()).any()
+            for g in unscaled[1:]:
+                nonfinite = nonfinite | (~g.isfinite()).any()
+            realize(nonfinite, *unscaled)
             state.found_inf = bool(nonfinite.item())
+        for (p, _), g in zip(grads, unscaled):
+            p.grad = g  # type: ignore[assignment]
         state.stage = _Stage.UNSCALED
 
     def step(self, optimizer: Optimizer, *args: Any, **kwargs: Any) -> Any:
@@ -112,7 +116,9 @@ class GradScaler:
             raise RuntimeError("step() has already been called since the last update()")
         if state.stage is _Stage.READY:
             self.unscale_(optimizer)
-        result = None if state.found_inf else optimizer.step(*args, **kwargs)
+        result = None
+        if not state.found_inf:
+            result = optimizer.step(*args, **kwargs)  # type: ignore[func-returns-value]
         state.stage = _Stage.STEPPED
         return result
 
@@ -173,6 +179,10 @@ class GradScaler:
 
     def _state(self, optimizer: Optimizer) -> _OptimizerState:
         return self._per_optimizer.setdefault(id(optimizer), _OptimizerState())
+
+
+def _grad(p: Tensor) -> Tensor | None:
+    return p.grad
 
 
 def _apply(outputs: Any, scale: Callable[[Tensor], Tensor]) -> Any:

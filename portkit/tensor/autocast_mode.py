@@ -18,7 +18,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar, Token
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from portkit import backends
 from portkit.abi.dtypes import DType
@@ -69,7 +69,7 @@ class autocast:
     def _state(self) -> State:
         return (self.device_type, self.dtype) if self.enabled else None
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> autocast:  # noqa: PYI034  (3.10 has no typing.Self)
         self._tokens.append(_ACTIVE.set(self._state()))
         return self
 

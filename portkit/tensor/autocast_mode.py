@@ -47,8 +47,8 @@ class autocast:
     """torch.autocast: on devices of `device_type`, matmul, linear and the convolutions run in
     `dtype` (bfloat16, or float16; default bfloat16, float16 on cuda) and softmax, the norms,
     the losses and sums in float32; a context manager or a function decorator. enabled=False
-    turns an enclosing one off. cache_enabled is accepted for torch's signature: a cast here is
-    a lazy graph node, and the scheduler runs a repeated one once."""
+    turns an enclosing one off. cache_enabled is accepted for torch's signature and does
+    nothing: no cast copy is kept (a cast is a node of the lazy graph, made at each use)."""
 
     def __init__(self, device_type: str, dtype: DTypeLike | None = None, enabled: bool = True,
                  cache_enabled: bool | None = None):

@@ -2,7 +2,7 @@
 
 A backend implements portkit.abi; portkit.backends finds the installed ones; `portkit backends`
 and `portkit conform` tell you which work here and how well. The Tensor front end is
-`portkit.Tensor`, with `portkit.nn` and `portkit.optim`.
+`portkit.Tensor`, with `portkit.nn`, `portkit.optim` and `portkit.amp` (mixed precision).
 """
 import importlib
 
@@ -13,6 +13,8 @@ __all__ = [
     "DTypeLike",
     "Tensor",
     "__version__",
+    "amp",
+    "autocast",
     "bfloat16",
     "bool_",
     "cat",
@@ -41,11 +43,11 @@ __all__ = [
     "uint32",
     "uint64",
 ]
-_STACK = frozenset(__all__) - {"__version__", "dtypes", "jit", "nn", "optim", "profile"}
+_STACK = frozenset(__all__) - {"__version__", "amp", "dtypes", "jit", "nn", "optim", "profile"}
 
 
 def __getattr__(name: str):
-    if name in ("jit", "nn", "optim"):
+    if name in ("amp", "jit", "nn", "optim"):
         return importlib.import_module(f"portkit.{name}")
     if name == "profile":
         return importlib.import_module("portkit.runtime.profile").profile

@@ -25,7 +25,7 @@ LAYERS = [
     ["portkit.schedule"],
     ["portkit.tensor"],
     ["portkit.jit"],
-    ["portkit.nn", "portkit.optim"],
+    ["portkit.nn", "portkit.optim", "portkit.amp"],
     ["portkit.onnx", "portkit.distributed"],
     ["portkit.conformance", "portkit.scaffold", "portkit.docs", "portkit.cli", "portkit"],
 ]

@@ -7,9 +7,11 @@ wherever its primitives are.
 
 core.py holds the class; its methods are written by concern in creation.py, random.py,
 elementwise.py, movement.py, indexing.py, reduce.py and functional_methods.py (which forwards
-to portkit.nn.functional); dtype.py and shapes.py read the arguments.
+to portkit.nn.functional); dtype.py and shapes.py read the arguments; autocast_mode.py marks
+the ops portkit.autocast runs in a low precision or in float32.
 """
 from portkit.autograd import no_grad
+from portkit.tensor.autocast_mode import autocast
 from portkit.tensor.core import Tensor, from_dlpack, realize
 from portkit.tensor.dtype import (
     DTypeLike,
@@ -34,7 +36,8 @@ from portkit.tensor.movement import cat, einsum, meshgrid, stack
 from portkit.tensor.random import seed
 from portkit.tensor.shapes import ShapeError
 
-__all__ = ["DTypeLike", "Scalar", "ShapeError", "Tensor", "bfloat16", "bool_", "cat", "default_float",
+__all__ = ["DTypeLike", "Scalar", "ShapeError", "Tensor", "autocast", "bfloat16", "bool_", "cat",
+           "default_float",
            "einsum", "float16", "float32", "float64", "from_dlpack", "int8", "int16", "int32",
            "int64", "meshgrid", "no_grad", "promote", "realize", "seed", "stack", "uint8",
            "uint16", "uint32", "uint64"]

@@ -19,7 +19,7 @@ from portkit.abi.dtypes import DType, from_numpy
 from portkit.abi.kernel import Kernel
 from portkit.autograd import GRADIENTS, Context
 from portkit.graph import Lazy
-from portkit.tensor import faults
+from portkit.tensor import autocast_mode, faults
 from portkit.tensor.creation import CreationOps
 from portkit.tensor.dtype import DTypeLike, Scalar, bool_, check_dtype, to_dtype
 from portkit.tensor.elementwise import ElementwiseOps
@@ -305,7 +305,8 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
         elif gradient.shape != self.shape:
             raise ValueError(f"backward: gradient shape {gradient.shape} does not match "
                              f"tensor shape {self.shape}")
-        autograd.backward(self, gradient.cast(self.dtype))
+        with autocast_mode.suspended():     # the gradients keep the dtypes the forward chose
+            autograd.backward(self, gradient.cast(self.dtype))
 
 
 def from_dlpack(source: Any, device: str | None = None) -> Tensor:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from portkit import schedule
+from portkit.tensor.autocast_mode import runs_in_float32, runs_in_low_precision
 from portkit.tensor.dtype import bool_, float_of, int32, promote
 from portkit.tensor.elementwise import in_float32
 from portkit.tensor.spatial import (
@@ -46,6 +47,7 @@ IntPair = int | tuple[int, int]
 Reduction = Literal["mean", "sum", "none"]
 
 
+@runs_in_low_precision
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """input @ weight.T + bias."""
     if input.ndim >= 2 and weight.ndim == 2 and input.shape[-1] == weight.shape[1]:
@@ -58,6 +60,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return out if bias is None else out + bias
 
 
+@runs_in_float32
 def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
                   label_smoothing: float = 0.0, weight: Tensor | None = None,
                   ignore_index: int = -100) -> Tensor:
@@ -91,6 +94,7 @@ def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
     return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
 
 
+@runs_in_float32
 def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
              ignore_index: int = -100, reduction: Reduction = "mean") -> Tensor:
     """The negative log-probability of each target class: input (N, C) or (N, C, d...) of
@@ -124,6 +128,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
     return loss.sum() / w.sum()
 
 
+@runs_in_float32
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                          reduction: Reduction = "mean") -> Tensor:
     """-(t log p + (1 - t) log(1 - p)) of probabilities p; each log is at least -100 (torch)."""
@@ -132,6 +137,7 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     return _reduce(loss if weight is None else loss * weight, reduction)
 
 
+@runs_in_float32
 def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,
                                      weight: Tensor | None = None,
                                      reduction: Reduction = "mean",
@@ -203,6 +209,7 @@ def _class_mask(input: Tensor, classes: int) -> Tensor:
     return input.unsqueeze(-1) == type(input).arange(classes, device=input.device)
 
 
+@runs_in_float32
 def layernorm(input: Tensor, axis: int | Sequence[int] = -1, eps: float = 1e-5) -> Tensor:
     """(x - mean) / sqrt(var + eps) over `axis` (biased variance, as torch); no affine part."""
     x = input.cast(float_of(input.dtype))
@@ -244,6 +251,7 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     return batchnorm(input, weight, bias, mean, (var + eps).rsqrt())
 
 
+@runs_in_float32
 def layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
                bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """layernorm over the trailing dims `normalized_shape`, then * weight + bias (torch's)."""
@@ -251,6 +259,7 @@ def layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | 
     return _affine(layernorm(input, dims, eps), weight, bias)
 
 
+@runs_in_float32
 def rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
              eps: float | None = None) -> Tensor:
     """x / sqrt(mean(x^2) + eps) over the trailing dims `normalized_shape`, times weight; eps
@@ -261,6 +270,7 @@ def rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | No
     return _affine(x * ((x * x).mean(dims, keepdim=True) + eps).rsqrt(), weight, None)
 
 
+@runs_in_float32
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,
                bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """layernorm over each group of channels (dim 1) and the spatial dims, then a per-channel
@@ -276,6 +286,7 @@ def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,
                    None if bias is None else bias.reshape(channel))
 
 
+@runs_in_float32
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
     """input / max(||input||_p over dim, eps), as torch's (p may be inf)."""
     if not p > 0:

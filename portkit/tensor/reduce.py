@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from portkit.tensor.autocast_mode import runs_in_float32, runs_in_low_precision
 from portkit.tensor.dtype import DTypeLike, bool_, int32, promote
 from portkit.tensor.scan import SortResult
 from portkit.tensor.shapes import AxisLike, accepts_dim, as_axes, as_dim
@@ -27,6 +28,7 @@ class ReduceOps:
             return out
         return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
+    @runs_in_float32
     @accepts_dim
     def sum(self: Tensor, axis: AxisLike = None, keepdim: bool = False,
             dtype: DTypeLike | None = None) -> Tensor:
@@ -81,6 +83,7 @@ class ReduceOps:
             values, indices = values.squeeze(axis), indices.squeeze(axis)
         return SortResult(values, indices)
 
+    @runs_in_float32
     @accepts_dim
     def prod(self: Tensor, axis: AxisLike = None, keepdim: bool = False,
              dtype: DTypeLike | None = None) -> Tensor:
@@ -90,6 +93,7 @@ class ReduceOps:
             return (x == 0).amax(axis, keepdim) == 0     # the ABI has no bool MUL
         return x._reduce("prod_reduce", axis, keepdim)
 
+    @runs_in_float32
     @accepts_dim
     def mean(self: Tensor, axis: AxisLike = None, keepdim: bool = False) -> Tensor:
         """The mean over `axis` (NaN over no elements)."""
@@ -150,6 +154,7 @@ class ReduceOps:
         return out if keepdim else out.reshape(
             tuple(s for i, s in enumerate(self.shape) if i not in as_axes(axis, self.ndim)))
 
+    @runs_in_float32
     @accepts_dim
     def softmax(self: Tensor, axis: int = -1) -> Tensor:
         """exp(self) normalized to sum to 1 over `axis`."""
@@ -158,6 +163,7 @@ class ReduceOps:
         e = (self - self.amax(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
+    @runs_in_float32
     @accepts_dim
     def log_softmax(self: Tensor, axis: int = -1) -> Tensor:
         """log(softmax(self)), computed without the intermediate exp."""
@@ -172,6 +178,7 @@ class ReduceOps:
                              f"{other.shape}")
         return self.matmul(other)
 
+    @runs_in_low_precision
     def matmul(self: Tensor, other: Tensor) -> Tensor:
         """The matrix product, batched and broadcast over leading dims (numpy's rules)."""
         a, b = self, other

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from portkit.tensor.autocast_mode import runs_in_low_precision
 from portkit.tensor.dtype import float32, float_of, int32
 from portkit.tensor.movement import cat
 from portkit.tensor.pools import (  # noqa: F401  (the pools' home before pools.py)
@@ -85,18 +86,21 @@ def _pad_dim(x: Tensor, dim: int, before: int, after: int, mode: str) -> Tensor:
 
 # -- convolution ---------------------------------------------------------------------------------
 
+@runs_in_low_precision
 def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntTuple = 1,
            padding: IntTuple | str = 0, dilation: IntTuple = 1, groups: int = 1) -> Tensor:
     """1-d convolution, (N, C, L) or unbatched (C, L) x (O, C/groups, k)."""
     return _conv(input, weight, bias, stride, padding, dilation, groups, 1)
 
 
+@runs_in_low_precision
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntTuple = 1,
            padding: IntTuple | str = 0, dilation: IntTuple = 1, groups: int = 1) -> Tensor:
     """2-d convolution, (N, C, H, W) or unbatched (C, H, W) x (O, C/groups, kh, kw)."""
     return _conv(input, weight, bias, stride, padding, dilation, groups, 2)
 
 
+@runs_in_low_precision
 def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntTuple = 1,
            padding: IntTuple | str = 0, dilation: IntTuple = 1, groups: int = 1) -> Tensor:
     """3-d convolution, (N, C, D, H, W) or unbatched x (O, C/groups, kd, kh, kw)."""
@@ -302,6 +306,7 @@ def _conv_padding(padding: IntTuple | str, kernel: Sequence[int], stride: tuple[
     return tuple((p, p) for p in ntuple(padding, len(kernel), "padding", 0))
 
 
+@runs_in_low_precision
 def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
                      stride: IntTuple = 1, padding: IntTuple = 0, output_padding: IntTuple = 0,
                      groups: int = 1, dilation: IntTuple = 1) -> Tensor:
@@ -310,6 +315,7 @@ def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
                            dilation, 1)
 
 
+@runs_in_low_precision
 def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
                      stride: IntTuple = 1, padding: IntTuple = 0, output_padding: IntTuple = 0,
                      groups: int = 1, dilation: IntTuple = 1) -> Tensor:
@@ -318,6 +324,7 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
                            dilation, 2)
 
 
+@runs_in_low_precision
 def conv_transpose3d(input: Tensor, weight: Tensor, bias: Tensor | None = None,
                      stride: IntTuple = 1, padding: IntTuple = 0, output_padding: IntTuple = 0,
                      groups: int = 1, dilation: IntTuple = 1) -> Tensor:

@@ -154,15 +154,19 @@ def write_junit(report: Report | dict[str, Any], path: str | Path) -> None:
 
 
 def grid(data: dict[str, Any]) -> dict[str, Any]:
-    """Tier 2 as an op x dtype table of statuses (conversions: source->target in the cell)."""
+    """Tier 2 as an op x dtype table of statuses (conversions: source->target in the cell; a
+    case of no dtype, such as `ops/MMA/none` where a device declares no matrix unit, under
+    a "-" column)."""
     columns = [d.name for d in dtypes.ALL]
     rows: dict[str, dict[str, list[tuple[str, str]]]] = {}
     for c in data["cases"]:
         if c["tier"] != 2:
             continue
-        source, _, target = c["dtype"].partition("->")
+        source, _, target = (c["dtype"] or "-").partition("->")
+        if source not in columns:
+            columns.append(source)
         cell = rows.setdefault(c["op"], {}).setdefault(source, [])
-        cell.append((target or c["dtype"], c["status"]))
+        cell.append((target or source, c["status"]))
     return {"columns": columns, "rows": rows}
 
 

@@ -166,13 +166,15 @@ def test_tier_table_fits_80_columns_with_whole_headers(broken_report):
     lines = _header_and_rows(report.tier_table(broken_report))
     assert max(map(len, lines)) <= 80 and "…" not in "".join(lines)
     [header] = [line for line in lines if line.split()[:1] == ["tier"]]
-    assert header.split() == ["tier", "passed", "failed", "blocked"]    # no other status
+    # no status column, and another status only where a tier has it (ops/MMA/none is
+    # unsupported on a device that declares no matrix unit)
+    assert header.split() == ["tier", "passed", "failed", "blocked", "unsupported"]
     assert lines[0].strip() == f"portkit conform --backend broken-sin  ({broken_report.seconds:.1f} s)"
     [models] = [line for line in lines if "5 models" in line]
-    assert models.split()[2:] == ["-"] * 3        # not run: explained below the table
+    assert models.split()[2:] == ["-"] * 4        # not run: explained below the table
     counts = report.tier_counts(broken_report)["ops"]
     [ops] = [line for line in lines if "2 ops" in line]
-    assert ops.split()[2:] == [str(counts[s]) for s in ("passed", "failed", "blocked")]
+    assert ops.split()[2:] == [str(counts[s]) for s in ("passed", "failed", "blocked", "unsupported")]
 
 
 def test_perf_table_fits_80_columns_and_warnings_print_whole_below_it(broken_report):

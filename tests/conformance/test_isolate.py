@@ -37,7 +37,8 @@ def test_segfault_abort_and_hang_are_reported_and_the_run_goes_on(crashy, tmp_pa
         assert cases[case_id]["replay"].startswith("portkit replay ")
     for case_id in CRASHES:     # where the worker was, from its fault handler
         assert "broken_backends.py\", line" in cases[case_id]["message"]
-    others = [c for c in data["cases"] if c["id"] not in CRASHES]
+    # every other case ran to its end (ops/MMA/none: no matrix unit declared, unsupported)
+    others = [c for c in data["cases"] if c["id"] not in CRASHES and c["id"] != "ops/MMA/none"]
     assert len(others) > 20 and {c["status"] for c in others} == {"passed"}
     assert data["summary"]["crashed"] == 2 and data["summary"]["timeout"] == 1
     assert not data["ok"]

@@ -127,9 +127,13 @@ def _reads_once(node: Lazy) -> bool:
 
 
 def _reorders(node: Lazy) -> bool:
-    """A view that is not a plain reshape of its source (a permute, a pad, a shrink)."""
-    return node.op is GraphOp.VIEW and not (len(node.arg.views) == 1
-                                            and node.arg.views[0].is_contiguous)
+    """A view that permutes its source: its strides (over axes longer than 1, not expanded)
+    do not decrease from the outer axis in. A pad or a shrink keeps the order."""
+    if node.op is not GraphOp.VIEW:
+        return False
+    steps = [[st for size, st in zip(v.shape, v.strides) if size > 1 and st != 0]
+             for v in node.arg.views]
+    return any(s != sorted(s, reverse=True) for s in steps)
 
 
 def _fuses_down(node: Lazy, consumers, by_id, realize) -> int | None:

@@ -9,6 +9,7 @@ import numpy as np
 from portkit.abi import dtypes
 from portkit.onnx.ops import Check, Context, NodeArgs, Op, Value, registrar
 from portkit.tensor import Tensor, cat
+from portkit.tensor.spatial import unfolded_transpose
 
 OPS: dict[str, Op] = {}
 CHECKS: dict[str, Check] = {}
@@ -153,6 +154,10 @@ def _conv_transpose(ctx: Context, node: NodeArgs) -> list[Value]:
         pads = list(zip(flat[:spatial], flat[spatial:]))
         if wanted is not None:      # the output is cut (or extended) at the end to this size
             pads = [(b, f - b - w) for (b, _), f, w in zip(pads, full, wanted)]
+    bias = None if node.input(2) is None else ctx.tensor(node.inputs[2])
+    if groups == 1 and list(kernel) == list(strides) and set(dilations) == {1}:
+        y = unfolded_transpose(x, weight, [(-b, p - e) for (b, e), p in zip(pads, extra)])
+        return [y if bias is None else y + bias.reshape(1, -1, *(1,) * spatial)]
     # zeros between the input's elements, then the kernel's reach less the padding
     for axis, s in enumerate(strides, start=2):
         if s > 1:
@@ -164,7 +169,6 @@ def _conv_transpose(ctx: Context, node: NodeArgs) -> list[Value]:
     c_in, c_out = weight.shape[0], weight.shape[1] * groups
     weight = weight.reshape(groups, c_in // groups, c_out // groups, *kernel).transpose(1, 2)
     weight = weight.reshape(c_out, c_in // groups, *kernel).flip(tuple(range(2, 2 + spatial)))
-    bias = None if node.input(2) is None else ctx.tensor(node.inputs[2])
     return [conv(x, weight, bias, [1] * spatial, dilations, groups)]
 
 

@@ -126,12 +126,26 @@ def _reads_once(node: Lazy) -> bool:
                                      for size, st in zip(view.shape, view.strides))
 
 
+def _reorders(node: Lazy) -> bool:
+    """A view that permutes its source: its strides (over axes longer than 1, not expanded)
+    do not decrease from the outer axis in. A pad or a shrink keeps the order."""
+    if node.op is not GraphOp.VIEW:
+        return False
+    steps = [[st for size, st in zip(v.shape, v.strides) if size > 1 and st != 0]
+             for v in node.arg.views]
+    return any(s != sorted(s, reverse=True) for s in steps)
+
+
 def _fuses_down(node: Lazy, consumers, by_id, realize) -> int | None:
-    """The id of the realized node whose kernel `node` fuses into, or None."""
+    """The id of the realized node whose kernel `node` fuses into, or None. A contraction (a
+    sum of products: a matmul, a conv) does not fuse into a view that reorders its output:
+    the consumer's kernel would walk the products in the view's order and lose the packed
+    panels (codegen/pack.py); a transposed conv of stride = kernel is a matmul and a permute."""
+    contraction = node.op is GraphOp.REDUCE and node.src[0].op is Op.MUL
     chain = node
     while len(consumers[id(chain)]) == 1:
         nxt = by_id[next(iter(consumers[id(chain)]))]
-        if not _reads_once(nxt):
+        if not _reads_once(nxt) or (contraction and _reorders(nxt)):
             return None
         chain = nxt
         if id(chain) in realize:

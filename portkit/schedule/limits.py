@@ -34,14 +34,23 @@ def cut_deep(order: list[Lazy], realize: set[int]) -> None:
 # constants do not count; one exp or tanh is about 20), such a value gets its own buffer: an
 # LSTM step then runs as three kernels of one structure at any sequence length.
 MAX_SHARED_DEPTH = 32
+# Buffers a shared value's fused expression reads, at most, before it gets its own buffer: a
+# transformer's residual stream (x + attention + bias + MLP + bias, block after block) is a
+# few ops per block, so by depth alone it went unstored for 8 blocks, and each block's layer
+# norm statistics read every earlier block's outputs (an 8-block ViT's last ones 38 buffers, a
+# kernel structure per block). Stored where it reads this many (once per block: x + attention
+# + bias reads 3), each block's kernels are alike; so is a classifier's logits' gradient,
+# which three kernels (two matmuls, a bias sum) computed from 5 buffers each.
+MAX_SHARED_READS = 5
 _MANY = -1
 
 
 def cut_shared(order: list[Lazy], consumers: dict[int, set[int]], realize: set[int]) -> None:
     """Adds to `realize` the elementwise nodes of `order` (sources first) that two or more
-    kernels would compute and whose fused expression is MAX_SHARED_DEPTH ops deep or more.
-    Consumers are decided first (a cut one is its own kernel), so a value feeding only a cut
-    node belongs to that node's kernel and stays fused."""
+    kernels would compute and whose fused expression is MAX_SHARED_DEPTH ops deep or more, or
+    reads MAX_SHARED_READS buffers or more. Consumers are decided first (a cut one is its own
+    kernel), so a value feeding only a cut node belongs to that node's kernel and stays fused;
+    reads are counted sources first, so a stored value counts as one buffer downstream."""
     depth: dict[int, int] = {}
     for node in order:
         deepest = max((depth.get(id(s), 0) for s in node.src if id(s) not in realize), default=0)
@@ -54,6 +63,17 @@ def cut_shared(order: list[Lazy], consumers: dict[int, set[int]], realize: set[i
         owner[id(node)] = found.pop() if len(found) == 1 else _MANY
         if (owner[id(node)] == _MANY and isinstance(node.op, Op)
                 and depth[id(node)] >= MAX_SHARED_DEPTH):
+            realize.add(id(node))
+    reads: dict[int, frozenset[int]] = {}   # id(node) -> the buffers its expression reads
+    for node in order:
+        found = frozenset().union(*(
+            {id(s)} if s.realized or id(s) in realize else reads.get(id(s), frozenset())
+            for s in node.src))
+        if len(found) > MAX_SHARED_READS:    # past the bound, which buffers no longer matters
+            found = frozenset(sorted(found)[:MAX_SHARED_READS])
+        reads[id(node)] = found
+        if (owner.get(id(node)) == _MANY and isinstance(node.op, Op)
+                and len(found) >= MAX_SHARED_READS):
             realize.add(id(node))
 
 

@@ -352,6 +352,9 @@ def _conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None, stride: 
         raise ValueError(f"{name}: output_padding {extra} must be smaller than stride {stride} "
                          f"or dilation {dilation}")
     cin, cout_g, *kernel = weight.shape
+    if groups == 1 and tuple(kernel) == stride and dilation == (1,) * d:
+        y = unfolded_transpose(input, weight, tuple((-p, e - p) for p, e in zip(padding, extra)))
+        return y if bias is None else y + bias.reshape(1, -1, *(1,) * d)
     # a stride-1 convolution of the input spread out by `stride`, with the kernel flipped and
     # its in/out channels swapped per group
     x = input
@@ -363,6 +366,21 @@ def _conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None, stride: 
         groups * cout_g, cin // groups, *kernel).flip(tuple(range(2, 2 + d)))
     y = _conv(x.pad(((0, 0), (0, 0)) + pads), w, None, 1, 0, dilation, groups, d)
     return y if bias is None else y + bias.reshape(1, -1, *(1,) * d)
+
+
+def unfolded_transpose(x: Tensor, weight: Tensor, pads: Sequence[tuple[int, int]]) -> Tensor:
+    """A transposed conv whose stride is its kernel (a U-Net's 2x2, stride 2), then `pads`
+    (before, after; negative crops) on its spatial axes: its windows do not overlap, so it is
+    one matmul (positions x C_in) @ (C_in x C_out * taps) and a permute that puts each
+    position's taps beside it, where the spread conv's products are three quarters zeros read
+    through a gate."""
+    n, cin, *size = x.shape
+    cout, kernel, d = weight.shape[1], weight.shape[2:], len(size)
+    taps = x.reshape(n, cin, math.prod(size)).transpose(1, 2) @ weight.reshape(cin, -1)
+    taps = taps.reshape(n, *size, cout, *kernel)
+    order = (0, d + 1) + tuple(a for i in range(d) for a in (1 + i, d + 2 + i))
+    y = taps.permute(*order).reshape(n, cout, *(s * k for s, k in zip(size, kernel)))
+    return y.pad(((0, 0), (0, 0)) + tuple(pads))
 
 
 def spread(x: Tensor, axis: int, stride: int) -> Tensor:

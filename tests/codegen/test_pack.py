@@ -13,6 +13,8 @@ from portkit import runtime, schedule
 from portkit.abi.ops import Op
 from portkit.codegen import pack
 from portkit.codegen.lower import lower
+from portkit.graph import GraphOp
+from portkit.nn import functional as F
 from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor
 
@@ -319,3 +321,19 @@ def test_a_staged_a_read_across_k_on_the_cpu():
     assert packing.packed_a and not packing.along_k
     out = product.numpy()
     _close(out, np.maximum(x, 0).T.astype(np.float64) @ b, 300)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"padding": 1, "output_padding": 1}])
+def test_a_transposed_conv_of_stride_kernel_is_a_packed_matmul_and_a_permute(kwargs):
+    # a U-Net decoder's 2x2 stride-2 upsampling: its windows do not overlap, so it is a matmul
+    # whose output a permute spreads over the taps; fused into that permute, the sum lost its
+    # panels (0.3 GFLOP/s: the spread input's zeros read through a gate)
+    torch = pytest.importorskip("torch")
+    x, w, b = _floats(2, 64, 5, 6), _floats(64, 40, 2, 2), _floats(40)
+    y = F.conv_transpose2d(Tensor(x), Tensor(w), Tensor(b), stride=2, **kwargs)
+    matmul, permute = schedule.create_schedule([y.lazy])
+    assert matmul.root.op is GraphOp.REDUCE and matmul.root in permute.inputs
+    assert pack.find(matmul.root, matmul.inputs, LOOPS) is not None
+    expected = torch.nn.functional.conv_transpose2d(
+        *map(torch.from_numpy, (x, w, b)), stride=2, **kwargs).numpy()
+    _close(y.numpy(), expected, 64)

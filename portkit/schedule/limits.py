@@ -66,14 +66,14 @@ def cut_shared(order: list[Lazy], consumers: dict[int, set[int]], realize: set[i
             realize.add(id(node))
     reads: dict[int, frozenset[int]] = {}   # id(node) -> the buffers its expression reads
     for node in order:
-        found = frozenset().union(*(
+        read: frozenset[int] = frozenset().union(*(
             {id(s)} if s.realized or id(s) in realize else reads.get(id(s), frozenset())
             for s in node.src))
-        if len(found) > MAX_SHARED_READS:    # past the bound, which buffers no longer matters
-            found = frozenset(sorted(found)[:MAX_SHARED_READS])
-        reads[id(node)] = found
+        if len(read) > MAX_SHARED_READS:    # past the bound, which buffers no longer matters
+            read = frozenset(sorted(read)[:MAX_SHARED_READS])
+        reads[id(node)] = read
         if (owner.get(id(node)) == _MANY and isinstance(node.op, Op)
-                and len(found) >= MAX_SHARED_READS):
+                and len(read) >= MAX_SHARED_READS):
             realize.add(id(node))
 
 

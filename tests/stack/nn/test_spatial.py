@@ -117,8 +117,10 @@ def test_bad_arguments_raise_at_the_call():
 ])
 def test_strided_conv_gradients_in_phases(x_shape, w_shape, kwargs, check, data, same_call):
     # a strided conv's input gradient is s^2 stride-1 convolutions of the output gradient with
-    # the taps of each phase (portkit/tensor/spatial.py, _phase_input_grad)
-    check(same_call("conv2d", **kwargs), data(*x_shape), data(*w_shape), atol=1e-6,
+    # the taps of each phase (portkit/tensor/spatial.py, _phase_input_grad). atol 5e-6: a
+    # gradient near 0 is a sum of ~25 terms near 2, whose float32 rounding (in any order) is
+    # a few 1e-6 (opencl gave 1.2e-6 off at -3.07e-3)
+    check(same_call("conv2d", **kwargs), data(*x_shape), data(*w_shape), atol=5e-6,
           rtol=1e-5)
 
 

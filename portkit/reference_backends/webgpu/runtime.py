@@ -104,18 +104,23 @@ class WebGPUProgram(Program):
         compute.set_bind_group(0, group)
         compute.dispatch_workgroups(*grid)
         compute.end()
-        start = time.perf_counter()
-        self.device.queue.submit([encoder.finish()])
-        if not wait:
-            return None
-        synchronize(self.device, self.fence)
-        return time.perf_counter() - start
+        return _submit(self.device, self.fence, encoder, wait)
 
 
     def bind(self, resources: list):
         """A bind group of `resources`: the buffers, then the scalars' uniform if any."""
         return self.device.create_bind_group(layout=self.layout, entries=[
             {"binding": i, "resource": {"buffer": b}} for i, b in enumerate(resources)])
+
+
+def _submit(device, fence, encoder, wait: bool) -> float | None:
+    """Submits `encoder`'s work; with `wait`, waits for it and returns its seconds."""
+    start = time.perf_counter()
+    device.queue.submit([encoder.finish()])
+    if not wait:
+        return None
+    synchronize(device, fence)
+    return time.perf_counter() - start
 
 
 def _uniform(scalars: list[int]) -> bytes:
@@ -163,12 +168,7 @@ class WebGPUBatch(Batch):
             compute.set_bind_group(0, group)
             compute.dispatch_workgroups(*grid)
         compute.end()
-        start = time.perf_counter()
-        self.device.queue.submit([encoder.finish()])
-        if not wait:
-            return None
-        synchronize(self.device, self.fence)
-        return time.perf_counter() - start
+        return _submit(self.device, self.fence, encoder, wait)
 
 
 def fence(device):

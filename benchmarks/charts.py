@@ -33,7 +33,7 @@ def bars(title: str, labels: list[str], series: Series, path: str | Path) -> Pat
         print("matplotlib is not installed: no chart (pip install matplotlib)")
         return None
     matplotlib.use("Agg")
-    from matplotlib import pyplot
+    from matplotlib import pyplot, ticker
 
     pyplot.rcParams["svg.fonttype"] = "none"           # labels stay text in an SVG
     height = 0.8 / max(len(series), 1)
@@ -49,6 +49,9 @@ def bars(title: str, labels: list[str], series: Series, path: str | Path) -> Pat
     axes.invert_yaxis()                                 # the first row on top, as in the table
     axes.axvline(1.0, color="black", linewidth=0.8)
     axes.set_xscale("log")
+    axes.xaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
+    axes.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    axes.xaxis.set_minor_formatter(ticker.NullFormatter())
     axes.set_xlabel("speed relative to the peer (x, log scale; right of the line is faster)")
     axes.set_title(title, fontsize=10)
     if len(series) > 1:

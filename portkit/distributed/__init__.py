@@ -12,8 +12,8 @@ replicas' optimizers step, so that they stay equal and train as one model on the
 Values move between devices as `Tensor.to` moves them (a backend's peer copy where it declares
 one, else through the host), lazily: a reduction is part of the next realize's schedule. Across
 processes and hosts, `process_group` averages gradients through a torch.distributed process
-group. Not here: sharding one tensor across devices (tensor parallelism); docs/devices.md says
-what there is.
+group. Tensor parallelism (one tensor split across devices: `distribute_tensor` and the sharded
+linear layers) is in `tensor_parallel`; docs/devices.md says what there is.
 """
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ from collections.abc import Callable, Sequence
 from portkit import runtime
 from portkit.distributed.process_group import ProcessGroupReducer as ProcessGroupReducer
 from portkit.distributed.process_group import ProcessGroupUnavailable as ProcessGroupUnavailable
+from portkit.distributed.tensor_parallel import ColumnParallelLinear as ColumnParallelLinear
+from portkit.distributed.tensor_parallel import RowParallelLinear as RowParallelLinear
+from portkit.distributed.tensor_parallel import Shard as Shard
+from portkit.distributed.tensor_parallel import Sharded as Sharded
+from portkit.distributed.tensor_parallel import Shardwise as Shardwise
+from portkit.distributed.tensor_parallel import distribute_tensor as distribute_tensor
 from portkit.nn import Module
 from portkit.optim import Optimizer
 from portkit.tensor import Tensor, realize

@@ -76,6 +76,45 @@ def test_all_reduce_sums_or_averages_onto_every_device():
         distributed.all_reduce([a, Tensor([1.0], device="cpu:1")])
 
 
+def test_batchnorm_running_statistics_are_averaged_across_the_replicas():
+    """Each replica's BatchNorm updates its statistics from its own share; backward sets them
+    to their mean, so the replicas stay equal, and the running mean is the whole batch's."""
+    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 3))
+    weight, bias = (t.numpy() for t in (model.items[0].weight, model.items[0].bias))
+    single = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 3))
+    single.load_state_dict({n: t.numpy() for n, t in model.state_dict().items()})
+    mse(single(Tensor(X)), Tensor(Y)).backward()
+    _, parallel = losses_in_parallel(model, ["cpu", "cpu:1"], 1)
+    first, second = (r.items[1] for r in parallel.replicas)
+    for name in ("running_mean", "running_var"):
+        np.testing.assert_array_equal(getattr(first, name).numpy(),
+                                      getattr(second, name).numpy(), err_msg=name)
+    np.testing.assert_allclose(first.running_mean.numpy(), single.items[1].running_mean.numpy(),
+                               rtol=1e-5, atol=1e-6)
+    shares = np.split(X @ weight.T + bias, 2)
+    variance = np.mean([share.var(0, ddof=1) for share in shares], 0)
+    np.testing.assert_allclose(first.running_var.numpy(), 0.9 + 0.1 * variance, rtol=1e-5)
+    for replica in parallel.replicas:
+        replica.eval()
+    outputs = [r(Tensor(X, device=d)).numpy()
+               for r, d in zip(parallel.replicas, parallel.devices)]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+def test_a_buffer_that_is_not_float_takes_the_first_replica_s_value():
+    class Counting(nn.Module):
+        def __init__(self):
+            self.layer = nn.Linear(6, 3)
+            self.seen = Tensor(np.array([3], np.int32))
+
+    model = Counting()
+    parallel = distributed.DataParallel(model, ["cpu", "cpu:1"])
+    parallel.replicas[1].seen.assign(Tensor(np.array([5], np.int32), device="cpu:1"))
+    parallel.all_reduce_buffers()
+    assert parallel.replicas[1].seen.device == "cpu:1"
+    assert [r.seen.tolist() for r in parallel.replicas] == [[3], [3]]
+
+
 def test_a_batch_that_does_not_split_evenly_is_refused():
     parallel = distributed.DataParallel(mlp(), ["cpu", "cpu:1"])
     with pytest.raises(ValueError, match="multiple of 2"):

@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import portkit
 from portkit import Tensor, distributed, nn, optim
+from portkit.schedule import runner
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((8, 6)).astype(np.float32)
@@ -113,6 +115,78 @@ def test_a_buffer_that_is_not_float_takes_the_first_replica_s_value():
     parallel.all_reduce_buffers()
     assert parallel.replicas[1].seen.device == "cpu:1"
     assert [r.seen.tolist() for r in parallel.replicas] == [[3], [3]]
+
+
+def test_a_data_parallel_step_is_scheduled_once_then_replayed(monkeypatch):
+    """The step's graph holds copies between the devices; a realize of it again replays the
+    launches and copies the first realize ran, as a one-device step does."""
+    scheduled = []
+
+    def counting(outs):
+        scheduled.append(len(outs))
+        return schedule(outs)
+    schedule = runner.schedule
+    monkeypatch.setattr(runner, "schedule", counting)
+    single = mlp()
+    state = {name: t.numpy() for name, t in single.state_dict().items()}
+    expected = losses_on_one_device(single, 5)
+    twin = mlp()
+    twin.load_state_dict(state)
+    counts = []
+    parallel = distributed.DataParallel(twin, ["cpu", "cpu:1"],
+                                        lambda p: optim.SGD(p, lr=LR, momentum=MOMENTUM))
+    found = []
+    for _ in range(5):
+        scheduled.clear()
+        parallel.zero_grad()
+        losses = [mse(replica(xs), ys) for replica, xs, ys in zip(
+            parallel.replicas, parallel.scatter(Tensor(X)), parallel.scatter(Tensor(Y)))]
+        found.append(parallel.backward(losses).item())
+        parallel.step()
+        counts.append(len(scheduled))
+    np.testing.assert_allclose(found, expected, rtol=1e-5)
+    assert counts[2:] == [0, 0, 0], counts
+
+
+def test_a_jitted_data_parallel_step_replays_the_eager_one(monkeypatch):
+    """portkit.jit captures the whole step, its copies between the devices included; the
+    replays schedule nothing and give the eager step's losses and weights bit for bit."""
+    state = {name: t.numpy() for name, t in mlp().state_dict().items()}
+    rng = np.random.default_rng(5)
+    batches = [(rng.standard_normal((8, 6)).astype(np.float32),
+                rng.standard_normal((8, 3)).astype(np.float32)) for _ in range(6)]
+    results = []
+    for jitted in (False, True):
+        model = mlp()
+        model.load_state_dict(state)
+        parallel = distributed.DataParallel(model, ["cpu", "cpu:1"],
+                                            lambda p: optim.SGD(p, lr=LR, momentum=MOMENTUM))
+
+        def step(x, y, parallel=parallel):
+            parallel.zero_grad()
+            losses = [mse(replica(xs), ys) for replica, xs, ys in zip(
+                parallel.replicas, parallel.scatter(x), parallel.scatter(y))]
+            loss = parallel.backward(losses)
+            parallel.step()
+            return loss
+        run = portkit.jit(step) if jitted else step
+        losses = []
+        for k, (x, y) in enumerate(batches):
+            if jitted and k == 3:
+                monkeypatch.setattr(runner, "schedule", _refuse)
+            losses.append(run(Tensor(x), Tensor(y)).numpy())
+        results.append((losses, [[t.numpy() for t in r.state_dict().values()]
+                                 for r in parallel.replicas]))
+    (eager, eager_weights), (replayed, replayed_weights) = results
+    np.testing.assert_array_equal(replayed, eager)
+    for a, b in zip(eager_weights, replayed_weights):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    assert run.plan is not None
+
+
+def _refuse(outs):
+    raise AssertionError("a replay scheduled a graph")
 
 
 def test_a_batch_that_does_not_split_evenly_is_refused():

@@ -75,7 +75,7 @@ def _conform_opencl(tmp_path: Path, pocl_devices: str) -> tuple[dict, str]:
 
 @pytest.mark.slow
 def test_the_tier_passes_on_two_opencl_devices(tmp_path):
-    """POCL_DEVICES="pthread pthread": copies through the host between two contexts. 17 s
+    """POCL_DEVICES="pthread pthread": copies through the host between two contexts. 11 s
     with compiled kernels on disk, 45 s without (2 cores, load 8)."""
     cases, output = _conform_opencl(tmp_path, "pthread pthread")
     assert {k: c["status"] for k, c in cases.items()} == {

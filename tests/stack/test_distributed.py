@@ -198,7 +198,7 @@ def test_a_batch_that_does_not_split_evenly_is_refused():
 @pytest.mark.slow
 def test_two_opencl_devices_train_as_one():
     """On PoCL's two devices (POCL_DEVICES="pthread pthread"), copies through the host, 50
-    SGD steps with momentum: 15 s with compiled kernels on disk (2 cores, load 8.5)."""
+    SGD steps with momentum: 8 s with compiled kernels on disk (2 cores, load 7)."""
     script = (
         "import numpy as np, sys\n"
         "sys.path.insert(0, 'tests/stack')\n"

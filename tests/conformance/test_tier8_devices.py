@@ -30,7 +30,8 @@ def test_the_tier_is_registered_and_passes_on_two_cpu_devices():
     outcomes = _outcomes(Target.load("cpu"))
     assert {k: o.status for k, o in outcomes.items()} == {
         "devices/copies": Status.PASSED, "devices/all-reduce": Status.PASSED,
-        "devices/data-parallel-step": Status.PASSED}, {k: o.message for k, o in outcomes.items()}
+        "devices/data-parallel-step": Status.PASSED, "devices/tensor-parallel": Status.PASSED
+    }, {k: o.message for k, o in outcomes.items()}
 
 
 def test_a_one_device_backend_is_unsupported_with_the_reason():
@@ -80,7 +81,7 @@ def test_the_tier_passes_on_two_opencl_devices(tmp_path):
     cases, output = _conform_opencl(tmp_path, "pthread pthread")
     assert {k: c["status"] for k, c in cases.items()} == {
         "devices/copies": "passed", "devices/all-reduce": "passed",
-        "devices/data-parallel-step": "passed"}, output
+        "devices/data-parallel-step": "passed", "devices/tensor-parallel": "passed"}, output
 
 
 def test_the_tier_on_one_opencl_device_is_unsupported_with_the_reason(tmp_path):

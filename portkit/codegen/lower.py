@@ -231,7 +231,10 @@ class _Lowerer:
             if id(src) in self.params:
                 out[e] = self.load(self.params[id(src)], self.index(flat), inner_gate)
             else:
-                inner.append((e, unravel(flat, src.shape), inner_gate))
+                views = node.arg.views
+                split = views[0].split(idx, src.shape) if len(views) == 1 else None
+                inner.append((e, unravel(flat, src.shape) if split is None else split,
+                              inner_gate))
         if inner:
             values = self.lower(src, [i for _, i, _ in inner], [g for _, _, g in inner])
             for (e, _, inner_gate), value in zip(inner, values):

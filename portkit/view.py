@@ -147,14 +147,14 @@ class View(NamedTuple):
         for i, size, st, (lo, hi) in zip(idx, self.shape, self.strides, mask):
             if st == 0 or size == 1:
                 continue
-            j = next((j for j in range(len(shape)) if shape[j] > 1 and rows[j] <= abs(st)
-                      and st % rows[j] == 0), None)
-            if j is None:
+            axis = next((j for j in range(len(shape)) if shape[j] > 1 and rows[j] <= abs(st)
+                         and st % rows[j] == 0), None)
+            if axis is None:
                 return None
-            step = st // rows[j]
-            terms[j].append((i, step))
-            low[j] += min(step * lo, step * (hi - 1))
-            high[j] += max(step * lo, step * (hi - 1))
+            step = st // rows[axis]
+            terms[axis].append((i, step))
+            low[axis] += min(step * lo, step * (hi - 1))
+            high[axis] += max(step * lo, step * (hi - 1))
         # the offset, split into one shift per source axis (innermost first) that keeps each
         # axis's positions in [0, size); there is at most one such split
         shifts, rest = [0] * len(shape), self.offset

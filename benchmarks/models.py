@@ -34,6 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import charts  # beside this file
 import zoo
 
+# A library's thread pool spins on after its call (onnxruntime's, libomp's for 200 ms), taking
+# the cores from the next peer's threads: right after onnxruntime, portkit's call took twice
+# the CPU time. Each call starts this long after the last one stopped (bench.py's SETTLE).
+SETTLE = 0.3
 _LAUNCH = re.compile(r"portkit: (\S+)\s+grid (\(.*?\)) block \(.*?\)\s+([\d.]+) ms")
 
 
@@ -116,6 +120,7 @@ def measure(name: str, size: str, batch: int, backend: str, repeat: int, threads
     with torch.no_grad():
         for _ in range(repeat):          # interleaved, so a busy minute hits every peer
             for peer, call in calls.items():
+                time.sleep(SETTLE)
                 start = time.perf_counter()
                 call()
                 times[peer].append(time.perf_counter() - start)

@@ -130,6 +130,46 @@ class View(NamedTuple):
             if (lo, hi) != (0, s)]
         return recombine(flat), conds
 
+    def split(self, idx: list[Lin], shape: Shape) -> list[Lin] | None:
+        """The multi-index into a row-major `shape` that this view reads at `idx`, axis by axis,
+        where each of its axes steps along one axis of `shape` and every real element's position
+        stays inside that axis (a pad, shrink, flip, expand or permute of `shape`); else None.
+
+        Unravelling the flat index gives the same positions, but a pad's negative offset keeps
+        the simplifier from folding its divs and mods (`(56*h + w + 3079) // 3136` per element,
+        where the source's channel is simply c)."""
+        rows = [1] * len(shape)
+        for j in range(len(shape) - 2, -1, -1):
+            rows[j] = rows[j + 1] * shape[j + 1]
+        mask = self.mask or tuple((0, s) for s in self.shape)
+        terms: list[list[tuple[Lin, int]]] = [[] for _ in shape]
+        low, high = [0] * len(shape), [0] * len(shape)   # the terms' range per source axis
+        for i, size, st, (lo, hi) in zip(idx, self.shape, self.strides, mask):
+            if st == 0 or size == 1:
+                continue
+            axis = next((j for j in range(len(shape)) if shape[j] > 1 and rows[j] <= abs(st)
+                         and st % rows[j] == 0), None)
+            if axis is None:
+                return None
+            step = st // rows[axis]
+            terms[axis].append((i, step))
+            low[axis] += min(step * lo, step * (hi - 1))
+            high[axis] += max(step * lo, step * (hi - 1))
+        # the offset, split into one shift per source axis (innermost first) that keeps each
+        # axis's positions in [0, size); there is at most one such split
+        shifts, rest = [0] * len(shape), self.offset
+        for j in range(len(shape) - 1, -1, -1):
+            first, last = -low[j], shape[j] - 1 - high[j]
+            if first > last or rest % rows[j]:
+                return None
+            units = rest // rows[j]
+            shift = units if j == 0 else first + (units - first) % shape[j]
+            if not first <= shift <= last:
+                return None
+            shifts[j], rest = shift, rest - shift * rows[j]
+        return [recombine(sum((i * step for i, step in parts), const(shift)))
+                for parts, shift in zip(terms, shifts)]
+
 
 def _nocopy_strides(old: Shape, old_strides: tuple[int, ...], new: Shape) -> list[int] | None:
     """Strides that give `new` the same elements as (old, old_strides), or None.

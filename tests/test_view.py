@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from portkit.symbolic import var
+from portkit.symbolic import Div, Mod, var
 from portkit.view import ShapeTracker, View, strides_for
 from tests.test_symbolic import evaluate
 
@@ -83,3 +83,42 @@ def test_views_stay_single_when_strides_can_say_it():
     assert len(tracker.views) == 2 and not tracker.is_contiguous
     padded = View.contiguous((3,)).pad(((1, 1),))
     assert padded.shape == (5,) and padded.mask == ((1, 4),) and padded.offset == -1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=3),
+       st.lists(st.sampled_from(["permute", "shrink", "pad", "flip", "expand", "reshape"]),
+                max_size=5),
+       st.data())
+def test_split_index_reads_what_the_flat_index_reads(shape, moves, data):
+    base = np.arange(1, np.prod(shape) + 1).reshape(shape)
+    tracker, array = ShapeTracker.contiguous(tuple(shape)), base
+    for move in moves:
+        if 0 in array.shape:
+            break
+        tracker, array = apply(tracker, array, move, data)
+    if len(tracker.views) > 1 or 0 in tracker.shape:
+        return
+    view = tracker.views[0]
+    idx = [var(f"i{k}", 0, s - 1) for k, s in enumerate(view.shape)]
+    split = view.split(idx, tuple(shape))
+    if split is None:
+        return
+    flat, conds = view.index(idx)
+    for point in itertools.product(*(range(s) for s in view.shape)):
+        env = {f"i{k}": p for k, p in enumerate(point)}
+        if all(c.lo <= evaluate(c.expr, env) < c.hi for c in conds):
+            position = tuple(evaluate(i, env) for i in split)
+            assert base[position] == base.reshape(-1)[evaluate(flat, env)], (point, position)
+
+
+def test_a_padded_view_splits_into_one_shifted_index_per_axis():
+    padded = View.contiguous((1, 72, 56, 56)).pad(((0, 0), (0, 0), (1, 1), (1, 1)))
+    idx = [var(f"i{k}", 0, s - 1) for k, s in enumerate(padded.shape)]
+    split = padded.split(idx, (1, 72, 56, 56))
+    assert split is not None
+    assert [evaluate(i, {"i0": 0, "i1": 5, "i2": 1, "i3": 1}) for i in split] == [0, 5, 0, 0]
+    assert all(not isinstance(atom, (Div, Mod)) for i in split for atom, _ in i.terms)
+    # a view that merges two axes into one is no movement of each axis
+    merged = View((6,), (1,), 0, None)
+    assert merged.split([var("i", 0, 5)], (2, 3)) is None

@@ -231,7 +231,10 @@ class _Lowerer:
             if id(src) in self.params:
                 out[e] = self.load(self.params[id(src)], self.index(flat), inner_gate)
             else:
-                inner.append((e, unravel(flat, src.shape), inner_gate))
+                views = node.arg.views
+                split = views[0].split(idx, src.shape) if len(views) == 1 else None
+                inner.append((e, unravel(flat, src.shape) if split is None else split,
+                              inner_gate))
         if inner:
             values = self.lower(src, [i for _, i, _ in inner], [g for _, _, g in inner])
             for (e, _, inner_gate), value in zip(inner, values):
@@ -468,7 +471,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     row, tail = row_length(tile_shape, serial(caps) and (tiling.work == 1 or
                                                         tiling.inline is not None))
     if tail:        # each step of the row computes the short trailing axes whole
-        amounts[-tail:] = tile_shape[-tail:]
+        amounts[-tail:] = [n * t for n, t in zip(amounts[-tail:], tile_shape[-tail:])]
         tile_shape = tile_shape[:-tail] + (1,) * tail
     items = tiles // row            # what a thread's loop counts: tiles, or rows of tiles
     groups, block, per_thread = launch_shape(items, caps, row * prod(amounts) * tiling.work)

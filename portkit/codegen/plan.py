@@ -49,6 +49,11 @@ _MIN_REDUCE = 8
 # stay in registers. As a reduce loop of its own it ran ConvNeXt's 7x7 depthwise conv at 0.3
 # GFLOP/s, scalar (8 x 8 tiles of separate multiplies and adds that clang left unvectorized).
 _INLINE = 64
+# A written-out row shorter than this is one straight run of code per row instead of a loop:
+# clang declines to vectorize a loop of 14 trips (a 14x14 map) whose store may alias its loads
+# (a runtime check per row costs more than it gains), and left the row scalar; written out,
+# every load comes before the first store and the lanes are one block of code.
+_SHORT_ROW = 16
 
 def serial(caps: Capabilities) -> bool:
     """True for a device that runs one thread per workgroup best: its threads are loops."""
@@ -95,7 +100,10 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     axes, src = node.arg[1], node.src[0]
     work = prod(src.shape[a] for a in axes)
     if limits.compiler_lanes and 0 < work <= _INLINE and _window(root, loads, gated):
-        return Plan(work=work, inline=id(node))
+        row = [a for a, s in enumerate(root.shape) if s > 1][-1]
+        short = root.shape[row] < _SHORT_ROW
+        return Plan(upcast=((row, root.shape[row]),) if short else (), work=work,
+                    inline=id(node))
     if work < _MIN_REDUCE:
         return Plan(work=work)
 

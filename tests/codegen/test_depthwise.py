@@ -33,6 +33,7 @@ CASES = [
     ((2, 8, 13, 19), (8, 1, 3, 3), {"padding": 1, "groups": 8}),
     ((1, 6, 15, 17), (6, 1, 3, 3), {"stride": 2, "padding": 1, "groups": 6}),
     ((1, 5, 14, 11), (5, 1, 5, 5), {"padding": 2, "groups": 5}),
+    ((1, 6, 7, 7), (6, 1, 5, 5), {"padding": 2, "groups": 6}),
     ((2, 4, 9, 23), (4, 1, 7, 7), {"padding": 3, "groups": 4}),
     ((1, 3, 12, 21), (3, 1, 3, 3), {"padding": 2, "dilation": 2, "groups": 3}),
     ((2, 4, 10, 13), (8, 1, 3, 3), {"padding": 1, "groups": 4}),
@@ -64,10 +65,11 @@ def _sum_item(x: np.ndarray, w: np.ndarray, **kwargs):
     return schedule.create_schedule([out.lazy])[-1]
 
 
-@pytest.mark.parametrize("k, stride", [(3, 1), (3, 2), (7, 1)])
+@pytest.mark.parametrize("k, stride", [(3, 1), (7, 1)])
 def test_the_window_is_written_out_inside_a_loop_along_the_output_row(k, stride):
     # (1, 16, 28, 28): the kernel's innermost loop runs along the 28 / stride outputs of a row,
-    # with the k x k terms in its body and no reduce loop, div or mod inside it
+    # with the k x k terms in its body and no reduce loop, div or mod inside it (a row of 14,
+    # at stride 2, is written out whole: below)
     item = _sum_item(_data(1, 16, 28, 28), _data(16, 1, k, k, seed=1), stride=stride,
                      padding=k // 2, groups=16)
     assert plan(item.root, item.inputs).inline is not None
@@ -80,6 +82,24 @@ def test_the_window_is_written_out_inside_a_loop_along_the_output_row(k, stride)
     assert Op.RANGE not in body[1:] and Op.IDIV not in body and Op.MOD not in body
     loads = [n for n in nodes[inner:end] if n.op is Op.LOAD]
     assert len(loads) == 2 * k * k          # input and weight per term
+
+
+@pytest.mark.parametrize("size, k, stride", [(14, 5, 1), (7, 5, 1), (28, 5, 2)])
+def test_a_short_row_is_written_out_whole_in_each_step_of_the_loop(size, k, stride):
+    # MobileNetV3's late maps (14x14 and 7x7 outputs): the loop runs over rows, and each step
+    # computes the row's outputs (every load before the first store), not a loop of 14 trips
+    # that clang left scalar
+    item = _sum_item(_data(1, 16, size, size), _data(16, 1, k, k, seed=1), stride=stride,
+                     padding=k // 2, groups=16)
+    row = size // stride
+    tiling = plan(item.root, item.inputs)
+    assert tiling.inline is not None and tiling.upcast == ((3, row),)
+    nodes = lower(item.root, item.inputs, LOOPS).nodes
+    inner = [i for i, n in enumerate(nodes) if n.op is Op.RANGE][-1]
+    end = next(i for i, n in enumerate(nodes) if n.op is Op.END and n.src[0] == inner)
+    body = [n.op for n in nodes[inner:end]]
+    assert body.count(Op.STORE) == row and Op.RANGE not in body[1:]
+    assert body.index(Op.STORE) > max(i for i, op in enumerate(body) if op is Op.LOAD)
 
 
 def test_float16_depthwise_sums_in_float32():

@@ -104,3 +104,20 @@ def test_serial_launch_gives_every_core_several_chunks_of_groups():
     assert block == 1 and groups >= 256 and groups * per_thread >= 1 << 24
     assert launch_shape(10, caps) == (1, 1, 10)
     assert launch_shape(64, caps, work=1 << 20)[0] == 64
+
+
+def test_a_padded_expression_reads_its_sources_without_unravelling():
+    # a depthwise conv's padded copy of bias + relu: each element of the computed source is
+    # found axis by axis, as a padded realized buffer's is, not by a div and mod per axis
+    a = Tensor(np.arange(3 * 40 * 40, dtype=np.float32).reshape(1, 3, 40, 40)).realize()
+    b = Tensor(np.ones((1, 3, 1, 1), np.float32)).realize()
+    pads = ((0, 0), (0, 0), (1, 1), (1, 1))
+    computed = (a + b).relu().pad(pads)
+    stored = (a + b).relu().realize().pad(pads)
+
+    def divisions(t: Tensor) -> int:
+        kernel = schedule.lower_item(schedule.create_schedule([t.lazy])[-1])
+        return sum(n.op in (Op.IDIV, Op.MOD) for n in kernel.nodes)
+
+    assert divisions(computed) == divisions(stored)
+    np.testing.assert_array_equal(computed.numpy(), np.pad(np.maximum(a.numpy() + 1, 0), pads))

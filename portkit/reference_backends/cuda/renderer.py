@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 from portkit.abi import dtypes
-from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
 from portkit.abi.matrix import MatrixUnit, fragment
 from portkit.abi.ops import Op
@@ -46,14 +45,13 @@ template <class To, class From> To pk_bitcast(From x) { To y; memcpy(&y, &x, siz
 
 _TEMPLATE = """\
 {{ prelude }}
+{% set threads = kernel.block[0] * kernel.block[1] * kernel.block[2] %}
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}({{ args | join(", ") }}) {
 {% for line in body %}
 {{ line }}
 {% endfor %}
 }
 """
-
-_FLOAT_MULACC = (dtypes.float32, dtypes.float64)
 
 
 def _m16n8k16(inputs: dtypes.DType) -> MatrixUnit:
@@ -111,17 +109,14 @@ __device__ __forceinline__ void pk_mma_{kind}(float *c, uint32_t a0, uint32_t a1
 class CUDARenderer(CStyleRenderer):
     """CUDA C: one `extern "C" __global__` function per kernel, named like the kernel."""
 
-    local_prefix = "__shared__ "
+    local_declaration = "__shared__ {type} {name}[{size}];"
     barrier = "__syncthreads();"
     workitem: ClassVar[dict[str, str]] = {"group": "((int)blockIdx.{xyz})",
                                           "local": "((int)threadIdx.{xyz})"}
     emulated = EMULATED_FLOATS
+    fma_dtypes = (dtypes.float32, dtypes.float64)   # one rounding, one instruction
+    bitcast_format = "pk_bitcast<{dst}>({expr})"
     template = _TEMPLATE
-
-    def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
-        if op is Op.MULACC and dtype in _FLOAT_MULACC:   # one rounding, one instruction
-            return f"fma({', '.join(operands)})"
-        return super().render_alu(op, operands, dtype)
 
     def render_mma(self, unit: MatrixUnit, src: list[str]) -> str:
         if unit not in MMA_UNITS:
@@ -138,9 +133,6 @@ class CUDARenderer(CStyleRenderer):
                 f"pk_mma_{_PTX_TYPE[unit.a_dtype]}(c, " + ", ".join(pairs(a) + pairs(b))
                 + "); " + " ".join(f"{x} = c[{i}];" for i, x in enumerate(c)) + " }")
 
-    def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
-        return f"pk_bitcast<{self.value_type(dst)}>({expr})"
-
     def prelude(self, kernel: Kernel) -> str:
         used = {n.dtype for n in kernel.nodes}
         # guarded: a batch (cstyle.compile_joined) is many kernels in one program
@@ -152,7 +144,3 @@ class CUDARenderer(CStyleRenderer):
             helpers += _MMA_HELPER.format(kind=_PTX_TYPE[unit.a_dtype],
                                           load=emulated.load.removesuffix("({})"))
         return _PRELUDE + helpers
-
-    def template_context(self, kernel: Kernel, body: list[str]) -> dict:
-        x, y, z = kernel.block
-        return {**super().template_context(kernel, body), "threads": x * y * z}

@@ -211,7 +211,7 @@ class CStyleRenderer(Renderer):
                                                 "nan": "NAN"}
     # Value types whose special values are cast to them (the specials' own type is float)
     typed_specials: ClassVar[frozenset[str]] = frozenset()
-    # True: literals the renderer adds (a divisor guard's 1 and -1) carry the operand's type,
+    # True: literals the renderer adds (a divisor guard's 0, 1 and -1) carry the operand's type,
     # for languages without implicit narrowing (GLSL); False: plain C int literals
     typed_literals = False
 
@@ -507,9 +507,9 @@ class CStyleRenderer(Renderer):
         Dividing by 1 instead keeps the host process alive; for MIN / -1 it even gives the
         wrapped quotient MIN and the remainder 0.
         """
-        one, minus_one = ((self.render_const(1, dtype), self.render_const(-1, dtype))
-                          if self.typed_literals else ("1", "-1"))
-        bad = f"{b} == 0"
+        zero, one, minus_one = ([self.render_const(n, dtype) for n in (0, 1, -1)]
+                                if self.typed_literals else ("0", "1", "-1"))
+        bad = f"{b} == {zero}"
         if dtype.kind == "int" and dtype.bits >= 32:
             bad += f" || ({b} == {minus_one} && {a} == {self.render_const(int(dtype.min), dtype)})"
         return f"(({bad}) ? {one} : {b})"

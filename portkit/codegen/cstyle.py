@@ -221,12 +221,12 @@ class CStyleRenderer(Renderer):
     wrapping_ints = False
     # True: integer division by zero (or MIN / -1) may trap, so the divisor is guarded
     guard_division = True
-    fma_dtypes: ClassVar[tuple[DType, ...]] = ()   # MULACC is fma(a, b, c), one rounding
+    fma_dtypes: tuple[DType, ...] = ()   # MULACC is fma(a, b, c), one rounding
     # Runs of accumulators held in vectors (codegen/lanes.py): dtype -> the vector type of
     # `vector_bytes`, spelled by `vector_spelling(type, lanes)` (a staticmethod)
     vector_types: ClassVar[dict[DType, str]] = {}
     vector_bytes = 0
-    vector_spelling: ClassVar[Callable[[str, int], lanes.Spelling] | None] = None
+    vector_spelling: ClassVar[staticmethod[[str, int], lanes.Spelling] | None] = None
 
     # Op -> spelling (see `Spelling`) from rendered operands and the operands' dtype. RECIP and
     # MULACC may be left out: they are then rendered as 1 / a and as a * b + c rounded after
@@ -397,7 +397,7 @@ class CStyleRenderer(Renderer):
                 line = self.render_mma(node.arg, src)
             else:
                 names[i] = f"v{i}"
-                value = (self.spell(node.op, src, node.dtype) if i in signed else
+                value = (self.spell(node.op, src, node.value_dtype) if i in signed else
                          self.render_value(node, [nodes[s] for s in node.src], src))
                 line = self.declare(names[i], self.value_type(node.value_dtype), value)
             if line is not None:
@@ -560,14 +560,13 @@ class CStyleRenderer(Renderer):
         if dtype.is_float:
             with np.errstate(over="ignore"):             # too large: inf, as the spec says
                 value = float(np.array(value, dtype.np))  # rounded to the dtype, as in the spec
-            special = ("nan" if math.isnan(value) else "-0.0" if value == 0 and math.copysign(
-                1, value) < 0 else "inf" if value == math.inf else "-inf" if value == -math.inf
-                else None)
-            if special in self.float_specials:
-                text = self.float_specials[special]
-                value_type = self.value_type(dtype)
-                return self.cast(text, value_type) if value_type in self.typed_specials else text
-            text = repr(value) + self.float_suffix.get(self.value_type(dtype), "")
+            value_type = self.value_type(dtype)
+            name = _special_name(value)
+            special = self.float_specials.get(name) if name is not None else None
+            if special is not None:
+                return self.cast(special, value_type) if value_type in self.typed_specials \
+                    else special
+            text = repr(value) + self.float_suffix.get(value_type, "")
             return f"({text})" if value < 0 or text.startswith("-") else text
         suffix = self.int_suffix.get(dtype, "")
         if dtype.kind == "int" and dtype.bits >= 32 and value == dtype.min:
@@ -616,6 +615,15 @@ _FUNCTION = re.compile(r"\bvoid (k_\w+)\(")
 def local_bytes(kernel: Kernel) -> int:
     """Bytes of all LOCAL arrays of `kernel`, each starting at a 16-byte boundary."""
     return sum(_align(n.arg * n.value_dtype.itemsize) for n in kernel.nodes if n.op is Op.LOCAL)
+
+
+def _special_name(value: float) -> str | None:
+    """The key of `value` in `float_specials`: "inf", "-inf", "nan", "-0.0", or None."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return "-0.0" if value == 0 and math.copysign(1, value) < 0 else None
 
 
 def _wide(dtype: DType) -> DType:

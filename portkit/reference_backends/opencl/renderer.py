@@ -76,16 +76,17 @@ class OpenCLRenderer(CStyleRenderer):
 
     # Runs of accumulators held in one OpenCL vector (codegen/lanes.py): a packed matmul's
     # register block on a CPU device (threads_are_loops), where PoCL compiles it as written.
+    # float64 ones, like any float64 node, occur only on a device with fp64.
     vector_bytes = 64
+    vector_types: ClassVar[dict[DType, str]] = {dtypes.float32: "float16",
+                                                dtypes.float64: "double8"}
     vector_spelling = staticmethod(_cl_vectors)
+    # MULACC on float and double rounds once (the ABI allows it), as the vector form does
+    fma_dtypes = (dtypes.float32, dtypes.float64)
     type_map: ClassVar[dict[DType, str]] = _CL_TYPES
 
     def __init__(self, fp16: bool, fp64: bool):
         self.fp16, self.fp64 = fp16, fp64
-        self.vector_types = {dtypes.float32: "float16", **({dtypes.float64: "double8"} if fp64
-                                                           else {})}
-        # MULACC on float and double rounds once (the ABI allows it), as the vector form does
-        self.fma_dtypes = tuple(self.vector_types)
         self.emulated = {dtypes.bfloat16: _BF16} if fp16 else {dtypes.float16: _F16,
                                                                dtypes.bfloat16: _BF16}
         # Emulated casts round from the widest float; without fp64 that is float.

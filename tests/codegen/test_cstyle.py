@@ -13,13 +13,8 @@ import numpy as np
 import pytest
 
 from portkit.abi import KernelBuilder, Op, dtypes
-from portkit.codegen.cstyle import (
-    FLOAT16_HELPERS,
-    CStyleRenderer,
-    Emulated,
-    function_name,
-    local_bytes,
-)
+from portkit.codegen.cstyle import CStyleRenderer, function_name, local_bytes
+from portkit.codegen.emulated import FLOAT16_HELPERS, Emulated
 from portkit.reference_backends.cpu.renderer import CPURenderer
 
 

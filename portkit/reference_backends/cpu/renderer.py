@@ -14,13 +14,8 @@ from portkit.abi import dtypes
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.codegen import lanes
-from portkit.codegen.cstyle import (
-    EMULATED_FLOATS,
-    FLOAT16_HELPERS,
-    CStyleRenderer,
-    function_name,
-    local_bytes,
-)
+from portkit.codegen.cstyle import CStyleRenderer, function_name, local_bytes
+from portkit.codegen.emulated import EMULATED_FLOATS, FLOAT16_HELPERS
 
 _TEMPLATE = """\
 #define _GNU_SOURCE

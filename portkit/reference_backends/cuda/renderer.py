@@ -1,7 +1,7 @@
 """ABI kernels as CUDA C for NVRTC: the C-style base with CUDA's knobs, and nothing else.
 
 float16 and bfloat16 are held in float and rounded after every op with the same helpers as the
-CPU backend (cstyle.FLOAT16_HELPERS; buffers hold their 16 bits). That is exactly the ABI's
+CPU backend (emulated.FLOAT16_HELPERS; buffers hold their 16 bits). That is exactly the ABI's
 rounding on every GPU and needs no `cuda_fp16.h`, which NVRTC does not ship before 13.5. The helpers are plain functions;
 NVRTC's `-default-device` makes them device functions.
 
@@ -21,7 +21,8 @@ from portkit.abi import dtypes
 from portkit.abi.kernel import Kernel
 from portkit.abi.matrix import MatrixUnit, fragment
 from portkit.abi.ops import Op
-from portkit.codegen.cstyle import EMULATED_FLOATS, FLOAT16_HELPERS, CStyleRenderer
+from portkit.codegen.cstyle import CStyleRenderer
+from portkit.codegen.emulated import EMULATED_FLOATS, FLOAT16_HELPERS
 
 # NVRTC compiles without the C library's headers: the few names the kernels use.
 _PRELUDE = """\

@@ -13,7 +13,8 @@ from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.cstyle import BFLOAT16_HELPERS, CStyleRenderer, Emulated
+from portkit.codegen.cstyle import CStyleRenderer
+from portkit.codegen.emulated import BFLOAT16_HELPERS, Emulated
 
 # The C-style base's bfloat16 helpers, reading bits with as_type; pk_odd for wide integers.
 _HELPERS = """\

@@ -129,8 +129,11 @@ class CStyleRenderer(Renderer):
                                                 "nan": "NAN"}
     # Value types whose special values are cast to them (the specials' own type is float)
     typed_specials: ClassVar[frozenset[str]] = frozenset()
-    # True: literals the renderer adds (a divisor guard's 0, 1 and -1) carry the operand's type,
-    # for languages without implicit narrowing (GLSL); False: plain C int literals
+    # Dtypes with no literal of their own (GLSL's int8_t): each literal is cast to the type
+    cast_literals: ClassVar[frozenset[DType]] = frozenset()
+    # True: literals the renderer adds (a divisor guard's 0, 1 and -1, the 0 a cast to bool
+    # compares with) carry the operand's type, for languages without implicit narrowing (GLSL);
+    # False: plain C int literals
     typed_literals = False
 
     # ---- arithmetic -----------------------------------------------------------------------
@@ -435,7 +438,8 @@ class CStyleRenderer(Renderer):
     def render_cast(self, expr: str, src: DType, dst: DType) -> str:
         """Converts a value: to bool is != 0; float to int truncates (C's rule)."""
         if dst == dtypes.bool_:
-            return expr if src == dst else f"({expr} != 0)"
+            zero = self.render_const(0, src) if self.typed_literals else "0"
+            return expr if src == dst else f"({expr} != {zero})"
         odd = self.rounded_to_odd.get(src) if dst.is_float and dst.bits <= 16 else None
         if odd is not None:
             expr = odd.format(expr)
@@ -473,6 +477,10 @@ class CStyleRenderer(Renderer):
 
     def render_const(self, value: float, dtype: DType) -> str:
         """An exact literal: floats in shortest round-trip decimal, inf and NaN as expressions."""
+        text = self._literal(value, dtype)
+        return self.cast(text, self.value_type(dtype)) if dtype in self.cast_literals else text
+
+    def _literal(self, value: float, dtype: DType) -> str:
         if dtype == dtypes.bool_:
             return "true" if value else "false"
         if dtype.is_float:

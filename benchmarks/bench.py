@@ -1,7 +1,7 @@
 """portkit vs numpy and PyTorch on the issue's workloads: medians, and ratios to the peers.
 
     PYTHONPATH=. python benchmarks/bench.py [--device cpu] [--repeat 5] [--json out.json]
-                                            [--only "MLP"]
+                                            [--chart out.svg] [--only "MLP"]
 
 PyTorch runs on the GPU when `--device` is a GPU backend and torch sees CUDA, else on the CPU.
 Each timed run ends by waiting for the device (portkit's synchronize, torch.cuda.synchronize).
@@ -327,6 +327,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--chart", metavar="PATH", help="also draw the ratios (.svg or .png)")
     parser.add_argument("--only", action="append", metavar="WORDS",
                         help="run only workloads whose name contains WORDS (repeatable)")
     args = parser.parse_args()
@@ -357,14 +358,18 @@ def main() -> None:
         results.append({"workload": "MLP Adam step time, cosine / constant LR, in turns",
                         "unit": "x", "portkit": ratio, "numpy": None, "torch": None})
         print(f"MLP Adam step time, cosine / constant LR, in turns: {ratio:.3f}x")
-    if args.json:
+    if args.json or args.chart:
         meta = {"device": args.device, "device_name": device.capabilities.device_name,
                 "machine": platform.processor() or platform.machine(),
                 "numpy": np.__version__, "torch": torch.__version__ if torch else None,
                 "torch_device": where,
                 "repeat": args.repeat}
-        with open(args.json, "w") as out:
-            json.dump({"meta": meta, "results": results}, out, indent=2)
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump({"meta": meta, "results": results}, out, indent=2)
+        if args.chart:
+            import charts  # beside this file; benchmarks/ is no package
+            charts.bench_chart({"meta": meta, "results": results}, args.chart)
 
 
 def _cell(value: float | None, ratio: bool = False) -> str:

@@ -31,7 +31,8 @@ from math import prod
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import zoo  # beside this file
+import charts  # beside this file
+import zoo
 
 _LAUNCH = re.compile(r"portkit: (\S+)\s+grid (\(.*?\)) block \(.*?\)\s+([\d.]+) ms")
 
@@ -188,28 +189,6 @@ def show(rows: list[dict]) -> None:
                           f"{kernels}", highlight=False)
 
 
-def chart(rows: list[dict], path: str) -> None:
-    """Bars of the ratio to onnxruntime per model and backend (needs matplotlib)."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is not installed: no chart (pip install matplotlib)")
-        return
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    done = [r for r in rows if "error" not in r]
-    labels = [f"{r['model']} {r['backend']} b{r['batch']}" for r in done]
-    figure, axes = pyplot.subplots(figsize=(8, 0.35 * len(done) + 1.5))
-    axes.barh(labels, [r["ratio"] for r in done])
-    axes.axvline(1.0, color="black", linewidth=0.8)
-    axes.set_xscale("log")
-    axes.set_xlabel("time per call / onnxruntime's (lower is better)")
-    figure.tight_layout()
-    figure.savefig(path)
-    print(f"chart: {path}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=None, help="default: all but ResNet-50")
@@ -223,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="onnxruntime's and torch's threads")
     parser.add_argument("--cold", action="store_true", help="an empty kernel cache per model")
     parser.add_argument("--json", default="zoo.json")
-    parser.add_argument("--chart", default="zoo.png")
+    parser.add_argument("--chart", default="zoo.svg", help="the chart (.svg or .png)")
     args = parser.parse_args(argv)
     names = args.models or list(zoo.MODELS) + (list(zoo.FULL_ONLY) if args.full else [])
     size = "small" if args.small else "full"
@@ -236,11 +215,11 @@ def main(argv: list[str] | None = None) -> int:
                                    args.timeout, args.cold)
                 rows.append({"model": name, "backend": backend, "batch": batch} | row)
                 # written after every row, so a run stopped midway keeps what it measured
-                Path(args.json).write_text(json.dumps({"load": os.getloadavg(), "size": size,
-                                                       "rows": rows}, indent=1))
+                results = {"load": os.getloadavg(), "size": size, "rows": rows}
+                Path(args.json).write_text(json.dumps(results, indent=1))
     show(rows)
     print(f"json: {args.json}")
-    chart(rows, args.chart)
+    charts.zoo_chart(results, args.chart)
     return 0
 
 

@@ -3,7 +3,7 @@ eager and through portkit.jit, beside torch eager.
 
     PYTHONPATH=. python benchmarks/train_zoo.py [--only mlp gpt] [--device cpu] [--quick]
         [--threads 1 0] [--steps 10] [--budget 60] [--cold] [--profile] [--timeout 1200]
-        [--json train_zoo.json]
+        [--json train_zoo.json] [--chart train_zoo.svg]
 
 Each (workload, thread count, mode) runs in a child process of its own, so its peak memory and
 its first step are its own: the first step (compiles; with `--cold`, from empty PORTKIT_CACHE
@@ -36,6 +36,7 @@ from contextlib import redirect_stderr
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import charts  # beside this file
 
 MODES = ("torch", "portkit", "portkit.jit")
 
@@ -190,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="top kernels per portkit mode")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per child")
     parser.add_argument("--json", default="train_zoo.json")
+    parser.add_argument("--chart", default="train_zoo.svg", help="the chart (.svg or .png)")
     args = parser.parse_args(argv)
     quick = set() if args.quick is None else set(args.quick or tm.WORKLOADS)
     rows: list[dict] = []
@@ -211,12 +213,13 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"workload": name, "size": size, "threads": threads, "mode": mode}
                             | row)
                 # written after every row, so a run stopped midway keeps what it measured
-                Path(args.json).write_text(json.dumps(
-                    {"device": args.device, "cold": args.cold, "load_start": load,
-                     "load_now": os.getloadavg(), "rows": rows}, indent=1))
+                results = {"device": args.device, "cold": args.cold, "load_start": load,
+                           "load_now": os.getloadavg(), "rows": rows}
+                Path(args.json).write_text(json.dumps(results, indent=1))
     show(rows, f"training steps on {args.device}: portkit eager and portkit.jit vs torch eager"
                f"{' (cold caches)' if args.cold else ''}; load {load[0]:.2f}")
     print(f"json: {args.json}")
+    charts.train_chart(results, args.chart)
     return 0
 
 

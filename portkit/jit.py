@@ -12,7 +12,9 @@
 The first calls run the function eagerly while recording every launch it makes: the program,
 its buffers and its scalar arguments. Once two calls in a row launched the same kernels with
 the same buffers and numbers, later calls replay that list: new input buffers, new numbers,
-the launches, and no graph building, autograd, scheduling, lowering or cache look-up.
+the launches, and no graph building, autograd, scheduling, lowering or cache look-up. Copies
+between devices (`.to()`) are replayed too, in order, so a step across several devices (a
+data-parallel step) is captured whole.
 
 A replay takes afresh:
 - the buffers of its Tensor arguments (of the captured shapes, dtypes and devices);
@@ -30,11 +32,12 @@ str and None arguments are static: another value raises JitError. A replay retur
 without autograd history (call backward inside the function).
 
 JitError refuses what a replay cannot redo: another shape, dtype or device; reading values
-back to the host inside the function (.numpy(), .item()); a copy between devices; a float
-argument that compares otherwise than it did at capture (the comparisons of traced numbers are
-noted and checked); a float argument turned into a plain number by float(), int(), round(),
-math.floor, math.ceil or math.trunc (a replay could not recompute it); and two capture calls that launched different kernels or different numbers
-(Python control flow on values, random ops, a counter the function keeps in Python).
+back to the host inside the function (.numpy(), .item()); a float argument that compares
+otherwise than it did at capture (the comparisons of traced numbers are noted and checked); a
+float argument turned into a plain number by float(), int(), round(), math.floor, math.ceil or
+math.trunc (a replay could not recompute it); and two capture calls that launched different
+kernels or different numbers (Python control flow on values, random ops, a counter the
+function keeps in Python).
 """
 from __future__ import annotations
 
@@ -240,7 +243,7 @@ class Plan:
 
     def key(self) -> tuple:
         """What must be equal between two capture calls for their launches to be the same."""
-        steps = tuple((id(s.compiled), s.sources, tuple(
+        steps = tuple((id(s.compiled), s.copy_from, s.sources, tuple(
             None if slot in {t[0] for t in s.traced} else repr(v)
             for slot, v in enumerate(s.fixed))) for s in self.steps)
         kept_ids = tuple(id(b) for b in self.kept[len(self.uploads):])
@@ -276,15 +279,14 @@ class _Capture:
                 f"{schedule.MAX_SCALARS} distinct numbers from arguments, so some are written "
                 "into its code and a replay could not change them; realize part of the "
                 "computation earlier (.realize()) so that each kernel holds fewer numbers")
-        self.launches.append((runtime.get(device), compiled, buffers, scalars))
+        self.launches.append((runtime.get(device), compiled, buffers, scalars, None))
 
     def upload(self, buffer: runtime.Buffer) -> None:
         self.uploads.append(buffer)
 
-    def copy(self, node: Lazy) -> None:
-        raise JitError(f"{self.name} copies a tensor to {node.device} inside portkit.jit, and a "
-                       "replay does not copy; move it before the call (.to()), or jit the work "
-                       "of each device separately")
+    def copy(self, destination: runtime.Runtime, source: runtime.Runtime,
+             out: runtime.Buffer, buffer: runtime.Buffer) -> None:
+        self.launches.append((destination, None, [out, buffer], [], source))
 
     def host_read(self, tensor: Tensor) -> None:
         raise JitError(f"{self.name} reads a tensor of shape {tensor.shape} back to the host "
@@ -338,13 +340,13 @@ class _Capture:
             return found
 
         steps = []
-        for k, (rt, compiled, buffers, scalars) in enumerate(self.launches):
+        for k, (rt, compiled, buffers, scalars, copy_from) in enumerate(self.launches):
             out = buffers[0]
             traced = tuple((slot, node.arg.compute, node.dtype)
                            for slot, node in enumerate(scalars) if isinstance(node.arg, Number))
             steps.append(Step(rt, compiled, out.dtype, out.size,
                               tuple(source(b) for b in buffers[1:]),
-                              schedule.scalar_values(scalars), traced))
+                              schedule.scalar_values(scalars), traced, copy_from=copy_from))
             where[id(out)] = (MADE, k)
         tensors: list[Tensor] = []
         template = _template(result, tensors, self.name)
@@ -547,13 +549,14 @@ def _difference(before: Plan, after: Plan) -> str:
         return (f"{len(before.steps)} kernels, then {len(after.steps)} "
                 f"({_names(before)} / {_names(after)}): {control}")
     for k, (a, b) in enumerate(zip(before.steps, after.steps)):
-        if a.compiled is not b.compiled or a.sources != b.sources:
-            return (f"launch {k} ran {a.compiled.kernel.name!r}, then "
-                    f"{b.compiled.kernel.name!r} or on other buffers: {control}")
+        if (a.compiled is not b.compiled or a.copy_from is not b.copy_from
+                or a.sources != b.sources):
+            return (f"launch {k} ran {_step_name(a)!r}, then {_step_name(b)!r} or on other "
+                    f"buffers: {control}")
         traced = {slot for slot, _, _ in a.traced + b.traced}
         for slot, (x, y) in enumerate(zip(a.fixed, b.fixed)):
             if slot not in traced and repr(x) != repr(y):
-                return (f"kernel {a.compiled.kernel.name!r} (launch {k}) got the number {x!r}, "
+                return (f"kernel {_step_name(a)!r} (launch {k}) got the number {x!r}, "
                         f"then {y!r}. A number that changes per call must be a float argument "
                         "of the jitted function (or a Live attribute, like an optimizer's lr) "
                         "to be read again at a replay; random ops inside need their random "
@@ -564,8 +567,15 @@ def _difference(before: Plan, after: Plan) -> str:
     return f"it read or updated other tensors, or returned others: {control}"
 
 
+def _step_name(step: Step) -> str:
+    """A step's kernel name, or what a copy between devices does."""
+    if step.compiled is None:
+        return f"copy {step.copy_from.name if step.copy_from else ''} -> {step.runtime.name}"
+    return step.compiled.kernel.name
+
+
 def _names(plan: Plan) -> str:
-    names = [s.compiled.kernel.name for s in plan.steps]
+    names = [_step_name(s) for s in plan.steps]
     return ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
 
 

@@ -3,7 +3,9 @@
 The package, `portkit-NAME`, registers through the `portkit.backends` entry point, so portkit
 itself never changes. Starters: `c` (the cpu reference backend: passes `portkit conform` at
 once), `opencl` (the opencl reference backend), `llvm` (LLVM IR through portkit's LLVM renderer
-base, compiled by llvmlite and run on the host: passes `portkit conform` at once) and `blank`
+base, compiled by llvmlite and run on the host: passes `portkit conform` at once), `vulkan`
+(GLSL compute shaders from the C-style renderer base, SPIR-V by glslangValidator, launched
+through the `vulkan` binding: passes on lavapipe) and `blank`
 (every part raises NotImplementedError naming the section of docs/porting.md to read). cookiecutter renders the
 template; it writes only into the output folder and a temporary folder for its replay files.
 cookiecutter is the `scaffold` extra (`pip install 'portkit[scaffold]'`): users who never
@@ -36,6 +38,8 @@ STARTERS = {
     "opencl": "the opencl reference backend: OpenCL C through pyopencl, for an OpenCL driver",
     "llvm": "LLVM IR through llvmlite (pip install 'portkit[llvm]'), run on the host CPU; "
             "passes conformance at once",
+    "vulkan": "GLSL 450 compute shaders, SPIR-V by glslangValidator, run through the vulkan "
+              "binding (pip install vulkan; apt-get install glslang-tools), on lavapipe here",
     "blank": "every part raises NotImplementedError that says what to write",
 }
 NAME_RULE = ("a backend name is lowercase ASCII letters, digits and underscores, starts with a "

@@ -23,7 +23,7 @@ CEILINGS = {
     "portkit/autograd": 1,
     "portkit/cache": 3,
     "portkit/conformance": 89,
-    "portkit/jit": 15,
+    "portkit/jit": 11,
     "portkit/nn": 6,
     "portkit/onnx": 31,
     "portkit/optim": 4,

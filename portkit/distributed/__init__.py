@@ -12,8 +12,8 @@ replicas' optimizers step, so that they stay equal and train as one model on the
 Values move between devices as `Tensor.to` moves them (a backend's peer copy where it declares
 one, else through the host), lazily: a reduction is part of the next realize's schedule. Across
 processes and hosts, `process_group` averages gradients through a torch.distributed process
-group. Not here: sharding one tensor across devices (tensor parallelism); docs/devices.md says
-what there is.
+group. Tensor parallelism (one tensor split across devices: `distribute_tensor` and the sharded
+linear layers) is in `tensor_parallel`; docs/devices.md says what there is.
 """
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ from collections.abc import Callable, Sequence
 from portkit import runtime
 from portkit.distributed.process_group import ProcessGroupReducer as ProcessGroupReducer
 from portkit.distributed.process_group import ProcessGroupUnavailable as ProcessGroupUnavailable
+from portkit.distributed.tensor_parallel import ColumnParallelLinear as ColumnParallelLinear
+from portkit.distributed.tensor_parallel import RowParallelLinear as RowParallelLinear
+from portkit.distributed.tensor_parallel import Shard as Shard
+from portkit.distributed.tensor_parallel import Sharded as Sharded
+from portkit.distributed.tensor_parallel import Shardwise as Shardwise
+from portkit.distributed.tensor_parallel import distribute_tensor as distribute_tensor
 from portkit.nn import Module
 from portkit.optim import Optimizer
 from portkit.tensor import Tensor, realize
@@ -97,8 +103,9 @@ class DataParallel:
 
     def backward(self, losses: Sequence[Tensor]) -> Tensor:
         """Backward of each replica's loss (one per device, in `devices`' order, each a mean
-        over its equal share), then every parameter's gradient averaged across the replicas
-        (`all_reduce_gradients`). Returns the mean of the losses, on the first device: the
+        over its equal share), then every parameter's gradient and every buffer averaged
+        across the replicas (`all_reduce_gradients`, `all_reduce_buffers`), in one schedule.
+        Returns the mean of the losses, on the first device: the
         loss of the whole batch."""
         if len(losses) != len(self.replicas):
             raise ValueError(f"backward got {len(losses)} losses for {len(self.replicas)} "
@@ -108,12 +115,35 @@ class DataParallel:
                 raise ValueError(f"the loss on {loss.device} is not the replica's on {device}; "
                                  "pass the losses in the order of the devices")
             loss.backward()
-        self.all_reduce_gradients()
+        realize(*self._average_gradients(), *self._average_buffers())
         return all_reduce([loss.detach() for loss in losses], "mean")[0]
 
     def all_reduce_gradients(self) -> None:
         """Sets every replica's gradient of each parameter to their mean across the replicas,
         computed in one schedule; a parameter with no gradient on any replica is left alone."""
+        realize(*self._average_gradients())
+
+    def all_reduce_buffers(self) -> None:
+        """Sets every buffer (a tensor that is not a parameter, as BatchNorm's running
+        statistics) of every replica to its mean across the replicas, so that the replicas
+        stay equal in eval mode too; a buffer that is not float takes the first replica's
+        value (as torch's DDP broadcasts rank 0's buffers). `backward` calls it."""
+        realize(*self._average_buffers())
+
+    def _average_buffers(self) -> list[Tensor]:
+        states = [replica.state_dict() for replica in self.replicas]
+        averaged: list[Tensor] = []
+        for name, first in states[0].items():
+            if first.requires_grad:
+                continue
+            group = [state[name] for state in states]
+            values = (all_reduce([b.detach() for b in group], "mean") if first.dtype.is_float
+                      else [first.detach().to(b.device) for b in group])
+            for buffer, value in zip(group, values):
+                averaged.append(buffer.assign(value))
+        return averaged
+
+    def _average_gradients(self) -> list[Tensor]:
         averaged: list[Tensor] = []
         for group in zip(*(replica.parameters() for replica in self.replicas)):
             grads = [p.grad for p in group]
@@ -125,7 +155,7 @@ class DataParallel:
             for parameter, grad in zip(group, all_reduce([g.detach() for g in grads], "mean")):
                 parameter.grad = grad
                 averaged.append(grad)
-        realize(*averaged)
+        return averaged
 
     def step(self) -> None:
         """Steps each replica's optimizer; they apply equal gradients, so replicas stay equal."""

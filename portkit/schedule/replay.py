@@ -10,7 +10,9 @@ A caller that replays the same steps again and again hands `run` a `Queue` kept 
 the steps' launches then become one device batch (`Runtime.batch`, ABI 0.7), made at the first
 replay, and each later replay hands it only what changed (the new buffers and scalars) and
 submits it whole (`Runtime.run_batch`). PORTKIT_DEBUG and PORTKIT_CHECK, a recorder, steps on
-several devices and a queue busy in another thread launch one by one instead.
+several devices or with copies between devices, and a queue busy in another thread launch one
+by one instead. A copy between devices is a step too (`Step.copy_from`): a replay copies again,
+in the steps' order, after the launches that wrote its source.
 
 While a recorder is set (in this thread), every launch, upload, copy between devices and read
 back to the host is reported to it: portkit.jit records a function's launches this way.
@@ -54,13 +56,17 @@ class Step:
     fills: list[tuple[int, int, int]] = field(default_factory=list)
     words: list[int] = field(default_factory=list)
     fresh: bool = True
+    # a copy between devices, not a launch: the output is a new buffer on `runtime` holding
+    # the one source, a buffer of this device (Runtime.copy_from)
+    copy_from: Runtime | None = None
 
     def prepare(self, fresh: bool = True, kept: Sequence[Buffer] = (),
                 owned: Callable[[int], Buffer | None] | None = None) -> None:
-        """Fills in what does not change between replays: the output buffer unless `fresh`,
-        the buffers of table KEPT (from `kept`) and those `owned(position)` gives for MADE."""
-        self.fresh = fresh
-        self.template = [None if fresh else self.runtime.alloc(self.dtype, self.size)]
+        """Fills in what does not change between replays: the output buffer unless `fresh`
+        (a copy's is always new), the buffers of table KEPT (from `kept`) and those
+        `owned(position)` gives for MADE."""
+        self.fresh = fresh or self.copy_from is not None
+        self.template = [None if self.fresh else self.runtime.alloc(self.dtype, self.size)]
         for kind, position in self.sources:
             found = kept[position] if kind == KEPT else None
             if kind == MADE and owned is not None:
@@ -142,7 +148,7 @@ class Queue:
         `busy` is released."""
         if self.runtime is None and self.usable:
             devices = {step.runtime for step in steps if step.compiled is not None}
-            self.usable = len(devices) == 1
+            self.usable = len(devices) == 1 and all(s.copy_from is None for s in steps)
             self.runtime = devices.pop() if self.usable else None
             self.fresh = [k for k, step in enumerate(steps) if step.fresh]
         return self.usable and self.busy.acquire(blocking=False)
@@ -169,12 +175,17 @@ def run(steps: Sequence[Step], tables: tuple[Sequence | None, ...], numbers: Any
         return made
     for k, step in enumerate(steps):
         buffers = step.template.copy()
+        for slot, kind, position in step.fills:
+            buffers[slot] = found[kind][position]
+        if step.copy_from is not None:
+            buffers[0] = made[k] = step.runtime.copy_from(step.copy_from, buffers[1], step.size)
+            if report is not None:
+                report(step, buffers)
+            continue
         if step.fresh:
             buffers[0] = made[k] = step.runtime.alloc(step.dtype, step.size)
         if step.compiled is None:
             continue
-        for slot, kind, position in step.fills:
-            buffers[slot] = found[kind][position]
         values, words = step.scalars(numbers)
         step.runtime.launch_again(step.compiled, buffers, values, words, flags)
         if report is not None:

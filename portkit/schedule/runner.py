@@ -152,12 +152,19 @@ def _run(items: list[ScheduleItem], number: dict[int, int]) -> tuple[_Replay | N
     for item in items:
         root = item.root
         if item.is_copy:
-            steps = None
             src = root.src[0]
+            rt, source = runtime.get(root.device), runtime.get(src.device)
+            buffer = rt.copy_from(source, src.buffer, src.size)
             if recorder is not None:
-                recorder.copy(root)
-            buffer = runtime.get(root.device).copy_from(runtime.get(src.device), src.buffer,
-                                                        src.size)
+                recorder.copy(rt, source, buffer, src.buffer)
+            if steps is not None and (id(src) in made or id(src) in number):
+                steps.append(Step(rt, None, root.dtype, src.size, (
+                    (MADE, made[id(src)]) if id(src) in made else
+                    (ARGS, loads.setdefault(number[id(src)], len(loads))),), copy_from=source))
+                made[id(root)] = len(steps) - 1
+                roots.append(number.get(id(root)))
+            else:
+                steps = None
             root.realize_as(buffer)
             continue
         rt = runtime.get(root.device)
@@ -245,6 +252,9 @@ def _replay(found: _Replay, nodes: list[Lazy]) -> None:
     report = None
     if recorder is not None:
         def report(step: Step, buffers: list) -> None:
+            if step.copy_from is not None:
+                recorder.copy(step.runtime, step.copy_from, *buffers)
+                return
             scalars = [nodes[read.position] for _, read, _ in step.traced
                        if isinstance(read, _NodeArg)]
             recorder.launch(step.runtime.name, step.compiled, buffers, scalars, [])

@@ -1,10 +1,17 @@
-"""Tier 8 (devices) passes on the cpu backend's two logical devices, is unsupported with the
-reason on a one-device backend, and fails a second device whose copies lose data."""
+"""Tier 8 (devices) passes on the cpu backend's two logical devices and on PoCL's two OpenCL
+devices, is unsupported with the reason on a one-device backend, and fails a second device
+whose copies lose data."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from importlib import metadata
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from portkit import backends, runtime
 from portkit.conformance import tier8_devices
@@ -23,7 +30,8 @@ def test_the_tier_is_registered_and_passes_on_two_cpu_devices():
     outcomes = _outcomes(Target.load("cpu"))
     assert {k: o.status for k, o in outcomes.items()} == {
         "devices/copies": Status.PASSED, "devices/all-reduce": Status.PASSED,
-        "devices/data-parallel-step": Status.PASSED}, {k: o.message for k, o in outcomes.items()}
+        "devices/data-parallel-step": Status.PASSED, "devices/tensor-parallel": Status.PASSED
+    }, {k: o.message for k, o in outcomes.items()}
 
 
 def test_a_one_device_backend_is_unsupported_with_the_reason():
@@ -49,3 +57,36 @@ def test_a_worker_s_target_loaded_from_its_entry_point_finds_the_second_device()
     assert fresh is not runtime.get("cpu").device
     outcome = _outcomes(Target(fresh, "cpu", origin=origin))["devices/copies"]
     assert outcome.status is Status.PASSED, outcome.message
+
+
+def _conform_opencl(tmp_path: Path, pocl_devices: str) -> tuple[dict, str]:
+    """`portkit conform --backend opencl --tier 8` in a process whose PoCL makes the given
+    devices: the JSON report's cases by id, and the output."""
+    report = tmp_path / "report.json"
+    root = str(Path(__file__).parents[2])
+    env = {**os.environ, "POCL_DEVICES": pocl_devices,
+           "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "portkit", "conform", "--backend", "opencl",
+                           "--tier", "8", "--json", str(report)], env=env, check=False,
+                          capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    return {c["id"]: c for c in json.loads(report.read_text())["cases"]}, output
+
+
+@pytest.mark.slow
+def test_the_tier_passes_on_two_opencl_devices(tmp_path):
+    """POCL_DEVICES="pthread pthread": copies through the host between two contexts. 11 s
+    with compiled kernels on disk, 45 s without (2 cores, load 8)."""
+    cases, output = _conform_opencl(tmp_path, "pthread pthread")
+    assert {k: c["status"] for k, c in cases.items()} == {
+        "devices/copies": "passed", "devices/all-reduce": "passed",
+        "devices/data-parallel-step": "passed", "devices/tensor-parallel": "passed"}, output
+
+
+def test_the_tier_on_one_opencl_device_is_unsupported_with_the_reason(tmp_path):
+    cases, output = _conform_opencl(tmp_path, "pthread")
+    assert {c["status"] for c in cases.values()} == {"unsupported"}, output
+    reason = ("backend 'opencl' has one device here; tier 8 needs two (a backend with several "
+              "declares Backend.devices)")
+    assert {c["message"] for c in cases.values()} == {reason}

@@ -1,1 +1,1 @@
-{% if cookiecutter.starter in ["blank", "llvm"] %}{% include cookiecutter.starter ~ "/capabilities.py" %}{% endif %}
+{% if cookiecutter.starter in ["blank", "llvm", "vulkan"] %}{% include cookiecutter.starter ~ "/capabilities.py" %}{% endif %}

@@ -1,1 +1,1 @@
-{% if cookiecutter.starter in ["blank", "llvm"] %}{% include cookiecutter.starter ~ "/renderer.py" %}{% endif %}
+{% if cookiecutter.starter in ["blank", "llvm", "vulkan"] %}{% include cookiecutter.starter ~ "/renderer.py" %}{% endif %}

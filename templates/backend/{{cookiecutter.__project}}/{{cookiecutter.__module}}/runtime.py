@@ -1,1 +1,1 @@
-{% if cookiecutter.starter in ["blank", "llvm"] %}{% include cookiecutter.starter ~ "/runtime.py" %}{% endif %}
+{% if cookiecutter.starter in ["blank", "llvm", "vulkan"] %}{% include cookiecutter.starter ~ "/runtime.py" %}{% endif %}

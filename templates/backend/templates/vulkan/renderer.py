@@ -1,0 +1,157 @@
+"""The instruction set: how an ABI kernel becomes {{ cookiecutter.name }} code, as a GLSL 450 compute shader.
+
+Starter: vulkan. portkit's C-style base (portkit/codegen/cstyle.py) walks the kernel and keeps
+the ABI's exact semantics (wrapping integers, guarded divisors, NaN-propagating MAX); GLSL is
+its knobs: type names (8-, 16- and 64-bit types through GL_EXT_shader_explicit_arithmetic_types),
+literal suffixes, thread indices, the barrier, and the spellings that differ from C below
+(constructor casts, `&&`/`||`/`^^` on bools, typed literals, bit casts by name). Buffers are
+storage-buffer bindings 0..n-1 of set 0 and the scalars one push-constant block, in argument
+order, as runtime.py lays out the pipeline. A bool is stored as a uint8_t.
+"""
+from typing import ClassVar
+
+from portkit.abi import dtypes
+from portkit.abi.dtypes import DType
+from portkit.abi.kernel import Kernel
+from portkit.abi.ops import Op
+from portkit.codegen.cstyle import CStyleRenderer
+
+TYPES = {
+    dtypes.bool_: "bool", dtypes.int8: "int8_t", dtypes.int16: "int16_t", dtypes.int32: "int",
+    dtypes.int64: "int64_t", dtypes.uint8: "uint8_t", dtypes.uint16: "uint16_t",
+    dtypes.uint32: "uint", dtypes.uint64: "uint64_t", dtypes.float16: "float16_t",
+    dtypes.float32: "float", dtypes.float64: "double",
+}
+# (from, to) -> GLSL's function reading one's bits as the other
+BITCASTS = {("float", "int"): "floatBitsToInt", ("float", "uint"): "floatBitsToUint",
+            ("int", "float"): "intBitsToFloat", ("uint", "float"): "uintBitsToFloat",
+            ("double", "int64_t"): "doubleBitsToInt64", ("double", "uint64_t"):
+            "doubleBitsToUint64", ("int64_t", "double"): "int64BitsToDouble",
+            ("uint64_t", "double"): "uint64BitsToDouble", ("float16_t", "int16_t"):
+            "float16BitsToInt16", ("float16_t", "uint16_t"): "float16BitsToUint16",
+            ("int16_t", "float16_t"): "int16BitsToFloat16",
+            ("uint16_t", "float16_t"): "uint16BitsToFloat16"}
+
+
+def _logical(c_op: str, glsl_bool_op: str):
+    return lambda a, b, dtype: f"({a} {glsl_bool_op if dtype == dtypes.bool_ else c_op} {b})"
+
+
+# lavapipe's float64 lowering: trunc (and an int64 round trip, which becomes trunc) leaves
+# some non-integral values unchanged, and x / 0 is garbage
+# (docs/backends/drivers.md); exact versions, with the zero's and the infinity's signs kept.
+FLOAT64_HELPERS = """\
+double pk_trunc(double x) {
+  precise double a = abs(x), t = (a + 4503599627370496.0lf) - 4503599627370496.0lf;
+  if (!(a < 4503599627370496.0lf)) return x;   // integral already, inf or NaN; else t is a
+  t = t > a ? t - 1.0lf : t;                    // rounded (precise: not folded back to a)
+  return t == 0.0lf ? x * 0.0lf : (x < 0.0lf ? -t : t);   // x * 0: a zero of x's sign
+}
+double pk_div(double a, double b) {
+  if (b != 0.0lf) return a / b;
+  if (a == 0.0lf || isnan(a)) return uint64BitsToDouble(0x7ff8000000000000ul);
+  return uint64BitsToDouble(((doubleBitsToUint64(a) ^ doubleBitsToUint64(b)) & 0x8000000000000000ul)
+                            | 0x7ff0000000000000ul);
+}
+"""
+
+
+{% raw %}TEMPLATE = """\
+#version 450
+#extension GL_EXT_shader_explicit_arithmetic_types : require
+#extension GL_EXT_shader_8bit_storage : require
+#extension GL_EXT_shader_16bit_storage : require
+{{ prelude }}
+layout(local_size_x = {{ kernel.block[0] }}, local_size_y = {{ kernel.block[1] }}, local_size_z = {{ kernel.block[2] }}) in;
+{% for line in args + module_locals %}
+{{ line }}
+{% endfor %}
+void main() {
+{% for line in body %}
+{{ line }}
+{% endfor %}
+}
+"""{% endraw %}
+
+
+class {{ cookiecutter.__title }}Renderer(CStyleRenderer):
+    """Kernel -> GLSL 450 compute shader source (`main` is the entry point)."""{% raw %}
+
+    locals_at_module_scope = True          # `shared` arrays live outside main
+    local_prefix = "shared "
+    barrier = "memoryBarrierShared(); barrier();"
+    workitem: ClassVar = {"group": "int(gl_WorkGroupID.{xyz})",
+                          "local": "int(gl_LocalInvocationID.{xyz})"}
+    type_map: ClassVar = TYPES
+    int_suffix: ClassVar = {dtypes.uint32: "u", dtypes.int64: "l", dtypes.uint64: "ul"}
+    float_suffix: ClassVar = {"float": "f", "double": "lf", "float16_t": "hf"}
+    infinity = "uintBitsToFloat(0x7f800000u)"
+    nan = "uintBitsToFloat(0x7fc00000u)"
+    template = TEMPLATE
+    code_for_op: ClassVar = {
+        **CStyleRenderer.code_for_op,
+        Op.AND: _logical("&", "&&"), Op.OR: _logical("|", "||"), Op.XOR: _logical("^", "^^"),
+        Op.MAX: lambda a, b, dtype: (f"(({a} > {b} || isnan({a})) ? {a} : {b})"
+                                     if dtype.is_float else f"({a} > {b} ? {a} : {b})"),
+        Op.CMPLT: lambda a, b, dtype: f"(!{a} && {b})" if dtype == dtypes.bool_ else
+        f"({a} < {b})",
+        Op.TRUNC: lambda a, dtype: f"{'pk_trunc' if dtype == dtypes.float64 else 'trunc'}({a})",
+        Op.FDIV: lambda a, b, dtype: f"pk_div({a}, {b})" if dtype == dtypes.float64 else
+        f"({a} / {b})",
+    }
+
+    def prelude(self, kernel: Kernel) -> str:
+        return FLOAT64_HELPERS if any(n.dtype == dtypes.float64 for n in kernel.nodes) else ""
+
+    def cast(self, expr: str, type_name: str) -> str:
+        return f"{type_name}({expr})"
+
+    def declare(self, name: str, type_name: str, expr: str, mutable: bool = False) -> str:
+        return f"{type_name} {name} = {expr};"      # GLSL's const needs a constant
+
+    def storage_type(self, dtype: DType) -> str:
+        return "uint8_t" if dtype == dtypes.bool_ else super().storage_type(dtype)
+
+    def render_load(self, dtype: DType, buffer: str, index: str, gate: str | None = None) -> str:
+        if dtype != dtypes.bool_:
+            return super().render_load(dtype, buffer, index, gate)
+        loaded = f"({buffer}[{index}] != uint8_t(0))"
+        return loaded if gate is None else f"({gate} && {loaded})"
+
+    def render_store(self, dtype: DType, buffer: str, index: str, value: str,
+                     gate: str | None = None) -> str:
+        value = f"uint8_t({value})" if dtype == dtypes.bool_ else value
+        return super().render_store(dtypes.int8 if dtype == dtypes.bool_ else dtype, buffer,
+                                    index, value, gate)
+
+    def render_cast(self, expr: str, src: DType, dst: DType) -> str:
+        if dst == dtypes.bool_ and src != dst:
+            return f"({expr} != {self.render_const(0, src)})"
+        return super().render_cast(expr, src, dst)
+
+    def safe_divisor(self, a: str, b: str, dtype: DType) -> str:
+        zero, one = self.render_const(0, dtype), self.render_const(1, dtype)
+        bad = f"{b} == {zero}"
+        if dtype.kind == "int" and dtype.bits >= 32:
+            bad += (f" || ({b} == {self.render_const(-1, dtype)} && "
+                    f"{a} == {self.render_const(int(dtype.min), dtype)})")
+        return f"(({bad}) ? {one} : {b})"
+
+    def render_const(self, value: float, dtype: DType) -> str:
+        text = super().render_const(value, dtype)
+        if dtype.bits < 32 and dtype != dtypes.bool_ or dtype.is_float and (
+                text in (self.infinity, self.nan, f"(-{self.infinity})")):
+            return self.cast(text, self.type_map[dtype])      # no literal of this type
+        return text
+
+    def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
+        names = self.type_map[src], self.type_map[dst]
+        return f"{BITCASTS[names]}({expr})" if names in BITCASTS else self.cast(expr, names[1])
+
+    def render_args(self, kernel: Kernel) -> list[str]:
+        buffers = [f"layout(std430, set = 0, binding = {p.arg}) buffer Data{p.arg} "
+                   f"{{ {self.storage_type(p.value_dtype)} data{p.arg}[]; }};"
+                   for p in kernel.params]
+        scalars = " ".join(f"int var_{name};" for name in kernel.vars)
+        return buffers + ([f"layout(push_constant) uniform Scalars {{ {scalars} }};"]
+                          if kernel.vars else []){% endraw %}

@@ -405,17 +405,17 @@ class CStyleRenderer(Renderer):
         """`op` on rendered operands of `dtype` as `bool_ops` or `code_for_op` spells it."""
         spelling = self.bool_ops.get(op) if dtype == dtypes.bool_ else None
         spelling = spelling or self.code_for_op[op]
-        return spelling.format(*operands) if isinstance(spelling, str) else spelling(*operands,
-                                                                                    dtype)
+        if isinstance(spelling, str):
+            return spelling.format(*operands)
+        return spelling(*operands, dtype)
 
     def narrow(self, expr: str, dtype: DType) -> str:
         """An 8- or 16-bit integer computed in a wider type, wrapped back to `dtype`: a cast,
         or where the language holds `dtype` in its 32-bit type (WGSL), its low bits."""
-        wide = _wide(dtype)
         if not self._held_wide(dtype):
             return self.cast(expr, self.type_map[dtype])
         mask = f"{(1 << dtype.bits) - 1:#x}{self.int_suffix.get(dtypes.uint32, '')}"
-        return self.from_bits(f"({self.to_bits(expr, wide)} & {mask})", dtype)
+        return self.from_bits(f"({self.to_bits(expr, _wide(dtype))} & {mask})", dtype)
 
     def _held_wide(self, dtype: DType) -> bool:
         # An 8- or 16-bit integer with no type of its own in the language.

@@ -1,18 +1,20 @@
 """C-like source from ABI kernels: one renderer, one subclass per language.
 
-A C-like language is data: string knobs (kernel prefix, qualifiers, barrier, thread indices,
-type names) and an op -> expression table on `CStyleRenderer`. C (CPU), OpenCL C, CUDA C, Metal
-and WGSL are subclasses that override only what differs.
+A C-like language is data: string knobs (declarations, casts, bitcasts, literals, special float
+values, argument binding, barrier, thread indices, type names) and op -> expression tables on
+`CStyleRenderer`. C (CPU), OpenCL C, CUDA C, Metal and WGSL are subclasses that set knobs; the
+walk over the nodes is written once, here, and no subclass overrides it.
 
 The kernel is rendered top to bottom, one line per node: a value is `const T vN = expr;`
 (constants are inlined as literals), RANGE opens a for loop, IF an if block, ACC declares a
-mutable local and ASSIGN writes it; `declare` and `loop_header` spell these, so a language with
-other declarations (WGSL's `let vN: T = e;`) overrides two methods. LOCAL arrays are declared
-first, at the function's top scope (OpenCL and MSL require it), or before the function when
-`locals_at_module_scope` is set (WGSL). The ABI's exact semantics live here, once, so every target
-inherits them: integer ops that can overflow are computed in the unsigned type (signed overflow
-is undefined in C), 8- and 16-bit results are cast back to their type, and a dtype without an
-arithmetic type in the language (`emulated`) is computed in float and rounded after every op.
+mutable local and ASSIGN writes it; `const_declaration` and `var_declaration` spell these (WGSL:
+`let vN: T = e;`). LOCAL arrays are declared first, at the function's top scope (OpenCL and MSL
+require it), or before the function when `locals_at_module_scope` is set (WGSL, GLSL). The ABI's
+exact semantics live here, once, so every target inherits them: integer ops that can overflow
+are computed in the unsigned type (signed overflow is undefined in C; `wrapping_ints` turns
+this off), 8- and 16-bit results are cast back to their type (or wrapped through their bits
+where the language holds them in its 32-bit type), and a dtype without an arithmetic type in
+the language (`emulated`) is computed in float and rounded after every op.
 Every expression this module builds is a primary or postfix expression (a name, a call, an
 index, or parenthesized), so expressions nest without precedence surprises.
 """
@@ -22,7 +24,6 @@ import functools
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import ClassVar
 
 import jinja2
@@ -35,81 +36,10 @@ from portkit.abi.errors import CapabilityError
 from portkit.abi.kernel import Kernel, Node
 from portkit.abi.matrix import MatrixUnit
 from portkit.abi.ops import COMPARISON, Op
+from portkit.codegen import lanes
+from portkit.codegen.emulated import Emulated
+from portkit.codegen.loops import threads_as_loops
 from portkit.codegen.positions import positions
-
-
-@dataclass(frozen=True)
-class Emulated:
-    """How a dtype with no arithmetic type in the language is held and computed.
-
-    Values live in `value_type` (e.g. float) holding exact values of the dtype; each op computes
-    in it and `round` brings the result back to the dtype. Buffers hold `storage_type` (its raw
-    bits); `load` and `store` convert. All three are format strings with one `{}`.
-    """
-
-    value_type: str
-    storage_type: str
-    load: str
-    store: str
-    round: str
-
-
-# bfloat16 held in a float, in the C that C, CUDA C and MSL share: buffers hold its top 16 bits
-# and pk_bf16_nearest rounds a float to it. A float's bits are read with pk_bits / pk_float,
-# which each language defines (memcpy in C, as_type in MSL).
-BFLOAT16_HELPERS = """\
-static inline float pk_bf16_load(uint16_t h) { return pk_float((uint32_t)h << 16); }
-static inline uint16_t pk_bf16_store(float f) { return (uint16_t)(pk_bits(f) >> 16); }
-static inline float pk_bf16_nearest(float f) {   /* nearest-even; a NaN stays NaN */
-  const uint32_t u = pk_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return pk_float((u | 0x00400000u) & 0xffff0000u);
-  return pk_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
-}
-"""
-
-# float16 and bfloat16 held in a float, for C and CUDA C (see EMULATED_FLOATS): any double is
-# rounded once to either, through a float rounded to odd. Buffers hold the 16 bits.
-FLOAT16_HELPERS = """\
-static inline uint32_t pk_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float pk_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-""" + BFLOAT16_HELPERS + """
-/* x rounded to float toward zero, with the lowest bit set when inexact ("round to odd"):
-   rounding that once more to 16 bits gives the same result as rounding x directly. */
-static inline float pk_round_odd(double x) {
-  const float f = (float)x;
-  if ((double)f == x || x != x) return f;
-  const uint32_t u = pk_bits(f) - (fabs((double)f) > fabs(x));
-  return pk_float(u | 1u);
-}
-static inline float pk_bf16(double x) { return pk_bf16_nearest(pk_round_odd(x)); }
-
-static inline float pk_f16(double x) {
-  const float f = pk_round_odd(x);
-  const uint32_t u = pk_bits(f), sign = u & 0x80000000u, a = u ^ sign;
-  if (a > 0x7f800000u) return pk_float(u | 0x00400000u);               /* NaN */
-  if (a >= 0x477ff000u) return pk_float(sign | 0x7f800000u);           /* >= 65520: inf */
-  if (a < 0x38800000u) {                       /* below 2^-14: a multiple of 2^-24 */
-    const float r = (fabsf(f) + 0x1p-1f) - 0x1p-1f;
-    return pk_float(sign | pk_bits(r));
-  }
-  return pk_float(sign | ((a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u));
-}
-static inline float pk_f16_load(uint16_t h) {
-  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0) return pk_float(sign | pk_bits((float)m * 0x1p-24f));   /* zero, subnormal */
-  return pk_float(sign | (e == 31 ? 0x7f800000u : (e + 112u) << 23) | (m << 13));
-}
-static inline uint16_t pk_f16_store(float f) {
-  const uint32_t u = pk_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) {                                   /* NaN: keep the payload */
-    const uint32_t m = (a >> 13) & 0x3ffu;
-    return (uint16_t)(sign | 0x7c00u | (m ? m : 0x200u));
-  }
-  if (a == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
-  if (a < 0x38800000u) return (uint16_t)(sign | (uint32_t)(pk_float(a) * 0x1p24f));
-  return (uint16_t)(sign | ((a - 0x38000000u) >> 13));
-}
-"""
 
 # Integer ops that can overflow, and how many of their leading operands are widened to the
 # unsigned type so that the C operation wraps instead of being undefined.
@@ -119,13 +49,9 @@ _WRAPPING = {Op.ADD: 2, Op.SUB: 2, Op.MUL: 2, Op.NEG: 1, Op.SHL: 1}
 # an integral value of it, or a bool.
 _EXACT = (Op.WHERE, Op.MAX, Op.NEG, Op.TRUNC, *COMPARISON)
 
-# float16 and bfloat16 in C and CUDA C, through FLOAT16_HELPERS (which the prelude must hold).
-EMULATED_FLOATS = {
-    dtypes.float16: Emulated("float", "uint16_t", "pk_f16_load({})", "pk_f16_store({})",
-                             "pk_f16({})"),
-    dtypes.bfloat16: Emulated("float", "uint16_t", "pk_bf16_load({})", "pk_bf16_store({})",
-                              "pk_bf16({})"),
-}
+# A spelling of an op: a format string of the operands ("({0} + {1})"), or a function of the
+# operands and their dtype for a spelling that depends on the dtype.
+Spelling = str | Callable[..., str]
 
 _C_TYPES = {
     dtypes.bool_: "bool", dtypes.int8: "int8_t", dtypes.int16: "int16_t",
@@ -151,58 +77,114 @@ _TEMPLATE = """\
 class CStyleRenderer(Renderer):
     """Renders an ABI kernel as one C-like function. Subclasses set the knobs below."""
 
+    # ---- the function and its arguments ---------------------------------------------------
     kernel_prefix = ""            # before `void name(...)`, e.g. "__kernel "
-    buffer_prefix = ""            # before a buffer argument's element type, e.g. "__global "
-    int_arg_prefix = "const "     # before a scalar (VAR) argument's type: its 32-bit word
-    local_prefix = ""             # before a LOCAL array declaration, e.g. "__local "
+    template = _TEMPLATE          # jinja2: the source around the body (see template_context)
+    # A buffer parameter ({type} the element, {name} dataN, {slot} N), or None where buffers
+    # are bound at module scope by the template (WGSL, GLSL)
+    buffer_param: str | None = "{type} *{name}"
+    # A scalar (VAR) parameter, its 32-bit word ({type} int32's name, {name} var_x); or None
+    scalar_param: str | None = "const {type} {name}"
+    # One parameter holding every scalar ({slot}: after the buffers), read by `scalar_read`
+    scalars_param: str | None = None
+    # Where scalar_param is None: how the body reads scalar number {index}; it is declared
+    # first in the body as var_x
+    scalar_read: str | None = None
+
+    # ---- statements -----------------------------------------------------------------------
+    const_declaration = "const {type} {name} = {expr};"   # a value, assigned once
+    var_declaration = "{type} {name} = {expr};"           # an ACC or a loop counter
+    gated_store = "if ({gate}) {statement}"
+    # A LOCAL array ({size} elements; {offset}: its byte offset among the kernel's LOCALs)
+    local_declaration = "{type} {name}[{size}];"
     locals_at_module_scope = False   # True: LOCAL arrays are declared before the function
     barrier = ""                  # the BARRIER statement
+    # True: a kernel with a BARRIER becomes one thread per group that loops over the block's
+    # threads between the barriers (codegen/loops.py), for threads that are not concurrent
+    threads_as_loops = False
     signed_positions = False      # True: element positions in signed int (codegen/positions.py)
     # SPECIAL ("group" | "local", axis) -> expression; "{}" is the axis number, "{xyz}" its letter
     workitem: ClassVar[dict[str, str]] = {"group": "group_id({})", "local": "local_id({})"}
+    indent = "  "
+
+    # ---- types, conversions and literals --------------------------------------------------
     type_map: ClassVar[dict[DType, str]] = _C_TYPES
+    storage_types: ClassVar[dict[DType, str]] = {}   # buffer element types unlike type_map's
     emulated: ClassVar[dict[DType, Emulated]] = {}
+    cast_format = "({type}){expr}"                   # a value conversion: "{type}({expr})"
+    # The bits of {expr}, a {src} value, read as {dst} (type names of the language)
+    bitcast_format = "((union {{ {src} from; {dst} to; }}){{{expr}}}).to"
+    # Casts into an emulated dtype convert to this type first and round once from it, so it
+    # must hold every source value exactly; integer sources it does not hold exactly are
+    # converted by `rounded_to_odd` instead
+    widest_float = "double"
+    # dtype -> a format converting it to a float rounded to odd, so that rounding that once
+    # more to a 16-bit float (emulated or native) rounds the source itself, once
+    rounded_to_odd: ClassVar[dict[DType, str]] = {}
     int_suffix: ClassVar[dict[DType, str]] = {dtypes.int64: "ll", dtypes.uint32: "u",
                                               dtypes.uint64: "ull"}
     float_suffix: ClassVar[dict[str, str]] = {"float": "f"}     # value type -> literal suffix
-    infinity = "INFINITY"
-    nan = "NAN"
-    indent = "  "
-    template = _TEMPLATE
+    # Values with no literal: "inf", "-inf", "nan", and "-0.0" where `-0.0` would misread
+    float_specials: ClassVar[dict[str, str]] = {"inf": "INFINITY", "-inf": "(-INFINITY)",
+                                                "nan": "NAN"}
+    # Value types whose special values are cast to them (the specials' own type is float)
+    typed_specials: ClassVar[frozenset[str]] = frozenset()
+    # Dtypes with no literal of their own (GLSL's int8_t): each literal is cast to the type
+    cast_literals: ClassVar[frozenset[DType]] = frozenset()
+    # True: literals the renderer adds (a divisor guard's 0, 1 and -1, the 0 a cast to bool
+    # compares with) carry the operand's type, for languages without implicit narrowing (GLSL);
+    # False: plain C int literals
+    typed_literals = False
 
-    # Op -> expression from rendered operands and the operands' dtype. RECIP and MULACC may be
-    # left out: they are then rendered as 1 / a and as a * b + c rounded after the product.
-    code_for_op: ClassVar[dict[Op, Callable[..., str]]] = {
-        Op.NEG: lambda a, dtype: f"(-{a})",
-        Op.SQRT: lambda a, dtype: f"sqrt({a})",
-        Op.EXP2: lambda a, dtype: f"exp2({a})",
-        Op.LOG2: lambda a, dtype: f"log2({a})",
-        Op.SIN: lambda a, dtype: f"sin({a})",
-        Op.TRUNC: lambda a, dtype: f"trunc({a})",
-        Op.ADD: lambda a, b, dtype: f"({a} + {b})",
-        Op.SUB: lambda a, b, dtype: f"({a} - {b})",
-        Op.MUL: lambda a, b, dtype: f"({a} * {b})",
-        Op.FDIV: lambda a, b, dtype: f"({a} / {b})",
-        Op.IDIV: lambda a, b, dtype: f"({a} / {b})",
-        Op.MOD: lambda a, b, dtype: f"({a} % {b})",
+    # ---- arithmetic -----------------------------------------------------------------------
+    # True: the language's signed integers wrap (no undefined overflow), so ops that may
+    # overflow are not computed in the unsigned type
+    wrapping_ints = False
+    # True: integer division by zero (or MIN / -1) may trap, so the divisor is guarded
+    guard_division = True
+    fma_dtypes: tuple[DType, ...] = ()   # MULACC is fma(a, b, c), one rounding
+    # Runs of accumulators held in vectors (codegen/lanes.py): dtype -> the vector type of
+    # `vector_bytes`, spelled by `vector_spelling(type, lanes)` (a staticmethod)
+    vector_types: ClassVar[dict[DType, str]] = {}
+    vector_bytes = 0
+    vector_spelling: ClassVar[staticmethod[[str, int], lanes.Spelling] | None] = None
+
+    # Op -> spelling (see `Spelling`) from rendered operands and the operands' dtype. RECIP and
+    # MULACC may be left out: they are then rendered as 1 / a and as a * b + c rounded after
+    # the product.
+    code_for_op: ClassVar[dict[Op, Spelling]] = {
+        Op.NEG: "(-{0})",
+        Op.SQRT: "sqrt({0})",
+        Op.EXP2: "exp2({0})",
+        Op.LOG2: "log2({0})",
+        Op.SIN: "sin({0})",
+        Op.TRUNC: "trunc({0})",
+        Op.ADD: "({0} + {1})",
+        Op.SUB: "({0} - {1})",
+        Op.MUL: "({0} * {1})",
+        Op.FDIV: "({0} / {1})",
+        Op.IDIV: "({0} / {1})",
+        Op.MOD: "({0} % {1})",
         # NaN must win: `a != a` is true only for NaN. Integers have no NaN.
         Op.MAX: lambda a, b, dtype: (f"(({a} > {b} || {a} != {a}) ? {a} : {b})"
                                      if dtype.is_float else f"({a} > {b} ? {a} : {b})"),
-        Op.CMPLT: lambda a, b, dtype: f"({a} < {b})",
-        Op.CMPNE: lambda a, b, dtype: f"({a} != {b})",
-        Op.AND: lambda a, b, dtype: f"({a} & {b})",
-        Op.OR: lambda a, b, dtype: f"({a} | {b})",
-        Op.XOR: lambda a, b, dtype: f"({a} ^ {b})",
-        Op.SHL: lambda a, b, dtype: f"({a} << {b})",
-        Op.SHR: lambda a, b, dtype: f"({a} >> {b})",
-        Op.WHERE: lambda c, a, b, dtype: f"({c} ? {a} : {b})",
+        Op.CMPLT: "({0} < {1})",
+        Op.CMPNE: "({0} != {1})",
+        Op.AND: "({0} & {1})",
+        Op.OR: "({0} | {1})",
+        Op.XOR: "({0} ^ {1})",
+        Op.SHL: "({0} << {1})",
+        Op.SHR: "({0} >> {1})",
+        Op.WHERE: "({0} ? {1} : {2})",
     }
+    # Op -> spelling on bool operands, where code_for_op's does not apply (GLSL: `&&`, `^^`)
+    bool_ops: ClassVar[dict[Op, Spelling]] = {}
 
-    # ---- small hooks a language overrides -------------------------------------------------
+    # ---- knobs applied ----------------------------------------------------------------------
 
     def cast(self, expr: str, type_name: str) -> str:
-        """A value conversion in the language's syntax."""
-        return f"({type_name}){expr}"
+        """A value conversion in the language's syntax (`cast_format`)."""
+        return self.cast_format.format(type=type_name, expr=expr)
 
     def value_type(self, dtype: DType) -> str:
         """The type of registers holding `dtype` values."""
@@ -210,17 +192,20 @@ class CStyleRenderer(Renderer):
 
     def storage_type(self, dtype: DType) -> str:
         """The element type of buffers and LOCAL arrays of `dtype`."""
+        if dtype in self.storage_types:
+            return self.storage_types[dtype]
         return (self.emulated[dtype].storage_type if dtype in self.emulated
                 else self.type_map[dtype])
 
     def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
-        """The bits of `expr` (a `src` value) read as `dst`; C reads them through a union."""
-        return (f"((union {{ {self.value_type(src)} from; {self.value_type(dst)} to; }})"
-                f"{{{expr}}}).to")
+        """The bits of `expr` (a `src` value) read as `dst` (`bitcast_format`)."""
+        return self.bitcast_format.format(expr=expr, src=self.value_type(src),
+                                          dst=self.value_type(dst))
 
     def declare(self, name: str, type_name: str, expr: str, mutable: bool = False) -> str:
         """The statement declaring `name` = `expr`; `mutable` for registers that ASSIGN writes."""
-        return f"{'' if mutable else 'const '}{type_name} {name} = {expr};"
+        form = self.var_declaration if mutable else self.const_declaration
+        return form.format(type=type_name, name=name, expr=expr)
 
     def loop_header(self, name: str, start: str, end: str) -> str:
         """The line opening a loop of the int32 counter `name` from `start` while below `end`."""
@@ -229,7 +214,8 @@ class CStyleRenderer(Renderer):
 
     def render_local(self, name: str, dtype: DType, size: int, offset: int) -> str:
         """Declares workgroup memory; `offset` is its byte offset among the kernel's LOCALs."""
-        return f"{self.local_prefix}{self.storage_type(dtype)} {name}[{size}];"
+        return self.local_declaration.format(type=self.storage_type(dtype), name=name,
+                                             size=size, offset=offset)
 
     def render_locals(self, kernel: Kernel) -> list[str]:
         """The declarations of all the kernel's LOCAL arrays, each 16-byte aligned."""
@@ -241,12 +227,16 @@ class CStyleRenderer(Renderer):
         return lines
 
     def render_args(self, kernel: Kernel) -> list[str]:
-        """The kernel function's parameters: buffers, then int32 scalars."""
-        buffers = [f"{self.buffer_prefix}{self.storage_type(p.value_dtype)} *data{p.arg}"
-                   for p in kernel.params]
-        scalars = [f"{self.int_arg_prefix}{self.type_map[dtypes.int32]} var_{name}"
-                   for name in kernel.vars]
-        return buffers + scalars
+        """The kernel function's parameters: buffers, then int32 scalars (see the knobs)."""
+        args = [self.buffer_param.format(type=self.storage_type(p.value_dtype),
+                                         name=f"data{p.arg}", slot=p.arg)
+                for p in kernel.params] if self.buffer_param is not None else []
+        if self.scalar_param is not None:
+            args += [self.scalar_param.format(type=self.type_map[dtypes.int32], name=f"var_{v}")
+                     for v in kernel.vars]
+        elif self.scalars_param is not None and kernel.vars:
+            args.append(self.scalars_param.format(slot=len(kernel.params)))
+        return args
 
     def prelude(self, kernel: Kernel) -> str:
         """Text before the kernel function: includes and helpers."""
@@ -257,12 +247,15 @@ class CStyleRenderer(Renderer):
         module_locals = self.render_locals(kernel) if self.locals_at_module_scope else []
         return {"r": self, "kernel": kernel, "name": function_name(kernel.name),
                 "args": self.render_args(kernel), "body": body,
-                "prelude": self.prelude(kernel), "module_locals": module_locals}
+                "prelude": self.prelude(kernel), "module_locals": module_locals,
+                "dtypes": {n.dtype.name for n in kernel.nodes if n.dtype is not None}}
 
     # ---- the renderer proper -------------------------------------------------------------
 
     def render(self, kernel: Kernel) -> str:
         """The kernel as source text."""
+        if self.threads_as_loops and any(n.op is Op.BARRIER for n in kernel.nodes):
+            kernel = threads_as_loops(kernel)
         return self._template.render(**self.template_context(kernel, self.render_body(kernel)))
 
     @functools.cached_property
@@ -272,12 +265,16 @@ class CStyleRenderer(Renderer):
         return env.from_string(self.template)
 
     def render_body(self, kernel: Kernel) -> list[str]:
-        """The kernel's statements, indented: the LOCAL arrays, then one line per other node
-        (none for PARAM, an int32 VAR, CONST)."""
+        """The kernel's statements, indented: the scalars read from their block, the LOCAL
+        arrays, then one line per other node (none for PARAM, an int32 VAR, CONST)."""
         nodes = kernel.nodes
         names: dict[int, str] = {}
+        lines = [] if self.scalar_read is None else [
+            self.indent + self.declare(f"var_{v}", self.type_map[dtypes.int32],
+                                       self.scalar_read.format(index=index))
+            for index, v in enumerate(kernel.vars)]
         local_lines = [] if self.locals_at_module_scope else self.render_locals(kernel)
-        lines = [self.indent + line for line in local_lines]
+        lines += [self.indent + line for line in local_lines]
         depth = 1
         signed = positions(kernel) if self.signed_positions else set()
         own = self.rendered_together(kernel)
@@ -321,7 +318,7 @@ class CStyleRenderer(Renderer):
                 line = self.render_mma(node.arg, src)
             else:
                 names[i] = f"v{i}"
-                value = (self.code_for_op[node.op](*src, node.dtype) if i in signed else
+                value = (self.spell(node.op, src, node.value_dtype) if i in signed else
                          self.render_value(node, [nodes[s] for s in node.src], src))
                 line = self.declare(names[i], self.value_type(node.value_dtype), value)
             if line is not None:
@@ -340,8 +337,10 @@ class CStyleRenderer(Renderer):
     def rendered_together(self, kernel: Kernel) -> dict[int, Callable[[dict], tuple]]:
         """Nodes a language renders as a group (accumulators held in one vector, say): node ->
         a function of the names given so far returning (its name, its line or None). None
-        here: every node is rendered on its own."""
-        return {}
+        here unless the language has `vector_types`: every node is rendered on its own."""
+        if not self.vector_types or self.vector_spelling is None:
+            return {}
+        return lanes.spelled(kernel, self.vector_types, self.vector_bytes, self.vector_spelling)
 
     def render_value(self, node: Node, src_nodes: list[Node], src: list[str]) -> str:
         """The expression of a value node: SPECIAL, LOAD or a compute op."""
@@ -360,7 +359,8 @@ class CStyleRenderer(Renderer):
         """buffer[index], or zero when the gate is false (the element is then not read)."""
         element = f"{buffer}[{index}]"
         if gate is not None:
-            element = f"({gate} ? {element} : {self.render_const(0, self._storage_dtype(dtype))})"
+            storage = self._storage_dtype(dtype)
+            element = self.spell(Op.WHERE, [gate, element, self.render_const(0, storage)], storage)
         return self.emulated[dtype].load.format(element) if dtype in self.emulated else element
 
     def render_store(self, dtype: DType, buffer: str, index: str, value: str,
@@ -369,7 +369,8 @@ class CStyleRenderer(Renderer):
         if dtype in self.emulated:
             value = self.emulated[dtype].store.format(value)
         statement = f"{buffer}[{index}] = {value};"
-        return f"if ({gate}) {statement}" if gate is not None else statement
+        return statement if gate is None else self.gated_store.format(gate=gate,
+                                                                      statement=statement)
 
     def _storage_dtype(self, dtype: DType) -> DType:
         # An emulated dtype's storage is its raw bits, so its zero is the integer 0.
@@ -377,25 +378,49 @@ class CStyleRenderer(Renderer):
 
     def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
         """A compute op on rendered operands of `dtype` (for WHERE: the values' dtype)."""
+        if op is Op.MULACC and dtype in self.fma_dtypes:
+            return f"fma({', '.join(operands)})"
         if op is Op.MULACC and op not in self.code_for_op:
             product = self.render_alu(Op.MUL, operands[:2], dtype)
             return self.render_alu(Op.ADD, [product, operands[2]], dtype)
         if op is Op.RECIP and op not in self.code_for_op:
             return self.render_alu(Op.FDIV, [self.render_const(1.0, dtype), operands[0]], dtype)
         if dtype in self.emulated:
-            expr = self.code_for_op[op](*operands, dtypes.float32)
+            expr = self.spell(op, operands, dtypes.float32)
             return expr if op in _EXACT else self.emulated[dtype].round.format(expr)
-        if op in (Op.IDIV, Op.MOD):
+        if op in (Op.IDIV, Op.MOD) and self.guard_division:
             operands = [operands[0], self.safe_divisor(operands[0], operands[1], dtype)]
-        if dtype.is_int and op in _WRAPPING and not (dtype.kind == "uint" and dtype.bits >= 32):
+        if (dtype.is_int and op in _WRAPPING and not self.wrapping_ints
+                and not (dtype.kind == "uint" and dtype.bits >= 32)):
             wide = self.type_map[dtypes.uint32 if dtype.bits <= 32 else dtypes.uint64]
             count = _WRAPPING[op]
             operands = [self.cast(x, wide) for x in operands[:count]] + operands[count:]
-            return self.cast(self.code_for_op[op](*operands, dtype), self.type_map[dtype])
-        expr = self.code_for_op[op](*operands, dtype)
+            return self.cast(self.spell(op, operands, dtype), self.type_map[dtype])
+        expr = self.spell(op, operands, dtype)
         if dtype.is_int and dtype.bits < 32 and op not in COMPARISON:
-            return self.cast(expr, self.type_map[dtype])   # C computes them in int
+            return self.narrow(expr, dtype)   # C computes them in int
         return expr
+
+    def spell(self, op: Op, operands: list[str], dtype: DType) -> str:
+        """`op` on rendered operands of `dtype` as `bool_ops` or `code_for_op` spells it."""
+        spelling = self.bool_ops.get(op) if dtype == dtypes.bool_ else None
+        spelling = spelling or self.code_for_op[op]
+        if isinstance(spelling, str):
+            return spelling.format(*operands)
+        return spelling(*operands, dtype)
+
+    def narrow(self, expr: str, dtype: DType) -> str:
+        """An 8- or 16-bit integer computed in a wider type, wrapped back to `dtype`: a cast,
+        or where the language holds `dtype` in its 32-bit type (WGSL), its low bits."""
+        if not self._held_wide(dtype):
+            return self.cast(expr, self.type_map[dtype])
+        mask = f"{(1 << dtype.bits) - 1:#x}{self.int_suffix.get(dtypes.uint32, '')}"
+        return self.from_bits(f"({self.to_bits(expr, _wide(dtype))} & {mask})", dtype)
+
+    def _held_wide(self, dtype: DType) -> bool:
+        # An 8- or 16-bit integer with no type of its own in the language.
+        return (dtype.is_int and dtype.bits < 32
+                and self.type_map[dtype] == self.type_map[_wide(dtype)])
 
     def safe_divisor(self, a: str, b: str, dtype: DType) -> str:
         """b, or 1 where the ABI leaves a / b undefined and a CPU would trap (SIGFPE).
@@ -403,18 +428,27 @@ class CStyleRenderer(Renderer):
         Dividing by 1 instead keeps the host process alive; for MIN / -1 it even gives the
         wrapped quotient MIN and the remainder 0.
         """
-        bad = f"{b} == 0"
+        zero, one, minus_one = ([self.render_const(n, dtype) for n in (0, 1, -1)]
+                                if self.typed_literals else ("0", "1", "-1"))
+        bad = f"{b} == {zero}"
         if dtype.kind == "int" and dtype.bits >= 32:
-            bad += f" || ({b} == -1 && {a} == {self.render_const(int(dtype.min), dtype)})"
-        return f"(({bad}) ? 1 : {b})"
+            bad += f" || ({b} == {minus_one} && {a} == {self.render_const(int(dtype.min), dtype)})"
+        return f"(({bad}) ? {one} : {b})"
 
     def render_cast(self, expr: str, src: DType, dst: DType) -> str:
         """Converts a value: to bool is != 0; float to int truncates (C's rule)."""
         if dst == dtypes.bool_:
-            return expr if src == dst else f"({expr} != 0)"
+            zero = self.render_const(0, src) if self.typed_literals else "0"
+            return expr if src == dst else f"({expr} != {zero})"
+        odd = self.rounded_to_odd.get(src) if dst.is_float and dst.bits <= 16 else None
+        if odd is not None:
+            expr = odd.format(expr)
         if dst in self.emulated:
-            # Through double: every valid source value is exact there, so this rounds once.
-            return self.emulated[dst].round.format(self.cast(expr, self.type_map[dtypes.float64]))
+            # Through the widest float: the source is exact there, so this rounds once.
+            wide = expr if odd is not None else self.cast(expr, self.widest_float)
+            return self.emulated[dst].round.format(wide)
+        if self._held_wide(dst):
+            return self.narrow(self.cast(expr, self.value_type(dst)), dst)
         return self.cast(expr, self.value_type(dst))
 
     def render_bitcast_value(self, expr: str, src: DType, dst: DType) -> str:
@@ -423,7 +457,7 @@ class CStyleRenderer(Renderer):
             return expr if src == dst else f"({expr} != 0)"
         if src == dtypes.bool_:
             return self.cast(expr, self.value_type(dst))
-        if src in self.emulated or dst in self.emulated:
+        if any(d in self.emulated or self._held_wide(d) for d in (src, dst)):
             return self.from_bits(self.to_bits(expr, src), dst)
         return self.render_bitcast(expr, src, dst)
 
@@ -443,16 +477,22 @@ class CStyleRenderer(Renderer):
 
     def render_const(self, value: float, dtype: DType) -> str:
         """An exact literal: floats in shortest round-trip decimal, inf and NaN as expressions."""
+        text = self._literal(value, dtype)
+        return self.cast(text, self.value_type(dtype)) if dtype in self.cast_literals else text
+
+    def _literal(self, value: float, dtype: DType) -> str:
         if dtype == dtypes.bool_:
             return "true" if value else "false"
         if dtype.is_float:
             with np.errstate(over="ignore"):             # too large: inf, as the spec says
                 value = float(np.array(value, dtype.np))  # rounded to the dtype, as in the spec
-            if math.isnan(value):
-                return self.nan
-            if math.isinf(value):
-                return self.infinity if value > 0 else f"(-{self.infinity})"
-            text = repr(value) + self.float_suffix.get(self.value_type(dtype), "")
+            value_type = self.value_type(dtype)
+            name = _special_name(value)
+            special = self.float_specials.get(name) if name is not None else None
+            if special is not None:
+                return self.cast(special, value_type) if value_type in self.typed_specials \
+                    else special
+            text = repr(value) + self.float_suffix.get(value_type, "")
             return f"({text})" if value < 0 or text.startswith("-") else text
         suffix = self.int_suffix.get(dtype, "")
         if dtype.kind == "int" and dtype.bits >= 32 and value == dtype.min:
@@ -501,6 +541,20 @@ _FUNCTION = re.compile(r"\bvoid (k_\w+)\(")
 def local_bytes(kernel: Kernel) -> int:
     """Bytes of all LOCAL arrays of `kernel`, each starting at a 16-byte boundary."""
     return sum(_align(n.arg * n.value_dtype.itemsize) for n in kernel.nodes if n.op is Op.LOCAL)
+
+
+def _special_name(value: float) -> str | None:
+    """The key of `value` in `float_specials`: "inf", "-inf", "nan", "-0.0", or None."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return "-0.0" if value == 0 and math.copysign(1, value) < 0 else None
+
+
+def _wide(dtype: DType) -> DType:
+    """The 32-bit integer of `dtype`'s signedness."""
+    return dtypes.int32 if dtype.kind == "int" else dtypes.uint32
 
 
 def _unsigned(dtype: DType) -> DType:

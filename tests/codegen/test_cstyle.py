@@ -13,13 +13,8 @@ import numpy as np
 import pytest
 
 from portkit.abi import KernelBuilder, Op, dtypes
-from portkit.codegen.cstyle import (
-    FLOAT16_HELPERS,
-    CStyleRenderer,
-    Emulated,
-    function_name,
-    local_bytes,
-)
+from portkit.codegen.cstyle import CStyleRenderer, function_name, local_bytes
+from portkit.codegen.emulated import FLOAT16_HELPERS, Emulated
 from portkit.reference_backends.cpu.renderer import CPURenderer
 
 
@@ -170,16 +165,14 @@ class ToyOpenCL(CStyleRenderer):
     """What an OpenCL subclass looks like: knobs only."""
 
     kernel_prefix = "__kernel "
-    buffer_prefix = "__global "
-    local_prefix = "__local "
+    buffer_param = "__global {type} *{name}"
+    local_declaration = "__local {type} {name}[{size}];"
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
     workitem: ClassVar = {"group": "get_group_id({})", "local": "get_local_id({})"}
     type_map: ClassVar = {**CStyleRenderer.type_map, dtypes.int8: "char", dtypes.uint32: "uint"}
     emulated: ClassVar = {dtypes.bfloat16: Emulated("float", "ushort", "bf16_load({})",
                                                     "bf16_store({})", "bf16_round({})")}
-
-    def render_bitcast(self, expr, src, dst):
-        return f"as_{self.type_map[dst]}({expr})"
+    bitcast_format = "as_{dst}({expr})"
 
 
 def test_a_subclass_changes_only_its_knobs():
@@ -216,18 +209,15 @@ def test_cpu_local_memory_is_a_slice_of_one_block():
 
 
 class LetLanguage(CStyleRenderer):
-    """Declarations spelled like WGSL: two hooks, no other change."""
+    """Declarations spelled like WGSL: three knobs, no other change."""
 
     locals_at_module_scope = True
-
-    def declare(self, name, type_name, expr, mutable=False):
-        return f"{'var' if mutable else 'let'} {name}: {type_name} = {expr};"
-
-    def render_local(self, name, dtype, size, offset):
-        return f"var<workgroup> {name}: array<{self.storage_type(dtype)}, {size}>;"
+    const_declaration = "let {name}: {type} = {expr};"
+    var_declaration = "var {name}: {type} = {expr};"
+    local_declaration = "var<workgroup> {name}: array<{type}, {size}>;"
 
 
-def test_declarations_and_loops_are_hooks():
+def test_declarations_and_loops_are_knobs():
     def build(k):
         out = k.param(dtypes.int32)
         acc = k.acc(k.const(0))

@@ -14,14 +14,8 @@ from portkit.abi import dtypes
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.codegen import lanes
-from portkit.codegen.cstyle import (
-    EMULATED_FLOATS,
-    FLOAT16_HELPERS,
-    CStyleRenderer,
-    function_name,
-    local_bytes,
-)
-from portkit.codegen.loops import threads_as_loops
+from portkit.codegen.cstyle import CStyleRenderer, function_name, local_bytes
+from portkit.codegen.emulated import EMULATED_FLOATS, FLOAT16_HELPERS
 
 _TEMPLATE = """\
 #define _GNU_SOURCE
@@ -127,6 +121,14 @@ void {{ entry }}(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk
 _IDS = ["gid0", "gid1", "gid2", "lid0", "lid1", "lid2", "pk_local"]
 
 
+def _gnu_vectors(vector: str, width: int) -> lanes.Spelling:
+    """GNU C vectors: {a, a, ...} literals, v[k] lanes, and the template's <vector>_fma."""
+    return lanes.Spelling(
+        declare=lambda lead, init, n: f"{vector} {lead} = {{{', '.join([init] * n)}}};",
+        lane=lambda lead, k: f"{lead}[{k}]",
+        fma=lambda lead, a, at: f"{lead} = {vector}_fma({a}, &{at}, {lead});")
+
+
 class CPURenderer(CStyleRenderer):
     """Plain C11 (GNU dialect) for gcc or clang, one shared object per kernel."""
 
@@ -136,34 +138,20 @@ class CPURenderer(CStyleRenderer):
     vector_bytes = 64
     vector_types: ClassVar[dict[dtypes.DType, str]] = {dtypes.float32: "pk_f32x16",
                                                        dtypes.float64: "pk_f64x8"}
+    vector_spelling = staticmethod(_gnu_vectors)
+    # MULACC on float and double rounds once (the ABI allows it): fma(), which the compiler
+    # makes a vector FMA. Other dtypes multiply, then add (integers wrap).
+    fma_dtypes = (dtypes.float32, dtypes.float64)
     # float16 and bfloat16 have no arithmetic type in portable C (clang 14 rejects _Float16 on
     # x86-64, and where it exists it computes in float anyway): values are held in a float.
     emulated = EMULATED_FLOATS
     template = _TEMPLATE
     # clang proves neighbouring loads adjacent (one vector load) only for signed positions
     signed_positions = True
-
-    def render_alu(self, op: Op, operands: list[str], dtype: dtypes.DType) -> str:
-        # MULACC on float and double rounds once (the ABI allows it): fma(), which the
-        # compiler makes a vector FMA. Other dtypes multiply, then add (integers wrap).
-        if op is Op.MULACC and dtype in (dtypes.float32, dtypes.float64):
-            return f"fma({', '.join(operands)})"
-        return super().render_alu(op, operands, dtype)
-
-    def render(self, kernel: Kernel) -> str:
-        """The kernel as C; one with a BARRIER as one thread per group that loops over the
-        block's threads between the barriers (portkit.codegen.loops), so no thread waits."""
-        if any(n.op is Op.BARRIER for n in kernel.nodes):
-            kernel = threads_as_loops(kernel)
-        return super().render(kernel)
-
-    def rendered_together(self, kernel: Kernel) -> dict:
-        return lanes.spelled(kernel, self.vector_types, self.vector_bytes, _gnu_vectors)
-
-    def render_local(self, name: str, dtype: dtypes.DType, size: int, offset: int) -> str:
-        # LOCAL arrays are slices of one per-workgroup block that the entry point provides.
-        element = self.storage_type(dtype)
-        return f"{element} *const {name} = ({element} *)(pk_local + {offset});"
+    # The threads of a group run one after another, so no thread could wait at a barrier.
+    threads_as_loops = True
+    # LOCAL arrays are slices of one per-workgroup block that the entry point provides.
+    local_declaration = "{type} *const {name} = ({type} *)(pk_local + {offset});"
 
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
         used = {n.dtype for n in kernel.nodes}
@@ -190,9 +178,3 @@ def entry_point(name: str) -> str:
     return "pk_launch_" + function_name(name)
 
 
-def _gnu_vectors(vector: str, width: int) -> lanes.Spelling:
-    """GNU C vectors: {a, a, ...} literals, v[k] lanes, and the template's <vector>_fma."""
-    return lanes.Spelling(
-        declare=lambda lead, init, n: f"{vector} {lead} = {{{', '.join([init] * n)}}};",
-        lane=lambda lead, k: f"{lead}[{k}]",
-        fma=lambda lead, a, at: f"{lead} = {vector}_fma({a}, &{at}, {lead});")

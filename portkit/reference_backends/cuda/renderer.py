@@ -1,7 +1,7 @@
 """ABI kernels as CUDA C for NVRTC: the C-style base with CUDA's knobs, and nothing else.
 
 float16 and bfloat16 are held in float and rounded after every op with the same helpers as the
-CPU backend (cstyle.FLOAT16_HELPERS; buffers hold their 16 bits). That is exactly the ABI's
+CPU backend (emulated.FLOAT16_HELPERS; buffers hold their 16 bits). That is exactly the ABI's
 rounding on every GPU and needs no `cuda_fp16.h`, which NVRTC does not ship before 13.5. The helpers are plain functions;
 NVRTC's `-default-device` makes them device functions.
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 from portkit.abi import dtypes
-from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
 from portkit.abi.matrix import MatrixUnit, fragment
 from portkit.abi.ops import Op
-from portkit.codegen.cstyle import EMULATED_FLOATS, FLOAT16_HELPERS, CStyleRenderer
+from portkit.codegen.cstyle import CStyleRenderer
+from portkit.codegen.emulated import EMULATED_FLOATS, FLOAT16_HELPERS
 
 # NVRTC compiles without the C library's headers: the few names the kernels use.
 _PRELUDE = """\
@@ -46,14 +46,13 @@ template <class To, class From> To pk_bitcast(From x) { To y; memcpy(&y, &x, siz
 
 _TEMPLATE = """\
 {{ prelude }}
+{% set threads = kernel.block[0] * kernel.block[1] * kernel.block[2] %}
 extern "C" __global__ void __launch_bounds__({{ threads }}) {{ name }}({{ args | join(", ") }}) {
 {% for line in body %}
 {{ line }}
 {% endfor %}
 }
 """
-
-_FLOAT_MULACC = (dtypes.float32, dtypes.float64)
 
 
 def _m16n8k16(inputs: dtypes.DType) -> MatrixUnit:
@@ -111,17 +110,14 @@ __device__ __forceinline__ void pk_mma_{kind}(float *c, uint32_t a0, uint32_t a1
 class CUDARenderer(CStyleRenderer):
     """CUDA C: one `extern "C" __global__` function per kernel, named like the kernel."""
 
-    local_prefix = "__shared__ "
+    local_declaration = "__shared__ {type} {name}[{size}];"
     barrier = "__syncthreads();"
     workitem: ClassVar[dict[str, str]] = {"group": "((int)blockIdx.{xyz})",
                                           "local": "((int)threadIdx.{xyz})"}
     emulated = EMULATED_FLOATS
+    fma_dtypes = (dtypes.float32, dtypes.float64)   # one rounding, one instruction
+    bitcast_format = "pk_bitcast<{dst}>({expr})"
     template = _TEMPLATE
-
-    def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
-        if op is Op.MULACC and dtype in _FLOAT_MULACC:   # one rounding, one instruction
-            return f"fma({', '.join(operands)})"
-        return super().render_alu(op, operands, dtype)
 
     def render_mma(self, unit: MatrixUnit, src: list[str]) -> str:
         if unit not in MMA_UNITS:
@@ -138,9 +134,6 @@ class CUDARenderer(CStyleRenderer):
                 f"pk_mma_{_PTX_TYPE[unit.a_dtype]}(c, " + ", ".join(pairs(a) + pairs(b))
                 + "); " + " ".join(f"{x} = c[{i}];" for i, x in enumerate(c)) + " }")
 
-    def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
-        return f"pk_bitcast<{self.value_type(dst)}>({expr})"
-
     def prelude(self, kernel: Kernel) -> str:
         used = {n.dtype for n in kernel.nodes}
         # guarded: a batch (cstyle.compile_joined) is many kernels in one program
@@ -152,7 +145,3 @@ class CUDARenderer(CStyleRenderer):
             helpers += _MMA_HELPER.format(kind=_PTX_TYPE[unit.a_dtype],
                                           load=emulated.load.removesuffix("({})"))
         return _PRELUDE + helpers
-
-    def template_context(self, kernel: Kernel, body: list[str]) -> dict:
-        x, y, z = kernel.block
-        return {**super().template_context(kernel, body), "threads": x * y * z}

@@ -13,7 +13,8 @@ from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.cstyle import BFLOAT16_HELPERS, CStyleRenderer, Emulated
+from portkit.codegen.cstyle import CStyleRenderer
+from portkit.codegen.emulated import BFLOAT16_HELPERS, Emulated
 
 # The C-style base's bfloat16 helpers, reading bits with as_type; pk_odd for wide integers.
 _HELPERS = """\
@@ -48,14 +49,19 @@ _TYPES = {
     dtypes.int64: "long", dtypes.uint8: "uchar", dtypes.uint16: "ushort", dtypes.uint32: "uint",
     dtypes.uint64: "ulong", dtypes.float16: "half", dtypes.float32: "float",
 }
-_WIDE_INTS = (dtypes.int32, dtypes.int64, dtypes.uint32, dtypes.uint64)
 
 
 class MetalRenderer(CStyleRenderer):
     """MSL: one `kernel` function; buffers bound at [[buffer(i)]] in ABI order, then every int32
     scalar in one `constant int *pk_vars` at the next slot."""
 
-    local_prefix = "threadgroup "
+    buffer_param = "device {type} *{name} [[buffer({slot})]]"
+    # All scalars share one slot after the buffers: Metal has 31 slots, and a kernel may take
+    # as many buffers as capabilities allow plus codegen's scalars.
+    scalar_param = None
+    scalars_param = "constant int *pk_vars [[buffer({slot})]]"
+    scalar_read = "pk_vars[{index}]"
+    local_declaration = "threadgroup {type} {name}[{size}];"
     barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     workitem: ClassVar[dict[str, str]] = {"group": "((int)pk_group.{xyz})",
                                           "local": "((int)pk_thread.{xyz})"}
@@ -67,50 +73,21 @@ class MetalRenderer(CStyleRenderer):
     int_suffix: ClassVar[dict[DType, str]] = {dtypes.int64: "l", dtypes.uint32: "u",
                                               dtypes.uint64: "ul"}
     float_suffix: ClassVar[dict[str, str]] = {"float": "f", "half": "h"}
+    # INFINITY and NAN are float in MSL; a half constant must stay half in `c ? k : h`.
+    typed_specials = frozenset({"half"})
+    bitcast_format = "as_type<{dst}>({expr})"
+    fma_dtypes = (dtypes.float16, dtypes.float32)
+    # No double to round through: integers wider than float's 24 bits are rounded to odd
+    # first (pk_odd), for bfloat16 and half alike.
+    widest_float = "float"
+    rounded_to_odd: ClassVar[dict[DType, str]] = {
+        dtypes.int32: "pk_odd((long){})", dtypes.int64: "pk_odd((long){})",
+        dtypes.uint32: "pk_odd((ulong){})", dtypes.uint64: "pk_odd((ulong){})"}
     template = _TEMPLATE
-
-    def render_args(self, kernel: Kernel) -> list[str]:
-        params = kernel.params
-        buffers = [f"device {self.storage_type(p.value_dtype)} *data{p.arg} [[buffer({p.arg})]]"
-                   for p in params]
-        # All scalars share one slot after the buffers: Metal has 31 slots, and a kernel may
-        # take as many buffers as capabilities allow plus codegen's scalars.
-        scalars = [f"constant int *pk_vars [[buffer({len(params)})]]"] if kernel.vars else []
-        return buffers + scalars
-
-    def render_body(self, kernel: Kernel) -> list[str]:
-        scalars = [f"{self.indent}const int var_{name} = pk_vars[{i}];"
-                   for i, name in enumerate(kernel.vars)]
-        return scalars + super().render_body(kernel)
-
-    def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
-        if op is Op.MULACC and dtype in (dtypes.float16, dtypes.float32):
-            return f"fma({', '.join(operands)})"
-        return super().render_alu(op, operands, dtype)
-
-    def render_cast(self, expr: str, src: DType, dst: DType) -> str:
-        if dst in self.emulated:   # no double to round through: see pk_odd
-            if src in _WIDE_INTS:
-                wide = "long" if src.kind == "int" else "ulong"
-                return self.emulated[dst].round.format(f"pk_odd(({wide}){expr})")
-            return self.emulated[dst].round.format(self.cast(expr, "float"))
-        if dst == dtypes.float16 and src in _WIDE_INTS:
-            # (half) of a wide integer may round twice, through float: round to odd first.
-            wide = "long" if src.kind == "int" else "ulong"
-            return self.cast(f"pk_odd(({wide}){expr})", "half")
-        return super().render_cast(expr, src, dst)
-
-    def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
-        return f"as_type<{self.value_type(dst)}>({expr})"
-
-    def render_const(self, value: float, dtype: DType) -> str:
-        text = super().render_const(value, dtype)
-        # INFINITY and NAN are float in MSL; a half constant must stay half in `c ? k : h`.
-        return self.cast(text, "half") if dtype == dtypes.float16 and "h" not in text else text
 
     def prelude(self, kernel: Kernel) -> str:
         wide_to_half = any(n.op is Op.CAST and n.dtype == dtypes.float16
-                           and kernel.nodes[n.src[0]].dtype in _WIDE_INTS
+                           and kernel.nodes[n.src[0]].dtype in self.rounded_to_odd
                            for n in kernel.nodes)
         uses_bfloat16 = any(n.dtype == dtypes.bfloat16 for n in kernel.nodes)
         return _HELPERS if uses_bfloat16 or wide_to_half else ""

@@ -12,7 +12,6 @@ from typing import ClassVar
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
-from portkit.abi.ops import Op
 from portkit.codegen import lanes
 from portkit.codegen.cstyle import CStyleRenderer, Emulated
 
@@ -52,45 +51,46 @@ _F16 = Emulated("float", "ushort", "pk_f16_load({})", "pk_f16_store({})", "pk_f1
 _BF16 = Emulated("float", "ushort", "pk_bf16_load({})", "pk_bf16_store({})", "pk_bf16({})")
 
 
+def _cl_vectors(vector: str, width: int) -> lanes.Spelling:
+    """OpenCL C vectors: a cast broadcasts a scalar, .s0-.sf name lanes, vloadN reads N values
+    from any element-aligned address, and fma rounds once per lane."""
+    return lanes.Spelling(
+        declare=lambda lead, init, n: f"{vector} {lead} = ({vector})({init});",
+        lane=lambda lead, k: f"{lead}.s{k:x}",
+        fma=lambda lead, a, at: f"{lead} = fma(({vector})({a}), vload{width}(0, &{at}), {lead});")
+
+
 class OpenCLRenderer(CStyleRenderer):
     """OpenCL C 1.2; `fp16`/`fp64`: whether the device has cl_khr_fp16 / cl_khr_fp64."""
 
     kernel_prefix = "__kernel "
-    buffer_prefix = "__global "
-    local_prefix = "__local "
+    buffer_param = "__global {type} *{name}"
+    local_declaration = "__local {type} {name}[{size}];"
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
     workitem: ClassVar[dict[str, str]] = {"group": "(int)get_group_id({})",
                                           "local": "(int)get_local_id({})"}
     int_suffix: ClassVar[dict[DType, str]] = {dtypes.int64: "L", dtypes.uint32: "u",
                                               dtypes.uint64: "UL"}
+    storage_types: ClassVar[dict[DType, str]] = {dtypes.bool_: "uchar"}   # no bool arguments
+    bitcast_format = "as_{dst}(({src}){expr})"
 
     # Runs of accumulators held in one OpenCL vector (codegen/lanes.py): a packed matmul's
     # register block on a CPU device (threads_are_loops), where PoCL compiles it as written.
+    # float64 ones, like any float64 node, occur only on a device with fp64.
     vector_bytes = 64
+    vector_types: ClassVar[dict[DType, str]] = {dtypes.float32: "float16",
+                                                dtypes.float64: "double8"}
+    vector_spelling = staticmethod(_cl_vectors)
+    # MULACC on float and double rounds once (the ABI allows it), as the vector form does
+    fma_dtypes = (dtypes.float32, dtypes.float64)
+    type_map: ClassVar[dict[DType, str]] = _CL_TYPES
 
     def __init__(self, fp16: bool, fp64: bool):
         self.fp16, self.fp64 = fp16, fp64
-        self.vector_types = {dtypes.float32: "float16", **({dtypes.float64: "double8"} if fp64
-                                                           else {})}
         self.emulated = {dtypes.bfloat16: _BF16} if fp16 else {dtypes.float16: _F16,
                                                                dtypes.bfloat16: _BF16}
         # Emulated casts round from the widest float; without fp64 that is float.
-        self.type_map = {**_CL_TYPES, dtypes.float64: "double" if fp64 else "float"}
-
-    def storage_type(self, dtype: DType) -> str:
-        return "uchar" if dtype == dtypes.bool_ else super().storage_type(dtype)
-
-    def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
-        # MULACC on float and double rounds once (the ABI allows it), as the vector form does
-        if op is Op.MULACC and dtype in self.vector_types:
-            return f"fma({', '.join(operands)})"
-        return super().render_alu(op, operands, dtype)
-
-    def rendered_together(self, kernel: Kernel) -> dict:
-        return lanes.spelled(kernel, self.vector_types, self.vector_bytes, _cl_vectors)
-
-    def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
-        return f"as_{self.value_type(dst)}(({self.value_type(src)}){expr})"
+        self.widest_float = "double" if fp64 else "float"
 
     def prelude(self, kernel: Kernel) -> str:
         # OpenCL contracts a * b + c into an fma by default; the ABI rounds each op.
@@ -102,12 +102,3 @@ class OpenCLRenderer(CStyleRenderer):
             lines += ["#ifndef PK_ONCE_HELPERS", "#define PK_ONCE_HELPERS",
                       _HELPERS.format(wide="double" if self.fp64 else "float"), "#endif"]
         return "\n".join(lines)
-
-
-def _cl_vectors(vector: str, width: int) -> lanes.Spelling:
-    """OpenCL C vectors: a cast broadcasts a scalar, .s0-.sf name lanes, vloadN reads N values
-    from any element-aligned address, and fma rounds once per lane."""
-    return lanes.Spelling(
-        declare=lambda lead, init, n: f"{vector} {lead} = ({vector})({init});",
-        lane=lambda lead, k: f"{lead}.s{k:x}",
-        fma=lambda lead, a, at: f"{lead} = fma(({vector})({a}), vload{width}(0, &{at}), {lead});")

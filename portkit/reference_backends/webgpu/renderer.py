@@ -1,11 +1,12 @@
-"""ABI kernels as WGSL: the C-style base, with WGSL's declarations, calls and packed buffers.
+"""ABI kernels as WGSL: the C-style base, with WGSL's knobs and packed buffers.
 
-WGSL differs from C in ways the base cannot express with knobs alone:
-- declarations read `let vN: T = e;` and `var accN: T = e;` (see `declare`); `c ? a : b` is
-  `select(b, a, c)`;
+WGSL differs from C in these ways; all but the packed buffers are knobs of the base:
+- declarations read `let vN: T = e;` and `var accN: T = e;`; `c ? a : b` is `select(b, a, c)`;
+  casts are `T(x)`; integers wrap and never trap;
 - 8- and 16-bit integers and bool have no type: values live in i32 / u32 (narrowed after each
-  op) and buffers hold them packed in `array<atomic<u32>>` words; a store clears and sets its
-  own bits with atomicAnd + atomicOr, so neighbours stored by other threads are kept;
+  op, which the base does for a dtype whose type is the 32-bit one) and buffers hold them packed
+  in `array<atomic<u32>>` words; a store clears and sets its own bits with atomicAnd +
+  atomicOr, so neighbours stored by other threads are kept (`render_load`, `render_store`);
 - bfloat16 is held in f32 and packed like the 16-bit integers; float16 is native (`enable f16`);
 - NaN: the driver may fold `x != x` to false, so NaN is tested on the bits;
 - the block size is part of the shader (`@workgroup_size`), scalars come in a uniform struct
@@ -13,26 +14,26 @@ WGSL differs from C in ways the base cannot express with knobs alone:
 """
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import ClassVar
 
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
-from portkit.abi.kernel import Kernel
-from portkit.abi.ops import COMPARISON, Op
-from portkit.codegen.cstyle import CStyleRenderer, Emulated
+from portkit.abi.ops import Op
+from portkit.codegen.cstyle import CStyleRenderer, Emulated, Spelling
 
 _TYPES = {
     dtypes.bool_: "bool", dtypes.int8: "i32", dtypes.int16: "i32", dtypes.int32: "i32",
     dtypes.uint8: "u32", dtypes.uint16: "u32", dtypes.uint32: "u32", dtypes.float16: "f16",
-    dtypes.float32: "f32", dtypes.float64: "f32",   # float64: only the base's cast path names it
+    dtypes.float32: "f32",
 }
 # Stored as bits packed into u32 words: dtype -> bits per element.
 PACKED = {dtypes.bool_: 8, dtypes.int8: 8, dtypes.uint8: 8, dtypes.int16: 16,
           dtypes.uint16: 16, dtypes.bfloat16: 16}
 
-_PRELUDE = """\
+_TEMPLATE = """\
+{% if "float16" in dtypes %}
+enable f16;
+{% endif %}
 fn pk_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 fn pk_bf16(x: f32) -> f32 {  // round to nearest-even bfloat16, NaN kept
   let u = bitcast<u32>(x);
@@ -44,23 +45,23 @@ fn pk_fdiv(a: f32, b: f32) -> f32 {  // WGSL leaves x / 0 undefined: spell out I
   let inf = bitcast<f32>(((bitcast<u32>(a) ^ bitcast<u32>(b)) & 0x80000000u) | 0x7f800000u);
   return select(inf, bitcast<f32>(0x7fc00000u), a == 0.0f || pk_isnan(a));
 }
-"""
 
-_TEMPLATE = """\
-{% if f16 %}
-enable f16;
+{% for p in kernel.params %}
+{% set element = r.storage_type(p.value_dtype) %}
+@group(0) @binding({{ p.arg }}) var<storage, read_write> data{{ p.arg }}: array<{{ element }}>;
+{% endfor %}
+{% if kernel.vars %}
+struct PkVars {
+{%- for v in kernel.vars %} s{{ loop.index0 }}: i32{{ "," if not loop.last }}{% endfor %} }
+@group(0) @binding({{ kernel.params | length }}) var<uniform> pk_vars: PkVars;
 {% endif %}
-{{ prelude }}
-{% for line in declarations + module_locals %}
+{% for line in module_locals %}
 {{ line }}
 {% endfor %}
 
 @compute @workgroup_size({{ kernel.block | join(", ") }})
 fn {{ name }}(@builtin(workgroup_id) pk_group: vec3<u32>,
     @builtin(local_invocation_id) pk_local: vec3<u32>) {
-{% for v in kernel.vars %}
-  let var_{{ v }}: i32 = pk_vars.s{{ loop.index0 }};
-{% endfor %}
 {% for line in body %}
 {{ line }}
 {% endfor %}
@@ -75,6 +76,18 @@ def _is_nan(x: str, dtype: DType) -> str:
 class WebGPURenderer(CStyleRenderer):
     """WGSL for WebGPU compute shaders; one bind group: buffers, then the scalars' uniform."""
 
+    buffer_param = None           # buffers and scalars are bound at module scope (_TEMPLATE)
+    scalar_param = None
+    scalar_read = "pk_vars.s{index}"
+    const_declaration = "let {name}: {type} = {expr};"
+    var_declaration = "var {name}: {type} = {expr};"
+    gated_store = "if ({gate}) {{ {statement} }}"
+    local_declaration = "var<workgroup> {name}: array<{type}, {size}>;"
+    cast_format = "{type}({expr})"
+    bitcast_format = "bitcast<{dst}>({expr})"
+    widest_float = "f32"
+    wrapping_ints = True
+    guard_division = False
     barrier = "workgroupBarrier();"
     workitem: ClassVar[dict[str, str]] = {"group": "i32(pk_group[{}])",
                                           "local": "i32(pk_local[{}])"}
@@ -85,9 +98,15 @@ class WebGPURenderer(CStyleRenderer):
         dtypes.int8: "i", dtypes.int16: "i", dtypes.int32: "i",
         dtypes.uint8: "u", dtypes.uint16: "u", dtypes.uint32: "u"}
     float_suffix: ClassVar[dict[str, str]] = {"f32": "f", "f16": "h"}
+    # inf and NaN cannot be WGSL literals; a bit pattern can. lavapipe reads `-0.0f` as +0.
+    float_specials: ClassVar[dict[str, str]] = {
+        "inf": "bitcast<f32>(0x7f800000u)", "-inf": "bitcast<f32>(0xff800000u)",
+        "nan": "bitcast<f32>(0x7fc00000u)", "-0.0": "bitcast<f32>(0x80000000u)"}
+    typed_specials = frozenset({"f32", "f16"})
+    storage_types: ClassVar[dict[DType, str]] = {dtype: "atomic<u32>" for dtype in PACKED}
     locals_at_module_scope = True
     template = _TEMPLATE
-    code_for_op: ClassVar[dict[Op, Callable[..., str]]] = {
+    code_for_op: ClassVar[dict[Op, Spelling]] = {
         **CStyleRenderer.code_for_op,
         # lavapipe drops the store of `x / 0.0` when the zero is a constant
         Op.FDIV: lambda a, b, dtype: (f"f16(pk_fdiv(f32({a}), f32({b})))"
@@ -96,32 +115,14 @@ class WebGPURenderer(CStyleRenderer):
         Op.MAX: lambda a, b, dtype: (
             f"select({b}, {a}, {a} > {b} || {_is_nan(a, dtype)})" if dtype.is_float
             else f"max({a}, {b})"),
-        Op.CMPLT: lambda a, b, dtype: (f"(!{a} && {b})" if dtype == dtypes.bool_
-                                       else f"({a} < {b})"),
         Op.CMPNE: lambda a, b, dtype: (
             f"({a} != {b} || {_is_nan(a, dtype)} || {_is_nan(b, dtype)})" if dtype.is_float
             else f"({a} != {b})"),
-        Op.XOR: lambda a, b, dtype: f"({a} != {b})" if dtype == dtypes.bool_ else f"({a} ^ {b})",
-        Op.SHL: lambda a, b, dtype: f"({a} << u32({b}))",
-        Op.SHR: lambda a, b, dtype: f"({a} >> u32({b}))",
-        Op.WHERE: lambda c, a, b, dtype: f"select({b}, {a}, {c})",
+        Op.SHL: "({0} << u32({1}))",
+        Op.SHR: "({0} >> u32({1}))",
+        Op.WHERE: "select({2}, {1}, {0})",
     }
-
-    def cast(self, expr: str, type_name: str) -> str:
-        return f"{type_name}({expr})"
-
-    def declare(self, name: str, type_name: str, expr: str, mutable: bool = False) -> str:
-        return f"{'var' if mutable else 'let'} {name}: {type_name} = {expr};"
-
-    def render_const(self, value: float, dtype: DType) -> str:
-        # inf and NaN cannot be WGSL literals; a bit pattern can. lavapipe reads `-0.0f` as +0.
-        if dtype.is_float and (
-                not math.isfinite(value) or (value == 0 and math.copysign(1, value) < 0)
-        ):
-            bits = (0x7fc00000 if math.isnan(value) else 0x80000000 if value == 0
-                    else 0x7f800000 | (value < 0) << 31)
-            return self.cast(f"bitcast<f32>({bits:#x}u)", self.value_type(dtype))
-        return super().render_const(value, dtype)
+    bool_ops: ClassVar[dict[Op, Spelling]] = {Op.CMPLT: "(!{0} && {1})", Op.XOR: "({0} != {1})"}
 
     # ---- packed storage -------------------------------------------------------------------
 
@@ -151,77 +152,39 @@ class WebGPURenderer(CStyleRenderer):
                 f"((bitcast<i32>({bits}) << {shift}u) >> {shift}u)"
         return f"bitcast<f32>({bits})" if dtype.is_float else bits
 
-    def storage_type(self, dtype: DType) -> str:
-        return "atomic<u32>" if dtype in PACKED else self.type_map[dtype]
-
     def _word(self, buffer: str, index: str, bits: int) -> tuple[str, str]:
         per_word = 32 // bits
         return (f"&{buffer}[u32({index}) / {per_word}u]",
                 f"(u32({index}) % {per_word}u * {bits}u)")
 
     def render_load(self, dtype: DType, buffer: str, index: str, gate: str | None = None) -> str:
-        if dtype in PACKED:
-            word, shift = self._word(buffer, index, PACKED[dtype])
-            mask = (1 << PACKED[dtype]) - 1
-            value = self.from_bits(f"((atomicLoad({word}) >> {shift}) & {mask:#x}u)", dtype)
-        else:
-            value = f"{buffer}[{index}]"
         # select() reads both sides; a read out of bounds is clamped by WebGPU, never a fault.
-        return value if gate is None else f"select({self.render_const(0, dtype)}, {value}, {gate})"
+        if dtype not in PACKED:
+            return super().render_load(dtype, buffer, index, gate)
+        word, shift = self._word(buffer, index, PACKED[dtype])
+        mask = (1 << PACKED[dtype]) - 1
+        value = self.from_bits(f"((atomicLoad({word}) >> {shift}) & {mask:#x}u)", dtype)
+        return value if gate is None else self.spell(
+            Op.WHERE, [gate, value, self.render_const(0, dtype)], dtype)
 
     def render_store(self, dtype: DType, buffer: str, index: str, value: str,
                      gate: str | None = None) -> str:
-        if dtype in PACKED:
-            word, shift = self._word(buffer, index, PACKED[dtype])
-            mask = (1 << PACKED[dtype]) - 1
-            statement = (f"atomicAnd({word}, ~({mask:#x}u << {shift})); "
-                         f"atomicOr({word}, {self.to_bits(value, dtype)} << {shift});")
-        else:
-            statement = f"{buffer}[{index}] = {value};"
-        return statement if gate is None else f"if ({gate}) {{ {statement} }}"
+        if dtype not in PACKED:
+            return super().render_store(dtype, buffer, index, value, gate)
+        word, shift = self._word(buffer, index, PACKED[dtype])
+        mask = (1 << PACKED[dtype]) - 1
+        statement = (f"atomicAnd({word}, ~({mask:#x}u << {shift})); "
+                     f"atomicOr({word}, {self.to_bits(value, dtype)} << {shift});")
+        return statement if gate is None else self.gated_store.format(gate=gate,
+                                                                      statement=statement)
 
     def render_local(self, name: str, dtype: DType, size: int, offset: int) -> str:
-        words = -(-size * PACKED[dtype] // 32) if dtype in PACKED else size
-        return f"var<workgroup> {name}: array<{self.storage_type(dtype)}, {words}>;"
+        words = -(-size * PACKED[dtype] // 32) if dtype in PACKED else size   # 32-bit words
+        return super().render_local(name, dtype, words, offset)
 
     # ---- values ---------------------------------------------------------------------------
-
-    def render_alu(self, op: Op, operands: list[str], dtype: DType) -> str:
-        # WGSL integers wrap and never trap, so the base's widening and divisor guard are not
-        # needed; 8- and 16-bit results are narrowed back to their width.
-        if not dtype.is_int or op is Op.MULACC:
-            return super().render_alu(op, operands, dtype)
-        expr = self.code_for_op[op](*operands, self._wide(dtype))
-        return expr if op in COMPARISON else self.narrow(expr, dtype)
-
-    def _wide(self, dtype: DType) -> DType:
-        return dtypes.int32 if dtype.kind == "int" else dtypes.uint32
-
-    def narrow(self, expr: str, dtype: DType) -> str:
-        """An i32 / u32 value wrapped to the range of the 8- or 16-bit `dtype`."""
-        if dtype.bits == 32:
-            return expr
-        bits = f"({self.to_bits(expr, self._wide(dtype))} & {(1 << dtype.bits) - 1:#x}u)"
-        return self.from_bits(bits, dtype)
 
     def render_cast(self, expr: str, src: DType, dst: DType) -> str:
         if dst == dtypes.bool_ and src.is_float:   # NaN is true; `x != 0` may be folded for it
             return f"({expr} != 0 || {_is_nan(expr, src)})"
-        if dst.is_int:
-            return self.narrow(self.cast(expr, self.value_type(dst)), dst)
         return super().render_cast(expr, src, dst)
-
-    def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
-        return self.from_bits(self.to_bits(expr, src), dst)
-
-    def template_context(self, kernel: Kernel, body: list[str]) -> dict:
-        declarations = [f"@group(0) @binding({p.arg}) var<storage, read_write> data{p.arg}: "
-                        f"array<{self.storage_type(p.value_dtype)}>;" for p in kernel.params]
-        if kernel.vars:
-            members = ", ".join(f"s{i}: i32" for i in range(len(kernel.vars)))
-            binding = len(kernel.params)
-            declarations += [f"struct PkVars {{ {members} }}",
-                             f"@group(0) @binding({binding}) var<uniform> pk_vars: PkVars;"]
-        used = {n.dtype for n in kernel.nodes}
-        return {**super().template_context(kernel, body), "declarations": declarations,
-                "f16": dtypes.float16 in used, "prelude": _PRELUDE}

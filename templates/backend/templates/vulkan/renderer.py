@@ -33,10 +33,6 @@ BITCASTS = {("float", "int"): "floatBitsToInt", ("float", "uint"): "floatBitsToU
             ("uint16_t", "float16_t"): "uint16BitsToFloat16"}
 
 
-def _logical(c_op: str, glsl_bool_op: str):
-    return lambda a, b, dtype: f"({a} {glsl_bool_op if dtype == dtypes.bool_ else c_op} {b})"
-
-
 # lavapipe's float64 lowering: trunc (and an int64 round trip, which becomes trunc) leaves
 # some non-integral values unchanged, and x / 0 is garbage
 # (docs/backends/drivers.md); exact versions, with the zero's and the infinity's signs kept.
@@ -63,7 +59,13 @@ double pk_div(double a, double b) {
 #extension GL_EXT_shader_16bit_storage : require
 {{ prelude }}
 layout(local_size_x = {{ kernel.block[0] }}, local_size_y = {{ kernel.block[1] }}, local_size_z = {{ kernel.block[2] }}) in;
-{% for line in args + module_locals %}
+{% for line in args %}
+{{ line }}
+{% endfor %}
+{% if kernel.vars %}
+layout(push_constant) uniform Scalars { {% for v in kernel.vars %}int var_{{ v }}; {% endfor %}};
+{% endif %}
+{% for line in module_locals %}
 {{ line }}
 {% endfor %}
 void main() {
@@ -78,39 +80,43 @@ class {{ cookiecutter.__title }}Renderer(CStyleRenderer):
     """Kernel -> GLSL 450 compute shader source (`main` is the entry point)."""{% raw %}
 
     locals_at_module_scope = True          # `shared` arrays live outside main
-    local_prefix = "shared "
+    local_declaration = "shared {type} {name}[{size}];"
+    # Buffers are module-scope blocks (the template lists them); the scalars, one push-constant
+    # block in the template, are read by name.
+    buffer_param = ("layout(std430, set = 0, binding = {slot}) buffer Data{slot} "
+                    "{{ {type} {name}[]; }};")
+    scalar_param = None
+    const_declaration = "{type} {name} = {expr};"      # GLSL's const needs a constant
+    cast_format = "{type}({expr})"
     barrier = "memoryBarrierShared(); barrier();"
     workitem: ClassVar = {"group": "int(gl_WorkGroupID.{xyz})",
                           "local": "int(gl_LocalInvocationID.{xyz})"}
     type_map: ClassVar = TYPES
+    storage_types: ClassVar = {dtypes.bool_: "uint8_t"}
     int_suffix: ClassVar = {dtypes.uint32: "u", dtypes.int64: "l", dtypes.uint64: "ul"}
     float_suffix: ClassVar = {"float": "f", "double": "lf", "float16_t": "hf"}
-    infinity = "uintBitsToFloat(0x7f800000u)"
-    nan = "uintBitsToFloat(0x7fc00000u)"
+    float_specials: ClassVar = {"inf": "uintBitsToFloat(0x7f800000u)",
+                                "-inf": "(-uintBitsToFloat(0x7f800000u))",
+                                "nan": "uintBitsToFloat(0x7fc00000u)"}
+    typed_specials = frozenset({"float", "double"})
+    # no literal of these types: a literal is cast to them
+    cast_literals = frozenset({dtypes.int8, dtypes.int16, dtypes.uint8, dtypes.uint16,
+                               dtypes.float16})
+    typed_literals = True            # no implicit narrowing: a divisor guard's literals are typed
     template = TEMPLATE
     code_for_op: ClassVar = {
         **CStyleRenderer.code_for_op,
-        Op.AND: _logical("&", "&&"), Op.OR: _logical("|", "||"), Op.XOR: _logical("^", "^^"),
         Op.MAX: lambda a, b, dtype: (f"(({a} > {b} || isnan({a})) ? {a} : {b})"
                                      if dtype.is_float else f"({a} > {b} ? {a} : {b})"),
-        Op.CMPLT: lambda a, b, dtype: f"(!{a} && {b})" if dtype == dtypes.bool_ else
-        f"({a} < {b})",
         Op.TRUNC: lambda a, dtype: f"{'pk_trunc' if dtype == dtypes.float64 else 'trunc'}({a})",
         Op.FDIV: lambda a, b, dtype: f"pk_div({a}, {b})" if dtype == dtypes.float64 else
         f"({a} / {b})",
     }
+    bool_ops: ClassVar = {Op.AND: "({0} && {1})", Op.OR: "({0} || {1})", Op.XOR: "({0} ^^ {1})",
+                          Op.CMPLT: "(!{0} && {1})"}
 
     def prelude(self, kernel: Kernel) -> str:
         return FLOAT64_HELPERS if any(n.dtype == dtypes.float64 for n in kernel.nodes) else ""
-
-    def cast(self, expr: str, type_name: str) -> str:
-        return f"{type_name}({expr})"
-
-    def declare(self, name: str, type_name: str, expr: str, mutable: bool = False) -> str:
-        return f"{type_name} {name} = {expr};"      # GLSL's const needs a constant
-
-    def storage_type(self, dtype: DType) -> str:
-        return "uint8_t" if dtype == dtypes.bool_ else super().storage_type(dtype)
 
     def render_load(self, dtype: DType, buffer: str, index: str, gate: str | None = None) -> str:
         if dtype != dtypes.bool_:
@@ -124,34 +130,6 @@ class {{ cookiecutter.__title }}Renderer(CStyleRenderer):
         return super().render_store(dtypes.int8 if dtype == dtypes.bool_ else dtype, buffer,
                                     index, value, gate)
 
-    def render_cast(self, expr: str, src: DType, dst: DType) -> str:
-        if dst == dtypes.bool_ and src != dst:
-            return f"({expr} != {self.render_const(0, src)})"
-        return super().render_cast(expr, src, dst)
-
-    def safe_divisor(self, a: str, b: str, dtype: DType) -> str:
-        zero, one = self.render_const(0, dtype), self.render_const(1, dtype)
-        bad = f"{b} == {zero}"
-        if dtype.kind == "int" and dtype.bits >= 32:
-            bad += (f" || ({b} == {self.render_const(-1, dtype)} && "
-                    f"{a} == {self.render_const(int(dtype.min), dtype)})")
-        return f"(({bad}) ? {one} : {b})"
-
-    def render_const(self, value: float, dtype: DType) -> str:
-        text = super().render_const(value, dtype)
-        if dtype.bits < 32 and dtype != dtypes.bool_ or dtype.is_float and (
-                text in (self.infinity, self.nan, f"(-{self.infinity})")):
-            return self.cast(text, self.type_map[dtype])      # no literal of this type
-        return text
-
     def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
         names = self.type_map[src], self.type_map[dst]
-        return f"{BITCASTS[names]}({expr})" if names in BITCASTS else self.cast(expr, names[1])
-
-    def render_args(self, kernel: Kernel) -> list[str]:
-        buffers = [f"layout(std430, set = 0, binding = {p.arg}) buffer Data{p.arg} "
-                   f"{{ {self.storage_type(p.value_dtype)} data{p.arg}[]; }};"
-                   for p in kernel.params]
-        scalars = " ".join(f"int var_{name};" for name in kernel.vars)
-        return buffers + ([f"layout(push_constant) uniform Scalars {{ {scalars} }};"]
-                          if kernel.vars else []){% endraw %}
+        return f"{BITCASTS[names]}({expr})" if names in BITCASTS else self.cast(expr, names[1]){% endraw %}

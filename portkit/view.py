@@ -9,6 +9,7 @@ expressions (portkit/symbolic.py) that codegen lowers.
 from __future__ import annotations
 
 from functools import lru_cache
+from math import prod
 from typing import NamedTuple
 
 from portkit.symbolic import Bound, Lin, const, recombine, unravel
@@ -130,6 +131,30 @@ class View(NamedTuple):
             if (lo, hi) != (0, s)]
         return recombine(flat), conds
 
+    def aligned(self, idx: list[Lin], shape: Shape) -> list[Lin] | None:
+        """The multi-index into a row-major `shape` of the element at `idx`, axis by axis,
+        where this view reads such a source axis for axis, shifted (a pad, a shrink); else
+        None. Unravelling the flat index instead loses a pad's shift into divs and mods of it
+        (`(x + 65503) // 65536 % 32`), as the flat index's range includes the padding."""
+        if len(idx) != len(shape) or len(self.shape) != len(shape):
+            return None
+        rows = _row_major(shape)
+        if any(st != r and n != 1 for st, r, n in zip(self.strides, rows, self.shape)):
+            return None
+        mask = self.mask or tuple((0, n) for n in self.shape)
+        # the source position of the mask's first element, as digits along `shape`
+        first = self.offset + sum(lo * st for (lo, _), st in zip(mask, self.strides))
+        if not 0 <= first < prod(shape):
+            return None
+        out = []
+        for i, (lo, hi), n, size, inner in zip(idx, mask, self.shape, shape,
+                                               (prod(shape[a + 1:]) for a in range(len(shape)))):
+            digit = first // inner % size
+            if digit + hi - lo > size:      # the real data runs past the source's axis
+                return None
+            out.append(i + (digit - lo) if n != 1 else const(digit))
+        return out
+
 
 def _nocopy_strides(old: Shape, old_strides: tuple[int, ...], new: Shape) -> list[int] | None:
     """Strides that give `new` the same elements as (old, old_strides), or None.
@@ -213,3 +238,8 @@ class ShapeTracker(NamedTuple):
             flat, more = view.index(unravel(flat, view.shape))
             conds += more
         return flat, conds
+
+    def aligned(self, idx: list[Lin], shape: Shape) -> list[Lin] | None:
+        """The source multi-index of the element at `idx` axis by axis (`View.aligned`), for a
+        tracker of one view; else None."""
+        return self.views[0].aligned(idx, shape) if len(self.views) == 1 else None

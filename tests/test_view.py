@@ -71,6 +71,16 @@ def test_any_chain_of_movement_ops_indexes_like_numpy(shape, moves, data):
         tracker, array = apply(tracker, array, move, data)
     assert tracker.shape == array.shape
     np.testing.assert_array_equal(read(tracker, base), array)
+    # where the view reads the source axis for axis, its per-axis index reads the same elements
+    idx = [var(f"i{k}", 0, s - 1) for k, s in enumerate(tracker.shape)]
+    at = tracker.aligned(idx, tuple(shape))
+    if at is not None:
+        _, conds = tracker.index(idx)
+        source = base.reshape(shape)
+        for point in itertools.product(*(range(s) for s in tracker.shape)):
+            env = {f"i{k}": p for k, p in enumerate(point)}
+            if all(c.lo <= evaluate(c.expr, env) < c.hi for c in conds):
+                assert source[tuple(evaluate(i, env) for i in at)] == array[point]
 
 
 def test_views_stay_single_when_strides_can_say_it():
@@ -83,3 +93,15 @@ def test_views_stay_single_when_strides_can_say_it():
     assert len(tracker.views) == 2 and not tracker.is_contiguous
     padded = View.contiguous((3,)).pad(((1, 1),))
     assert padded.shape == (5,) and padded.mask == ((1, 4),) and padded.offset == -1
+
+
+def test_a_padded_view_keeps_each_shift_on_its_axis():
+    # unravelling the flat index of a pad gave (i + 65503) // 65536 % 32 and the like: divs
+    # and mods in every element of a padded copy of anything but a plain load
+    padded = ShapeTracker.contiguous((2, 3, 4, 4)).pad(((0, 0), (0, 0), (1, 1), (1, 2)))
+    idx = [var(f"i{k}", 0, s - 1) for k, s in enumerate(padded.shape)]
+    assert padded.aligned(idx, (2, 3, 4, 4)) == [idx[0], idx[1], idx[2] + -1, idx[3] + -1]
+    cut = ShapeTracker.contiguous((2, 3, 4, 4)).shrink(((0, 2), (1, 3), (0, 4), (2, 4)))
+    idx = [var(f"i{k}", 0, s - 1) for k, s in enumerate(cut.shape)]
+    assert cut.aligned(idx, (2, 3, 4, 4)) == [idx[0], idx[1] + 1, idx[2], idx[3] + 2]
+    assert ShapeTracker.contiguous((2, 3)).permute((1, 0)).aligned(idx[:2], (3, 2)) is None

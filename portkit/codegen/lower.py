@@ -231,7 +231,9 @@ class _Lowerer:
             if id(src) in self.params:
                 out[e] = self.load(self.params[id(src)], self.index(flat), inner_gate)
             else:
-                inner.append((e, unravel(flat, src.shape), inner_gate))
+                # a pad's shift stays on its axis (View.aligned), for the source's own views
+                at = node.arg.aligned(idx, src.shape)
+                inner.append((e, unravel(flat, src.shape) if at is None else at, inner_gate))
         if inner:
             values = self.lower(src, [i for _, i, _ in inner], [g for _, _, g in inner])
             for (e, _, inner_gate), value in zip(inner, values):

@@ -207,3 +207,20 @@ def test_the_gradient_of_a_sum_is_copied_padded_before_the_input_gradient():
     expected = torch.nn.functional.conv_transpose2d(
         torch.ones(2, 16, 12, 16), torch.from_numpy(_data(16, 16, 3, 3, seed=1)), padding=1)
     np.testing.assert_allclose(px.grad.numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_padded_copy_of_a_masked_gradient_indexes_like_a_padded_load():
+    # relu's mask of dy, padded for the input gradient: its loads keep the pad's shift on each
+    # axis, so the copy costs the divs and mods of a padded load's copy, where unravelling the
+    # flat index added five per element
+    def copy_ops(value):
+        item = schedule.create_schedule([value.pad(((0, 0), (0, 0), (1, 1), (1, 1))).lazy])[0]
+        return [op for op in _ops_of(item) if op in (Op.IDIV, Op.MOD)]
+    dy = Tensor(_data(2, 16, 12, 16), device="cpu").realize()
+    h = Tensor(_data(2, 16, 12, 16, seed=1), device="cpu").realize()
+    assert copy_ops(dy * (h > 0)) == copy_ops(dy)
+    expected = np.pad(_data(2, 16, 12, 16) * (_data(2, 16, 12, 16, seed=1) > 0),
+                      ((0, 0), (0, 0), (1, 1), (1, 1)))
+    np.testing.assert_array_equal((dy * (h > 0)).pad(((0, 0), (0, 0), (1, 1), (1, 1))).numpy(),
+                                  expected)
+

@@ -224,3 +224,13 @@ def test_the_padded_copy_of_a_masked_gradient_indexes_like_a_padded_load():
     np.testing.assert_array_equal((dy * (h > 0)).pad(((0, 0), (0, 0), (1, 1), (1, 1))).numpy(),
                                   expected)
 
+
+def test_the_weight_gradients_staged_copies_walk_output_rows():
+    # k = (batch, 12, 16) in depth blocks of 192: each block is staged as 12 runs of an output
+    # row (16), so a position along k is affine in the inner counter, never a div or a mod of it
+    item = _the_sum(_backward_schedule("weight"))
+    _packed(item)
+    nodes = lower(item.root, item.inputs, runtime.get("cpu").capabilities).nodes
+    runs = [i for i, n in enumerate(nodes) if n.op is Op.RANGE and nodes[n.src[1]].arg == 16]
+    assert len(runs) >= 2      # the windows' staging and the gradient's panel copy
+    assert not [n for n in nodes if n.op in (Op.IDIV, Op.MOD) and set(n.src) & set(runs)]

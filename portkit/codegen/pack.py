@@ -124,13 +124,21 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
                for blocks in sorted(_blocks(tiles, rows, m, staged), reverse=True)]
     if staged:
         choices.sort(key=lambda choice: -choice[1])
+    # where no blocking leaves `wanted` groups, the fallback is the fewest blocks per group,
+    # as many groups as there are: one block, unless B is more than a load (BatchNorm's
+    # gradient under a conv's weight gradient), which is evaluated into the panel once per
+    # group along m; then the fewest blocks whose rows repay its ops, one row each (one 3-row
+    # block per group evaluated it 9 times in a ResNet stem's weight gradient)
+    need = _evaluation_cost(found.right, {id(x) for x in inputs})
+    counts = sorted({blocks for _, blocks in choices})
+    fallback = min([b for b in counts if rows * b >= need] or counts[-1:])
     # else the deepest panel, then the most register blocks per group that divide m's,
     # leave enough groups, and fit the device's workgroup memory
     for most, blocks in choices:
         depth = ceil(k / ceil(k / most))
         packing = Packing(rows, width, blocks, depth, packed_a=staged,
                           along_k=found.contiguous_k[0] or folded_k)
-        enough = batch * panels * (tiles // blocks) >= wanted or blocks == 1
+        enough = batch * panels * (tiles // blocks) >= wanted or blocks in (fallback, 1)
         if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
             return found, packing
     return None

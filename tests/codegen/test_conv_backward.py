@@ -234,3 +234,22 @@ def test_the_weight_gradients_staged_copies_walk_output_rows():
     runs = [i for i, n in enumerate(nodes) if n.op is Op.RANGE and nodes[n.src[1]].arg == 16]
     assert len(runs) >= 2      # the windows' staging and the gradient's panel copy
     assert not [n for n in nodes if n.op in (Op.IDIV, Op.MOD) and set(n.src) & set(runs)]
+
+
+def test_a_costly_output_gradient_is_evaluated_once_per_group_that_repays_it():
+    # BatchNorm's gradient under a stem's weight gradient (m = 3 * 3 * 3 = 27 rows of 3-row
+    # blocks): no blocking leaves 16 groups, and the fallback is no longer one block per group,
+    # which evaluated the gradient into the panel 9 times, but the fewest blocks whose rows
+    # repay its ops: all 27 rows in one group here
+    px = Tensor(_data(2, 3, 48, 64), device="cpu")
+    pw = Tensor(_data(16, 3, 3, 3, seed=1), device="cpu", requires_grad=True)
+    h = F.batch_norm(px.conv2d(pw, padding=1), None, None, training=True).relu()
+    (h * Tensor(_data(2, 16, 48, 64, seed=2), device="cpu")).sum().backward()
+    item = _the_sum(schedule.create_schedule([pw.grad.lazy]))
+    (found, packing), _ = _packed(item)
+    assert found.sizes[:2] == (27, 16) and packing.rows * packing.blocks == 27
+    tx = torch.from_numpy(_data(2, 3, 48, 64)).double()
+    tw = torch.from_numpy(_data(16, 3, 3, 3, seed=1)).double().requires_grad_()
+    th = TF.batch_norm(TF.conv2d(tx, tw, padding=1), None, None, training=True).relu()
+    (th * torch.from_numpy(_data(2, 16, 48, 64, seed=2)).double()).sum().backward()
+    _relative(pw.grad.numpy(), tw.grad.numpy(), rtol=1e-4)

@@ -124,13 +124,21 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
                for blocks in sorted(_blocks(tiles, rows, m, staged), reverse=True)]
     if staged:
         choices.sort(key=lambda choice: -choice[1])
+    # where no blocking leaves `wanted` groups, the fallback is the fewest blocks per group,
+    # as many groups as there are: one block, unless B is more than a load (BatchNorm's
+    # gradient under a conv's weight gradient), which is evaluated into the panel once per
+    # group along m; then the fewest blocks whose rows repay its ops, one row each (one 3-row
+    # block per group evaluated it 9 times in a ResNet stem's weight gradient)
+    need = _evaluation_cost(found.right, {id(x) for x in inputs})
+    counts = sorted({blocks for _, blocks in choices})
+    fallback = min([b for b in counts if rows * b >= need] or counts[-1:])
     # else the deepest panel, then the most register blocks per group that divide m's,
     # leave enough groups, and fit the device's workgroup memory
     for most, blocks in choices:
         depth = ceil(k / ceil(k / most))
         packing = Packing(rows, width, blocks, depth, packed_a=staged,
                           along_k=found.contiguous_k[0] or folded_k)
-        enough = batch * panels * (tiles // blocks) >= wanted or blocks == 1
+        enough = batch * panels * (tiles // blocks) >= wanted or blocks in (fallback, 1)
         if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
             return found, packing
     return None
@@ -289,13 +297,33 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         sums = b.local(wide, across * p.width)
         with _loop(lowerer, "z", across * p.width) as z:
             b.store(sums, lowerer.index(z), zero)
+    # a sum over several axes walks a depth block as (runs, run) loops, a run being the last
+    # k axis (an output row), where runs fit the block whole: an operand's position is then
+    # affine in the inner counter, a contiguous copy the C compiler makes vector loads, where
+    # the flat counter cost a div and a mod of it per staged element (scalar code)
+    run = shape[found.k_axes[-1]] if found.k_fold else 1
+    run = run if 1 < run < p.depth and p.depth % run == 0 else 1
+
+    def walk(name: str, end: int) -> Iterator[Lin]:
+        """The depth block's counter, as one loop or as runs of `run` (above)."""
+        if run == 1:
+            with _loop(lowerer, name, p.depth, end) as kk:
+                yield kk
+            return
+        with _loop(lowerer, name + "r", p.depth // run, ends[1]) as runs, \
+                _loop(lowerer, name, run) as kk:
+            yield runs * run + kk
     with _loop(lowerer, "kb", ceil(k_size / p.depth)) as block:
         k0 = block * p.depth
-        end = lowerer.const(p.depth)
-        if k_size % p.depth:
-            left = b.alu(Op.ADD, lowerer.const(k_size), b.alu(Op.MUL, lowerer.index(block),
-                                                              lowerer.const(-p.depth)))
-            end = b.alu(Op.WHERE, b.alu(Op.CMPLT, left, end), left, end)
+        ends = []
+        for step in (1, run):   # the block's end, in terms and in runs
+            end = lowerer.const(p.depth // step)
+            if k_size % p.depth:
+                left = b.alu(Op.ADD, lowerer.const(k_size // step), b.alu(
+                    Op.MUL, lowerer.index(block), lowerer.const(-p.depth // step)))
+                end = b.alu(Op.WHERE, b.alu(Op.CMPLT, left, end), left, end)
+            ends.append(end)
+        end = ends[0]
         if p.packed_a:
             group_row = first_row(const(0))[0]
             # A's block, computed once for every panel the group spans, in A's order
@@ -305,8 +333,9 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 value = value if b.dtype(value) == wide else b.cast(value, wide)
                 b.store(staged, lowerer.index(at_a(i, kk)), value)
             if p.along_k:
-                with _loop(lowerer, "am", across) as i, _loop(lowerer, "ak", p.depth, end) as kk:
-                    stage(kk, i)
+                with _loop(lowerer, "am", across) as i:
+                    for kk in walk("ak", end):
+                        stage(kk, i)
             else:
                 with _loop(lowerer, "ak", p.depth, end) as kk, _loop(lowerer, "am", across) as i:
                     stage(kk, i)
@@ -324,8 +353,9 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 # B read along its rows (a conv's output gradient along the output positions):
                 # across n its `width` rows lie a plane apart, 4 KiB on a 32 x 32 map, and
                 # walking them all at each k evicts each other from one L1 set
-                with _loop(lowerer, "pn", p.width) as j, _loop(lowerer, "pk", p.depth, end) as kk:
-                    copy(kk, j)
+                with _loop(lowerer, "pn", p.width) as j:
+                    for kk in walk("pk", end):
+                        copy(kk, j)
             else:
                 with _loop(lowerer, "pk", p.depth, end) as kk, _loop(lowerer, "pn", p.width) as j:
                     copy(kk, j)

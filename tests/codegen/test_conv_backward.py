@@ -207,3 +207,49 @@ def test_the_gradient_of_a_sum_is_copied_padded_before_the_input_gradient():
     expected = torch.nn.functional.conv_transpose2d(
         torch.ones(2, 16, 12, 16), torch.from_numpy(_data(16, 16, 3, 3, seed=1)), padding=1)
     np.testing.assert_allclose(px.grad.numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_padded_copy_of_a_masked_gradient_indexes_like_a_padded_load():
+    # relu's mask of dy, padded for the input gradient: its loads keep the pad's shift on each
+    # axis, so the copy costs the divs and mods of a padded load's copy, where unravelling the
+    # flat index added five per element
+    def copy_ops(value):
+        item = schedule.create_schedule([value.pad(((0, 0), (0, 0), (1, 1), (1, 1))).lazy])[0]
+        return [op for op in _ops_of(item) if op in (Op.IDIV, Op.MOD)]
+    dy = Tensor(_data(2, 16, 12, 16), device="cpu").realize()
+    h = Tensor(_data(2, 16, 12, 16, seed=1), device="cpu").realize()
+    assert copy_ops(dy * (h > 0)) == copy_ops(dy)
+    expected = np.pad(_data(2, 16, 12, 16) * (_data(2, 16, 12, 16, seed=1) > 0),
+                      ((0, 0), (0, 0), (1, 1), (1, 1)))
+    np.testing.assert_array_equal((dy * (h > 0)).pad(((0, 0), (0, 0), (1, 1), (1, 1))).numpy(),
+                                  expected)
+
+
+def test_the_weight_gradients_staged_copies_walk_output_rows():
+    # k = (batch, 12, 16) in depth blocks of 192: each block is staged as 12 runs of an output
+    # row (16), so a position along k is affine in the inner counter, never a div or a mod of it
+    item = _the_sum(_backward_schedule("weight"))
+    _packed(item)
+    nodes = lower(item.root, item.inputs, runtime.get("cpu").capabilities).nodes
+    runs = [i for i, n in enumerate(nodes) if n.op is Op.RANGE and nodes[n.src[1]].arg == 16]
+    assert len(runs) >= 2      # the windows' staging and the gradient's panel copy
+    assert not [n for n in nodes if n.op in (Op.IDIV, Op.MOD) and set(n.src) & set(runs)]
+
+
+def test_a_costly_output_gradient_is_evaluated_once_per_group_that_repays_it():
+    # BatchNorm's gradient under a stem's weight gradient (m = 3 * 3 * 3 = 27 rows of 3-row
+    # blocks): no blocking leaves 16 groups, and the fallback is no longer one block per group,
+    # which evaluated the gradient into the panel 9 times, but the fewest blocks whose rows
+    # repay its ops: all 27 rows in one group here
+    px = Tensor(_data(2, 3, 48, 64), device="cpu")
+    pw = Tensor(_data(16, 3, 3, 3, seed=1), device="cpu", requires_grad=True)
+    h = F.batch_norm(px.conv2d(pw, padding=1), None, None, training=True).relu()
+    (h * Tensor(_data(2, 16, 48, 64, seed=2), device="cpu")).sum().backward()
+    item = _the_sum(schedule.create_schedule([pw.grad.lazy]))
+    (found, packing), _ = _packed(item)
+    assert found.sizes[:2] == (27, 16) and packing.rows * packing.blocks == 27
+    tx = torch.from_numpy(_data(2, 3, 48, 64)).double()
+    tw = torch.from_numpy(_data(16, 3, 3, 3, seed=1)).double().requires_grad_()
+    th = TF.batch_norm(TF.conv2d(tx, tw, padding=1), None, None, training=True).relu()
+    (th * torch.from_numpy(_data(2, 16, 48, 64, seed=2)).double()).sum().backward()
+    _relative(pw.grad.numpy(), tw.grad.numpy(), rtol=1e-4)

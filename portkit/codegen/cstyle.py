@@ -110,6 +110,9 @@ class CStyleRenderer(Renderer):
     # ---- types, conversions and literals --------------------------------------------------
     type_map: ClassVar[dict[DType, str]] = _C_TYPES
     storage_types: ClassVar[dict[DType, str]] = {}   # buffer element types unlike type_map's
+    # dtype -> (load, store) formats converting between a storage_types element and a value,
+    # for languages that do not convert them implicitly (GLSL's bool held in a uint8_t)
+    stored_as: ClassVar[dict[DType, tuple[str, str]]] = {}
     emulated: ClassVar[dict[DType, Emulated]] = {}
     cast_format = "({type}){expr}"                   # a value conversion: "{type}({expr})"
     # The bits of {expr}, a {src} value, read as {dst} (type names of the language)
@@ -358,8 +361,10 @@ class CStyleRenderer(Renderer):
     def render_load(self, dtype: DType, buffer: str, index: str, gate: str | None = None) -> str:
         """buffer[index], or zero when the gate is false (the element is then not read)."""
         element = f"{buffer}[{index}]"
+        if dtype in self.stored_as:
+            element = self.stored_as[dtype][0].format(element)
         if gate is not None:
-            storage = self._storage_dtype(dtype)
+            storage = dtype if dtype in self.stored_as else self._storage_dtype(dtype)
             element = self.spell(Op.WHERE, [gate, element, self.render_const(0, storage)], storage)
         return self.emulated[dtype].load.format(element) if dtype in self.emulated else element
 
@@ -368,6 +373,8 @@ class CStyleRenderer(Renderer):
         """The statement buffer[index] = value, only when the gate is true."""
         if dtype in self.emulated:
             value = self.emulated[dtype].store.format(value)
+        elif dtype in self.stored_as:
+            value = self.stored_as[dtype][1].format(value)
         statement = f"{buffer}[{index}] = {value};"
         return statement if gate is None else self.gated_store.format(gate=gate,
                                                                       statement=statement)
@@ -453,8 +460,10 @@ class CStyleRenderer(Renderer):
 
     def render_bitcast_value(self, expr: str, src: DType, dst: DType) -> str:
         """Reinterprets bits; emulated dtypes go through their storage bits, bool through 0/1."""
+        if src == dst:
+            return expr
         if dst == dtypes.bool_:
-            return expr if src == dst else f"({expr} != 0)"
+            return f"({expr} != 0)"
         if src == dtypes.bool_:
             return self.cast(expr, self.value_type(dst))
         if any(d in self.emulated or self._held_wide(d) for d in (src, dst)):

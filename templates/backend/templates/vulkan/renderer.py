@@ -2,17 +2,15 @@
 
 Starter: vulkan. portkit's C-style base (portkit/codegen/cstyle.py) walks the kernel and keeps
 the ABI's exact semantics (wrapping integers, guarded divisors, NaN-propagating MAX); GLSL is
-its knobs: type names (8-, 16- and 64-bit types through GL_EXT_shader_explicit_arithmetic_types),
-literal suffixes, thread indices, the barrier, and the spellings that differ from C below
-(constructor casts, `&&`/`||`/`^^` on bools, typed literals, bit casts by name). Buffers are
-storage-buffer bindings 0..n-1 of set 0 and the scalars one push-constant block, in argument
-order, as runtime.py lays out the pipeline. A bool is stored as a uint8_t.
+its knobs and op spellings below: type names (8-, 16- and 64-bit ones through
+GL_EXT_shader_explicit_arithmetic_types), constructor casts, typed literals, `&&`/`||`/`^^` on
+bools, bit casts through the `pk_as_T` overloads of the template. Buffers are storage-buffer
+bindings 0..n-1 of set 0 and the scalars one push-constant block, in argument order, as
+runtime.py lays out the pipeline. A bool is stored as a uint8_t.
 """
 from typing import ClassVar
 
 from portkit.abi import dtypes
-from portkit.abi.dtypes import DType
-from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.codegen.cstyle import CStyleRenderer
 
@@ -22,15 +20,15 @@ TYPES = {
     dtypes.uint32: "uint", dtypes.uint64: "uint64_t", dtypes.float16: "float16_t",
     dtypes.float32: "float", dtypes.float64: "double",
 }
-# (from, to) -> GLSL's function reading one's bits as the other
-BITCASTS = {("float", "int"): "floatBitsToInt", ("float", "uint"): "floatBitsToUint",
-            ("int", "float"): "intBitsToFloat", ("uint", "float"): "uintBitsToFloat",
-            ("double", "int64_t"): "doubleBitsToInt64", ("double", "uint64_t"):
-            "doubleBitsToUint64", ("int64_t", "double"): "int64BitsToDouble",
-            ("uint64_t", "double"): "uint64BitsToDouble", ("float16_t", "int16_t"):
-            "float16BitsToInt16", ("float16_t", "uint16_t"): "float16BitsToUint16",
-            ("int16_t", "float16_t"): "int16BitsToFloat16",
-            ("uint16_t", "float16_t"): "uint16BitsToFloat16"}
+# (a, b, GLSL's function reading a's bits as b, and back): the template's pk_as_T overloads
+PAIRS = [("float", "int", "floatBitsToInt", "intBitsToFloat"),
+         ("float", "uint", "floatBitsToUint", "uintBitsToFloat"),
+         ("double", "int64_t", "doubleBitsToInt64", "int64BitsToDouble"),
+         ("double", "uint64_t", "doubleBitsToUint64", "uint64BitsToDouble"),
+         ("float16_t", "int16_t", "float16BitsToInt16", "int16BitsToFloat16"),
+         ("float16_t", "uint16_t", "float16BitsToUint16", "uint16BitsToFloat16"),
+         *((t, "u" + t, "u" + t, t) for t in ("int8_t", "int16_t", "int", "int64_t"))]
+BITCASTS = {(a, b): f for a, b, f, _ in PAIRS} | {(b, a): g for a, b, _, g in PAIRS}
 
 
 # lavapipe's float64 lowering: trunc (and an int64 round trip, which becomes trunc) leaves
@@ -46,8 +44,8 @@ double pk_trunc(double x) {
 double pk_div(double a, double b) {
   if (b != 0.0lf) return a / b;
   if (a == 0.0lf || isnan(a)) return uint64BitsToDouble(0x7ff8000000000000ul);
-  return uint64BitsToDouble(((doubleBitsToUint64(a) ^ doubleBitsToUint64(b)) & 0x8000000000000000ul)
-                            | 0x7ff0000000000000ul);
+  uint64_t sign = (doubleBitsToUint64(a) ^ doubleBitsToUint64(b)) & 0x8000000000000000ul;
+  return uint64BitsToDouble(sign | 0x7ff0000000000000ul);
 }
 """
 
@@ -57,7 +55,10 @@ double pk_div(double a, double b) {
 #extension GL_EXT_shader_explicit_arithmetic_types : require
 #extension GL_EXT_shader_8bit_storage : require
 #extension GL_EXT_shader_16bit_storage : require
-{{ prelude }}
+""" + FLOAT64_HELPERS + """\
+{% for (src, dst), name in r.bitcasts.items() %}
+{{ dst }} pk_as_{{ dst }}({{ src }} x) { return {{ name }}(x); }
+{% endfor %}
 layout(local_size_x = {{ kernel.block[0] }}, local_size_y = {{ kernel.block[1] }}, local_size_z = {{ kernel.block[2] }}) in;
 {% for line in args %}
 {{ line }}
@@ -81,18 +82,20 @@ class {{ cookiecutter.__title }}Renderer(CStyleRenderer):
 
     locals_at_module_scope = True          # `shared` arrays live outside main
     local_declaration = "shared {type} {name}[{size}];"
-    # Buffers are module-scope blocks (the template lists them); the scalars, one push-constant
-    # block in the template, are read by name.
+    # buffers: module-scope blocks the template lists; scalars: its push-constant block
     buffer_param = ("layout(std430, set = 0, binding = {slot}) buffer Data{slot} "
                     "{{ {type} {name}[]; }};")
     scalar_param = None
     const_declaration = "{type} {name} = {expr};"      # GLSL's const needs a constant
     cast_format = "{type}({expr})"
+    bitcast_format = "pk_as_{dst}({expr})"
+    bitcasts: ClassVar = BITCASTS
     barrier = "memoryBarrierShared(); barrier();"
     workitem: ClassVar = {"group": "int(gl_WorkGroupID.{xyz})",
                           "local": "int(gl_LocalInvocationID.{xyz})"}
     type_map: ClassVar = TYPES
     storage_types: ClassVar = {dtypes.bool_: "uint8_t"}
+    stored_as: ClassVar = {dtypes.bool_: ("({} != uint8_t(0))", "uint8_t({})")}
     int_suffix: ClassVar = {dtypes.uint32: "u", dtypes.int64: "l", dtypes.uint64: "ul"}
     float_suffix: ClassVar = {"float": "f", "double": "lf", "float16_t": "hf"}
     float_specials: ClassVar = {"inf": "uintBitsToFloat(0x7f800000u)",
@@ -114,22 +117,4 @@ class {{ cookiecutter.__title }}Renderer(CStyleRenderer):
     }
     bool_ops: ClassVar = {Op.AND: "({0} && {1})", Op.OR: "({0} || {1})", Op.XOR: "({0} ^^ {1})",
                           Op.CMPLT: "(!{0} && {1})"}
-
-    def prelude(self, kernel: Kernel) -> str:
-        return FLOAT64_HELPERS if any(n.dtype == dtypes.float64 for n in kernel.nodes) else ""
-
-    def render_load(self, dtype: DType, buffer: str, index: str, gate: str | None = None) -> str:
-        if dtype != dtypes.bool_:
-            return super().render_load(dtype, buffer, index, gate)
-        loaded = f"({buffer}[{index}] != uint8_t(0))"
-        return loaded if gate is None else f"({gate} && {loaded})"
-
-    def render_store(self, dtype: DType, buffer: str, index: str, value: str,
-                     gate: str | None = None) -> str:
-        value = f"uint8_t({value})" if dtype == dtypes.bool_ else value
-        return super().render_store(dtypes.int8 if dtype == dtypes.bool_ else dtype, buffer,
-                                    index, value, gate)
-
-    def render_bitcast(self, expr: str, src: DType, dst: DType) -> str:
-        names = self.type_map[src], self.type_map[dst]
-        return f"{BITCASTS[names]}({expr})" if names in BITCASTS else self.cast(expr, names[1]){% endraw %}
+{% endraw %}

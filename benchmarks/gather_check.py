@@ -33,8 +33,8 @@ def measure(device: str, vocab: int, width: int, count: int) -> None:
     grad = Tensor(rng.standard_normal((count, width)).astype(np.float32), device=device)
     grad = grad.realize()
     every = Tensor.arange(vocab, device=device).reshape(vocab, 1, 1)
-    one_hot = median_seconds(lambda: (index.unsqueeze(0) == every).where(
-        grad.unsqueeze(0), 0).sum(1).realize(), 3)
+    one_hot = median_seconds(lambda: grad.unsqueeze(0).where(
+        index.unsqueeze(0) == every, 0).sum(1).realize(), 3)
     chains = median_seconds(lambda: scatter_sum(grad, index, vocab).realize(), 3)
     print(f"{device}: embedding gradient {vocab} x {width}, {count} indices: one-hot "
           f"{one_hot * 1e3:.1f} ms, chains {chains * 1e3:.1f} ms ({one_hot / chains:.1f}x)")

@@ -76,7 +76,7 @@ GRADIENTS: dict[str, Rule] = {
     "shl": Rule(_alu(Op.SHL), None),
     "shr": Rule(_alu(Op.SHR), None),
     "where": Rule(_alu(Op.WHERE), lambda c, g: (
-        None, c.inputs[0].where(g, 0.0), c.inputs[0].where(0.0, g))),
+        None, c.inputs[0]._where(g, 0.0), c.inputs[0]._where(0.0, g))),
     "cast": Rule(lambda x, arg: x.cast(arg),
                  lambda c, g: (g.cast(c.inputs[0].dtype),)),
     "bitcast": Rule(lambda x, arg: x.cast(arg, bitcast=True), None),
@@ -118,7 +118,7 @@ GRADIENTS: dict[str, Rule] = {
 def _max_grads(c: Context, g) -> tuple:
     x, y = (t.detach() for t in c.inputs)
     # ties split the gradient evenly, as torch.maximum does
-    share = (x > y).where(1.0, (x == y).where(0.5, 0.0)).cast(g.dtype)
+    share = (x > y)._where(1.0, (x == y)._where(0.5, 0.0)).cast(g.dtype)
     return g * share, g * (1.0 - share)
 
 
@@ -135,9 +135,9 @@ def _prod_grad(c: Context, g) -> tuple:
     x = c.inputs[0].detach()
     zero = x == 0
     zeros = zero.cast(x.dtype)._reduce_prim("sum", c.arg).expand(x.shape)
-    safe = zero.where(1.0, x)
+    safe = zero._where(1.0, x)
     nonzero_prod = safe._reduce_prim("prod_reduce", c.arg).expand(x.shape)
-    others = (zeros == 0).where(nonzero_prod / safe, (zero & (zeros == 1)).where(nonzero_prod,
+    others = (zeros == 0)._where(nonzero_prod / safe, (zero & (zeros == 1))._where(nonzero_prod,
                                                                                   0.0))
     return (g.expand(x.shape) * others,)
 

@@ -100,7 +100,7 @@ class Embedding(Module):
         weight = Tensor.randn(count, dim)
         if padding_idx is not None:        # that row starts at 0 and never learns, as torch's
             rows = Tensor.arange(count).reshape(count, 1)
-            weight = (rows == padding_idx % count).where(0.0, weight)
+            weight = (rows == padding_idx % count)._where(0.0, weight)
         self.weight = deferred(weight).requires_grad_()
         self.padding_idx = padding_idx
 

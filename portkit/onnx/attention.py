@@ -41,7 +41,7 @@ def _allowed(q_len: int, kv_len: int, offset: Tensor | int, left: int, right: in
 
 
 def _bias(allowed: Tensor, dtype) -> Tensor:
-    return allowed.where(0.0, float("-inf")).cast(dtype)
+    return allowed._where(0.0, float("-inf")).cast(dtype)
 
 
 @op("Attention")
@@ -99,7 +99,7 @@ def _attention(ctx: Context, node: NodeArgs) -> list[Value]:
             onnx.helper.tensor_dtype_to_np_dtype(precision)))
     # A row whose bias masks every key attends to nothing: its weights are 0, not NaN.
     all_masked = bias.amax(-1, keepdim=True) == float("-inf")
-    weights = all_masked.where(0.0, with_bias.softmax(-1)).cast(q.dtype)
+    weights = all_masked._where(0.0, with_bias.softmax(-1)).cast(q.dtype)
     if mode == 3:
         qk_out = weights
     out = matmul(weights, v)

@@ -20,7 +20,7 @@ op = registrar(OPS)
 
 def _wrapped(indices: Tensor, size: int) -> Tensor:
     """Negative indices counted from the end of an axis of `size`."""
-    return (indices < 0).where(indices + size, indices)
+    return (indices < 0)._where(indices + size, indices)
 
 
 def _along(x: Tensor, axis: int, index: Value, ctx: Context) -> Tensor:
@@ -60,7 +60,7 @@ def _sent(hot: Tensor, updates: Tensor, axis: int, dtype, reduction: str
     """(touched, reduced): whether any update goes to each position, and the updates each
     `hot` entry sends there combined by `reduction`, over the updates' axis `axis`."""
     reduce = _COMBINE[reduction][0]
-    sent = hot.where(updates, _neutral(dtype, reduction)).cast(dtype)
+    sent = hot._where(updates, _neutral(dtype, reduction)).cast(dtype)
     return hot.any(axis), reduce(sent, axis)
 
 
@@ -83,7 +83,7 @@ def _scatter_elements(ctx: Context, node: NodeArgs) -> list[Value]:
                  for a, (d, u) in enumerate(zip(data.shape, updates.shape)))
     touched = touched.permute(*order).pad(pads, False)
     reduced = reduced.permute(*order).pad(pads, _neutral(data.dtype, reduction))
-    return [touched.where(_COMBINE[reduction][1](data, reduced), data)]
+    return [touched._where(_COMBINE[reduction][1](data, reduced), data)]
 
 
 @op("ScatterND")
@@ -101,11 +101,11 @@ def _scatter_nd(ctx: Context, node: NodeArgs) -> list[Value]:
     hot = hot.reshape(cells, count, *([1] * len(rest)))
     sent = flat_updates.unsqueeze(0)
     if reduction == "none":      # duplicate indices are undefined in ONNX; one of them wins
-        written = hot.where(sent, 0).cast(data.dtype).sum(1)
-        out = hot.any(1).where(written, flat_data)
+        written = hot._where(sent, 0).cast(data.dtype).sum(1)
+        out = hot.any(1)._where(written, flat_data)
     else:
         touched, reduced = _sent(hot, sent, 1, data.dtype, reduction)
-        out = touched.where(_COMBINE[reduction][1](flat_data, reduced), flat_data)
+        out = touched._where(_COMBINE[reduction][1](flat_data, reduced), flat_data)
     return [out.reshape(*data.shape)]
 
 
@@ -226,7 +226,7 @@ def _reverse_sequence(ctx: Context, node: NodeArgs) -> list[Value]:
     steps = x.shape[time_axis]
     time = Tensor.arange(steps, device=x.device).reshape(1, steps)
     length = lengths.reshape(-1, 1).cast(time.dtype)
-    source = (time < length).where(length - 1 - time, time)       # (batch, time)
+    source = (time < length)._where(length - 1 - time, time)       # (batch, time)
     if batch_axis > time_axis:
         source = source.transpose(0, 1)
     shape = [1] * x.ndim
@@ -249,11 +249,11 @@ def _tensor_scatter(ctx: Context, node: NodeArgs) -> list[Value]:
     written = (offset >= 0) & (offset < count)
     shape = [1] * past.ndim
     shape[0], shape[axis] = past.shape[0], size
-    source = written.where(offset, 0).cast(offset.dtype).reshape(*shape)
+    source = written._where(offset, 0).cast(offset.dtype).reshape(*shape)
     gather_shape = list(update.shape)
     gather_shape[axis] = size
     taken = update.gather(axis, source.expand(*gather_shape))
-    return [written.reshape(*shape).where(taken, past)]
+    return [written.reshape(*shape)._where(taken, past)]
 
 
 @op("OptionalHasElement")

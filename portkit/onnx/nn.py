@@ -374,7 +374,7 @@ def _lp_norm(ctx: Context, node: NodeArgs) -> list[Value]:
     x = ctx.tensor(node.inputs[0])
     axis, p = node.attr("axis", -1), node.attr("p", 2)
     norm = x.abs().sum(axis, keepdim=True) if p == 1 else (x * x).sum(axis, keepdim=True).sqrt()
-    return [(norm == 0).where(0.0, x / norm).cast(x.dtype)]    # a zero vector stays zero
+    return [(norm == 0)._where(0.0, x / norm).cast(x.dtype)]    # a zero vector stays zero
 
 
 CHECKS["LpNormalization"] = lambda a, n: a.get("p", 2) not in (1, 2) and f"p={a['p']}"
@@ -468,7 +468,7 @@ def _trilu(ctx: Context, node: NodeArgs) -> list[Value]:
     row = Tensor.arange(rows, device=x.device).reshape(rows, 1)
     col = Tensor.arange(cols, device=x.device).reshape(1, cols)
     keep = (col - row >= k) if node.attr("upper", 1) else (col - row <= k)
-    return [keep.where(x, Tensor.zeros(1, dtype=x.dtype, device=x.device))]
+    return [keep._where(x, Tensor.zeros(1, dtype=x.dtype, device=x.device))]
 
 
 @op("Hardmax")
@@ -504,9 +504,9 @@ def _one_hot(ctx: Context, node: NodeArgs) -> list[Value]:
     indices, depth = ctx.tensor(node.inputs[0]), int(ctx.host(node.inputs[1]).item())
     off, on = (v.item() for v in ctx.host(node.inputs[2]).reshape(2))
     values_dtype = np.asarray(ctx.host(node.inputs[2])).dtype
-    indices = (indices < 0).where(indices + depth, indices)
+    indices = (indices < 0)._where(indices + depth, indices)
     hot = indices.one_hot(depth).cast(dtypes.bool_)
-    out = hot.where(on, off).cast(dtypes.from_numpy(values_dtype)
+    out = hot._where(on, off).cast(dtypes.from_numpy(values_dtype)
                                   if values_dtype.itemsize < 8 else dtypes.float32)
     axis = node.attr("axis", -1) % out.ndim
     return [out.permute(*range(axis), out.ndim - 1, *range(axis, out.ndim - 1))]
@@ -541,13 +541,13 @@ def _nll(ctx: Context, node: NodeArgs, log_prob: Tensor, target: Tensor,
     ignore = node.attr("ignore_index")
     ignored = None if ignore is None else target == ignore
     if ignored is not None:       # an ignored target may be no class at all: read class 0
-        target = ignored.where(0, target).cast(target.dtype)
+        target = ignored._where(0, target).cast(target.dtype)
     picked = -log_prob.gather(1, target.unsqueeze(1)).squeeze(1)
     weights = None if weight is None else ctx.tensor(weight)[target.reshape(-1)].reshape(
         *target.shape)
     if ignored is not None:
         zero = Tensor.zeros(1, dtype=log_prob.dtype, device=log_prob.device)
-        weights = ignored.where(zero, 1.0 if weights is None else weights).cast(log_prob.dtype)
+        weights = ignored._where(zero, 1.0 if weights is None else weights).cast(log_prob.dtype)
     loss = picked if weights is None else picked * weights
     reduction = node.attr("reduction", "mean")
     if reduction == "none":

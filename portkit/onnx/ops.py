@@ -132,7 +132,7 @@ for _name, _fn in {
     "Celu": lambda x, n: F.celu(x, n.attr("alpha", 1.0)),
     "Selu": lambda x, n: F.elu(x, n.attr("alpha", 1.6732632423543772))
     * n.attr("gamma", 1.0507009873554805),
-    "ThresholdedRelu": lambda x, n: (x > n.attr("alpha", 1.0)).where(x, 0.0),
+    "ThresholdedRelu": lambda x, n: (x > n.attr("alpha", 1.0))._where(x, 0.0),
     "HardSigmoid": lambda x, n: (x * n.attr("alpha", 0.2) + n.attr("beta", 0.5)).clip(0, 1),
     "HardSwish": lambda x, n: F.hardswish(x),
     "Mish": lambda x, n: F.mish(x),
@@ -144,8 +144,8 @@ for _name, _fn in {
     "Acosh": lambda x, n: (x + (x * x - 1).sqrt()).log(),
     "Atanh": lambda x, n: ((1 + x) / (1 - x)).log() * 0.5,
     "BitwiseNot": lambda x, n: ~x,
-    "Shrink": lambda x, n: (x < -n.attr("lambd", 0.5)).where(
-        x + n.attr("bias", 0.0), (x > n.attr("lambd", 0.5)).where(x - n.attr("bias", 0.0), 0)
+    "Shrink": lambda x, n: (x < -n.attr("lambd", 0.5))._where(
+        x + n.attr("bias", 0.0), (x > n.attr("lambd", 0.5))._where(x - n.attr("bias", 0.0), 0)
     ).cast(x.dtype),
     "IsInf": lambda x, n: x.isinf() if n.attr("detect_negative", 1) and n.attr(
         "detect_positive", 1) else x.isinf() & ((x > 0) if not n.attr("detect_negative", 1)
@@ -201,13 +201,13 @@ def _bit_shift(ctx: Context, node: NodeArgs) -> list[Value]:
     # A shift by the width or more, or by a negative count, empties the value (a right shift
     # of a negative signed value fills it with ones); C leaves these undefined.
     out_of_range = (y < 0) | (y >= x.dtype.bits)
-    emptied = 0 if left or x.dtype.kind != "int" else (x < 0).where(-1, 0)
-    return [out_of_range.where(emptied, shifted).cast(x.dtype)]
+    emptied = 0 if left or x.dtype.kind != "int" else (x < 0)._where(-1, 0)
+    return [out_of_range._where(emptied, shifted).cast(x.dtype)]
 
 
 def _fmod(a: Tensor, b: Tensor) -> Tensor:
     """C's fmod for floats, including a finite value over an infinite one (the value)."""
-    return (b.isinf() & ~a.isinf()).where(a, a - b * (a / b).trunc())
+    return (b.isinf() & ~a.isinf())._where(a, a - b * (a / b).trunc())
 
 
 @op("Mod")
@@ -218,11 +218,11 @@ def _mod(ctx: Context, node: NodeArgs) -> list[Value]:
         if node.attr("fmod", 0):
             return [rest]
         # numpy's mod: the sign of the divisor, so -3 mod inf is inf
-        return [((rest != 0) & ((rest < 0) ^ (b < 0))).where(rest + b, rest)]
+        return [((rest != 0) & ((rest < 0) ^ (b < 0)))._where(rest + b, rest)]
     if not node.attr("fmod", 0):
         return [a % b]                       # the sign of the divisor, as Python
     rest = a % b
-    return [((rest != 0) & ((a < 0) ^ (b < 0))).where(rest - b, rest)]
+    return [((rest != 0) & ((a < 0) ^ (b < 0)))._where(rest - b, rest)]
 
 
 @op("Pow")
@@ -233,15 +233,15 @@ def _pow(ctx: Context, node: NodeArgs) -> list[Value]:
     y = ctx.tensor(exponent).cast(x.dtype)
     magnitude = (x.abs().log() * y).exp()
     odd = (y.abs() % 2) == 1
-    signed = ((x < 0) & odd).where(-magnitude, magnitude)
+    signed = ((x < 0) & odd)._where(-magnitude, magnitude)
     fractional = (x < 0) & (y != y.trunc())
-    return [(y == 0).where(1.0, fractional.where(float("nan"), signed)).cast(x.dtype)]
+    return [(y == 0)._where(1.0, fractional._where(float("nan"), signed)).cast(x.dtype)]
 
 
 @op("Where")
 def _where(ctx: Context, node: NodeArgs) -> list[Value]:
     cond, a, b = (ctx.tensor(v) for v in node.inputs)
-    return [cond.cast(dtypes.bool_).where(a, b)]
+    return [cond.cast(dtypes.bool_)._where(a, b)]
 
 
 def _fold(combine: Callable[[Tensor, Tensor], Tensor], mean: bool = False) -> Op:
@@ -271,7 +271,7 @@ def _clip(ctx: Context, node: NodeArgs) -> list[Value]:
 @op("PRelu")
 def _prelu(ctx: Context, node: NodeArgs) -> list[Value]:
     x, slope = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
-    return [(x < 0).where(x * slope, x)]
+    return [(x < 0)._where(x * slope, x)]
 
 
 @op("Cast", "CastLike")

@@ -168,7 +168,7 @@ def _resize(ctx: Context, node: NodeArgs) -> list[Value]:
         if outside is not None and outside.any():
             shape = [1] * x.ndim
             shape[axis] = count
-            out = ctx.tensor(outside.reshape(shape)).where(extrapolation, out).cast(x.dtype)
+            out = ctx.tensor(outside.reshape(shape))._where(extrapolation, out).cast(x.dtype)
     return [out]
 
 

@@ -15,7 +15,7 @@ op = registrar(OPS)
 _ACTIVATIONS: dict[str, Callable[[Tensor, float, float], Tensor]] = {
     "Tanh": lambda x, a, b: x.tanh(), "Sigmoid": lambda x, a, b: x.sigmoid(),
     "Relu": lambda x, a, b: x.relu(), "Affine": lambda x, a, b: x * a + b,
-    "LeakyRelu": lambda x, a, b: (x < 0).where(x * a, x),
+    "LeakyRelu": lambda x, a, b: (x < 0)._where(x * a, x),
     "ScaledTanh": lambda x, a, b: (x * b).tanh() * a,
     "HardSigmoid": lambda x, a, b: (x * a + b).clip(0, 1),
     "Softsign": lambda x, a, b: x / (x.abs() + 1), "Softplus": lambda x, a, b: x.softplus(),

@@ -103,12 +103,12 @@ def _reflect(x: Tensor, low: float, high: float) -> Tensor:
     span = high - low
     if span <= 0:
         return x.clip(low, high)
-    below, distance = x < low, (x < low).where(low - x, x - high)
+    below, distance = x < low, (x < low)._where(low - x, x - high)
     folds = (distance / span).trunc()
     rest = distance - folds * span
     even = (folds % 2) == 0
-    folded = below.where(even.where(low + rest, high - rest), even.where(high - rest, low + rest))
-    return ((x < low) | (x > high)).where(folded, x).cast(x.dtype)
+    folded = below._where(even._where(low + rest, high - rest), even._where(high - rest, low + rest))
+    return ((x < low) | (x > high))._where(folded, x).cast(x.dtype)
 
 
 def _cubic(t: Tensor) -> list[Tensor]:
@@ -171,7 +171,7 @@ def _grid_sample(ctx: Context, node: NodeArgs) -> list[Value]:
         if weight is not None:
             taken = taken * weight.unsqueeze(1)
         if inside is not None:
-            taken = inside.unsqueeze(1).where(taken, 0.0).cast(x.dtype)
+            taken = inside.unsqueeze(1)._where(taken, 0.0).cast(x.dtype)
         total = taken if total is None else total + taken
     return [total.reshape(n, c, *out_shape)]
 

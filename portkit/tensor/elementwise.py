@@ -211,14 +211,14 @@ class ElementwiseOps:
         if a.dtype.is_float:
             return a - (a / b).floor() * b
         r = a._int_divide("mod", b)
-        return (r != 0).where(((r < 0) ^ (b < 0)).where(r + b, r), r)
+        return (r != 0)._where(((r < 0) ^ (b < 0))._where(r + b, r), r)
 
     def _int_divide(self: Tensor, name: str, divisor: Tensor) -> Tensor:
         """IDIV or MOD of integer tensors of one shape, 0 where the divisor is 0 (numpy's
         result; the ABI leaves it unspecified, and PyTorch's error needs the divisor on the
         host: a zero the host holds raises ZeroDivisionError before this)."""
         zero = divisor == 0
-        return zero.where(0, self._prim(name, zero.where(1, divisor)))
+        return zero._where(0, self._prim(name, zero._where(1, divisor)))
 
     def neg(self: Tensor) -> Tensor:
         """-self (logical not for bool)."""
@@ -286,8 +286,8 @@ class ElementwiseOps:
         x = self._float()
         # e ** -|x| never overflows, so neither the value nor the gradient meets inf * 0 (NaN)
         positive = x >= 0
-        e = positive.where(-x, x).exp()
-        return (x >= 0).where(1 / (1 + e), e / (1 + e))
+        e = positive._where(-x, x).exp()
+        return (x >= 0)._where(1 / (1 + e), e / (1 + e))
 
     @in_float32
     def tanh(self: Tensor) -> Tensor:
@@ -296,17 +296,17 @@ class ElementwiseOps:
         # near 0, 2 * sigmoid(2x) - 1 cancels (tanh(1e-8) gave 0): Cephes' tanhf polynomial
         # there, fed 0 where not selected so its large-x overflow yields no NaN gradient
         small = x.abs() < 0.625
-        xs = small.where(x, 0.0)
+        xs = small._where(x, 0.0)
         z = xs * xs
         poly = z * _TANH_POLY[0] + _TANH_POLY[1]
         for c in _TANH_POLY[2:]:
             poly = poly * z + c
         # 2 * sigmoid(2x) - 1 keeps its gradient finite where e^2x overflows
-        return small.where(xs + xs * z * poly, 2 * (2 * x).sigmoid() - 1)
+        return small._where(xs + xs * z * poly, 2 * (2 * x).sigmoid() - 1)
 
     def relu(self: Tensor) -> Tensor:
         """max(self, 0); NaN stays NaN, as PyTorch."""
-        return (self < 0).where(0, self)
+        return (self < 0)._where(0, self)
 
     @in_float32
     def erf(self: Tensor) -> Tensor:
@@ -318,7 +318,7 @@ class ElementwiseOps:
         for c in _ERF_SERIES[2:]:
             series = x2 * series + c
         small = x * series * (2 / math.sqrt(math.pi))
-        return (x.abs() < 0.5).where(small, 1 - x.erfc())
+        return (x.abs() < 0.5)._where(small, 1 - x.erfc())
 
     @in_float32
     def erfc(self: Tensor) -> Tensor:
@@ -330,7 +330,7 @@ class ElementwiseOps:
         for c in _ERFC_CHEBYSHEV[2:]:
             poly = t * poly + c
         tail = t * (poly - z * z).exp()
-        return (x < 0).where(2 - tail, tail)
+        return (x < 0)._where(2 - tail, tail)
 
     def sign(self: Tensor) -> Tensor:
         """-1, 0 or 1, in self's dtype."""
@@ -357,8 +357,8 @@ class ElementwiseOps:
         value = _real_pow(x.detach(), y.detach())
         # torch's derivatives: y * x^(y-1) (0 where y is 0, inf at x = 0 for 0 < y < 1) and
         # x^y * log(x) (0 where x is 0 and y >= 0); through exp2 and log2 they were NaN at 0
-        dx = (y == 0).where(0.0, y * _real_pow(x, y - 1))
-        dy = ((x == 0) & (y >= 0)).where(0.0, value * x.log())
+        dx = (y == 0)._where(0.0, y * _real_pow(x, y - 1))
+        dy = ((x == 0) & (y >= 0))._where(0.0, value * x.log())
         return value._with_grad((x, dx), (y, dy))
 
     def _int_pow(self: Tensor, exponent: Tensor) -> Tensor:
@@ -367,11 +367,11 @@ class ElementwiseOps:
         base, e = self._operand(exponent)
         out, square = base.ones_like(), base
         for _ in range(base.dtype.bits):
-            out = ((e & 1) == 1).where(out * square, out)
+            out = ((e & 1) == 1)._where(out * square, out)
             square, e = square * square, e >> 1
         e = base._operand(exponent)[1]
         negative = (e < 0) & ~((base == 1) | (base == -1))
-        return negative.where(0, out).cast(base.dtype)
+        return negative._where(0, out).cast(base.dtype)
 
     def _with_grad(self: Tensor, *pairs: tuple[Tensor, Tensor]) -> Tensor:
         """These values, whose gradient reaches each x of the (x, derivative) pairs as
@@ -400,15 +400,28 @@ class ElementwiseOps:
             raise RuntimeError("clip: at least one of min and max must not be None")
         out = self
         if min is not None:
-            out = (out < min).where(min, out)
+            out = (out < min)._where(min, out)
         if max is not None:
-            out = (out > max).where(max, out)
+            out = (out > max)._where(max, out)
         return out
 
     clamp = clip
 
-    def where(self: Tensor, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
-        """a where self (a bool tensor) is true, else b; broadcasts all three."""
+    def where(self: Tensor, condition: Tensor, other: Tensor | Scalar) -> Tensor:
+        """self where `condition` (a bool tensor) is true, else `other` (torch's Tensor.where;
+        `torch.where(c, x, y)` is `x.where(c, y)`); broadcasts all three."""
+        if not isinstance(condition, type(self)):
+            raise TypeError(f"where: condition must be a bool Tensor, got "
+                            f"{type(condition).__name__}; write x.where(condition, other)")
+        if condition.dtype != bool_:
+            raise RuntimeError(f"where expected condition to be a boolean tensor, but got a "
+                               f"tensor with dtype {condition.dtype.name}; compare it (x > 0) "
+                               "or cast it (.bool())")
+        return condition._where(self, other)
+
+    def _where(self: Tensor, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+        """a where self (a bool tensor, or one cast to bool) is true, else b; broadcasts all
+        three (tinygrad's order, which portkit's own code uses)."""
         if isinstance(a, type(self)):
             x, y = a._operand(b)
         elif isinstance(b, type(self)):
@@ -429,12 +442,12 @@ class ElementwiseOps:
     def floor(self: Tensor) -> Tensor:
         """Rounds toward negative infinity."""
         t = self.trunc()
-        return (t > self).where(t - 1, t) if self.dtype.is_float else self
+        return (t > self)._where(t - 1, t) if self.dtype.is_float else self
 
     def ceil(self: Tensor) -> Tensor:
         """Rounds toward positive infinity."""
         t = self.trunc()
-        return (t < self).where(t + 1, t) if self.dtype.is_float else self
+        return (t < self)._where(t + 1, t) if self.dtype.is_float else self
 
     def round(self: Tensor) -> Tensor:
         """Rounds half to even, as numpy and PyTorch do."""
@@ -443,7 +456,7 @@ class ElementwiseOps:
         f = self.floor()
         d = self - f
         odd = (f - (f * 0.5).floor() * 2) == 1
-        return (d > 0.5).where(f + 1, (d < 0.5).where(f, odd.where(f + 1, f)))
+        return (d > 0.5)._where(f + 1, (d < 0.5)._where(f, odd._where(f + 1, f)))
 
     def isnan(self: Tensor) -> Tensor:
         """True where self is NaN (the one value unequal to itself)."""
@@ -503,12 +516,12 @@ def _cos(x: Tensor, s: Tensor) -> Tensor:
     # past half the largest float 2x overflows: there h = sin(x / 2) serves instead, as
     # 1 - 2h^2 where |sin x| > 1/2 (the square root lost 2e-4 near the zeros) and for the sign
     huge = x.abs() > x.dtype.max / 2
-    other = huge.where(x * 0.5, x * 2).sin()
+    other = huge._where(x * 0.5, x * 2).sin()
     steep = s.abs() > 0.5
-    ratio = huge.where(1 - 2 * other * other, other / steep.where(s * 2, 1.0))
+    ratio = huge._where(1 - 2 * other * other, other / steep._where(s * 2, 1.0))
     flat = (1 - s * s).sqrt()
-    negative = huge.where(other * other * 2 > 1, s * other < 0)
-    return steep.where(ratio, negative.where(-flat, flat))
+    negative = huge._where(other * other * 2 > 1, s * other < 0)
+    return steep._where(ratio, negative._where(-flat, flat))
 
 
 def _number(value: Tensor | Scalar | np.ndarray | np.generic) -> Scalar | None:
@@ -536,7 +549,7 @@ def _exp(x: Tensor) -> Tensor:
     high, low, limit, bits, mantissa, bias = _EXP_PARTS[x.dtype.name]
     x = x.clip(-limit, limit)           # past these e^x is 0 or inf (NaN stays NaN)
     t = x * (1 / math.log(2))
-    k = (t + (t < 0).where(-0.5, 0.5)).cast(bits)     # rounded; NaN gives any k
+    k = (t + (t < 0)._where(-0.5, 0.5)).cast(bits)     # rounded; NaN gives any k
     k_float = k.cast(x.dtype)
     r = (x - k_float * high) - k_float * low
     # 2^k in two halves built from their exponent bits (cheaper than EXP2), each a normal
@@ -563,9 +576,9 @@ def _real_pow(x: Tensor, y: Tensor) -> Tensor:
     magnitude = (y * x.abs().log2()).exp2()
     odd = (y.abs() % 2) == 1
     negative = x < 0
-    signed = (negative & odd).where(-magnitude, magnitude)
-    out = (negative & (y.trunc() != y) & (x != float("-inf"))).where(float("nan"), signed)
-    return ((y == 0) | (x == 1)).where(1.0, out)
+    signed = (negative & odd)._where(-magnitude, magnitude)
+    out = (negative & (y.trunc() != y) & (x != float("-inf")))._where(float("nan"), signed)
+    return ((y == 0) | (x == 1))._where(1.0, out)
 
 
 def _check_int_divisor(x: Tensor, other: Tensor | Scalar, reverse: bool) -> None:

@@ -111,8 +111,8 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
     classes = input.shape[-1]
     known = _check_classes(target, classes, ignore_index)
     valid = target != ignore_index
-    safe = valid.where(target, 0)
-    picked = _class_mask(safe, classes).where(input, 0).sum(-1)
+    safe = valid._where(target, 0)
+    picked = _class_mask(safe, classes)._where(input, 0).sum(-1)
     w = valid.cast(input.dtype)
     if weight is not None:
         w = w * weight.cast(input.dtype).index_select(0, safe)
@@ -299,7 +299,7 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -
         total = (magnitude ** p).sum(dim, keepdim=True)
         value = total.detach() ** (1 / p)
         # torch's norm has gradient 0 at the zero vector, where total ** (1/p)'s is inf * 0
-        norm = value._with_grad((total, (total == 0).where(0.0, value / (p * total))))
+        norm = value._with_grad((total, (total == 0)._where(0.0, value / (p * total))))
     return x / norm.clip(min=eps)
 
 
@@ -318,7 +318,7 @@ def prelu(input: Tensor, weight: Tensor) -> Tensor:
         raise RuntimeError(f"prelu: weight has {weight.numel()} elements; it needs 1 or one "
                            f"per channel ({channels}) of input shape {input.shape}")
     shape = (1, channels) + (1,) * (input.ndim - 2) if weight.numel() > 1 else ()
-    return (input > 0).where(input, input * weight.reshape(shape))
+    return (input > 0)._where(input, input * weight.reshape(shape))
 
 
 def _trailing(input: Tensor, normalized_shape: Sequence[int] | int, name: str
@@ -347,7 +347,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool | None = None) -> Tens
     if p == 1:
         return input * 0
     keep = type(input).rand(*input.shape, device=input.device) >= p
-    return keep.where(input, 0) * (1 / (1 - p))
+    return keep._where(input, 0) * (1 / (1 - p))
 
 
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
@@ -357,7 +357,7 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> 
     if padding_idx is None:
         return rows
     padding_idx = padding_idx % weight.shape[0]
-    return (input == padding_idx).unsqueeze(-1).where(rows.detach(), rows)
+    return (input == padding_idx).unsqueeze(-1)._where(rows.detach(), rows)
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
@@ -387,14 +387,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
         q, k = scores.shape[-2:]
         causal = type(query).arange(q, device=query.device).reshape(q, 1) >= type(query).arange(
             k, device=query.device).reshape(1, k)
-        scores = causal.where(scores, float("-inf"))
+        scores = causal._where(scores, float("-inf"))
     if attn_mask is not None:
-        scores = attn_mask.where(scores, float("-inf")) if attn_mask.dtype == bool_ \
+        scores = attn_mask._where(scores, float("-inf")) if attn_mask.dtype == bool_ \
             else scores + attn_mask
         # torch's safe softmax: a row masked everywhere gives weights 0 (and gradient 0), not
         # NaN; the finite stand-in keeps the NaN of -inf - -inf out of the backward pass too
         empty = scores.amax(-1, keepdim=True) == float("-inf")
-        weights = empty.where(0.0, empty.where(0.0, scores).softmax(-1))
+        weights = empty._where(0.0, empty._where(0.0, scores).softmax(-1))
     else:
         weights = scores.softmax(-1)
     if dropout_p:
@@ -422,7 +422,7 @@ def _grouped_heads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, T
 
 def leaky_relu(input: Tensor, negative_slope: float = 0.01) -> Tensor:
     """x where x > 0, else negative_slope * x."""
-    return (input > 0).where(input, input * negative_slope)
+    return (input > 0)._where(input, input * negative_slope)
 
 
 @in_float32
@@ -449,7 +449,7 @@ def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tenso
     beta * x > threshold (as torch)."""
     x = input.cast(float_of(input.dtype)) * beta
     smooth = (x.relu() + (1 + (-x.abs()).exp()).log()) * (1 / beta)
-    return (x > threshold).where(input.cast(x.dtype), smooth)
+    return (x > threshold)._where(input.cast(x.dtype), smooth)
 
 
 def relu6(input: Tensor) -> Tensor:
@@ -479,7 +479,7 @@ def elu(input: Tensor, alpha: float = 1.0) -> Tensor:
     """x where x > 0, else alpha * (exp(x) - 1)."""
     x = input.cast(float_of(input.dtype))
     # exp of the negative part only: e^x of a large positive x would overflow the other branch
-    return (x > 0).where(x, alpha * (x.clip(max=0).exp() - 1))
+    return (x > 0)._where(x, alpha * (x.clip(max=0).exp() - 1))
 
 
 def selu(input: Tensor) -> Tensor:
@@ -491,7 +491,7 @@ def selu(input: Tensor) -> Tensor:
 def celu(input: Tensor, alpha: float = 1.0) -> Tensor:
     """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
     x = input.cast(float_of(input.dtype))
-    return (x > 0).where(x, alpha * ((x.clip(max=0) * (1 / alpha)).exp() - 1))
+    return (x > 0)._where(x, alpha * ((x.clip(max=0) * (1 / alpha)).exp() - 1))
 
 
 @in_float32

@@ -195,7 +195,7 @@ class IndexingOps:
         the `size` positions along `arg.axis` they were read from (a scatter-add)."""
         index = index.detach()
         if arg.wrap:
-            index = (index < 0).where(index + size, index)
+            index = (index < 0)._where(index + size, index)
         return scatter_sum(self.transpose(0, arg.axis), index.transpose(0, arg.axis),
                            size).transpose(0, arg.axis)
 
@@ -225,14 +225,14 @@ class IndexingOps:
         hot, values = self._scatter_onehot(dim, index, src)
         # where indices repeat, the last write wins (what PyTorch's CPU kernel does)
         order = type(self).arange(hot.shape[-1], device=self.device)
-        last = hot.where(order, -1).amax(-1, keepdim=True)
-        picked = (hot & (order == last)).where(values, 0).sum(-1)
-        return (last >= 0).squeeze(-1).where(picked.cast(self.dtype), self)
+        last = hot._where(order, -1).amax(-1, keepdim=True)
+        picked = (hot & (order == last))._where(values, 0).sum(-1)
+        return (last >= 0).squeeze(-1)._where(picked.cast(self.dtype), self)
 
     def scatter_add(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
         """self plus src added at index along `dim` (torch.scatter_add); repeats accumulate."""
         hot, values = self._scatter_onehot(dim, index, src)
-        return self + hot.where(values, 0).sum(-1).cast(self.dtype)
+        return self + hot._where(values, 0).sum(-1).cast(self.dtype)
 
     def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str,
                        include_self: bool = True) -> Tensor:
@@ -249,7 +249,7 @@ class IndexingOps:
             low = float("-inf") if self.dtype.is_float else self.dtype.min
             high = float("inf") if self.dtype.is_float else self.dtype.max
             identity = low if reduce == "amax" else high
-        picked = hot.where(values, identity)
+        picked = hot._where(values, identity)
         if include_self:
             picked = picked.cat(self.unsqueeze(-1).cast(picked.dtype), dim=-1)
         if reduce == "mean":
@@ -258,7 +258,7 @@ class IndexingOps:
             out = total / count if self.dtype.is_float else total // count.cast(total.dtype)
         else:
             out = getattr(picked, {"sum": "sum", "prod": "prod"}.get(reduce, reduce))(-1)
-        return hit.where(out.cast(self.dtype), self)
+        return hit._where(out.cast(self.dtype), self)
 
     def _scatter_onehot(self: Tensor, dim: int, index: Tensor, src: Tensor | float):
         """(hot, values) over a new last axis running over index's elements along `dim`:
@@ -372,15 +372,15 @@ def scatter_sum(values: Tensor, index: Tensor, size: int) -> Tensor:
     every = type(values).arange(size, device=device).reshape((size, 1) + ones)
     if size * m * row <= (m + size) * m * index_row + m * row * rounds:
         hot = index.unsqueeze(0) == every                       # (size, m, ...)
-        return hot.where(values.unsqueeze(0), 0).sum(1)
+        return hot._where(values.unsqueeze(0), 0).sum(1)
     positions = type(values).arange(m, device=device)
     this, other = positions.reshape((m, 1) + ones), positions.reshape((1, m) + ones)
     later = (index.unsqueeze(1) == index.unsqueeze(0)) & (this < other)
-    jump = later.where(other, m).amin(1).pad(((0, 1),) + ((0, 0),) * len(ones), m)
+    jump = later._where(other, m).amin(1).pad(((0, 1),) + ((0, 0),) * len(ones), m)
     sums = values.pad(((0, 1),) + ((0, 0),) * len(ones))
     for k in range(rounds):
         sums = sums + sums._gather(0, jump, "scatter_sum", wrap=False, check=False)
         if k + 1 < rounds:
             jump = jump._gather(0, jump, "scatter_sum", wrap=False, check=False)
-    first = (index.unsqueeze(0) == every).where(other, m).amin(1)      # (size, ...)
+    first = (index.unsqueeze(0) == every)._where(other, m).amin(1)      # (size, ...)
     return sums._gather(0, first, "scatter_sum", wrap=False, check=False)

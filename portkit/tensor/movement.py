@@ -139,7 +139,7 @@ class MovementOps:
             return out
         inside = type(self).ones(*self.shape, dtype=bool_, device=self.device)._prim(
             "pad", arg=padding)
-        return inside.where(out, value)
+        return inside._where(out, value)
 
     def shrink(self: Tensor, arg: Sequence[tuple[int, int] | None]) -> Tensor:
         """The (begin, end) range of each dim (None keeps a dim whole)."""

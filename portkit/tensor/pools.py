@@ -212,7 +212,7 @@ def _first_max_grad(blocks: Tensor, top: Tensor, g: Tensor, axes: tuple[int, ...
                              for a in range(blocks.ndim)]) == top
         first = hit if earlier is None else hit & earlier.logical_not()
         earlier = hit if earlier is None else earlier | hit
-        term = first.where(g, 0.0).pad(tuple((at[a], blocks.shape[a] - at[a] - 1) if a in at
+        term = first._where(g, 0.0).pad(tuple((at[a], blocks.shape[a] - at[a] - 1) if a in at
                                              else (0, 0) for a in range(blocks.ndim)))
         total = term if total is None else total + term
     assert total is not None    # a window has at least one position
@@ -236,7 +236,7 @@ def _max_phases_grad(padded: Tensor, out: Tensor, g: Tensor, kernel: tuple[int, 
         hit = _strided(padded, position, stride, outs) == out
         first = hit if earlier is None else hit & earlier.logical_not()
         earlier = hit if earlier is None else earlier | hit
-        term = first.where(g, 0.0).reshape(*lead, *(n for o in outs for n in (o, 1)))
+        term = first._where(g, 0.0).reshape(*lead, *(n for o in outs for n in (o, 1)))
         places = [((i // s, b - o - i // s), (i % s, s - 1 - i % s))
                   for i, s, o, b in zip(position, stride, outs, blocks)]
         term = term.pad(((0, 0),) * len(lead) + tuple(p for place in places for p in place))

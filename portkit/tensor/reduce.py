@@ -132,11 +132,11 @@ class ReduceOps:
         if self.dtype.is_float:
             # a NaN is the maximum, as in PyTorch: where the axis has one, the first NaN wins
             nan = self.isnan()
-            hit = nan.amax(axis, keepdim=True).where(nan, hit)
+            hit = nan.amax(axis, keepdim=True)._where(nan, hit)
         shape = [1] * self.ndim
         shape[axis] = n
         backwards = type(self).arange(n - 1, -1, -1, device=self.device).reshape(shape)
-        return (n - 1) - (hit.where(backwards, -1)).amax(axis, keepdim)
+        return (n - 1) - (hit._where(backwards, -1)).amax(axis, keepdim)
 
     @accepts_dim
     def argmin(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
@@ -149,7 +149,7 @@ class ReduceOps:
         if not math.prod(self.shape[a] for a in as_axes(axis, self.ndim)):
             return self._float().exp().sum(axis, keepdim).log()    # log(0), as torch
         m = self.amax(axis, keepdim=True).detach()
-        m = (m.abs() == float("inf")).where(0.0, m)
+        m = (m.abs() == float("inf"))._where(0.0, m)
         out = (self - m).exp().sum(axis, keepdim=True).log() + m
         return out if keepdim else out.reshape(
             tuple(s for i, s in enumerate(self.shape) if i not in as_axes(axis, self.ndim)))

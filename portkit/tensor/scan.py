@@ -42,7 +42,7 @@ class ScanOps:
         dim = as_dim(dim, self.ndim)
         _, other, n = self._pairs(dim)
         upto = _iota(self, n, 1) <= _iota(self, n, 0)     # other j <= this i
-        picked = upto.where(other.expand(other.shape[:-2] + (n, n)), 0)
+        picked = upto._where(other.expand(other.shape[:-2] + (n, n)), 0)
         return self._unpair(picked.sum(-1, dtype=_sum_dtype(self)), dim)
 
     def cumprod(self: Tensor, dim: int) -> Tensor:
@@ -50,7 +50,7 @@ class ScanOps:
         dim = as_dim(dim, self.ndim)
         _, other, n = self._pairs(dim)
         upto = _iota(self, n, 1) <= _iota(self, n, 0)
-        picked = upto.where(other.expand(other.shape[:-2] + (n, n)), 1)
+        picked = upto._where(other.expand(other.shape[:-2] + (n, n)), 1)
         return self._unpair(picked.prod(-1), dim)
 
     def cummax(self: Tensor, dim: int) -> SortResult:
@@ -61,9 +61,9 @@ class ScanOps:
         this, other = this.detach(), other.detach()
         upto = _iota(self, n, 1) <= _iota(self, n, 0)
         # past position i, x_i itself stands in: it never exceeds the running maximum
-        running = upto.where(other, this).amax(-1, keepdim=True)
+        running = upto._where(other, this).amax(-1, keepdim=True)
         hit = upto & _same(other, running)
-        indices = self._unpair(hit.where(_iota(self, n, 1), -1).amax(-1), dim)
+        indices = self._unpair(hit._where(_iota(self, n, 1), -1).amax(-1), dim)
         return SortResult(self.gather(dim, indices) if self.ndim else self, indices)
 
     def cummin(self: Tensor, dim: int) -> SortResult:
@@ -76,7 +76,7 @@ class ScanOps:
         dim = as_dim(dim, self.ndim)
         _, other, n = self._pairs(dim)
         upto = _iota(self, n, 1) <= _iota(self, n, 0)
-        picked = upto.where(other._float().expand(other.shape[:-2] + (n, n)), float("-inf"))
+        picked = upto._where(other._float().expand(other.shape[:-2] + (n, n)), float("-inf"))
         return self._unpair(picked.logsumexp(-1), dim)
 
     def sort(self: Tensor, dim: int = -1, descending: bool = False,
@@ -91,7 +91,7 @@ class ScanOps:
         rank = (before | ties).sum(-1)                                   # (..., n) position of i
         # position p takes the element i whose rank is p
         hit = rank.unsqueeze(-2) == _iota(self, n, 0)             # (..., p, i)
-        indices = hit.where(_iota(self, n, 1), 0).sum(-1)
+        indices = hit._where(_iota(self, n, 1), 0).sum(-1)
         indices = self._unpair(indices, dim)
         return SortResult(self.gather(dim, indices) if self.ndim else self, indices)
 
@@ -125,7 +125,7 @@ class ScanOps:
         """self with `value` wherever the bool `mask` (broadcast) is True."""
         if mask.dtype != bool_:
             raise TypeError(f"masked_fill: mask must be bool, got {mask.dtype.name}")
-        return mask.where(value, self).cast(self.dtype)
+        return mask._where(value, self).cast(self.dtype)
 
     def tril(self: Tensor, diagonal: int = 0) -> Tensor:
         """The lower triangle of the last two dims (col - row <= diagonal), the rest 0."""
@@ -141,7 +141,7 @@ class ScanOps:
         n, m = self.shape[-2:]
         rows, cols = _iota(self, n, 0), _iota(self, m, 1)
         zero = False if self.dtype == bool_ else 0
-        return keep(rows, cols).where(self, zero).cast(self.dtype)
+        return keep(rows, cols)._where(self, zero).cast(self.dtype)
 
     def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
         """The diagonal of dims dim1, dim2 (above it for offset > 0), as a new last dim."""
@@ -176,7 +176,7 @@ class ScanOps:
         rows = _iota(self, size, 0)
         cols = _iota(self, size, 1)
         zero = False if self.dtype == bool_ else 0
-        return (cols - rows == diagonal).where(values, zero).cast(self.dtype)
+        return (cols - rows == diagonal)._where(values, zero).cast(self.dtype)
 
     def roll(self: Tensor, shifts: int | tuple[int, ...],
              dims: int | tuple[int, ...] | None = None) -> Tensor:

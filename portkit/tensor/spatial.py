@@ -477,9 +477,9 @@ def grid_sample(input: Tensor, grid: Tensor, mode: Literal["bilinear", "nearest"
     def read(x: Tensor, y: Tensor) -> Tensor:
         """input at integer-valued float positions (n, points); 0 outside."""
         inside = (x >= 0) & (x <= w - 1) & (y >= 0) & (y <= h - 1)
-        index = (inside.where(y, 0.0) * w + inside.where(x, 0.0)).cast(int32)
+        index = (inside._where(y, 0.0) * w + inside._where(x, 0.0)).cast(int32)
         values = flat.gather(2, index.unsqueeze(1).expand(n, c, points))
-        return inside.unsqueeze(1).where(values, 0.0)
+        return inside.unsqueeze(1)._where(values, 0.0)
 
     if mode == "nearest":
         out = read(ix.detach().round(), iy.detach().round())

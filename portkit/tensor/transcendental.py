@@ -38,15 +38,15 @@ class TranscendentalOps:
         a = _magnitude(x)
         big, mid = a > 1 / _TAN_PI_8, a > _TAN_PI_8
         # atan(a) = pi/2 - atan(1/a) = pi/4 + atan((a-1)/(a+1)) bring a to |t| <= tan(pi/8)
-        t = big.where(-1 / big.where(a, 1.0), mid.where(
-            (a - 1) / (mid.where(a, 0.0) + 1), a))
+        t = big._where(-1 / big._where(a, 1.0), mid._where(
+            (a - 1) / (mid._where(a, 0.0) + 1), a))
         z = t * t
         poly = z * _ATAN_POLY[0] + _ATAN_POLY[1]
         for c in _ATAN_POLY[2:]:
             poly = poly * z + c
-        base = big.where(math.pi / 2, mid.where(math.pi / 4, 0.0))
+        base = big._where(math.pi / 2, mid._where(math.pi / 4, 0.0))
         out = base + t + t * z * poly
-        return (x < 0).where(-out, out)
+        return (x < 0)._where(-out, out)
 
     @pair_in_float32
     def atan2(self: Tensor, other: Tensor | Scalar) -> Tensor:
@@ -54,15 +54,15 @@ class TranscendentalOps:
         y, x = self._float()._operand(other)
         ay, ax = _magnitude(y), _magnitude(x)
         steep = ay > ax
-        hi = steep.where(ay, ax)
-        lo = steep.where(ax, ay)
+        hi = steep._where(ay, ax)
+        lo = steep._where(ax, ay)
         # both infinite: the diagonal (ratio 1), where inf / inf would be NaN
         both_inf = ax.isinf() & ay.isinf()
-        ratio = both_inf.where(1.0, both_inf.where(0.0, lo) / (hi == 0).where(1.0, hi))
+        ratio = both_inf._where(1.0, both_inf._where(0.0, lo) / (hi == 0)._where(1.0, hi))
         r = ratio.atan()
-        r = steep.where(math.pi / 2 - r, r)
-        r = _signbit(x).where(math.pi - r, r)
-        return _signbit(y).where(-r, r)
+        r = steep._where(math.pi / 2 - r, r)
+        r = _signbit(x)._where(math.pi - r, r)
+        return _signbit(y)._where(-r, r)
 
     @in_float32
     def asin(self: Tensor) -> Tensor:
@@ -81,11 +81,11 @@ class TranscendentalOps:
         """The hyperbolic sine (a Taylor series near 0, where e^x - e^-x cancels)."""
         x = self._float()
         small = x.abs() < 0.5
-        xs = small.where(x, 0.0)
+        xs = small._where(x, 0.0)
         x2 = xs * xs
         series = xs * (1 + x2 * (1 / 6 + x2 * (1 / 120 + x2 * (1 / 5040))))
         e = x.exp()
-        return small.where(series, (e - 1 / e) * 0.5)
+        return small._where(series, (e - 1 / e) * 0.5)
 
     @in_float32
     def cosh(self: Tensor) -> Tensor:
@@ -107,10 +107,10 @@ class TranscendentalOps:
         a = x.detach().abs()
         # log1p(a + a^2 / (1 + sqrt(1 + a^2))) near 0; log(2a) where a^2 would overflow
         big = a > 2.0 ** 28
-        small = big.where(0.0, a)
+        small = big._where(0.0, a)
         near = _log1p(small + small * small / (1 + (small * small + 1).sqrt()))
-        value = big.where(a.log() + math.log(2), near)
-        value = (x < 0).where(-value, value)
+        value = big._where(a.log() + math.log(2), near)
+        value = (x < 0)._where(-value, value)
         return value._with_grad((x, (x.detach() * x.detach() + 1).rsqrt()))
 
     @in_float32
@@ -119,10 +119,10 @@ class TranscendentalOps:
         x = self._float()
         a = x.detach()
         big = a > 2.0 ** 28
-        t = big.where(0.0, a - 1)
+        t = big._where(0.0, a - 1)
         # log1p(t + sqrt(2t + t^2)), t = x - 1, keeps the accuracy near 1
         near = _log1p(t + (t * 2 + t * t).sqrt())
-        value = (a < 1).where(float("nan"), big.where(a.log() + math.log(2), near))
+        value = (a < 1)._where(float("nan"), big._where(a.log() + math.log(2), near))
         return value._with_grad((x, (a * a - 1).rsqrt()))
 
     @in_float32
@@ -131,7 +131,7 @@ class TranscendentalOps:
         x = self._float()
         a = x.detach().abs()
         value = _log1p(a * 2 / (1 - a)) * 0.5
-        value = (a > 1).where(float("nan"), (x < 0).where(-value, value))
+        value = (a > 1)._where(float("nan"), (x < 0)._where(-value, value))
         return value._with_grad((x, 1 / (1 - x.detach() * x.detach())))
 
     @in_float32
@@ -145,8 +145,8 @@ class TranscendentalOps:
         a, b = self._float()._operand(other)
         same = a == b                   # also both -inf or both +inf, where a - b is NaN
         m = a.maximum(b)
-        d = same.where(0.0, a - b).abs()
-        return same.where((a + b) * 0.5 + math.log(2), m + (1 + (-d).exp()).log())
+        d = same._where(0.0, a - b).abs()
+        return same._where((a + b) * 0.5 + math.log(2), m + (1 + (-d).exp()).log())
 
     def fmod(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """The remainder of self / other with self's sign (C's fmod; % takes other's sign)."""
@@ -158,7 +158,7 @@ class TranscendentalOps:
     def copysign(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """|self| with the sign of other (-0.0 counts as negative)."""
         a, b = self._float()._operand(other)
-        return _signbit(b).where(-a.abs(), a.abs())
+        return _signbit(b)._where(-a.abs(), a.abs())
 
     def lerp(self: Tensor, end: Tensor | Scalar, weight: Tensor | Scalar) -> Tensor:
         """self + weight * (end - self)."""
@@ -181,20 +181,20 @@ def _log1p(x: Tensor) -> Tensor:
     s = x / (2 + x), since 1 + x rounds and a device's log may be only absolutely accurate
     near 1 (WGSL's); log(1 + x) elsewhere."""
     small = x.abs() < 0.5
-    s = small.where(x, 0.0) / (small.where(x, 0.0) + 2)
+    s = small._where(x, 0.0) / (small._where(x, 0.0) + 2)
     z = s * s
     series = z * (1 / 17) + 1 / 15
     for n in range(6, -1, -1):
         series = series * z + 1 / (2 * n + 1)
-    return small.where(s * series * 2, (x + 1).log())
+    return small._where(s * series * 2, (x + 1).log())
 
 
 def _magnitude(x: Tensor) -> Tensor:
     """|x| whose gradient at 0 is 1, not abs()'s 0: atan and atan2 have slope there."""
-    return (x < 0).where(-x, x)
+    return (x < 0)._where(-x, x)
 
 
 def _signbit(x: Tensor) -> Tensor:
     """True where x is negative, -0.0 included (1 / -0.0 is -inf)."""
     zero = x == 0
-    return (x < 0) | (zero & (1 / zero.where(x, 1.0) < 0))
+    return (x < 0) | (zero & (1 / zero._where(x, 1.0) < 0))

@@ -68,8 +68,24 @@ def test_comparisons_and_where(check, data):
     for fn in (lambda x, y: x < y, lambda x, y: x <= y, lambda x, y: x > y,
                lambda x, y: x >= y, lambda x, y: x == y, lambda x, y: x != y):
         check(fn, a, b, grad=False)
-    check(lambda x, y: (x > 0).where(x, y) if isinstance(x, Tensor) else torch.where(x > 0, x, y),
+    check(lambda x, y: x.where(x > 0, y) if isinstance(x, Tensor) else torch.where(x > 0, x, y),
           a, b)
+
+
+def test_where_reads_as_torch_and_refuses_a_condition_that_is_not_bool():
+    # x.where(cond, y) is torch's: x where cond, else y. A float tensor read as the condition
+    # (tinygrad's cond.where(a, b) order) would pick by x != 0 instead, silently.
+    x = np.array([[1.0, -2.0, 0.0], [3.0, 0.5, -1.0]], np.float32)
+    cond = np.array([[True, False, True], [False, True, False]])
+    got = Tensor(x).where(Tensor(cond), 7.0).numpy()
+    np.testing.assert_array_equal(got, torch.from_numpy(x).where(torch.from_numpy(cond),
+                                                                7.0).numpy())
+    np.testing.assert_array_equal(Tensor(x).where(Tensor(cond), Tensor(-x)).numpy(),
+                                  np.where(cond, x, -x))
+    with pytest.raises(RuntimeError, match="boolean tensor, but got a tensor with dtype float32"):
+        Tensor(x).where(Tensor(x), 0.0)
+    with pytest.raises(TypeError, match="condition must be a bool Tensor, got bool"):
+        Tensor(x).where(True, 0.0)
 
 
 def test_integer_division_and_mod_follow_python():

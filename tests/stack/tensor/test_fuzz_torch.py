@@ -44,9 +44,7 @@ SLOW = [name for name, reason in backends.available().items()
 
 
 def _where(cond, a, b):
-    # portkit's cond.where(a, b) is tinygrad's spelling; torch's x.where(cond, y) reads
-    # otherwise, so both use the function form
-    return torch.where(cond, a, b) if isinstance(cond, torch.Tensor) else cond.where(a, b)
+    return a.where(cond, b)          # torch's Tensor.where, in both libraries
 
 
 def _pad(x):

@@ -57,7 +57,8 @@ def bars(title: str, labels: list[str], series: Series, path: str | Path) -> Pat
     if len(series) > 1:
         axes.legend(fontsize=8, loc="best")
     figure.tight_layout()
-    figure.savefig(path)
+    # no creation date in an SVG, so that a chart redrawn from the same figures is the same file
+    figure.savefig(path, metadata={"Date": None} if str(path).endswith(".svg") else None)
     pyplot.close(figure)
     print(f"chart: {path}")
     return Path(path)
@@ -68,10 +69,10 @@ def bench_chart(results: dict, path: str | Path) -> Path | None:
     rows = [r for r in results["results"] if r["unit"] != "x" and r["portkit"]]
     meta = results.get("meta", {})
     series: Series = {
-        peer: [r["portkit"] / r[peer] if r.get(peer) else None for r in rows]
+        f"vs {peer}": [r["portkit"] / r[peer] if r.get(peer) else None for r in rows]
         for peer in ("numpy", "torch")}
-    return bars(f"portkit on {meta.get('device', '?')} ({meta.get('device_name', '')}): "
-                f"rate over numpy's and torch's", [r["workload"] for r in rows], series, path)
+    return bars(f"bench.py: portkit's rate over numpy's and torch's on {meta.get('device', '?')}",
+                [r["workload"] for r in rows], series, path)
 
 
 def zoo_chart(results: dict, path: str | Path) -> Path | None:

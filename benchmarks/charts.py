@@ -37,7 +37,7 @@ def bars(title: str, labels: list[str], series: Series, path: str | Path) -> Pat
 
     pyplot.rcParams["svg.fonttype"] = "none"           # labels stay text in an SVG
     height = 0.8 / max(len(series), 1)
-    figure, axes = pyplot.subplots(figsize=(8, 0.3 * len(labels) * len(series) + 1.6))
+    figure, axes = pyplot.subplots(figsize=(8, 0.22 * len(labels) * len(series) + 1.6))
     for k, (name, values) in enumerate(series.items()):
         rows = [(i, v) for i, v in enumerate(values) if v is not None and v > 0]
         if rows:

@@ -71,7 +71,7 @@ def test_unary_and_where(dtype, shape, data):
     x = Tensor(a)
     same((-x).numpy(), -a)
     same(x.abs().numpy(), np.abs(a))
-    same((x > 0).where(x, x * 2).numpy(), np.where(a > 0, a, a * 2))
+    same(x.where(x > 0, x * 2).numpy(), np.where(a > 0, a, a * 2))
     if a.dtype.kind == "f":
         same(x.floor().numpy(), np.floor(a))
         same(x.round().numpy(), np.round(a))

@@ -57,18 +57,32 @@ def read(tracker: ShapeTracker, base: np.ndarray) -> np.ndarray:
     return out
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.integers(1, 4), min_size=1, max_size=3),
-       st.lists(st.sampled_from(["permute", "shrink", "pad", "flip", "expand", "reshape"]),
-                max_size=5),
-       st.data())
-def test_any_chain_of_movement_ops_indexes_like_numpy(shape, moves, data):
-    base = np.arange(1, np.prod(shape) + 1)          # 0 only where padding reads
-    tracker, array = ShapeTracker.contiguous(tuple(shape)), base.reshape(shape)
+def moved(shape: list[int], moves: list[str], data) -> tuple[np.ndarray, ShapeTracker,
+                                                                np.ndarray]:
+    """The source 1..n (0 only where padding reads) in `shape`, and a tracker and numpy's
+    array after `moves` (stopping at an empty shape)."""
+    base = np.arange(1, np.prod(shape) + 1).reshape(shape)
+    tracker, array = ShapeTracker.contiguous(tuple(shape)), base
     for move in moves:
         if 0 in array.shape:
             break
         tracker, array = apply(tracker, array, move, data)
+    return base, tracker, array
+
+
+def movement_chains(test):
+    """`test(shape, moves, data)` run on 150 random shapes and chains of movement ops."""
+    return settings(max_examples=150, deadline=None)(given(
+        st.lists(st.integers(1, 4), min_size=1, max_size=3),
+        st.lists(st.sampled_from(["permute", "shrink", "pad", "flip", "expand", "reshape"]),
+                 max_size=5),
+        st.data())(test))
+
+
+@movement_chains
+def test_any_chain_of_movement_ops_indexes_like_numpy(shape, moves, data):
+    base, tracker, array = moved(shape, moves, data)
+    base = base.reshape(-1)
     assert tracker.shape == array.shape
     np.testing.assert_array_equal(read(tracker, base), array)
 
@@ -85,18 +99,9 @@ def test_views_stay_single_when_strides_can_say_it():
     assert padded.shape == (5,) and padded.mask == ((1, 4),) and padded.offset == -1
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.integers(1, 4), min_size=1, max_size=3),
-       st.lists(st.sampled_from(["permute", "shrink", "pad", "flip", "expand", "reshape"]),
-                max_size=5),
-       st.data())
+@movement_chains
 def test_split_index_reads_what_the_flat_index_reads(shape, moves, data):
-    base = np.arange(1, np.prod(shape) + 1).reshape(shape)
-    tracker, array = ShapeTracker.contiguous(tuple(shape)), base
-    for move in moves:
-        if 0 in array.shape:
-            break
-        tracker, array = apply(tracker, array, move, data)
+    base, tracker, _ = moved(shape, moves, data)
     if len(tracker.views) > 1 or 0 in tracker.shape:
         return
     view = tracker.views[0]

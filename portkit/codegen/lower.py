@@ -431,7 +431,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    from portkit.codegen import mma as matrix  # these build on this module
+    from portkit.codegen import cases as joined  # these build on this module
+    from portkit.codegen import mma as matrix
     from portkit.codegen import pack as packing
     from portkit.codegen import tiles as staging
     from portkit.codegen import tune
@@ -503,20 +504,29 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         tile = unravel(t_var, tile_shape[:len(tile_shape) - 1 - tail])
         for atom, _ in (term for i in tile for term in i.terms):
             lowerer.atom(atom)
-        column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0), lowerer.const(row)))
-        lowerer.scopes.append({})
-        tile += [lowerer.new_var("c", 0, row - 1, column)] + [const(0)] * tail
+        column_var = lowerer.new_var("c", 0, row - 1, -1)    # its node: the loop, below
+        tile += [column_var] + [const(0)] * tail
     else:
         tile = unravel(t_var, tile_shape)
     idxs = [[t * n + k for t, n, k in zip(tile, amounts, offsets)]
             for offsets in product(*(range(n) for n in amounts))]
     strides = strides_for(root.shape)
-    values = lowerer.lower(root, idxs, [None] * len(idxs))
-    for idx, value in zip(idxs, values):
-        flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
-        b.store(out, lowerer.index(flat), value)
-    if row > 1:
-        b.add(Op.END, None, (column,))
+    flats = [recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin())) for idx in idxs]
+    found = None
+    if row > 1 and len(idxs) == 1:
+        found = joined.cases(root, idxs[0], set(lowerer.params), column_var.terms[0][0].name)
+    if found:       # a concatenation: each row runs the loop of the one piece it lies in
+        joined.emit(lowerer, found, column_var, row, out, flats[0])
+    else:
+        if row > 1:
+            column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0), lowerer.const(row)))
+            lowerer.scopes.append({})
+            lowerer.vars[column_var.terms[0][0].name] = column
+        values = lowerer.lower(root, idxs, [None] * len(idxs))
+        for flat, value in zip(flats, values):
+            b.store(out, lowerer.index(flat), value)
+        if row > 1:
+            b.add(Op.END, None, (column,))
     if opener is not None:
         b.add(Op.ENDIF, None, (opener,))
     elif per_thread > 1:

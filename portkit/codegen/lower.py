@@ -467,7 +467,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if flags:
         lowerer.fault = b.acc(lowerer.const(0))
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
-    tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
+    tile_shape = tuple(ceil(s / n) for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)
     row, tail = row_length(tile_shape, serial(caps) and (tiling.work == 1 or
                                                         tiling.inline is not None))
@@ -508,8 +508,19 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         tile += [column_var] + [const(0)] * tail
     else:
         tile = unravel(t_var, tile_shape)
-    idxs = [[t * n + k for t, n, k in zip(tile, amounts, offsets)]
-            for offsets in product(*(range(n) for n in amounts))]
+    starts = [t * n for t, n in zip(tile, amounts)]
+    lanes = list(product(*(range(n) for n in amounts)))
+    stored: list[int | None] = [None] * len(lanes)
+    if tiling.shifted is not None:
+        # the last tile along this axis starts early enough to end at the axis's end, and
+        # stores only the outputs that the tile before it did not
+        axis, size = tiling.shifted, root.shape[tiling.shifted]
+        first, last = lowerer.index(starts[axis]), lowerer.const(size - amounts[axis])
+        start = b.alu(Op.WHERE, b.alu(Op.CMPLT, first, last), first, last)
+        starts[axis] = lowerer.new_var("s", 0, size - amounts[axis], start)
+        stored = [b.alu(Op.CMPLT, b.alu(Op.ADD, first, lowerer.const(-offsets[axis] - 1)),
+                        start) for offsets in lanes]
+    idxs = [[t + k for t, k in zip(starts, offsets)] for offsets in lanes]
     strides = strides_for(root.shape)
     flats = [recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin())) for idx in idxs]
     found = None
@@ -523,8 +534,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
             lowerer.scopes.append({})
             lowerer.vars[column_var.terms[0][0].name] = column
         values = lowerer.lower(root, idxs, [None] * len(idxs))
-        for flat, value in zip(flats, values):
-            b.store(out, lowerer.index(flat), value)
+        for flat, value, gate in zip(flats, values, stored):
+            b.store(out, lowerer.index(flat), value, gate)
         if row > 1:
             b.add(Op.END, None, (column,))
     if opener is not None:

@@ -431,7 +431,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    from portkit.codegen import mma as matrix  # these build on this module
+    from portkit.codegen import cases as joined  # these build on this module
+    from portkit.codegen import mma as matrix
     from portkit.codegen import pack as packing
     from portkit.codegen import tiles as staging
     from portkit.codegen import tune
@@ -466,7 +467,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if flags:
         lowerer.fault = b.acc(lowerer.const(0))
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
-    tile_shape = tuple(s // n for s, n in zip(root.shape, amounts))
+    tile_shape = tuple(ceil(s / n) for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)
     row, tail = row_length(tile_shape, serial(caps) and (tiling.work == 1 or
                                                         tiling.inline is not None))
@@ -503,20 +504,40 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         tile = unravel(t_var, tile_shape[:len(tile_shape) - 1 - tail])
         for atom, _ in (term for i in tile for term in i.terms):
             lowerer.atom(atom)
-        column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0), lowerer.const(row)))
-        lowerer.scopes.append({})
-        tile += [lowerer.new_var("c", 0, row - 1, column)] + [const(0)] * tail
+        column_var = lowerer.new_var("c", 0, row - 1, -1)    # its node: the loop, below
+        tile += [column_var] + [const(0)] * tail
     else:
         tile = unravel(t_var, tile_shape)
-    idxs = [[t * n + k for t, n, k in zip(tile, amounts, offsets)]
-            for offsets in product(*(range(n) for n in amounts))]
+    starts = [t * n for t, n in zip(tile, amounts)]
+    lanes = list(product(*(range(n) for n in amounts)))
+    stored: list[int | None] = [None] * len(lanes)
+    if tiling.shifted is not None:
+        # the last tile along this axis starts early enough to end at the axis's end, and
+        # stores only the outputs that the tile before it did not
+        axis, size = tiling.shifted, root.shape[tiling.shifted]
+        first, last = lowerer.index(starts[axis]), lowerer.const(size - amounts[axis])
+        start = b.alu(Op.WHERE, b.alu(Op.CMPLT, first, last), first, last)
+        starts[axis] = lowerer.new_var("s", 0, size - amounts[axis], start)
+        stored = [b.alu(Op.CMPLT, b.alu(Op.ADD, first, lowerer.const(-offsets[axis] - 1)),
+                        start) for offsets in lanes]
+    idxs = [[t + k for t, k in zip(starts, offsets)] for offsets in lanes]
     strides = strides_for(root.shape)
-    values = lowerer.lower(root, idxs, [None] * len(idxs))
-    for idx, value in zip(idxs, values):
-        flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
-        b.store(out, lowerer.index(flat), value)
-    if row > 1:
-        b.add(Op.END, None, (column,))
+    flats = [recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin())) for idx in idxs]
+    found = None
+    if row > 1 and len(idxs) == 1:
+        found = joined.cases(root, idxs[0], set(lowerer.params), column_var.terms[0][0].name)
+    if found:       # a concatenation: each row runs the loop of the one piece it lies in
+        joined.emit(lowerer, found, column_var, row, out, flats[0])
+    else:
+        if row > 1:
+            column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0), lowerer.const(row)))
+            lowerer.scopes.append({})
+            lowerer.vars[column_var.terms[0][0].name] = column
+        values = lowerer.lower(root, idxs, [None] * len(idxs))
+        for flat, value, gate in zip(flats, values, stored):
+            b.store(out, lowerer.index(flat), value, gate)
+        if row > 1:
+            b.add(Op.END, None, (column,))
     if opener is not None:
         b.add(Op.ENDIF, None, (opener,))
     elif per_thread > 1:

@@ -54,6 +54,9 @@ _INLINE = 64
 # (a runtime check per row costs more than it gains), and left the row scalar; written out,
 # every load comes before the first store and the lanes are one block of code.
 _SHORT_ROW = 16
+# Fewer lanes than this along a row's vector axis (as many as divide the row's length) give
+# way to full-width tiles, the last one shifted back to end at the row's end (`Plan.shifted`).
+_FEW_LANES = 8
 
 def serial(caps: Capabilities) -> bool:
     """True for a device that runs one thread per workgroup best: its threads are loops."""
@@ -80,6 +83,7 @@ class Plan:
     reduce: int | None = None                    # id() of the reduce the unroll applies to
     work: int = 1                                # reduce length per output
     inline: int | None = None                    # id() of a reduce written out term by term
+    shifted: int | None = None                   # root axis whose last tile ends at its end
 
     def amount(self, axis: int) -> int:
         """Outputs per thread along root axis `axis` (1 where the plan does not upcast it)."""
@@ -129,8 +133,15 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     # output axis, but a strided one still makes independent lanes
     shared = [a for a in outputs if reused(f"o{a}")]
     wide = [a for a in shared if divisor(root.shape[a], limits.gather) == limits.gather > 0]
+    shifted = None
     if vector:
-        upcast[vector[-1]] = divisor(root.shape[vector[-1]], limits.vector)
+        size = root.shape[vector[-1]]
+        upcast[vector[-1]] = divisor(size, limits.vector)
+        if limits.compiler_lanes and upcast[vector[-1]] < _FEW_LANES <= limits.vector <= size:
+            # a row with few lanes dividing it (GPT-2's 50257 logits: one) takes full tiles,
+            # the last one moved back to end at the row's end (it recomputes a few outputs
+            # and stores only the others), where tiles of one lane left the row scalar
+            upcast[vector[-1]], shifted = limits.vector, vector[-1]
     elif len(shared) >= 2 and wide:
         upcast[wide[-1]] = limits.gather
         other = [a for a in shared if a != wide[-1]][-1]
@@ -168,7 +179,8 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     upcast = {a: n for a, n in upcast.items() if n > 1}
     if unroll is not None and unroll[1] == 1:
         unroll = None
-    return Plan(tuple(sorted(upcast.items())), unroll, id(node), work)
+    return Plan(tuple(sorted(upcast.items())), unroll, id(node), work,
+                shifted=shifted if shifted in upcast else None)
 
 
 def _window(root: Lazy, loads: list[Lin], gated: set[str]) -> bool:

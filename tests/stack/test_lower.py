@@ -65,6 +65,29 @@ def test_linear_layer_shapes_match_numpy(m, k, n):
     np.testing.assert_allclose(got, x @ w.T, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
+@pytest.mark.parametrize("device", ["cpu", "interpreter"])
+@pytest.mark.parametrize("n", [101, 37])
+def test_a_row_without_a_divisor_takes_full_tiles_the_last_one_shifted_back(device, n):
+    # a language-model head, x @ W with W stored (k, n), n = 50257 (odd): no power of two
+    # divides the row, and its one-lane tiles left GPT-2's logits scalar (1.6 GB/s)
+    rng = np.random.default_rng(n)
+    x, w = rng.standard_normal((1, 96), np.float32), rng.standard_normal((96, n), np.float32)
+    out = Tensor(x, device=device) @ Tensor(w, device=device)
+    item = _only_item(out)
+    tiling = plan(item.root, item.inputs)
+    assert dict(tiling.upcast) == {1: 32} and tiling.shifted == 1
+    kernel = lower(item.root, item.inputs,
+                   dataclasses.replace(CAPABILITIES, threads_are_loops=True))
+    # 32 lanes: one ungated load of W per lane, and per lane a running sum and a block's sum
+    loads = [node for node in kernel.nodes if node.op is Op.LOAD and node.src[0] == 2]
+    assert len(loads) == 32 and all(len(node.src) == 2 for node in loads)
+    assert _accumulators(kernel) == 2 * 32
+    # the last tile stores only the outputs that the tile before it did not
+    stores = [node for node in kernel.nodes if node.op is Op.STORE]
+    assert len(stores) == 32 and all(len(node.src) == 4 for node in stores)
+    np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-5, atol=1e-5 * np.sqrt(96))
+
+
 def test_partial_sums_stay_within_the_reordering_bound():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((3, 1000), np.float32)

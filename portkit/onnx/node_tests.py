@@ -23,6 +23,9 @@ from portkit.abi import dtypes
 from portkit.abi.errors import PortkitError
 
 _STANDARD = {np.dtype(d.np) for d in dtypes.ALL}
+# what a node test's run may raise; the test then counts as an error
+_RUN_ERRORS = (PortkitError, ValueError, TypeError, IndexError, NotImplementedError, KeyError,
+               AssertionError, RuntimeError, ArithmeticError)
 
 
 @dataclass
@@ -92,8 +95,7 @@ def run_case(case, device: str) -> Result:
         try:
             with np.errstate(all="ignore"):
                 got = list(model(*inputs).values())
-        except (PortkitError, ValueError, TypeError, IndexError, NotImplementedError,
-                KeyError, AssertionError, RuntimeError, ArithmeticError) as error:
+        except _RUN_ERRORS as error:
             return Result(case.name, op, "error", f"{type(error).__name__}: {error}"[:200])
         for want, value in zip(expected, got):
             value = np.asarray(value)
@@ -103,6 +105,32 @@ def run_case(case, device: str) -> Result:
                                equal_nan=True):
                 return Result(case.name, op, "failed", _error(value, want))
     return Result(case.name, op, "passed")
+
+
+def compile_ahead(cases: list, device: str) -> int:
+    """Builds the graphs of `cases` without running them and compiles all their kernels in
+    batches (Runtime.compile_all): one compiler process for many cases, where each case's own
+    realize would start one of its own. Returns how many kernels it handed over. A case that
+    cannot be built this way (unsupported, values read back while building) is left to its run."""
+    from portkit import runtime, schedule
+    from portkit.onnx import load
+    from portkit.tensor import Tensor
+
+    kernels = []
+    for case in cases:
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                model = load(case.model, device=device)
+                for inputs, _ in case.data_sets:
+                    env = model.run(model.bind(tuple(inputs), {}))
+                    outs = [env[n].lazy for n in model.outputs if isinstance(env[n], Tensor)]
+                    kernels += schedule.kernels(outs)
+        except _RUN_ERRORS:       # the case's own run reports what went wrong
+            continue
+    unique = list({kernel.to_json(): kernel for kernel in kernels}.values())
+    runtime.get(device).compile_all(unique)
+    return len(unique)
 
 
 def _error(value: np.ndarray, want: np.ndarray) -> str:
@@ -123,6 +151,7 @@ def run(device: str = "cpu", pattern: str | None = None, progress: bool = True
         ) -> list[Result]:
     """Every standard-dtype node test on `device`."""
     cases = standard_cases(pattern)
+    compile_ahead(cases, device)
     iterator = track(cases, description=f"ONNX node tests on {device}") if progress else cases
     return [run_case(case, device) for case in iterator]
 

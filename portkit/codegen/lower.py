@@ -40,8 +40,8 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError, UnsupportedDType
 from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
-from portkit.codegen.plan import SERIAL, THREADED, Plan, launch_shape, plan, serial
-from portkit.codegen.rows import row_length
+from portkit.codegen.plan import SERIAL, THREADED, Plan, gates, launch_shape, plan, serial
+from portkit.codegen.rows import pieces, row_length
 from portkit.graph import GraphOp, Lazy, Traced, toposort
 from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, const, recombine, unravel, var
 from portkit.view import strides_for
@@ -85,6 +85,8 @@ class _Lowerer:
         self.fixed: dict[int, int] = {}         # id(Lazy) -> the node holding its value here
         self.ranges = False                     # a two-sided bound as one uint32 compare
         self.fault: int | None = None           # the ACC of the largest fault code met
+        self.assumed: tuple[Bound, ...] = ()    # gates tested once around the code lowered:
+        self.refuted: tuple[Bound, ...] = ()    # true there, and false there
 
     # -- memo with scopes: a value computed inside a loop is not visible after it ---------------
 
@@ -227,6 +229,9 @@ class _Lowerer:
             kept = bounds(conds)
             if kept is None:
                 continue                           # padding everywhere: reads zero
+            if any(c in self.refuted for c in kept):
+                continue
+            kept = tuple(c for c in kept if c not in self.assumed)
             inner_gate = self.condition(kept, gate)
             if id(src) in self.params:
                 out[e] = self.load(self.params[id(src)], self.index(flat), inner_gate)
@@ -398,6 +403,50 @@ class _Lowerer:
         return [b.cast(x, wide) for x in self.lower(src, idxs, gates)]
 
 
+def _indices(tile: list[Lin], amounts: list[int]) -> list[list[Lin]]:
+    """The multi-index of every output of a thread's tile."""
+    return [[t * n + k for t, n, k in zip(tile, amounts, offsets)]
+            for offsets in product(*(range(n) for n in amounts))]
+
+
+def _store(lowerer: _Lowerer, root: Lazy, tile: list[Lin], amounts: list[int], out: int) -> None:
+    """Computes and stores every output of one tile."""
+    idxs = _indices(tile, amounts)
+    strides = strides_for(root.shape)
+    values = lowerer.lower(root, idxs, [None] * len(idxs))
+    for idx, value in zip(idxs, values):
+        flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
+        lowerer.b.store(out, lowerer.index(flat), value)
+
+
+def _row_loop(lowerer: _Lowerer, root: Lazy, tile: list[Lin], span: tuple[int, int], tail: int,
+              amounts: list[int], out: int) -> None:
+    """The inner loop over columns [first, end) of a row, whose variable's range lets range
+    analysis drop the gates that hold across the span."""
+    first, end = span
+    b = lowerer.b
+    column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(first), lowerer.const(end)))
+    lowerer.scopes.append({})
+    _store(lowerer, root, tile + [lowerer.new_var("c", first, end - 1, column)]
+           + [const(0)] * tail, amounts, out)
+    b.add(Op.END, None, (column,))
+    lowerer.scopes.pop()
+
+
+def _branch(lowerer: _Lowerer, cond: int, assumed: tuple[Bound, ...],
+            refuted: tuple[Bound, ...], body) -> None:
+    """`body()` inside IF(cond), lowered with the gates that cond implies true (`assumed`) or
+    false (`refuted`) decided."""
+    b = lowerer.b
+    opener = b.add(Op.IF, None, (cond,))
+    lowerer.scopes.append({})
+    lowerer.assumed, lowerer.refuted = assumed, refuted
+    body()
+    lowerer.assumed, lowerer.refuted = (), ()
+    lowerer.scopes.pop()
+    b.add(Op.ENDIF, None, (opener,))
+
+
 def _block(trips: list[int]) -> int | None:
     """Iterations of the first reduce axis per block of a blocked float sum; None: no blocks."""
     rest = prod(trips[1:])
@@ -503,20 +552,25 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         tile = unravel(t_var, tile_shape[:len(tile_shape) - 1 - tail])
         for atom, _ in (term for i in tile for term in i.terms):
             lowerer.atom(atom)
-        column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0), lowerer.const(row)))
-        lowerer.scopes.append({})
-        tile += [lowerer.new_var("c", 0, row - 1, column)] + [const(0)] * tail
+        column = var("c", 0, row - 1)
+        spans, hoisted = pieces([cond for idx in _indices(tile + [column] + [const(0)] * tail,
+                                                          amounts)
+                                 for cond in gates(root, inputs, idx)],
+                                column, {atom.name for atom, _ in t_var.terms})
+        if hoisted:
+            # the row's own gates, tested once: its loop inside the padding loads ungated
+            whole = lowerer.condition(hoisted, None)
+            _branch(lowerer, whole, hoisted, (), lambda: [
+                _row_loop(lowerer, root, tile, span, tail, amounts, out) for span in spans])
+            # where one gate fails, it fails for every load it gates (a row of padding)
+            _branch(lowerer, b.alu(Op.XOR, whole, lowerer.const(True, dtypes.bool_)), (),
+                    hoisted if len(hoisted) == 1 else (),
+                    lambda: _row_loop(lowerer, root, tile, (0, row), tail, amounts, out))
+        else:
+            for span in spans:
+                _row_loop(lowerer, root, tile, span, tail, amounts, out)
     else:
-        tile = unravel(t_var, tile_shape)
-    idxs = [[t * n + k for t, n, k in zip(tile, amounts, offsets)]
-            for offsets in product(*(range(n) for n in amounts))]
-    strides = strides_for(root.shape)
-    values = lowerer.lower(root, idxs, [None] * len(idxs))
-    for idx, value in zip(idxs, values):
-        flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
-        b.store(out, lowerer.index(flat), value)
-    if row > 1:
-        b.add(Op.END, None, (column,))
+        _store(lowerer, root, unravel(t_var, tile_shape), amounts, out)
     if opener is not None:
         b.add(Op.ENDIF, None, (opener,))
     elif per_thread > 1:

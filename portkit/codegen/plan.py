@@ -10,7 +10,7 @@ from math import ceil, isqrt, prod
 
 from portkit.abi.backend import Capabilities
 from portkit.graph import GraphOp, Lazy
-from portkit.symbolic import Lin, Var, bounds, const, recombine, unravel, var
+from portkit.symbolic import Bound, Lin, Var, bounds, const, recombine, unravel, var
 from portkit.view import strides_for
 
 # A serial device (one thread per workgroup) gets at least this much work per group: loads
@@ -196,6 +196,14 @@ def load_steps(node: Lazy, inputs: list[Lazy], name: str) -> list[int | None]:
     return [_step(flat, name) for flat in loads]
 
 
+def gates(node: Lazy, inputs: list[Lazy], idx: list[Lin]) -> list[Bound]:
+    """The padding conditions that gate the loads of `node` at multi-index `idx`, those that
+    range analysis cannot decide."""
+    conds: list[Bound] = []
+    _accesses(node, idx, {id(x) for x in inputs}, [], [], set(), set(), conds)
+    return conds
+
+
 def divisor(size: int, most: int) -> int:
     """The largest power of two <= most that divides size."""
     amount = 1
@@ -223,9 +231,11 @@ def _names(expr: Lin) -> set[str]:
 
 
 def _accesses(root: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
-              reduces: list[Lazy], seen: set, gated: set[str]) -> None:
+              reduces: list[Lazy], seen: set, gated: set[str],
+              conds: list[Bound] | None = None) -> None:
     """Collects the flat index of every load (over variables o<axis>, r<axis>), the reduces,
-    and into `gated` the variables that a load's padding gate depends on. Depth first, left
+    into `gated` the variables that a load's padding gate depends on, and into `conds` the
+    gates themselves. Depth first, left
     source first, with a stack of its own: a user's chain of ops may be 100,000 deep."""
     stack = [(root, idx)]
     while stack:
@@ -238,9 +248,11 @@ def _accesses(root: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
             loads.append(recombine(sum((i * st for i, st in zip(idx, strides_for(node.shape))
                                         if st), Lin())))
         elif node.op is GraphOp.VIEW:
-            flat, conds = node.arg.index(idx)
-            for cond in bounds(conds) or ():
+            flat, found = node.arg.index(idx)
+            for cond in bounds(found) or ():
                 gated |= _names(cond.expr)
+                if conds is not None and cond not in conds:
+                    conds.append(cond)
             src = node.src[0]
             if id(src) in params:
                 loads.append(flat)

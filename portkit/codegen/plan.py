@@ -173,9 +173,11 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
 
 def _window(root: Lazy, loads: list[Lin], gated: set[str]) -> bool:
     """Whether a short reduce is better written out along the output row: every load steps by
-    a constant along the row, one moves, the row is not gated, and no other output axis is
-    ignored by a load that moves along the row (where one is, as in a conv's weight gradient
-    or a conv with many channels, `plan`'s register blocks reuse that load's vectors)."""
+    a constant along the row, one moves, the row is not gated, each load that moves reads a
+    window that reaches past the next output's first term (a conv's or a pool's, not a plain
+    sum's, whose rows of terms follow one another), and no other output axis is ignored by a
+    load that moves along the row (where one is, as in a conv's weight gradient or a conv with
+    many channels, `plan`'s register blocks reuse that load's vectors)."""
     outputs = [a for a, s in enumerate(root.shape) if s > 1]
     if not outputs or f"o{outputs[-1]}" in gated:
         return False
@@ -184,7 +186,15 @@ def _window(root: Lazy, loads: list[Lin], gated: set[str]) -> bool:
     if None in steps or not any(steps):
         return False
     moving = [flat for flat, step in zip(loads, steps) if step]
+    if any(abs(step) > _reach(flat) for flat, step in zip(loads, steps) if step):
+        return False
     return not any(_step(flat, f"o{a}") == 0 for flat in moving for a in outputs[:-1])
+
+
+def _reach(flat: Lin) -> int:
+    """How far apart the reduce's terms of one output lie in a load (variables r<axis>)."""
+    return sum(abs(coef) * (atom.max - atom.min) for atom, coef in flat.terms
+               if isinstance(atom, Var) and atom.name.startswith("r"))
 
 
 def load_steps(node: Lazy, inputs: list[Lazy], name: str) -> list[int | None]:

@@ -31,6 +31,7 @@ Both show in the ABI kernel at PORTKIT_DEBUG=3: a RANGE around the reduce loop, 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from itertools import product
 from math import ceil, isqrt, prod
 
@@ -40,8 +41,8 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError, UnsupportedDType
 from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
-from portkit.codegen.plan import SERIAL, THREADED, Plan, launch_shape, plan, serial
-from portkit.codegen.rows import row_length
+from portkit.codegen.plan import SERIAL, THREADED, Plan, gates, launch_shape, plan, serial
+from portkit.codegen.rows import pieces, row_length
 from portkit.graph import GraphOp, Lazy, Traced, toposort
 from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, const, recombine, unravel, var
 from portkit.view import strides_for
@@ -85,6 +86,8 @@ class _Lowerer:
         self.fixed: dict[int, int] = {}         # id(Lazy) -> the node holding its value here
         self.ranges = False                     # a two-sided bound as one uint32 compare
         self.fault: int | None = None           # the ACC of the largest fault code met
+        self.assumed: tuple[Bound, ...] = ()    # gates tested once around the code lowered:
+        self.refuted: tuple[Bound, ...] = ()    # true there, and false there
 
     # -- memo with scopes: a value computed inside a loop is not visible after it ---------------
 
@@ -227,6 +230,9 @@ class _Lowerer:
             kept = bounds(conds)
             if kept is None:
                 continue                           # padding everywhere: reads zero
+            if any(c in self.refuted for c in kept):
+                continue
+            kept = tuple(c for c in kept if c not in self.assumed)
             inner_gate = self.condition(kept, gate)
             if id(src) in self.params:
                 out[e] = self.load(self.params[id(src)], self.index(flat), inner_gate)
@@ -398,6 +404,64 @@ class _Lowerer:
         return [b.cast(x, wide) for x in self.lower(src, idxs, gates)]
 
 
+def _indices(tile: list[Lin], amounts: list[int]) -> list[list[Lin]]:
+    """The multi-index of every output of a thread's tile."""
+    return [[t * n + k for t, n, k in zip(tile, amounts, offsets)]
+            for offsets in product(*(range(n) for n in amounts))]
+
+
+def _store(lowerer: _Lowerer, root: Lazy, tile: list[Lin], amounts: list[int], out: int,
+           shifted: int | None = None) -> None:
+    """Computes and stores every output of one tile. Along axis `shifted`, the last tile
+    starts early enough to end at the axis's end, and stores only the outputs that the tile
+    before it did not."""
+    b = lowerer.b
+    starts = [t * n for t, n in zip(tile, amounts)]
+    lanes = list(product(*(range(n) for n in amounts)))
+    stored: list[int | None] = [None] * len(lanes)
+    if shifted is not None:
+        size = root.shape[shifted]
+        first, last = lowerer.index(starts[shifted]), lowerer.const(size - amounts[shifted])
+        start = b.alu(Op.WHERE, b.alu(Op.CMPLT, first, last), first, last)
+        starts[shifted] = lowerer.new_var("s", 0, size - amounts[shifted], start)
+        stored = [b.alu(Op.CMPLT, b.alu(Op.ADD, first, lowerer.const(-offsets[shifted] - 1)),
+                        start) for offsets in lanes]
+    idxs = [[t + k for t, k in zip(starts, offsets)] for offsets in lanes]
+    strides = strides_for(root.shape)
+    values = lowerer.lower(root, idxs, [None] * len(idxs))
+    for idx, value, gate in zip(idxs, values, stored):
+        flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
+        b.store(out, lowerer.index(flat), value, gate)
+
+
+def _row_loop(lowerer: _Lowerer, root: Lazy, tile: list[Lin], span: tuple[int, int], tail: int,
+              amounts: list[int], out: int, shifted: int | None = None) -> None:
+    """The inner loop over columns [first, end) of a row, whose variable's range lets range
+    analysis drop the gates that hold across the span."""
+    first, end = span
+    b = lowerer.b
+    column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(first), lowerer.const(end)))
+    lowerer.scopes.append({})
+    _store(lowerer, root, tile + [lowerer.new_var("c", first, end - 1, column)]
+           + [const(0)] * tail, amounts, out, shifted)
+    b.add(Op.END, None, (column,))
+    lowerer.scopes.pop()
+
+
+def _branch(lowerer: _Lowerer, cond: int, assumed: tuple[Bound, ...],
+            refuted: tuple[Bound, ...], body) -> None:
+    """`body()` inside IF(cond), lowered with the gates that cond implies true (`assumed`) or
+    false (`refuted`) decided."""
+    b = lowerer.b
+    opener = b.add(Op.IF, None, (cond,))
+    lowerer.scopes.append({})
+    lowerer.assumed, lowerer.refuted = assumed, refuted
+    body()
+    lowerer.assumed, lowerer.refuted = (), ()
+    lowerer.scopes.pop()
+    b.add(Op.ENDIF, None, (opener,))
+
+
 def _block(trips: list[int]) -> int | None:
     """Iterations of the first reduce axis per block of a blocked float sum; None: no blocks."""
     rest = prod(trips[1:])
@@ -504,40 +568,39 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         tile = unravel(t_var, tile_shape[:len(tile_shape) - 1 - tail])
         for atom, _ in (term for i in tile for term in i.terms):
             lowerer.atom(atom)
-        column_var = lowerer.new_var("c", 0, row - 1, -1)    # its node: the loop, below
-        tile += [column_var] + [const(0)] * tail
+        column = var("c", 0, row - 1)
+        full = tile + [column] + [const(0)] * tail
+        found = None
+        if prod(amounts) == 1:
+            column_var = lowerer.new_var("c", 0, row - 1, -1)    # its node: the loop
+            found = joined.cases(root, _indices(tile + [column_var] + [const(0)] * tail,
+                                                amounts)[0],
+                                 set(lowerer.params), column_var.terms[0][0].name)
+        if found:       # a concatenation: each row runs the loop of the one piece it lies in
+            strides = strides_for(root.shape)
+            idx = _indices(tile + [column_var] + [const(0)] * tail, amounts)[0]
+            flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
+            joined.emit(lowerer, found, column_var, row, out, flat)
+        else:
+            spans, hoisted = [(0, row)], ()
+            if tiling.shifted is None:
+                spans, hoisted = pieces([cond for idx in _indices(full, amounts)
+                                         for cond in gates(root, inputs, idx)],
+                                        column, {atom.name for atom, _ in t_var.terms})
+            loop = partial(_row_loop, lowerer, root, tile, tail=tail, amounts=amounts, out=out,
+                           shifted=tiling.shifted)
+            if hoisted:
+                # the row's own gates, tested once: its loop inside the padding loads ungated
+                whole = lowerer.condition(hoisted, None)
+                _branch(lowerer, whole, hoisted, (), lambda: [loop(span) for span in spans])
+                # where one gate fails, it fails for every load it gates (a row of padding)
+                _branch(lowerer, b.alu(Op.XOR, whole, lowerer.const(True, dtypes.bool_)), (),
+                        hoisted if len(hoisted) == 1 else (), lambda: loop((0, row)))
+            else:
+                for span in spans:
+                    loop(span)
     else:
-        tile = unravel(t_var, tile_shape)
-    starts = [t * n for t, n in zip(tile, amounts)]
-    lanes = list(product(*(range(n) for n in amounts)))
-    stored: list[int | None] = [None] * len(lanes)
-    if tiling.shifted is not None:
-        # the last tile along this axis starts early enough to end at the axis's end, and
-        # stores only the outputs that the tile before it did not
-        axis, size = tiling.shifted, root.shape[tiling.shifted]
-        first, last = lowerer.index(starts[axis]), lowerer.const(size - amounts[axis])
-        start = b.alu(Op.WHERE, b.alu(Op.CMPLT, first, last), first, last)
-        starts[axis] = lowerer.new_var("s", 0, size - amounts[axis], start)
-        stored = [b.alu(Op.CMPLT, b.alu(Op.ADD, first, lowerer.const(-offsets[axis] - 1)),
-                        start) for offsets in lanes]
-    idxs = [[t + k for t, k in zip(starts, offsets)] for offsets in lanes]
-    strides = strides_for(root.shape)
-    flats = [recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin())) for idx in idxs]
-    found = None
-    if row > 1 and len(idxs) == 1:
-        found = joined.cases(root, idxs[0], set(lowerer.params), column_var.terms[0][0].name)
-    if found:       # a concatenation: each row runs the loop of the one piece it lies in
-        joined.emit(lowerer, found, column_var, row, out, flats[0])
-    else:
-        if row > 1:
-            column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(0), lowerer.const(row)))
-            lowerer.scopes.append({})
-            lowerer.vars[column_var.terms[0][0].name] = column
-        values = lowerer.lower(root, idxs, [None] * len(idxs))
-        for flat, value, gate in zip(flats, values, stored):
-            b.store(out, lowerer.index(flat), value, gate)
-        if row > 1:
-            b.add(Op.END, None, (column,))
+        _store(lowerer, root, unravel(t_var, tile_shape), amounts, out, tiling.shifted)
     if opener is not None:
         b.add(Op.ENDIF, None, (opener,))
     elif per_thread > 1:

@@ -10,7 +10,7 @@ from math import ceil, isqrt, prod
 
 from portkit.abi.backend import Capabilities
 from portkit.graph import GraphOp, Lazy
-from portkit.symbolic import Lin, Var, bounds, const, recombine, unravel, var
+from portkit.symbolic import Bound, Lin, Var, bounds, const, recombine, unravel, var
 from portkit.view import strides_for
 
 # A serial device (one thread per workgroup) gets at least this much work per group: loads
@@ -185,9 +185,11 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
 
 def _window(root: Lazy, loads: list[Lin], gated: set[str]) -> bool:
     """Whether a short reduce is better written out along the output row: every load steps by
-    a constant along the row, one moves, the row is not gated, and no other output axis is
-    ignored by a load that moves along the row (where one is, as in a conv's weight gradient
-    or a conv with many channels, `plan`'s register blocks reuse that load's vectors)."""
+    a constant along the row, one moves, the row is not gated, each load that moves reads a
+    window that reaches past the next output's first term (a conv's or a pool's, not a plain
+    sum's, whose rows of terms follow one another), and no other output axis is ignored by a
+    load that moves along the row (where one is, as in a conv's weight gradient or a conv with
+    many channels, `plan`'s register blocks reuse that load's vectors)."""
     outputs = [a for a, s in enumerate(root.shape) if s > 1]
     if not outputs or f"o{outputs[-1]}" in gated:
         return False
@@ -196,7 +198,15 @@ def _window(root: Lazy, loads: list[Lin], gated: set[str]) -> bool:
     if None in steps or not any(steps):
         return False
     moving = [flat for flat, step in zip(loads, steps) if step]
+    if any(abs(step) > _reach(flat) for flat, step in zip(loads, steps) if step):
+        return False
     return not any(_step(flat, f"o{a}") == 0 for flat in moving for a in outputs[:-1])
+
+
+def _reach(flat: Lin) -> int:
+    """How far apart the reduce's terms of one output lie in a load (variables r<axis>)."""
+    return sum(abs(coef) * (atom.max - atom.min) for atom, coef in flat.terms
+               if isinstance(atom, Var) and atom.name.startswith("r"))
 
 
 def load_steps(node: Lazy, inputs: list[Lazy], name: str) -> list[int | None]:
@@ -206,6 +216,14 @@ def load_steps(node: Lazy, inputs: list[Lazy], name: str) -> list[int | None]:
     _accesses(node, [var(f"o{a}", 0, s - 1) for a, s in enumerate(node.shape)],
               {id(x) for x in inputs}, loads, [], set(), set())
     return [_step(flat, name) for flat in loads]
+
+
+def gates(node: Lazy, inputs: list[Lazy], idx: list[Lin]) -> list[Bound]:
+    """The padding conditions that gate the loads of `node` at multi-index `idx`, those that
+    range analysis cannot decide."""
+    conds: list[Bound] = []
+    _accesses(node, idx, {id(x) for x in inputs}, [], [], set(), set(), conds)
+    return conds
 
 
 def divisor(size: int, most: int) -> int:
@@ -235,9 +253,11 @@ def _names(expr: Lin) -> set[str]:
 
 
 def _accesses(root: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
-              reduces: list[Lazy], seen: set, gated: set[str]) -> None:
+              reduces: list[Lazy], seen: set, gated: set[str],
+              conds: list[Bound] | None = None) -> None:
     """Collects the flat index of every load (over variables o<axis>, r<axis>), the reduces,
-    and into `gated` the variables that a load's padding gate depends on. Depth first, left
+    into `gated` the variables that a load's padding gate depends on, and into `conds` the
+    gates themselves. Depth first, left
     source first, with a stack of its own: a user's chain of ops may be 100,000 deep."""
     stack = [(root, idx)]
     while stack:
@@ -250,9 +270,11 @@ def _accesses(root: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
             loads.append(recombine(sum((i * st for i, st in zip(idx, strides_for(node.shape))
                                         if st), Lin())))
         elif node.op is GraphOp.VIEW:
-            flat, conds = node.arg.index(idx)
-            for cond in bounds(conds) or ():
+            flat, found = node.arg.index(idx)
+            for cond in bounds(found) or ():
                 gated |= _names(cond.expr)
+                if conds is not None and cond not in conds:
+                    conds.append(cond)
             src = node.src[0]
             if id(src) in params:
                 loads.append(flat)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from math import prod
 
+from portkit.symbolic import Bound, Lin, Var
+
 # Shorter rows keep the flat loop: an inner loop of a few iterations vectorizes badly.
 MIN_ROW = 8
 # The most elements of short trailing axes that one step of the inner loop computes.
@@ -36,3 +38,47 @@ def row_length(tile_shape: tuple[int, ...], elementwise_on_loops: bool) -> tuple
     if axis >= 1 and prod(tile_shape[:axis]) > 1 and tile_shape[axis] >= MIN_ROW:
         return tile_shape[axis], tail
     return 1, 0
+
+
+def pieces(conds: list[Bound], column: Lin, outer: set[str]
+           ) -> tuple[list[tuple[int, int]], tuple[Bound, ...]]:
+    """Where a padded row's inner loop splits: its column ranges [first, end), of which one
+    (when there are two or more) no gate linear in `column` (a Var) can fail in, and the gates
+    that depend on nothing but variables in `outer` (the row's position), which hold or fail
+    for the whole row.
+
+    A padded copy's row reads its source through a gate per element (`c - 1 < 112`), and clang
+    leaves a loop of gated loads scalar: a loop over the columns inside the padding loads with
+    no gate, which vectorizes, and the gate of the row's position, tested once outside it,
+    drops the gate of the whole row."""
+    (atom, _), = column.terms
+    first, end = atom.min, atom.max + 1
+    hoisted: list[Bound] = []
+    for cond in conds:
+        names = _names(cond.expr)
+        if atom.name not in names:
+            if names <= outer:
+                hoisted.append(cond)
+            continue
+        coef = dict(cond.expr.terms).get(atom, 0)
+        rest = cond.expr + column * -coef
+        if not coef or atom.name in _names(rest):
+            continue                    # inside a div or a mod: the gate stays
+        if coef > 0:    # lo <= coef * c + rest < hi for every rest in [rest.min, rest.max]
+            first = max(first, -((rest.min - cond.lo) // coef))
+            end = min(end, (cond.hi - 1 - rest.max) // coef + 1)
+        else:
+            first = max(first, -((cond.hi - 1 - rest.max) // -coef))
+            end = min(end, (cond.lo - rest.min) // coef + 1)
+    low, high = atom.min, atom.max + 1
+    if first >= end or (first, end) == (low, high):
+        return [(low, high)], tuple(hoisted)
+    spans = [(low, first), (first, end), (end, high)]
+    return [(a, b) for a, b in spans if a < b], tuple(hoisted)
+
+
+def _names(expr: Lin) -> set[str]:
+    out: set[str] = set()
+    for atom, _ in expr.terms:
+        out |= {atom.name} if isinstance(atom, Var) else _names(atom.expr)
+    return out

@@ -3,8 +3,8 @@ sort, argsort, topk, any, all; and the triangle, diagonal and shifting ops (tril
 diagonal, roll, repeat_interleave, masked_fill).
 
 Without a scan or sort in the ABI, these compare every pair along the dim (an n x n mask) and
-reduce: O(n^2) work, fine for the sizes they meet in models (sequence positions, classes,
-top-k of logits), and differentiable through where and sum.
+reduce: O(n^2) work, fine for the sizes they meet in models (sequence positions, classes),
+and differentiable through where and sum. topk of many elements ranks them in blocks first.
 """
 from __future__ import annotations
 
@@ -84,16 +84,21 @@ class ScanOps:
         """(values, indices) sorted along `dim`; ties keep their order, NaN sorts as the
         largest value (last ascending, first descending), as torch.sort."""
         dim = as_dim(dim, self.ndim)
+        n = self.shape[dim] if self.ndim else 1
+        indices = self._unpair(self._order(dim, descending, n), dim)
+        return SortResult(self.gather(dim, indices) if self.ndim else self, indices)
+
+    def _order(self: Tensor, dim: int, descending: bool, count: int) -> Tensor:
+        """The indices of the elements that sort first along `dim`, `count` of them, in order
+        (moved last): each element's rank counts the elements that sort before it."""
         this, other, n = self._pairs(dim)
         this, other = this.detach(), other.detach()
         before = _before(other, this, descending)     # element j sorts before element i
         ties = _same(other, this) & (_iota(self, n, 1) < _iota(self, n, 0))
         rank = (before | ties).sum(-1)                                   # (..., n) position of i
         # position p takes the element i whose rank is p
-        hit = rank.unsqueeze(-2) == _iota(self, n, 0)             # (..., p, i)
-        indices = hit._where(_iota(self, n, 1), 0).sum(-1)
-        indices = self._unpair(indices, dim)
-        return SortResult(self.gather(dim, indices) if self.ndim else self, indices)
+        hit = rank.unsqueeze(-2) == _iota(self, count, 0)         # (..., p, i)
+        return hit._where(_iota(self, n, 1), 0).sum(-1)
 
     def argsort(self: Tensor, dim: int = -1, descending: bool = False,
                 stable: bool = True) -> Tensor:
@@ -107,11 +112,32 @@ class ScanOps:
         n = self.shape[dim] if self.ndim else 1
         if not 0 <= k <= n:
             raise RuntimeError(f"topk: k ({k}) is out of range for a dim of size {n}")
-        values, indices = self.sort(dim, descending=largest)
-        crop = [(0, s) for s in values.shape]
-        if self.ndim:
-            crop[dim] = (0, k)
-        return SortResult(values.shrink(crop), indices.shrink(crop))
+        if not self.ndim:
+            return self.sort(dim, descending=largest)
+        row = self.transpose(dim, -1)
+        indices = row._top(k, largest).transpose(dim, -1)
+        return SortResult(self.gather(dim, indices), indices)
+
+    def _top(self: Tensor, k: int, largest: bool) -> Tensor:
+        """The indices of the k first elements along the last dim, in order.
+
+        Ranking compares every pair: n^2 work for n elements. In blocks of b, only each
+        block's k first can be among the k first of all (padding sorts last, ties keep the
+        order of the index): n * b + (n / b * k)^2 work, 20x less for the 100 best scores of
+        12288 anchors (b = 512)."""
+        n, last = self.shape[-1], self.ndim - 1
+        block = _block(n, k) if self.dtype.is_float else None
+        if block is None:
+            return self._order(last, largest, k)
+        blocks = -(-n // block)
+        padded = self.detach().pad(((0, 0),) * last + ((0, blocks * block - n),),
+                                   float("-inf") if largest else float("inf"))
+        grouped = padded.reshape(self.shape[:-1] + (blocks, block))
+        first = _iota(self, blocks, 0) * block
+        positions = (grouped._order(last + 1, largest, k) + first).reshape(
+            self.shape[:-1] + (blocks * k,))
+        candidates = padded.gather(last, positions)
+        return positions.gather(last, candidates._order(last, largest, k))
 
     def any(self: Tensor, dim: AxisLike = None, keepdim: bool = False) -> Tensor:
         """True where any element over `dim` is nonzero."""
@@ -215,6 +241,15 @@ def _iota(like: Tensor, n: int, axis: int) -> Tensor:
     shape (1, n))."""
     index = type(like).arange(n, device=like.device)
     return index.reshape(n, 1) if axis == 0 else index.reshape(1, n)
+
+
+def _block(n: int, k: int) -> int | None:
+    """The block (a power of two of at least 2k) whose two-stage top-k compares the fewest
+    pairs, if that is under half of n^2; else None."""
+    sizes = [1 << e for e in range(max(2 * k - 1, 1).bit_length(), n.bit_length())]
+    cost = {b: n * b + (-(-n // b) * k) ** 2 for b in sizes}
+    best = min(cost, key=cost.get, default=None)
+    return best if best is not None and 2 * cost[best] < n * n else None
 
 
 def _sum_dtype(x: Tensor):

@@ -14,6 +14,7 @@ from portkit.abi import dtypes
 from portkit.abi.ops import Op
 from portkit.codegen.lower import lower
 from portkit.codegen.plan import SERIAL, THREADED, plan
+from portkit.nn import functional as F
 from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.symbolic import Div, Mod, var
 from portkit.tensor import Tensor
@@ -165,8 +166,8 @@ def test_a_serial_device_decodes_positions_once_per_row(move):
         out, expected = px.permute(0, 2, 1) * 2, x.transpose(0, 2, 1) * 2
     item, = schedule.create_schedule([out.lazy])
     kernel = lower(item.root, item.inputs, SERIAL_CAPS)
-    inner, = _loop_bodies(kernel)
-    assert not [n for n in inner if n.op in (Op.IDIV, Op.MOD)], "div/mod per element"
+    for inner in _loop_bodies(kernel):
+        assert not [n for n in inner if n.op in (Op.IDIV, Op.MOD)], "div/mod per element"
     np.testing.assert_allclose(out.numpy(), expected)
 
 
@@ -180,8 +181,9 @@ def test_eight_lane_tiles_keep_to_the_vector_registers():
 
 
 def _gate_compares(kernel) -> list:
-    """The CMPLT nodes that a LOAD's gate is made of (through ANDs)."""
+    """The CMPLT nodes that a LOAD's gate or an IF is made of (through ANDs)."""
     stack = [n.src[2] for n in kernel.nodes if n.op is Op.LOAD and len(n.src) == 3]
+    stack += [n.src[0] for n in kernel.nodes if n.op is Op.IF]
     found: dict[int, object] = {}
     while stack:
         i = stack.pop()
@@ -208,3 +210,28 @@ def test_a_two_sided_padding_gate_is_one_unsigned_compare():
     assert len(_gate_compares(kernel)) == 2 * len(compares)
     assert all(kernel.nodes[n.src[0]].dtype == dtypes.int32 for n in _gate_compares(kernel))
     np.testing.assert_array_equal(out.numpy(), np.pad(px.numpy(), ((0, 0), (1, 1), (1, 1))))
+
+
+def test_a_padded_copy_loads_without_gates_inside_the_padding():
+    # EfficientNet's copy of bias + SiLU into a zero-padded map: a gate per element (column and
+    # row) kept clang from vectorizing the row (18 ms for 96 x 114 x 114, 5.6 ms split). The
+    # row's gate is one IF around its loops, and the loop over the columns inside the padding
+    # has no gate; the padding columns and rows store zeros.
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 4, 12, 12), np.float32)
+    bias = rng.standard_normal((1, 4, 1, 1), np.float32)
+    w = rng.standard_normal((4, 1, 3, 3), np.float32)
+    out = F.conv2d((Tensor(x, device="cpu") + Tensor(bias, device="cpu")).silu(),
+                   Tensor(w, device="cpu"), padding=1, groups=4)
+    copy = schedule.create_schedule([out.lazy])[0]
+    assert copy.root.size == 4 * 14 * 14
+    kernel = lower(copy.root, copy.inputs, SERIAL_CAPS)
+    assert not [n for n in kernel.nodes if n.op is Op.LOAD and len(n.src) == 3], "gated load"
+    computed = [body for body in _loop_bodies(kernel) if any(n.op is Op.LOAD for n in body)]
+    columns = [tuple(kernel.nodes[i].arg for i in n.src) for n in kernel.nodes
+               if n.op is Op.RANGE][1:]
+    assert len(computed) == 1 and columns == [(0, 1), (1, 13), (13, 14), (0, 14)], columns
+    assert [n.op for n in kernel.nodes].count(Op.IF) == 2
+    silu = torch.nn.functional.silu(torch.from_numpy(x + bias))
+    expected = torch.nn.functional.conv2d(silu, torch.from_numpy(w), padding=1, groups=4)
+    np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)

@@ -110,3 +110,18 @@ def test_float16_depthwise_sums_in_float32():
     exact = 25 * float(np.float16(0.1)) ** 2
     assert out.dtype == float16
     np.testing.assert_allclose(out.numpy().astype(np.float64), exact, rtol=1e-3)
+
+
+@pytest.mark.parametrize("columns", [8, 64])
+def test_a_plain_short_sum_keeps_its_reduce_loop(columns):
+    # a sum of (4, columns) reads its terms along the reduced axis, not along the output row:
+    # written out with its row of 4 it was 3 * 4 * 64 = 768 loads of straight-line code
+    a, b, c = (Tensor(_data(4, columns, seed=s), device="cpu") for s in range(3))
+    out = (a * b + c).relu().sum(axis=1)
+    item, = schedule.create_schedule([out.lazy])
+    assert plan(item.root, item.inputs).inline is None
+    nodes = lower(item.root, item.inputs, LOOPS).nodes
+    loads = sum(n.op is Op.LOAD for n in nodes)
+    assert sum(n.op is Op.RANGE for n in nodes) == 2 and loads <= 3 * 16, loads
+    expected = np.maximum(a.numpy() * b.numpy() + c.numpy(), 0).sum(1)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5)

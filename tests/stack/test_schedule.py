@@ -13,9 +13,9 @@ def test_elementwise_chain_and_reduce_are_one_kernel():
     out = ((a * b + c).relu()).sum(axis=1)
     kernels = out.schedule()
     assert len(kernels) == 1
-    # one kernel reads a, b and c and writes the sums (a row of 4 outputs is short enough to
-    # be written out whole, with its reduce, so there need not be a loop: codegen/plan.py)
+    # one kernel reads a, b and c and writes the sums, in a loop over the reduce
     assert sum(n.op is Op.PARAM for n in kernels[0].nodes) == 4
+    assert any(n.op is Op.RANGE for n in kernels[0].nodes)
     assert {Op.MUL, Op.ADD, Op.WHERE} <= {n.op for n in kernels[0].nodes}
     expected = np.maximum(a.numpy() * b.numpy() + c.numpy(), 0).sum(1)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5)

@@ -107,6 +107,22 @@ def test_a_folded_conv_keeps_its_row_in_one_block(size):
     assert found.fold and packing.rows == 7
 
 
+def test_a_weight_gradient_reads_a_staged_a_in_blocks_that_fit():
+    x = Tensor(_floats(1, 32, 14, 14), device="cpu", requires_grad=True)
+    w = Tensor(_floats(64, 32, 3, 3), device="cpu", requires_grad=True)
+    y = F.conv2d(x, w, padding=1)
+    (y * y).sum().backward()            # dy = 2y: a weight gradient with a B to read
+    cpu = runtime.get("cpu").capabilities
+    avx2, avx512 = (dataclasses.replace(cpu, vector_registers=(count, size))
+                    for count, size in ((16, 32), (32, 64)))
+    items = schedule.create_schedule([w.grad.lazy])
+    found = [pack.find(item.root, item.inputs, avx2) for item in items]
+    # the forward conv (dy needs y), then the weight gradient: a sum over several axes
+    (item, (_, packing)), = [(item, f) for item, f in zip(items, found) if f and f[0].k_fold]
+    assert packing.packed_a and packing.rows == 3
+    assert pack.find(item.root, item.inputs, avx512)[1].rows == 8
+
+
 @pytest.mark.parametrize("m, k, n", [(64, 300, 70), (29, 65, 64), (56, 24, 33)])
 def test_avx2_blocks_compute_the_matmul_on_the_cpu(m, k, n):
     a, b, item = _matmul(m, k, n)

@@ -63,6 +63,11 @@ class Capabilities:
     # bytes of push constants, 32 words (lavapipe silently ran 40). The scheduler gives a
     # kernel at most this many and writes further numbers as code. None: no limit.
     max_scalars: int | None = None
+    # The vector registers one thread computes in: (how many, bytes each), e.g. (16, 32) for
+    # AVX2's ymm registers, (32, 64) for AVX-512's zmm. Codegen sizes a one-thread-per-group
+    # device's register blocks to them (codegen/plan.py `register_block`). None: not stated,
+    # and codegen assumes AVX-512's.
+    vector_registers: tuple[int, int] | None = None
     peak_gflops: float | None = None        # float32, for the performance tier
     peak_bandwidth_gbs: float | None = None
     device_name: str = ""
@@ -96,6 +101,12 @@ class Capabilities:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= least):
                 raise fail(f"{name} must be None (no limit) or an int >= {least}, got {value!r}")
+        registers = self.vector_registers
+        if registers is not None and not (
+                isinstance(registers, tuple) and len(registers) == 2
+                and all(isinstance(x, int) and x >= least for x, least in zip(registers, (1, 4)))):
+            raise fail("vector_registers must be None or (how many >= 1, bytes each >= 4), "
+                       f"got {registers!r}")
         self._validate_matrix_units(fail)
         return self
 
@@ -340,7 +351,7 @@ class Device:
 @dataclass(frozen=True)
 class Backend:
     """What the `portkit.backends` entry point names: a name, how to load the device, and the
-    ABI version the backend implements ("0.7"; portkit refuses to load an incompatible one).
+    ABI version the backend implements ("0.8"; portkit refuses to load an incompatible one).
 
     `load()` returns the Device, or raises BackendUnavailable naming the fix. A backend with
     several devices (ABI 0.7) gives `devices`, which returns how many there are here, and a

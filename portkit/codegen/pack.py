@@ -4,11 +4,13 @@ place, so the inner loop streams memory and the C compiler keeps the register bl
 
 For C[..., m, n] = sum_k A[..., m, k] * B[..., k, n], each workgroup (one thread) owns a block
 of `rows` x `width` outputs (width = `Limits.vector`, e.g. 32 float32: two 512-bit vectors) and
-walks K in blocks of `depth`:
+walks K in blocks of `depth`; the register block is sized to the device's vector registers
+(plan.py `register_block`):
 - it copies the B panel B[k0:k0+depth, n0:n0+width] into LOCAL as [depth][width] (zeros past
   N's edge), whatever B's layout: x @ W.T reads W along k, and the panel is then contiguous
   along n. The copy is its own short loop, paid once per workgroup and depth block;
-- for each register block of `Limits.reuse` rows (8 x 32: sixteen 16-lane accumulators), it
+- for each register block of `Limits.reuse` rows (8 x 32 with AVX-512: sixteen 16-lane
+  accumulators; 3 x 32 with AVX2: twelve 8-lane ones), it
   sums the depth block's products into fresh registers, with MULACC where the device has it
   (the C renderer writes fma(), one rounding, which the compiler makes a vector FMA), and adds
   them into the block's running sums, kept in LOCAL: blocked summation, as the untiled reduce
@@ -41,7 +43,7 @@ from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.plan import SERIAL, Limits, load_steps, serial
+from portkit.codegen.plan import SERIAL, Limits, load_steps, register_block, serial
 from portkit.codegen.tiles import Contraction, match
 from portkit.graph import GraphOp, Lazy, walk
 from portkit.symbolic import Bound, Lin, const, recombine, unravel
@@ -80,11 +82,13 @@ class Packing:
 
 
 def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
-         limits: Limits = SERIAL) -> tuple[Contraction, Packing] | None:
+         limits: Limits | None = None) -> tuple[Contraction, Packing] | None:
     """The contraction `root` computes and its packing on `caps`, if packing pays there: a
-    device whose threads are loops, with workgroup memory for the panels; else None."""
+    device whose threads are loops, with workgroup memory for the panels; else None. `limits`:
+    the register block's, by default sized to the device's registers."""
     if not serial(caps) or caps.local_memory_bytes <= 0:
         return None
+    limits = limits or register_block(caps)
     reduce = _under_epilogue(root, {id(x) for x in inputs})
     # a conv's output rows fold into m where its row is short (7 wide at ResNet's last stage):
     # 49 rows give 7 x 32 register blocks, 7 of them sharing each B panel
@@ -105,7 +109,13 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # and a kernel tap) is worked out once per row: per element, it cost a stride-2 conv's
     # weight gradient 2.8x its forward's time
     folded_k = bool(found.k_fold)
-    rows = _rows(found, limits.reuse, m)
+    # a folded m read in place (a conv's short rows) keeps SERIAL's rows however few the
+    # registers: A's position there costs divisions per k, paid once per block, so a block
+    # that spills still outruns a small one (AVX2, 7 x 32 against the 2 x 32 and 1 x 32 blocks
+    # that fit: 1.6x on a 28 x 28 map, 1.2x on 14 x 14, 2.6x on 7 x 7). A weight gradient's
+    # folded m reads a staged A, and its 3 x 32 blocks ran at 1.3-1.4x its 8 x 32 on AVX2.
+    short_rows = found.fold and not found.k_fold
+    rows = _rows(found, max(limits.reuse, SERIAL.reuse) if short_rows else limits.reuse, m)
     tiles = ceil(m / rows)
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
     panels = ceil(n / width)
@@ -149,12 +159,19 @@ def _rows(found: Contraction, reuse: int, m: int) -> int:
     in place, ungated, and a block of a folded m stays within one output row), or all of m for
     a sum over several axes (its staged A is read flat); or `reuse` with a remainder block
     where m is one axis that no more than reuse // 2 rows divide (ViT's 197 tokens: 8-row
-    blocks, the last group shifted back to end at m, instead of 1-row blocks)."""
+    blocks, the last group shifted back to end at m, instead of 1-row blocks), or whose
+    blocks fit one group and recompute at most a sixteenth of its rows (a 56-wide conv row in
+    3-row blocks: 19 blocks, one row twice, instead of 28 2-row blocks, at 1.5x the speed on
+    AVX2)."""
     row = m if found.k_fold else found.reduce.src[0].shape[found.m]
     rows = max(d for d in range(1, reuse + 1) if row % d == 0)
-    if not found.fold and not found.k_fold and 2 * rows <= reuse <= row:
-        return reuse
-    return rows
+    if found.fold or found.k_fold or not rows < reuse <= row:
+        return rows
+    # a longer m is split among groups by the divisors of its block count, which a remainder
+    # leaves few of (256 rows in 3s: 86 blocks, 2 per group at most, where 2 x 32 blocks ran
+    # matmul 256 at 1.7x the speed)
+    few = 16 * (reuse - row % reuse) <= row and ceil(row / reuse) <= _BLOCKS
+    return reuse if 2 * rows <= reuse or few else rows
 
 
 def _blocks(tiles: int, rows: int, m: int, staged: bool) -> list[int]:

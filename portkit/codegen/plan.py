@@ -5,7 +5,7 @@ lower.py emits the kernel a plan describes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil, isqrt, prod
 
 from portkit.abi.backend import Capabilities
@@ -25,9 +25,11 @@ _MAX_GROUPS = 1 << 16
 # and 2048 at 1.2x the speed of 4 x 32 (512: 0.93x); 4 x 16 runs at half speed. `gather`:
 # outputs along a strided axis when no output axis is contiguous (x @ W.T, both operands
 # contiguous along the reduce): 16 x 16 such tiles vectorize with gathers at 6x the speed of
-# 16 partial sums per output, which clang leaves scalar (0 = never). A device with many threads
-# per group gets small tiles: its registers are shared by the group's threads (PoCL runs out
-# of resources with 128 accumulators per thread in 256-thread groups).
+# 16 partial sums per output, which clang leaves scalar (0 = never). SERIAL assumes AVX-512;
+# `register_block` sizes the packed matmul's block to the device's own registers (3 x 32
+# with AVX2's sixteen 256-bit ones). A device with many threads per group gets small tiles:
+# its registers are shared by the group's threads (PoCL runs out of resources with 128
+# accumulators per thread in 256-thread groups).
 @dataclass(frozen=True)
 class Limits:
     """Largest tile sizes one thread may take."""
@@ -42,6 +44,33 @@ class Limits:
 
 SERIAL = Limits(vector=32, reuse=8, unroll=16, accumulators=256, gather=16, compiler_lanes=True)
 THREADED = Limits(vector=4, reuse=4, unroll=4, accumulators=16)
+# A packed matmul's register block (codegen/pack.py) takes all of a device's vector registers
+# but these: B's vectors and A's broadcast value use the rest (an x86 FMA also reads one
+# operand from memory) ...
+_OPERAND_REGISTERS = 4
+# ... and at most this many, SERIAL's 8 x 32 float32 in 512-bit registers (of AVX-512's 32).
+# Measured on a 2-core AVX2 EPYC (16 ymm registers of 8 float32), one thread, the kernel
+# alone, against 8 x 32 (32 registers' worth, which spills): 3 x 32 (12 registers) ran matmul
+# 512 and 1024 at 1.5-1.6x and ResNet's 3x3 64->64 conv on 56 x 56 at 1.2x; 2 x 32 and 4 x 16
+# (8 registers) matmul at 1.5-1.85x but the conv at 0.75-0.8x (its A operand's position costs
+# a division per k, paid per block); 4 x 32 and 8 x 16 (16 registers) 1.0-1.3x.
+_ACCUMULATOR_REGISTERS = 16
+
+
+def register_block(caps: Capabilities) -> Limits:
+    """SERIAL with its register block (`reuse` rows of `vector` float32, and `accumulators`)
+    sized to the device's vector registers (`Capabilities.vector_registers`); SERIAL where the
+    device does not state them."""
+    if caps.vector_registers is None:
+        return SERIAL
+    count, size = caps.vector_registers
+    floats = max(1, min(count - _OPERAND_REGISTERS, _ACCUMULATOR_REGISTERS)) * size // 4
+    vector = SERIAL.vector
+    while vector > 1 and floats < 2 * vector:    # at least two rows: each B vector is reused
+        vector //= 2
+    reuse = max(1, min(SERIAL.reuse, floats // vector))
+    return replace(SERIAL, vector=vector, reuse=reuse, accumulators=reuse * vector)
+
 _MIN_REDUCE = 8
 # A reduce of at most this many terms per output, read along the output row at constant steps
 # (a depthwise conv's k x k window, a pool's), is written out term by term inside a loop along

@@ -2,7 +2,8 @@
 
 C has every compute op, and float16 and bfloat16 are emulated in float (renderer.py), so every
 dtype and op is native. The limits are generous rather than hardware facts: a workgroup's
-threads are a loop (split at each barrier), and workgroup memory is a stack array.
+threads are a loop (split at each barrier), and workgroup memory is a stack array. The vector
+registers are the host's, read from its feature flags: codegen sizes its register blocks to them.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.ops import COMPUTE
-from portkit.reference_backends.cpu.runtime import CPUCompiler, cpu_model
+from portkit.reference_backends.cpu.runtime import CPUCompiler, cpu_flags, cpu_model
 
 
 def capabilities(compiler: CPUCompiler, index: int = 0) -> Capabilities:
@@ -26,6 +27,21 @@ def capabilities(compiler: CPUCompiler, index: int = 0) -> Capabilities:
         local_memory_bytes=64 * 1024, max_buffers=64, denormals="preserve",
         threads_are_loops=True,
         max_loop_trips=None, max_name_length=None,   # C compilers limit neither
+        vector_registers=vector_registers(cpu_flags()),
         # No peak_gflops / peak_bandwidth_gbs: the peaks are the host's, and tier 6's plain
         # kernels reach a small fraction of them here (docs/conformance.md, Performance).
         device_name=f"{cpu_model()} ({cores}; {compiler.version}){logical}")
+
+
+# (flag, registers, bytes each), widest first: x86-64's AVX-512 (zmm0-31), AVX (ymm0-15), SSE
+# (xmm0-15, in every x86-64), and Arm's Advanced SIMD (v0-31), as /proc/cpuinfo names them.
+_REGISTER_FILES = (("avx512f", 32, 64), ("avx", 16, 32), ("sse2", 16, 16), ("asimd", 32, 16))
+
+
+def vector_registers(flags: set[str]) -> tuple[int, int] | None:
+    """(registers, bytes each) of the widest vector register file the CPU `flags` name; None
+    where they name none of them (codegen then assumes AVX-512's)."""
+    for flag, count, size in _REGISTER_FILES:
+        if flag in flags:
+            return count, size
+    return None

@@ -90,6 +90,10 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
     # With a loop budget, the reduces fused into one kernel share it: x.sum() + y.sum() + ...
     # of 16,000 each, fused, ran 80,000 iterations, and lavapipe summed 63,546 of them.
     fused: dict[int, int] = defaultdict(int)      # id(kernel root) -> reduced elements in it
+    # A kernel fuses one contraction at most: several (a weight's gradient summed over the 35
+    # steps of an LSTM) ran as plain loops, not packed panels (codegen/pack.py), at under 1
+    # GFLOP/s, half of that LSTM's training step; each is a matmul kernel of its own.
+    contracted: set[int] = set()                  # ids of kernel roots holding a contraction
     for node in order:
         if node.op not in (GraphOp.REDUCE, GraphOp.GATHER) or id(node) in wanted:
             continue
@@ -97,9 +101,14 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
         if node.op is GraphOp.REDUCE and length == 1:
             continue        # a sum of one element asks for a kernel of its own (tensor/pools.py)
         into = _fuses_down(node, consumers, by_id, realize)
+        contraction = node.op is GraphOp.REDUCE and node.src[0].op is Op.MUL
+        if contraction and into in contracted:
+            continue
         if into is not None and (max_loop_trips is None or fused[into] + length <= chunk):
             fused[into] += length
             realize.discard(id(node))
+            if contraction:
+                contracted.add(into)
     limits.cut_shared(order, consumers, realize)
     limits.cut_deep(order, realize)
     while True:

@@ -282,3 +282,24 @@ def test_a_residual_stream_is_stored_once_per_block():
     keys = [structure_key(item.root, item.inputs) for item in eight]
     # past the first block, each block's kernels are the one before's
     assert keys[2 * per_block:3 * per_block] == keys[3 * per_block:4 * per_block]
+
+
+def test_a_sum_of_matmuls_is_not_one_naive_kernel():
+    """A weight used at every step of a recurrence gets one gradient per step, summed: fused
+    into one kernel, the 35 products of an LSTM's hidden weight ran as plain loops (no packed
+    panels), half of its training step. Each product is its own matmul kernel."""
+    from portkit import graph, schedule
+    from portkit.graph import GraphOp
+    rng = np.random.default_rng(0)
+    pairs = [(Tensor(rng.standard_normal((4, 32), dtype=np.float32)),
+              Tensor(rng.standard_normal((4, 16), dtype=np.float32))) for _ in range(5)]
+    total = pairs[0][0].T @ pairs[0][1]
+    for a, b in pairs[1:]:
+        total = total + a.T @ b
+    items = schedule.create_schedule([total.lazy])
+    reduces = [sum(n.op is GraphOp.REDUCE for n in graph.toposort(
+        [it.root], stop=lambda n, it=it: n is not it.root and any(n is s for s in it.inputs)))
+        for it in items]
+    assert max(reduces) == 1, reduces
+    expected = sum(a.numpy().T @ b.numpy() for a, b in pairs)
+    np.testing.assert_allclose(total.numpy(), expected, rtol=1e-5, atol=1e-5)

@@ -206,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="onnxruntime's and torch's threads")
     parser.add_argument("--cold", action="store_true", help="an empty kernel cache per model")
-    parser.add_argument("--json", default="zoo.json")
-    parser.add_argument("--chart", default="zoo.svg", help="the chart (.svg or .png)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON "
+                        "(after every row, so a run stopped midway keeps them)")
+    parser.add_argument("--chart", metavar="PATH", help="also draw the ratios (.svg or .png)")
     args = parser.parse_args(argv)
     names = args.models or list(zoo.MODELS) + (list(zoo.FULL_ONLY) if args.full else [])
     size = "small" if args.small else "full"
@@ -221,10 +222,13 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"model": name, "backend": backend, "batch": batch} | row)
                 # written after every row, so a run stopped midway keeps what it measured
                 results = {"load": os.getloadavg(), "size": size, "rows": rows}
-                Path(args.json).write_text(json.dumps(results, indent=1))
+                if args.json:
+                    Path(args.json).write_text(json.dumps(results, indent=1))
     show(rows)
-    print(f"json: {args.json}")
-    charts.zoo_chart(results, args.chart)
+    if args.json:
+        print(f"json: {args.json}")
+    if args.chart:
+        charts.zoo_chart(results, args.chart)
     return 0
 
 

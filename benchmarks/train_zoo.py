@@ -190,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold", action="store_true", help="empty kernel caches per child")
     parser.add_argument("--profile", action="store_true", help="top kernels per portkit mode")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per child")
-    parser.add_argument("--json", default="train_zoo.json")
-    parser.add_argument("--chart", default="train_zoo.svg", help="the chart (.svg or .png)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON "
+                        "(after every row, so a run stopped midway keeps them)")
+    parser.add_argument("--chart", metavar="PATH", help="also draw the ratios (.svg or .png)")
     args = parser.parse_args(argv)
     quick = set() if args.quick is None else set(args.quick or tm.WORKLOADS)
     rows: list[dict] = []
@@ -215,11 +216,14 @@ def main(argv: list[str] | None = None) -> int:
                 # written after every row, so a run stopped midway keeps what it measured
                 results = {"device": args.device, "cold": args.cold, "load_start": load,
                            "load_now": os.getloadavg(), "rows": rows}
-                Path(args.json).write_text(json.dumps(results, indent=1))
+                if args.json:
+                    Path(args.json).write_text(json.dumps(results, indent=1))
     show(rows, f"training steps on {args.device}: portkit eager and portkit.jit vs torch eager"
                f"{' (cold caches)' if args.cold else ''}; load {load[0]:.2f}")
-    print(f"json: {args.json}")
-    charts.train_chart(results, args.chart)
+    if args.json:
+        print(f"json: {args.json}")
+    if args.chart:
+        charts.train_chart(results, args.chart)
     return 0
 
 

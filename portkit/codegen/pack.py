@@ -392,9 +392,9 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         column0 = tile_n * p.width
         with _loop(lowerer, "mo", p.blocks) as t:
             first = first_row(t)
-            with _loop(lowerer, "mr", p.rows) as r, _loop(lowerer, "mc", p.width) as col:
-                where = lowerer.index((t * p.rows + r) * p.width + col)
-                write(t, r, column0 + col, b.load(sums, where), first)
+            with _loop(lowerer, "mr", p.rows) as row, _loop(lowerer, "mc", p.width) as column:
+                where = lowerer.index((t * p.rows + row) * p.width + column)
+                write(t, row, column0 + column, b.load(sums, where), first)
     return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
 
 

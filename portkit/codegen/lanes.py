@@ -11,6 +11,10 @@ operand loads `base + offset + lane` from one buffer, with no other use of the a
 inside the loop and no STORE among the updates. Everything else stays scalar; a run the
 pattern does not fit is left to the compiler, so the pass only changes how a kernel is
 spelled, never what it computes (the interpreter runs the same ABI kernel).
+A run whose lanes, after the loop, are each added into consecutive elements of one buffer
+(pack.py's running sums: LOAD buf[base + offset + lane], ADD the lane, STORE it back) is a
+`Flush`, which a renderer with `Spelling.add_into` writes as one vector add; written lane by
+lane it was a third of a 3x3 conv's C.
 """
 from __future__ import annotations
 
@@ -41,6 +45,20 @@ class Run:
     def last(self) -> int:
         """The node after which every lane's operands exist: the vector update goes there."""
         return max(self.assigns)
+
+
+@dataclass(frozen=True)
+class Flush:
+    """A run's lanes added into a buffer after its loop, lane k into buffer[base + offset + k]:
+    per lane its LOAD, ADD and STORE nodes, and the index nodes only those read."""
+
+    loads: tuple[int, ...]
+    adds: tuple[int, ...]
+    stores: tuple[int, ...]
+    indices: tuple[int, ...]
+    buffer: int
+    base: int
+    offset: int
 
 
 def find(kernel: Kernel, widths: dict[DType, int]) -> list[Run]:
@@ -119,6 +137,47 @@ def _run(nodes: tuple[Node, ...], accs: list[int], updates, users, loop_of, end_
     return Run(tuple(accs), tuple(mulaccs), tuple(assigns), shared, buffer, base, offset)
 
 
+def flush(kernel: Kernel, run: Run) -> Flush | None:
+    """The run's lanes added into a buffer after its loop, if that is their only other use
+    and nothing else reads or writes that buffer among those nodes; else None."""
+    nodes = kernel.nodes
+    users: dict[int, list[int]] = defaultdict(list)
+    for i, node in enumerate(nodes):
+        for s in node.src:
+            users[s].append(i)
+    loads, adds, stores = [], [], []
+    for acc, mulacc, assign in zip(run.accs, run.updates, run.assigns):
+        used = [u for u in users[acc] if u not in (mulacc, assign)]
+        if len(used) != 1 or nodes[used[0]].op is not Op.ADD:
+            return None
+        add = used[0]
+        load = next((x for x in nodes[add].src if x != acc), acc)
+        if nodes[load].op is not Op.LOAD or len(nodes[load].src) != 2 or users[load] != [add]:
+            return None
+        store = users[add]
+        if len(store) != 1 or nodes[store[0]].src != (*nodes[load].src, add):
+            return None
+        loads.append(load)
+        adds.append(add)
+        stores.append(store[0])
+    buffer = nodes[loads[0]].src[0]
+    places = [_split(nodes, nodes[x].src[1]) for x in loads]
+    base, offset = places[0]
+    if places != [(base, offset + lane) for lane in range(len(loads))]:
+        return None
+    if nodes[buffer].dtype != nodes[run.accs[0]].dtype or min(loads) < run.last:
+        return None
+    first, last = min(loads), max(stores)
+    ours = {*loads, *stores}
+    if any(nodes[i].op in (Op.STORE, Op.BARRIER, Op.RANGE, Op.END, Op.IF, Op.ENDIF) or (
+            nodes[i].op is Op.LOAD and nodes[i].src[0] == buffer)
+           for i in range(first, last) if i not in ours):
+        return None
+    indices = tuple(nodes[x].src[1] for x in loads if nodes[x].src[1] != base
+                    and set(users[nodes[x].src[1]]) <= ours)
+    return Flush(tuple(loads), tuple(adds), tuple(stores), indices, buffer, base, offset)
+
+
 def _split(nodes: tuple[Node, ...], index: int) -> tuple[int, int]:
     """(node, constant) with index = node + constant; (index, 0) if it is not such a sum."""
     node = nodes[index]
@@ -134,15 +193,17 @@ def _split(nodes: tuple[Node, ...], index: int) -> tuple[int, int]:
 @dataclass(frozen=True)
 class Spelling:
     """How a renderer writes a run as a vector: the declaration of vector `lead` with every
-    lane set to `init` (n lanes), lane k of it, and `lead = a * (the n values from at) + lead`
-    with one rounding (`at` names the first value, e.g. buf[i + 3])."""
+    lane set to `init` (n lanes), lane k of it, `lead = a * (the n values from at) + lead`
+    with one rounding (`at` names the first value, e.g. buf[i + 3]), and optionally a Flush."""
 
     declare: Callable[[str, str, int], str]
     lane: Callable[[str, int], str]
     fma: Callable[[str, str, str], str]
+    # `the n values from at += lead`, elementwise (a Flush); None: flushes stay scalar
+    add_into: Callable[[str, str], str] | None = None
 
 
-def lines(run: Run, init: int, spelling: Spelling) -> dict:
+def lines(kernel: Kernel, run: Run, init: int, spelling: Spelling) -> dict:
     """Name-and-line functions (see CStyleRenderer.rendered_together) for one run whose
     accumulators start at node `init`: the first ACC declares the vector, the other lanes are
     its elements, and the last update adds every lane's product at once."""
@@ -162,6 +223,23 @@ def lines(run: Run, init: int, spelling: Spelling) -> dict:
         return "", spelling.fma(lead, names[run.shared], at)
 
     own[run.last] = update
+    if spelling.add_into is not None:
+        own.update(_flush_lines(lead, flush(kernel, run), spelling.add_into))
+    return own
+
+
+def _flush_lines(lead: str, found: Flush | None, add_into: Callable[[str, str], str]) -> dict:
+    """Name-and-line functions that write `found` (if any) as one vector add at its last
+    STORE, and nothing for its other nodes."""
+    if found is None:
+        return {}
+    own: dict[int, Callable[[dict], tuple]] = {
+        node: _named("") for node in (*found.loads, *found.adds, *found.stores, *found.indices)}
+
+    def added(names: dict) -> tuple:
+        return "", add_into(lead, f"{names[found.buffer]}[{names[found.base]} + {found.offset}]")
+
+    own[max(found.stores)] = added
     return own
 
 
@@ -179,5 +257,5 @@ def spelled(kernel: Kernel, types: dict[DType, str], vector_bytes: int,
     for run in find(kernel, widths):
         first = kernel.nodes[run.accs[0]]
         spelled_as = spelling(types[first.value_dtype], widths[first.value_dtype])
-        own.update(lines(run, first.src[0], spelled_as))
+        own.update(lines(kernel, run, first.src[0], spelled_as))
     return own

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from portkit.onnx.ops import Check, Context, NodeArgs, Op, Value, registrar
-from portkit.tensor import Tensor, cat
+from portkit.tensor import Tensor, cat, int32
 
 OPS: dict[str, Op] = {}
 CHECKS: dict[str, Check] = {}
@@ -74,7 +74,7 @@ def _layer(kind: str) -> Op:
             inputs = x @ w[d].transpose(0, 1) + wb       # every step's input part at once
             outputs: list[Tensor | None] = [None] * steps
             for t in order:
-                h, c = _STEPS[kind](node, fns[d], inputs[t], h, c, r[d], rb, p, hidden)
+                h, c = _STEPS[kind](node, fns[d], _step(inputs, t), h, c, r[d], rb, p, hidden)
                 outputs[t] = h.unsqueeze(0)
             ys.append(cat(outputs, 0).unsqueeze(1))
             hs.append(h.unsqueeze(0))
@@ -88,6 +88,14 @@ def _layer(kind: str) -> Op:
             outs.append(y_c.transpose(0, 1) if node.attr("layout", 0) else y_c)
         return outs[:node.outputs]
     return run
+
+
+def _step(inputs: Tensor, t: int) -> Tensor:
+    """inputs[t], read at a position that is a scalar argument of the step's kernels (an
+    index constant, in range by construction), not code: the view inputs[t] put t's offset
+    into each step's code, so a sequence of n steps compiled n kernels of one shape."""
+    at = Tensor.full((1,), t, dtype=int32, device=inputs.device)
+    return inputs._take(0, at, "index", wrap=False, check=False)[0]
 
 
 def _clip(node: NodeArgs, x: Tensor) -> Tensor:

@@ -83,6 +83,50 @@ def test_the_c_holds_a_run_in_one_vector_with_one_update_per_iteration():
     assert "acc4[15]" in source and " fma(" not in source  # lanes stored as elements
 
 
+def _flushed(offsets=tuple(range(16))):
+    """`_kernel`'s 16 accumulators added into out[16 + offsets[j]] after the loop (the running
+    sums of a packed matmul), instead of stored."""
+    k = KernelBuilder("flush")
+    out, a, b = k.param(F32), k.param(F32), k.param(F32)
+    zero = k.const(0.0, F32)
+    accs = [k.acc(zero) for _ in range(16)]
+    with k.loop(k.const(0), k.const(8)) as i:
+        x = k.load(a, i)
+        base = k.alu(Op.MUL, i, k.const(16))
+        for lane, acc in enumerate(accs):
+            at = k.alu(Op.ADD, base, k.const(lane)) if lane else base
+            k.assign(acc, k.alu(Op.MULACC, x, k.load(b, at), acc))
+    start = k.alu(Op.ADD, k.special("group", 0), k.const(16))     # not a constant: group 0
+    for lane, acc in enumerate(accs):
+        at = k.alu(Op.ADD, start, k.const(offsets[lane]))
+        k.store(out, at, k.alu(Op.ADD, k.load(out, at), acc))
+    return k.build()
+
+
+def test_lanes_added_into_consecutive_elements_after_the_loop_are_one_vector_add():
+    kernel = _flushed()
+    run, = lanes.find(kernel, WIDTHS)
+    assert lanes.flush(kernel, run) is not None
+    source = CPURenderer().render(kernel)
+    assert source.count("pk_f32x16_add_into(&data0[") == 1 and "acc4[3]" not in source
+    swapped = _flushed((1, 0, *range(2, 16)))        # lanes 0 and 1 go to each other's place
+    run, = lanes.find(swapped, WIDTHS)
+    assert lanes.flush(swapped, run) is None
+    assert "pk_f32x16_add_into(&data0[" not in CPURenderer().render(swapped)
+
+
+@pytest.mark.parametrize("offsets", [tuple(range(16)), (1, 0, *range(2, 16))])
+def test_a_flush_computes_what_the_interpreter_does(offsets):
+    kernel = _flushed(offsets)
+    rng = np.random.default_rng(0)
+    arrays = (rng.standard_normal(32).astype(np.float32), rng.standard_normal(9).astype(np.float32),
+              rng.standard_normal(8 * 16).astype(np.float32))
+    expected, *_ = runtime.get("interpreter").run(kernel, *arrays)
+    actual, *_ = runtime.get("cpu").run(kernel, *arrays)
+    np.testing.assert_allclose(actual, expected, rtol=1e-6)
+    assert not np.array_equal(actual[16:], arrays[0][16:])     # the sums were added
+
+
 def _packed_matmul_source() -> str:
     a, b = Tensor(np.ones((64, 256), np.float32)), Tensor(np.ones((256, 64), np.float32))
     item, = schedule.create_schedule([(a @ b).lazy])

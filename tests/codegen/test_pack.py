@@ -56,6 +56,14 @@ def test_a_matmul_on_a_device_whose_threads_are_loops_is_packed():
     LOOPS.check_launch(kernel)
 
 
+def test_the_running_sums_are_stored_by_a_loop_not_one_store_per_output():
+    item = _item(_floats(64, 600), _floats(600, 64))       # three depth blocks: sums in LOCAL
+    kernel = lower(item.root, item.inputs, LOOPS)
+    out = next(i for i, n in enumerate(kernel.nodes) if n.op is Op.PARAM and n.arg == 0)
+    stores = [n for n in kernel.nodes if n.op is Op.STORE and n.src[0] == out]
+    assert len(stores) == 1                 # not one per element of the 8 x 32 register block
+
+
 def test_a_reduce_of_one_depth_block_keeps_its_sums_in_registers():
     item = _item(_floats(512, 64), _floats(64, 784))        # the MLP's weight gradient
     _, packing = pack.find(item.root, item.inputs, LOOPS)

@@ -35,7 +35,8 @@ _TEMPLATE = """\
 #endif
 {% endif %}
 {% if vectors %}
-/* Accumulators held in vectors (portkit.codegen.lanes): lanes += a * b[0..n), one rounding. */
+/* Accumulators held in vectors (portkit.codegen.lanes): lanes += a * b[0..n), one rounding;
+   at[0..n) += lanes. */
 {% for type, element, lanes in vectors %}
 #ifndef PK_ONCE_{{ type }}
 #define PK_ONCE_{{ type }}
@@ -45,6 +46,12 @@ static inline {{ type }} {{ type }}_fma({{ element }} a, const {{ element }} *b,
   {{ type }} v;
   memcpy(&v, b, sizeof v);
   return a * v + c;
+}
+static inline void {{ type }}_add_into({{ element }} *at, {{ type }} v) {
+  {{ type }} sum;
+  memcpy(&sum, at, sizeof sum);
+  sum += v;
+  memcpy(at, &sum, sizeof sum);
 }
 #endif
 {% endfor %}
@@ -122,11 +129,13 @@ _IDS = ["gid0", "gid1", "gid2", "lid0", "lid1", "lid2", "pk_local"]
 
 
 def _gnu_vectors(vector: str, width: int) -> lanes.Spelling:
-    """GNU C vectors: {a, a, ...} literals, v[k] lanes, and the template's <vector>_fma."""
+    """GNU C vectors: {a, a, ...} literals, v[k] lanes, and the template's <vector>_fma and
+    <vector>_add_into."""
     return lanes.Spelling(
         declare=lambda lead, init, n: f"{vector} {lead} = {{{', '.join([init] * n)}}};",
         lane=lambda lead, k: f"{lead}[{k}]",
-        fma=lambda lead, a, at: f"{lead} = {vector}_fma({a}, &{at}, {lead});")
+        fma=lambda lead, a, at: f"{lead} = {vector}_fma({a}, &{at}, {lead});",
+        add_into=lambda lead, at: f"{vector}_add_into(&{at}, {lead});")
 
 
 class CPURenderer(CStyleRenderer):

@@ -1,0 +1,65 @@
+"""portkit.onnx's recurrent layers (portkit/onnx/rnn.py): LSTM and GRU made with onnx.helper,
+against onnxruntime, and the kernels their time loop compiles."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from portkit import runtime
+from portkit.onnx import load
+from portkit.schedule import runner
+
+onnx = pytest.importorskip("onnx", reason="pip install 'portkit[onnx]'")
+ort = pytest.importorskip("onnxruntime", reason="pip install 'portkit[onnx]'")
+helper = onnx.helper
+F32 = onnx.TensorProto.FLOAT
+GATES = {"LSTM": 4, "GRU": 3}
+
+
+def recurrent(kind: str, steps: int, features: int = 3, hidden: int = 4, batch: int = 2):
+    """One forward `kind` layer over `steps` steps, with random weights and bias."""
+    rng = np.random.default_rng(0)
+    gates = GATES[kind]
+    weights = {"W": rng.standard_normal((1, gates * hidden, features)),
+               "R": rng.standard_normal((1, gates * hidden, hidden)),
+               "B": rng.standard_normal((1, 2 * gates * hidden))}
+    node = helper.make_node(kind, ["x", "W", "R", "B"], ["y", "y_h"], hidden_size=hidden)
+    graph = helper.make_graph(
+        [node], "rnn", [helper.make_tensor_value_info("x", F32, [steps, batch, features])],
+        [helper.make_tensor_value_info(n, F32, None) for n in ("y", "y_h")],
+        [onnx.numpy_helper.from_array((v * 0.5).astype(np.float32), k)
+         for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def lowered_kernels(monkeypatch, model, x: np.ndarray) -> list[str]:
+    """The kernels a first call of `model` on cpu lowers (empty caches), each by its JSON
+    form; checks the outputs against onnxruntime."""
+    runtime.clear()
+    kernels = []
+
+    def lower(*args, **kwargs):
+        kernel = real(*args, **kwargs)
+        kernels.append(kernel.to_json())
+        return kernel
+    real = runner.lower
+    monkeypatch.setattr(runner, "lower", lower)
+    got = load(model, device="cpu")(x)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    for name, w in zip(("y", "y_h"), want):
+        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5, err_msg=name)
+    return kernels
+
+
+@pytest.mark.parametrize("kind", sorted(GATES))
+def test_a_longer_sequence_compiles_no_more_kernels(monkeypatch, kind):
+    # each step reads its inputs at a position that is a scalar argument, not code: one
+    # step's kernels serve every step, so 12 steps lower as many kernels as 5
+    rng = np.random.default_rng(1)
+    counts = []
+    for steps in (5, 12):
+        x = rng.standard_normal((steps, 2, 3)).astype(np.float32)
+        kernels = lowered_kernels(monkeypatch, recurrent(kind, steps), x)
+        assert len(kernels) == len(set(kernels))
+        counts.append(len(kernels))
+    assert counts[0] == counts[1], f"{kind}: {counts[0]} kernels at 5 steps, {counts[1]} at 12"

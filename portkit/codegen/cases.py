@@ -15,6 +15,7 @@ stacks) nests its own tests inside its piece's test.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from portkit.abi import dtypes
 from portkit.abi.ops import Op
@@ -66,7 +67,8 @@ def _terms(node: Lazy, params: set[int]) -> list[Lazy]:
     return [node]
 
 
-def _piece(node: Lazy, idx: list[Lin], params: set[int], column: str) -> Case | bool | None:
+def _piece(node: Lazy, idx: list[Lin], params: set[int], column: str
+           ) -> Case | Literal[False] | None:
     """`node` as one padded piece: its Case; False where it is padding at every row; None
     where it is not a padded view or its padding depends on the column."""
     if node.op is not GraphOp.VIEW or id(node) in params:
@@ -132,7 +134,9 @@ def emit(lowerer, found: tuple[Case, ...], column: Lin, row: int, out: int, flat
     """Per row: a test of each piece's conditions around one loop of `row` columns that stores
     that piece at `flat` in `out` (the ABI has no else: every piece is tested)."""
     b = lowerer.b
-    name = column.terms[0][0].name
+    (atom, _), = column.terms
+    assert isinstance(atom, Var)
+    name = atom.name
     for case in found:
         opener = b.add(Op.IF, None, (lowerer.condition(case.conditions, None),))
         lowerer.scopes.append({})

@@ -31,7 +31,6 @@ Both show in the ABI kernel at PORTKIT_DEBUG=3: a RANGE around the reduce loop, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from itertools import product
 from math import ceil, isqrt, prod
 
@@ -41,8 +40,9 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError, UnsupportedDType
 from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
-from portkit.codegen.plan import SERIAL, THREADED, Plan, gates, launch_shape, plan, serial
-from portkit.codegen.rows import pieces, row_length
+from portkit.codegen import rows
+from portkit.codegen.plan import SERIAL, THREADED, Plan, launch_shape, plan, serial
+from portkit.codegen.rows import row_length
 from portkit.graph import GraphOp, Lazy, Traced, toposort
 from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, const, recombine, unravel, var
 from portkit.view import strides_for
@@ -73,7 +73,7 @@ def reduce_identity(op: Op, dtype: DType) -> float | int | bool:
     return float("-inf") if dtype.is_float else dtype.min
 
 
-class _Lowerer:
+class Lowerer:
     def __init__(self, name: str, inputs: list[Lazy], tiling: Plan):
         self.b = KernelBuilder(name)
         self.params: dict[int, int] = {}       # id(input Lazy) -> PARAM node
@@ -404,64 +404,6 @@ class _Lowerer:
         return [b.cast(x, wide) for x in self.lower(src, idxs, gates)]
 
 
-def _indices(tile: list[Lin], amounts: list[int]) -> list[list[Lin]]:
-    """The multi-index of every output of a thread's tile."""
-    return [[t * n + k for t, n, k in zip(tile, amounts, offsets)]
-            for offsets in product(*(range(n) for n in amounts))]
-
-
-def _store(lowerer: _Lowerer, root: Lazy, tile: list[Lin], amounts: list[int], out: int,
-           shifted: int | None = None) -> None:
-    """Computes and stores every output of one tile. Along axis `shifted`, the last tile
-    starts early enough to end at the axis's end, and stores only the outputs that the tile
-    before it did not."""
-    b = lowerer.b
-    starts = [t * n for t, n in zip(tile, amounts)]
-    lanes = list(product(*(range(n) for n in amounts)))
-    stored: list[int | None] = [None] * len(lanes)
-    if shifted is not None:
-        size = root.shape[shifted]
-        first, last = lowerer.index(starts[shifted]), lowerer.const(size - amounts[shifted])
-        start = b.alu(Op.WHERE, b.alu(Op.CMPLT, first, last), first, last)
-        starts[shifted] = lowerer.new_var("s", 0, size - amounts[shifted], start)
-        stored = [b.alu(Op.CMPLT, b.alu(Op.ADD, first, lowerer.const(-offsets[shifted] - 1)),
-                        start) for offsets in lanes]
-    idxs = [[t + k for t, k in zip(starts, offsets)] for offsets in lanes]
-    strides = strides_for(root.shape)
-    values = lowerer.lower(root, idxs, [None] * len(idxs))
-    for idx, value, gate in zip(idxs, values, stored):
-        flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
-        b.store(out, lowerer.index(flat), value, gate)
-
-
-def _row_loop(lowerer: _Lowerer, root: Lazy, tile: list[Lin], span: tuple[int, int], tail: int,
-              amounts: list[int], out: int, shifted: int | None = None) -> None:
-    """The inner loop over columns [first, end) of a row, whose variable's range lets range
-    analysis drop the gates that hold across the span."""
-    first, end = span
-    b = lowerer.b
-    column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(first), lowerer.const(end)))
-    lowerer.scopes.append({})
-    _store(lowerer, root, tile + [lowerer.new_var("c", first, end - 1, column)]
-           + [const(0)] * tail, amounts, out, shifted)
-    b.add(Op.END, None, (column,))
-    lowerer.scopes.pop()
-
-
-def _branch(lowerer: _Lowerer, cond: int, assumed: tuple[Bound, ...],
-            refuted: tuple[Bound, ...], body) -> None:
-    """`body()` inside IF(cond), lowered with the gates that cond implies true (`assumed`) or
-    false (`refuted`) decided."""
-    b = lowerer.b
-    opener = b.add(Op.IF, None, (cond,))
-    lowerer.scopes.append({})
-    lowerer.assumed, lowerer.refuted = assumed, refuted
-    body()
-    lowerer.assumed, lowerer.refuted = (), ()
-    lowerer.scopes.pop()
-    b.add(Op.ENDIF, None, (opener,))
-
-
 def _block(trips: list[int]) -> int | None:
     """Iterations of the first reduce axis per block of a blocked float sum; None: no blocks."""
     rest = prod(trips[1:])
@@ -495,8 +437,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    from portkit.codegen import cases as joined  # these build on this module
-    from portkit.codegen import mma as matrix
+    from portkit.codegen import mma as matrix  # these build on this module
     from portkit.codegen import pack as packing
     from portkit.codegen import tiles as staging
     from portkit.codegen import tune
@@ -507,7 +448,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     packed = None if chosen or on_unit else packing.find(root, inputs, caps)
     tiling = Plan() if chosen or packed or on_unit else plan(
         root, inputs, SERIAL if serial(caps) else THREADED)
-    lowerer = _Lowerer(name, inputs, tiling)
+    lowerer = Lowerer(name, inputs, tiling)
     lowerer.ranges = dtypes.uint32 in caps.dtypes
     b = lowerer.b
     out = b.param(root.dtype)
@@ -568,39 +509,9 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         tile = unravel(t_var, tile_shape[:len(tile_shape) - 1 - tail])
         for atom, _ in (term for i in tile for term in i.terms):
             lowerer.atom(atom)
-        column = var("c", 0, row - 1)
-        full = tile + [column] + [const(0)] * tail
-        found = None
-        if prod(amounts) == 1:
-            column_var = lowerer.new_var("c", 0, row - 1, -1)    # its node: the loop
-            found = joined.cases(root, _indices(tile + [column_var] + [const(0)] * tail,
-                                                amounts)[0],
-                                 set(lowerer.params), column_var.terms[0][0].name)
-        if found:       # a concatenation: each row runs the loop of the one piece it lies in
-            strides = strides_for(root.shape)
-            idx = _indices(tile + [column_var] + [const(0)] * tail, amounts)[0]
-            flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
-            joined.emit(lowerer, found, column_var, row, out, flat)
-        else:
-            spans, hoisted = [(0, row)], ()
-            if tiling.shifted is None:
-                spans, hoisted = pieces([cond for idx in _indices(full, amounts)
-                                         for cond in gates(root, inputs, idx)],
-                                        column, {atom.name for atom, _ in t_var.terms})
-            loop = partial(_row_loop, lowerer, root, tile, tail=tail, amounts=amounts, out=out,
-                           shifted=tiling.shifted)
-            if hoisted:
-                # the row's own gates, tested once: its loop inside the padding loads ungated
-                whole = lowerer.condition(hoisted, None)
-                _branch(lowerer, whole, hoisted, (), lambda: [loop(span) for span in spans])
-                # where one gate fails, it fails for every load it gates (a row of padding)
-                _branch(lowerer, b.alu(Op.XOR, whole, lowerer.const(True, dtypes.bool_)), (),
-                        hoisted if len(hoisted) == 1 else (), lambda: loop((0, row)))
-            else:
-                for span in spans:
-                    loop(span)
+        rows.emit(lowerer, root, inputs, tile, t_var, (row, tail), amounts, out, tiling.shifted)
     else:
-        _store(lowerer, root, unravel(t_var, tile_shape), amounts, out, tiling.shifted)
+        rows.store(lowerer, root, unravel(t_var, tile_shape), amounts, out, tiling.shifted)
     if opener is not None:
         b.add(Op.ENDIF, None, (opener,))
     elif per_thread > 1:

@@ -14,9 +14,21 @@ would pay a div and a mod.
 """
 from __future__ import annotations
 
+from functools import partial
+from itertools import product
 from math import prod
+from typing import TYPE_CHECKING
 
-from portkit.symbolic import Bound, Lin, Var
+from portkit.abi import dtypes
+from portkit.abi.ops import Op
+from portkit.codegen import cases as joined
+from portkit.codegen.plan import gates
+from portkit.graph import Lazy
+from portkit.symbolic import Bound, Lin, Var, const, recombine, var
+from portkit.view import strides_for
+
+if TYPE_CHECKING:
+    from portkit.codegen.lower import Lowerer
 
 # Shorter rows keep the flat loop: an inner loop of a few iterations vectorizes badly.
 MIN_ROW = 8
@@ -52,6 +64,7 @@ def pieces(conds: list[Bound], column: Lin, outer: set[str]
     no gate, which vectorizes, and the gate of the row's position, tested once outside it,
     drops the gate of the whole row."""
     (atom, _), = column.terms
+    assert isinstance(atom, Var)
     first, end = atom.min, atom.max + 1
     hoisted: list[Bound] = []
     for cond in conds:
@@ -82,3 +95,105 @@ def _names(expr: Lin) -> set[str]:
     for atom, _ in expr.terms:
         out |= {atom.name} if isinstance(atom, Var) else _names(atom.expr)
     return out
+
+
+def emit(lowerer: Lowerer, root: Lazy, inputs: list[Lazy], tile: list[Lin], t_var: Lin,
+         shape: tuple[int, int], amounts: list[int], out: int, shifted: int | None) -> None:
+    """The rows of a thread's tiles at `tile` (the row's position, decoded once; `shape` is
+    the row's length and its short trailing axes): a join's one copy loop per piece
+    (codegen/cases.py), or loops split where the row's padding starts and ends."""
+    b = lowerer.b
+    row, tail = shape
+    column = var("c", 0, row - 1)
+    full = tile + [column] + [const(0)] * tail
+    found = None
+    if prod(amounts) == 1:
+        column_var = lowerer.new_var("c", 0, row - 1, -1)    # its node: the loop
+        (atom, _), = column_var.terms
+        assert isinstance(atom, Var)
+        found = joined.cases(root, indices(tile + [column_var] + [const(0)] * tail,
+                                            amounts)[0], set(lowerer.params), atom.name)
+    if found:       # a concatenation: each row runs the loop of the one piece it lies in
+        strides = strides_for(root.shape)
+        idx = indices(tile + [column_var] + [const(0)] * tail, amounts)[0]
+        flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
+        joined.emit(lowerer, found, column_var, row, out, flat)
+    else:
+        spans: list[tuple[int, int]] = [(0, row)]
+        hoisted: tuple[Bound, ...] = ()
+        if shifted is None:
+            spans, hoisted = pieces([cond for idx in indices(full, amounts)
+                                     for cond in gates(root, inputs, idx)],
+                                    column, {a.name for a, _ in t_var.terms
+                                             if isinstance(a, Var)})
+        loop = partial(_row_loop, lowerer, root, tile, tail=tail, amounts=amounts, out=out,
+                       shifted=shifted)
+        if hoisted:
+            # the row's own gates, tested once: its loop inside the padding loads ungated
+            whole = lowerer.condition(hoisted, None)
+            assert whole is not None
+            _branch(lowerer, whole, hoisted, (), lambda: [loop(span) for span in spans])
+            # where one gate fails, it fails for every load it gates (a row of padding)
+            _branch(lowerer, b.alu(Op.XOR, whole, lowerer.const(True, dtypes.bool_)), (),
+                    hoisted if len(hoisted) == 1 else (), lambda: loop((0, row)))
+        else:
+            for span in spans:
+                loop(span)
+
+
+def indices(tile: list[Lin], amounts: list[int]) -> list[list[Lin]]:
+    """The multi-index of every output of a thread's tile."""
+    return [[t * n + k for t, n, k in zip(tile, amounts, offsets)]
+            for offsets in product(*(range(n) for n in amounts))]
+
+
+def store(lowerer: Lowerer, root: Lazy, tile: list[Lin], amounts: list[int], out: int,
+           shifted: int | None = None) -> None:
+    """Computes and stores every output of one tile. Along axis `shifted`, the last tile
+    starts early enough to end at the axis's end, and stores only the outputs that the tile
+    before it did not."""
+    b = lowerer.b
+    starts = [t * n for t, n in zip(tile, amounts)]
+    lanes = list(product(*(range(n) for n in amounts)))
+    stored: list[int | None] = [None] * len(lanes)
+    if shifted is not None:
+        size = root.shape[shifted]
+        first, last = lowerer.index(starts[shifted]), lowerer.const(size - amounts[shifted])
+        start = b.alu(Op.WHERE, b.alu(Op.CMPLT, first, last), first, last)
+        starts[shifted] = lowerer.new_var("s", 0, size - amounts[shifted], start)
+        stored = [b.alu(Op.CMPLT, b.alu(Op.ADD, first, lowerer.const(-offsets[shifted] - 1)),
+                        start) for offsets in lanes]
+    idxs = [[t + k for t, k in zip(starts, offsets)] for offsets in lanes]
+    strides = strides_for(root.shape)
+    values = lowerer.lower(root, idxs, [None] * len(idxs))
+    for idx, value, gate in zip(idxs, values, stored):
+        flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
+        b.store(out, lowerer.index(flat), value, gate)
+
+
+def _row_loop(lowerer: Lowerer, root: Lazy, tile: list[Lin], span: tuple[int, int], tail: int,
+              amounts: list[int], out: int, shifted: int | None = None) -> None:
+    """The inner loop over columns [first, end) of a row, whose variable's range lets range
+    analysis drop the gates that hold across the span."""
+    first, end = span
+    b = lowerer.b
+    column = b.add(Op.RANGE, dtypes.int32, (lowerer.const(first), lowerer.const(end)))
+    lowerer.scopes.append({})
+    store(lowerer, root, tile + [lowerer.new_var("c", first, end - 1, column)]
+           + [const(0)] * tail, amounts, out, shifted)
+    b.add(Op.END, None, (column,))
+    lowerer.scopes.pop()
+
+
+def _branch(lowerer: Lowerer, cond: int, assumed: tuple[Bound, ...],
+            refuted: tuple[Bound, ...], body) -> None:
+    """`body()` inside IF(cond), lowered with the gates that cond implies true (`assumed`) or
+    false (`refuted`) decided."""
+    b = lowerer.b
+    opener = b.add(Op.IF, None, (cond,))
+    lowerer.scopes.append({})
+    lowerer.assumed, lowerer.refuted = assumed, refuted
+    body()
+    lowerer.assumed, lowerer.refuted = (), ()
+    lowerer.scopes.pop()
+    b.add(Op.ENDIF, None, (opener,))

@@ -5,7 +5,10 @@ A flat loop over elements decodes every element's position with a div and a mod 
 (`t % 58`, `t / 58 % 64`), and clang keeps such a loop scalar: a padded or permuted copy then
 runs at a fraction of the memory's speed. Looping over rows decodes a row's position once, and
 the inner loop's indices are plain strides, which vectorize (tests/codegen/test_conv_tiles.py
-checks that no div or mod is left inside the inner loop). `lower` emits the two loops.
+checks that no div or mod is left inside the inner loop). `lower` decodes the row and `emit`
+writes its inner loops: a join's one plain copy loop per piece (codegen/cases.py), or loops
+split where the row's padding starts and ends, so that the columns inside it load ungated and
+the row's own gates are tested once around them (`pieces`).
 
 Short trailing axes (a pool's window (..., W / k, k), the unit axis of a sum over one element,
 an (re, im) pair) are unrolled into each step of the inner loop, which then runs along the axis

@@ -14,27 +14,9 @@ from portkit.codegen.lower import lower
 from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor
 from portkit.tensor.movement import cat, stack
+from tests.codegen.test_conv_tiles import loop_bodies
 
 SERIAL_CAPS = dataclasses.replace(capabilities(), threads_are_loops=True)
-
-
-def _loop_bodies(kernel):
-    """The nodes of each innermost loop (RANGE to its END)."""
-    bodies, stack_ = [], []
-    for node in kernel.nodes:
-        if node.op is Op.RANGE:
-            if stack_:
-                stack_[-1].append(node)
-            stack_.append([])
-        elif node.op is Op.END and stack_:
-            body = stack_.pop()
-            if not any(n.op is Op.RANGE for n in body):
-                bodies.append(body)
-            if stack_:
-                stack_[-1] += body + [node]
-        elif stack_:
-            stack_[-1].append(node)
-    return bodies
 
 
 def _cache(device: str, layers=3, heads=2, length=5, size=16, seed=0):
@@ -54,7 +36,7 @@ def test_a_joined_cache_copies_each_piece_in_a_loop_without_gates():
     out, expected = _cache("cpu")
     item, = schedule.create_schedule([out.lazy])
     kernel = lower(item.root, item.inputs, SERIAL_CAPS)
-    bodies = _loop_bodies(kernel)
+    bodies = loop_bodies(kernel)
     # 3 layers x 2 kinds x (the past, the new position): one loop each, storing one value
     # read by one ungated load (a sum of gated loads read every piece at every element)
     assert len(bodies) == 12, len(bodies)

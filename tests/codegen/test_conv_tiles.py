@@ -136,7 +136,7 @@ def test_a_vectorizing_device_takes_no_lanes_along_a_padding_gate():
     assert 3 in dict(plan(item.root, item.inputs, THREADED).upcast)
 
 
-def _loop_bodies(kernel):
+def loop_bodies(kernel):
     """The nodes of each innermost loop (RANGE to its END)."""
     bodies, stack = [], []
     for node in kernel.nodes:
@@ -166,7 +166,7 @@ def test_a_serial_device_decodes_positions_once_per_row(move):
         out, expected = px.permute(0, 2, 1) * 2, x.transpose(0, 2, 1) * 2
     item, = schedule.create_schedule([out.lazy])
     kernel = lower(item.root, item.inputs, SERIAL_CAPS)
-    for inner in _loop_bodies(kernel):
+    for inner in loop_bodies(kernel):
         assert not [n for n in inner if n.op in (Op.IDIV, Op.MOD)], "div/mod per element"
     np.testing.assert_allclose(out.numpy(), expected)
 
@@ -227,7 +227,7 @@ def test_a_padded_copy_loads_without_gates_inside_the_padding():
     assert copy.root.size == 4 * 14 * 14
     kernel = lower(copy.root, copy.inputs, SERIAL_CAPS)
     assert not [n for n in kernel.nodes if n.op is Op.LOAD and len(n.src) == 3], "gated load"
-    computed = [body for body in _loop_bodies(kernel) if any(n.op is Op.LOAD for n in body)]
+    computed = [body for body in loop_bodies(kernel) if any(n.op is Op.LOAD for n in body)]
     columns = [tuple(kernel.nodes[i].arg for i in n.src) for n in kernel.nodes
                if n.op is Op.RANGE][1:]
     assert len(computed) == 1 and columns == [(0, 1), (1, 13), (13, 14), (0, 14)], columns

@@ -25,9 +25,11 @@ F32 = dtypes.float32
 WIDTHS = {F32: 16}
 
 
-def _kernel(offsets=tuple(range(16)), shared=True, store_inside=False, read_inside=False):
+def _kernel(offsets=tuple(range(16)), shared=True, store_inside=False, read_inside=False,
+            flushed=None):
     """16 float32 accumulators, acc[j] += a[i] * b[16 i + offsets[j]] over 8 iterations, then
-    stored: a run of lanes unless a change says otherwise."""
+    stored: a run of lanes unless a change says otherwise. With `flushed`, acc[j] is added into
+    out[16 + flushed[j]] after the loop (the running sums of a packed matmul) instead."""
     k = KernelBuilder("lanes")
     out, a, b = k.param(F32), k.param(F32), k.param(F32)
     zero = k.const(0.0, F32)
@@ -44,8 +46,14 @@ def _kernel(offsets=tuple(range(16)), shared=True, store_inside=False, read_insi
             if read_inside and lane == 8:
                 k.store(out, k.const(1), accs[3])
             k.assign(acc, k.alu(Op.MULACC, mine, y, acc))
+    if flushed is None:
+        for lane, acc in enumerate(accs):
+            k.store(out, k.const(lane), acc)
+        return k.build()
+    start = k.alu(Op.ADD, k.special("group", 0), k.const(16))     # not a constant: group 0
     for lane, acc in enumerate(accs):
-        k.store(out, k.const(lane), acc)
+        at = k.alu(Op.ADD, start, k.const(flushed[lane]))
+        k.store(out, at, k.alu(Op.ADD, k.load(out, at), acc))
     return k.build()
 
 
@@ -83,33 +91,13 @@ def test_the_c_holds_a_run_in_one_vector_with_one_update_per_iteration():
     assert "acc4[15]" in source and " fma(" not in source  # lanes stored as elements
 
 
-def _flushed(offsets=tuple(range(16))):
-    """`_kernel`'s 16 accumulators added into out[16 + offsets[j]] after the loop (the running
-    sums of a packed matmul), instead of stored."""
-    k = KernelBuilder("flush")
-    out, a, b = k.param(F32), k.param(F32), k.param(F32)
-    zero = k.const(0.0, F32)
-    accs = [k.acc(zero) for _ in range(16)]
-    with k.loop(k.const(0), k.const(8)) as i:
-        x = k.load(a, i)
-        base = k.alu(Op.MUL, i, k.const(16))
-        for lane, acc in enumerate(accs):
-            at = k.alu(Op.ADD, base, k.const(lane)) if lane else base
-            k.assign(acc, k.alu(Op.MULACC, x, k.load(b, at), acc))
-    start = k.alu(Op.ADD, k.special("group", 0), k.const(16))     # not a constant: group 0
-    for lane, acc in enumerate(accs):
-        at = k.alu(Op.ADD, start, k.const(offsets[lane]))
-        k.store(out, at, k.alu(Op.ADD, k.load(out, at), acc))
-    return k.build()
-
-
 def test_lanes_added_into_consecutive_elements_after_the_loop_are_one_vector_add():
-    kernel = _flushed()
+    kernel = _kernel(flushed=tuple(range(16)))
     run, = lanes.find(kernel, WIDTHS)
     assert lanes.flush(kernel, run) is not None
     source = CPURenderer().render(kernel)
     assert source.count("pk_f32x16_add_into(&data0[") == 1 and "acc4[3]" not in source
-    swapped = _flushed((1, 0, *range(2, 16)))        # lanes 0 and 1 go to each other's place
+    swapped = _kernel(flushed=(1, 0, *range(2, 16)))        # lanes 0 and 1 go to each other's place
     run, = lanes.find(swapped, WIDTHS)
     assert lanes.flush(swapped, run) is None
     assert "pk_f32x16_add_into(&data0[" not in CPURenderer().render(swapped)
@@ -117,7 +105,7 @@ def test_lanes_added_into_consecutive_elements_after_the_loop_are_one_vector_add
 
 @pytest.mark.parametrize("offsets", [tuple(range(16)), (1, 0, *range(2, 16))])
 def test_a_flush_computes_what_the_interpreter_does(offsets):
-    kernel = _flushed(offsets)
+    kernel = _kernel(flushed=offsets)
     rng = np.random.default_rng(0)
     arrays = (rng.standard_normal(32).astype(np.float32), rng.standard_normal(9).astype(np.float32),
               rng.standard_normal(8 * 16).astype(np.float32))

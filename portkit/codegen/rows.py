@@ -114,11 +114,10 @@ def emit(lowerer: Lowerer, root: Lazy, inputs: list[Lazy], tile: list[Lin], t_va
         column_var = lowerer.new_var("c", 0, row - 1, -1)    # its node: the loop
         (atom, _), = column_var.terms
         assert isinstance(atom, Var)
-        found = joined.cases(root, indices(tile + [column_var] + [const(0)] * tail,
-                                            amounts)[0], set(lowerer.params), atom.name)
+        idx, = indices(tile + [column_var] + [const(0)] * tail, amounts)
+        found = joined.cases(root, idx, set(lowerer.params), atom.name)
     if found:       # a concatenation: each row runs the loop of the one piece it lies in
         strides = strides_for(root.shape)
-        idx = indices(tile + [column_var] + [const(0)] * tail, amounts)[0]
         flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
         joined.emit(lowerer, found, column_var, row, out, flat)
     else:

@@ -287,7 +287,8 @@ class ElementwiseOps:
         # e ** -|x| never overflows, so neither the value nor the gradient meets inf * 0 (NaN)
         positive = x >= 0
         e = positive._where(-x, x).exp()
-        return (x >= 0)._where(1 / (1 + e), e / (1 + e))
+        r = 1 / (1 + e)          # one division per element, not one per branch
+        return positive._where(r, e * r)
 
     @in_float32
     def tanh(self: Tensor) -> Tensor:
@@ -342,7 +343,13 @@ class ElementwiseOps:
 
     @pair_in_float32
     def pow(self: Tensor, exponent: Tensor | Scalar) -> Tensor:
-        """self ** exponent; small integer exponents are repeated multiplication."""
+        """self ** exponent; small integer exponents (2 and 2.0 alike, on a float tensor) are
+        repeated multiplication."""
+        if (isinstance(exponent, float) and exponent.is_integer() and abs(exponent) <= 8
+                and self.dtype.is_float):
+            # ONNX's Pow hands over its exponent as a float: x ** 2.0 through exp2(2 log2|x|)
+            # cost two transcendentals and a sign fix-up per element
+            exponent = int(exponent)
         if isinstance(exponent, int) and not isinstance(exponent, bool) and abs(exponent) <= 8:
             out = self.ones_like() if exponent == 0 else self
             for _ in range(abs(exponent) - 1):

@@ -158,3 +158,17 @@ def test_16_bit_floats_with_a_number_as_torch(op, dtype, capabilities):
         assert not wrong.size, (f"{op} with s={s}: {wrong.size} of {x.size} differ, e.g. x="
                                 f"{torch_x[wrong[0]].item()}: {got[wrong[0]]}, torch "
                                 f"{want[wrong[0]]}")
+
+
+def test_an_integral_float_exponent_is_repeated_multiplication():
+    """x ** 2.0 (ONNX's Pow passes its exponent as a float) multiplies, as x ** 2 does: no
+    exp2 or log2 in the graph, and torch's values, NaN and infinities included."""
+    from portkit.abi import Op
+    from portkit.graph import toposort
+    values = np.array([-3, -1.5, 0, 0.5, 2, np.inf, -np.inf, np.nan], np.float32)
+    for exponent in (2.0, 3.0, -2.0, 0.0):
+        out = Tensor(values) ** exponent
+        ops = {node.op for node in toposort([out.lazy])}
+        assert not ops & {Op.EXP2, Op.LOG2}, exponent
+        np.testing.assert_array_equal(out.numpy(), (torch.tensor(values) ** exponent).numpy())
+    assert Op.EXP2 in {node.op for node in toposort([(Tensor(values) ** 1.5).lazy])}

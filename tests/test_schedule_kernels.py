@@ -6,8 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from portkit import backends, runtime, schedule
-from portkit.schedule import runner
+from portkit import backends, graph, runtime, schedule
+from portkit.schedule import fusion, runner
 from portkit.tensor import Tensor
 
 SMALL = "interpreter.max-buffers-4"
@@ -85,3 +85,23 @@ def test_a_wide_sum_splits_to_fit_the_device():
     planned = schedule.kernels([out.lazy])
     assert len(planned) > 1
     assert all(len(k.params) <= 4 for k in planned)
+
+
+def _walks(monkeypatch, pieces: int) -> int:
+    """The graph walks create_schedule makes for a sum of `pieces` buffers on SMALL, which
+    splits it one piece per round (4 buffers per kernel: the sum so far, a piece, the output)."""
+    out = sum((_rand(SMALL, 3, seed=k) for k in range(1, pieces)), _rand(SMALL, 3))
+    calls: list[int] = []
+    walk = graph.walk
+    with monkeypatch.context() as patched:
+        patched.setattr(graph, "walk", lambda *args, **kw: calls.append(1) or walk(*args, **kw))
+        items = schedule.create_schedule([out.lazy], *fusion.device_limits([out.lazy]))
+    assert len(items) == pieces - 2 and all(len(it.inputs) <= 3 for it in items)
+    return len(calls)
+
+
+def test_the_buffer_limit_walks_only_the_kernels_a_round_changed(monkeypatch):
+    """Walking every kernel in every round of the buffer limit cost O(rounds x graph): an
+    LSTM's output, a cat of 200 steps on a device of 64 buffers, took 139 rounds and 88 s."""
+    short, long = _walks(monkeypatch, 32), _walks(monkeypatch, 64)
+    assert long - short <= 3 * 32, (short, long)

@@ -137,8 +137,9 @@ class _Replay(NamedTuple):
     queue: Queue
 
 
-def _run(items: list[ScheduleItem], number: dict[int, int]) -> tuple[_Replay | None, list[int]]:
-    """Runs the items; returns what replays them on another graph of the same structure, whose
+def _run(items: list[ScheduleItem], keyed: list[tuple[tuple, Scalars] | None],
+         number: dict[int, int]) -> tuple[_Replay | None, list[int]]:
+    """Runs the items (with their keys and scalars from `_compile_ahead`); returns what replays them on another graph of the same structure, whose
     walk numbers the nodes as `number` (id -> position) does (None if nothing can), and the
     positions of the constants its steps hold as code."""
     flags, recorder = settings.launch(), recording()
@@ -149,7 +150,7 @@ def _run(items: list[ScheduleItem], number: dict[int, int]) -> tuple[_Replay | N
     roots: list[int | None] = []
     code: list[int] = []
     launched = 0
-    for item in items:
+    for item, found in zip(items, keyed):
         root = item.root
         if item.is_copy:
             src = root.src[0]
@@ -170,8 +171,8 @@ def _run(items: list[ScheduleItem], number: dict[int, int]) -> tuple[_Replay | N
         rt = runtime.get(root.device)
         buffer = _alloc(root.device, root.dtype, root.size)
         compiled, scalars = None, Scalars([], {}, [])
-        if _launches(item):
-            key, scalars = _key(item)
+        if found is not None:
+            key, scalars = found
             compiled = _compiled(item, key, scalars)
             buffers = [buffer] + [x.buffer for x in item.inputs]
             values = scalar_values(scalars.nodes)
@@ -216,16 +217,18 @@ def _report(debug: int, start: float, launched: int, devices: set[str]) -> None:
               f"{(time.perf_counter() - start) * 1e3:.3f} ms", file=sys.stderr)
 
 
-def _compile_ahead(items: list[ScheduleItem]) -> None:
+def _compile_ahead(items: list[ScheduleItem]) -> list[tuple[tuple, Scalars] | None]:
     """Compiles the kernels of `items` that are not compiled yet, side by side (Runtime
-    .compile_all), so a first step's kernels compile together."""
+    .compile_all), so a first step's kernels compile together. Returns each item's key and
+    scalars (None where it launches nothing), for `_run` to launch by: a kernel's structure
+    is walked once per realize, not twice."""
+    keyed = [_key(item) if _launches(item) else None for item in items]
     todo: dict[tuple, list] = {}
-    for item in items:
-        if _launches(item):
-            key, scalars = _key(item)
-            entry = _entry(item, key, scalars)
+    for item, found in zip(items, keyed):
+        if found is not None:
+            entry = _entry(item, *found)
             if entry[1] is None:
-                todo.setdefault(key, entry)
+                todo.setdefault(found[0], entry)
     by_device: dict[str, list[list]] = {}
     for (device, _), entry in todo.items():
         by_device.setdefault(device, []).append(entry)
@@ -236,6 +239,7 @@ def _compile_ahead(items: list[ScheduleItem]) -> None:
         for entry, compiled in zip(entries, done):
             if not isinstance(compiled, Exception):     # the launch reports the error
                 entry[1] = compiled
+    return keyed
 
 
 class _ByValue(NamedTuple):
@@ -290,8 +294,8 @@ def _realize(outs: list[Lazy]) -> None:
     items = schedule(outs)
     limits.check_sizes([i.root for i in items],
                        lambda name: runtime.get(name).capabilities.max_buffer_bytes)
-    _compile_ahead(items)
-    steps, code = _run(items, {id(n): k for k, n in enumerate(nodes)})
+    keyed = _compile_ahead(items)
+    steps, code = _run(items, keyed, {id(n): k for k, n in enumerate(nodes)})
     if steps is not None and code:
         _replays[structure_key] = _ByValue(tuple(code))
         _replays[structure_key, tuple(same_value(nodes[p]) for p in code)] = steps

@@ -233,15 +233,26 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
             raise ValueError(f"cat: shapes {first.shape} and {t.shape} differ outside dim "
                              f"{dim}")
     total = sum(t.shape[dim] for t in tensors)
-    out, start = None, 0
+    pieces, start = [], 0
     for t in tensors:
         padding = [(0, 0)] * t.ndim
         padding[dim] = (start, total - start - t.shape[dim])
-        piece = t.pad(padding)
-        # the pieces never overlap, so or-ing joins bools (which have no ADD)
-        out = piece if out is None else out + piece if t.dtype != bool_ else out | piece
+        pieces.append(t.pad(padding))
         start += t.shape[dim]
-    return out
+    return _join(pieces)
+
+
+def _join(pieces: Sequence[Tensor]) -> Tensor:
+    """The padded pieces of a cat summed as a balanced tree, so that a join too wide for one
+    kernel's buffers splits at its sources (schedule/fusion.py) in a few rounds into a few
+    kernels: as a chain, an LSTM's output (200 steps, 64 buffers) split into 138 kernels, each
+    compiled and each writing the whole output."""
+    if len(pieces) == 1:
+        return pieces[0]
+    half = (len(pieces) + 1) // 2
+    left, right = _join(pieces[:half]), _join(pieces[half:])
+    # the pieces never overlap, so or-ing joins bools (which have no ADD)
+    return left + right if left.dtype != bool_ else left | right
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:

@@ -306,3 +306,17 @@ def test_a_sum_of_matmuls_is_not_one_naive_kernel():
     assert max(reduces) == 1, reduces
     expected = sum(a.numpy().T @ b.numpy() for a, b in pairs)
     np.testing.assert_allclose(total.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_cat_wider_than_a_kernel_splits_into_few_kernels():
+    """A cat sums its padded pieces. As a chain of adds, a cat of more pieces than a kernel may
+    read split one piece per round: an LSTM's output over 200 steps (64 buffers per kernel)
+    became 138 kernels, each compiled and each writing the whole output. As a balanced tree
+    it splits in halves: 4 kernels of 50 pieces and 3 that add two halves."""
+    from portkit import schedule
+    pieces = [Tensor(np.full((2, 3), k, np.float32)) for k in range(200)]
+    out = portkit.stack(pieces)
+    items = schedule.schedule([out.lazy])
+    assert len(items) == 7, len(items)
+    assert max(len(item.inputs) for item in items) == 50
+    np.testing.assert_array_equal(out.numpy(), np.stack([p.numpy() for p in pieces]))

@@ -200,10 +200,9 @@ class ElementwiseOps:
         a, b = self._operand(other, reverse)
         if a.dtype.is_float:
             return (a / b).floor()
-        q = a._int_divide("idiv", b)
         # IDIV truncates; Python and PyTorch round toward negative infinity
         fix = ((a._int_divide("mod", b) != 0) & ((a < 0) ^ (b < 0))).cast(a.dtype)
-        return q - fix
+        return a._int_divide("idiv", b) - fix
 
     def _mod(self: Tensor, other: Tensor | Scalar, reverse: bool = False) -> Tensor:
         _check_int_divisor(self, other, reverse)
@@ -343,12 +342,8 @@ class ElementwiseOps:
 
     @pair_in_float32
     def pow(self: Tensor, exponent: Tensor | Scalar) -> Tensor:
-        """self ** exponent; small integer exponents (2 and 2.0 alike, on a float tensor) are
-        repeated multiplication."""
-        if (isinstance(exponent, float) and exponent.is_integer() and abs(exponent) <= 8
-                and self.dtype.is_float):
-            # ONNX's Pow hands over its exponent as a float: x ** 2.0 through exp2(2 log2|x|)
-            # cost two transcendentals and a sign fix-up per element
+        """self ** exponent; small integral ones (2, and 2.0 from ONNX's Pow) multiply."""
+        if isinstance(exponent, float) and exponent in range(-8, 9) and self.dtype.is_float:
             exponent = int(exponent)
         if isinstance(exponent, int) and not isinstance(exponent, bool) and abs(exponent) <= 8:
             out = self.ones_like() if exponent == 0 else self

@@ -343,10 +343,10 @@ class ElementwiseOps:
     @pair_in_float32
     def pow(self: Tensor, exponent: Tensor | Scalar) -> Tensor:
         """self ** exponent; small integral ones (2, and 2.0 from ONNX's Pow) multiply."""
-        if isinstance(exponent, float) and exponent in range(-8, 9) and self.dtype.is_float:
+        if isinstance(exponent, float) and exponent in range(1, 9) and self.dtype.is_float:
             exponent = int(exponent)
         if isinstance(exponent, int) and not isinstance(exponent, bool) and abs(exponent) <= 8:
-            out = self.ones_like() if exponent == 0 else self
+            out = self.ones_like()._with_grad((self, self.zeros_like())) if exponent == 0 else self
             for _ in range(abs(exponent) - 1):
                 out = out * self
             return out.reciprocal() if exponent < 0 else out

@@ -166,7 +166,7 @@ def test_an_integral_float_exponent_is_repeated_multiplication():
     from portkit.abi import Op
     from portkit.graph import toposort
     values = np.array([-3, -1.5, 0, 0.5, 2, np.inf, -np.inf, np.nan], np.float32)
-    for exponent in (2.0, 3.0, -2.0, 0.0):
+    for exponent in (2.0, 3.0, 1.0, 8.0):
         out = Tensor(values) ** exponent
         ops = {node.op for node in toposort([out.lazy])}
         assert not ops & {Op.EXP2, Op.LOG2}, exponent

@@ -15,6 +15,7 @@ from portkit.codegen import pack
 from portkit.codegen.lower import lower
 from portkit.graph import GraphOp
 from portkit.nn import functional as F
+from portkit.reference_backends.cpu.renderer import CPURenderer
 from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor
 
@@ -68,8 +69,26 @@ def test_a_reduce_of_one_depth_block_keeps_its_sums_in_registers():
     item = _item(_floats(512, 64), _floats(64, 784))        # the MLP's weight gradient
     _, packing = pack.find(item.root, item.inputs, LOOPS)
     ops = _ops(lower(item.root, item.inputs, LOOPS))
-    # the B panel, and A's block when it is staged; no running sums
-    assert ops.count(Op.LOCAL) == 1 + packing.packed_a and Op.MULACC in ops
+    # the B panel, A's block when it is staged, and over one panel a register block's sums
+    # (stored by a loop); no running sums
+    assert ops.count(Op.LOCAL) == 1 + packing.packed_a + (packing.spans == 1)
+    assert Op.MULACC in ops
+
+
+def test_one_depth_block_over_one_panel_stores_its_sums_by_a_loop():
+    a, b = _floats(64, 48), _floats(48, 96)                 # a 1x1 conv's shape: k = 48
+    item = _item(a, b)
+    _, packing = pack.find(item.root, item.inputs, LOOPS)
+    assert packing.depth == 48 and packing.spans == 1
+    kernel = lower(item.root, item.inputs, LOOPS)
+    out = next(i for i, n in enumerate(kernel.nodes) if n.op is Op.PARAM and n.arg == 0)
+    stores = [n for n in kernel.nodes if n.op is Op.STORE and n.src[0] == out]
+    assert len(stores) == 1                 # not one per element of the register block
+    # the registers go into the LOCAL block as vectors (lanes.Flush), not lane by lane
+    source = CPURenderer().render(kernel)
+    assert source.count("pk_f32x16_add_into(&local") == packing.rows * packing.width // 16
+    out, *_ = runtime.get("cpu").run(kernel, np.zeros(64 * 96, np.float32), a, b)
+    _close(out.reshape(64, 96), a.astype(np.float64) @ b, 48)
 
 
 def test_a_device_with_less_workgroup_memory_gets_shallower_panels():

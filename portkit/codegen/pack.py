@@ -19,9 +19,8 @@ walks K in blocks of `depth`; the register block is sized to the device's vector
   summed in float32, as torch does).
 Workgroups run along n fastest, so neighbouring groups (on one core, see the launcher) share
 A's rows in the cache. The pass shows at PORTKIT_DEBUG=3 as two LOCALs and no BARRIER. When K
-fits one depth block the registers are the sums: over one panel each register block's go
-through a small LOCAL and a loop stores them; over several panels (below) straight to the
-output, the panel then the only LOCAL.
+fits one depth block the registers are the sums: each register block's go through a small
+LOCAL, from which a loop stores them.
 When A is more than a load (a relu mask of dy, relu(h + b), a softmax's gradient, fused in by
 the scheduler), each group computes A's block once per depth block into a second LOCAL, laid
 out in A's own order ([row][k] when A steps by 1 along k, else [k][row]) so the copy loop
@@ -79,8 +78,8 @@ class Packing:
 
     def local_bytes(self, itemsize: int) -> int:
         staged = self.depth * self.rows * self.blocks if self.packed_a else 0
+        # running sums for every block, or one register block's sums (one depth block)
         sums = self.rows * (self.blocks if self.summed else 1) * self.width
-        sums = sums if self.summed or self.spans == 1 else 0
         return (self.depth * self.width + staged + sums) * itemsize
 
 
@@ -311,14 +310,13 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         """Where the staged A holds (row, kk)."""
         return row * p.depth + kk if p.along_k else kk * across + row
     zero = lowerer.const(0.0, wide)
-    # one depth block (k <= DEPTH, as in the MLP's weight gradient): the registers are the sums.
-    # Over one panel they pass through LOCAL and a loop stores them: a 7 x 32 block's 224
-    # stores, unrolled, each with its own copy of the epilogue, were most of a 1x1 conv's C
-    # and 40% of its compile; over several panels each register goes straight to the output.
+    # one depth block (k <= DEPTH, as in the MLP's weight gradient): the registers are the
+    # sums, and pass through LOCAL for a loop to store them: a 7 x 32 block's 224 stores,
+    # unrolled, each with its own copy of the epilogue, were most of a 1x1 conv's C and 40%
+    # of its compile
     single = k_size <= p.depth
-    block_sums = b.local(wide, p.rows * p.width) if single and p.spans == 1 else None
+    sums = b.local(wide, (p.rows if single else across) * p.width)
     if not single:
-        sums = b.local(wide, across * p.width)
         with _loop(lowerer, "z", across * p.width) as z:
             b.store(sums, lowerer.index(z), zero)
     # a sum over several axes walks a depth block as (runs, run) loops, a run being the last
@@ -403,25 +401,19 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                             b.assign(acc, b.alu(Op.MULACC, x, y, acc))
                         else:
                             b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
-                if block_sums is not None:
-                    # zero, then added into: a run of lanes is one vector add (lanes.Flush)
+                if single:
+                    # zeroed, then added into: a run of lanes is one vector add (lanes.Flush)
                     with _loop(lowerer, "z", p.rows * p.width) as z:
-                        b.store(block_sums, lowerer.index(z), zero)
+                        b.store(sums, lowerer.index(z), zero)
                 for acc, (r, col) in zip(accs, product(range(p.rows), range(p.width))):
-                    if block_sums is not None:
-                        where = lowerer.index(const(r * p.width + col))
-                        b.store(block_sums, where,
-                                b.alu(Op.ADD, b.load(block_sums, where), acc))
-                        continue
-                    if single:
-                        write(t, r, column0 + col, acc, first)
-                        continue
-                    where = lowerer.index((t * p.rows + r) * p.width + col)
+                    # this register block's sums, or the running sums of every block
+                    where = lowerer.index(const(r * p.width + col) if single
+                                          else (t * p.rows + r) * p.width + col)
                     b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
-                if block_sums is not None:
+                if single:
                     with _loop(lowerer, "mr", p.rows) as row, \
                             _loop(lowerer, "mc", p.width) as column:
-                        value = b.load(block_sums, lowerer.index(row * p.width + column))
+                        value = b.load(sums, lowerer.index(row * p.width + column))
                         write(t, row, column0 + column, value, first)
     if not single:
         # the sums are in LOCAL, not registers: a loop over rows and columns stores them (one

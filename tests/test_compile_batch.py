@@ -1,10 +1,12 @@
 """Batched compiles (Compiler.compile_batch, ABI 0.6) through Runtime.compile_all: several
 kernels in one batch run correctly, one failing source reports its own kernel's error while the
-others still work, the disk cache keeps each kernel on its own, and a compiler without a batch
-entry still compiles everything."""
+others still work, the disk cache keeps each kernel on its own, a compiler without a batch
+entry still compiles everything, the batches share the kernels evenly among the threads, and a
+batch compiles while the kernels after it are still being made."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from portkit import backends
 from portkit.abi import CompileError, Compiler, KernelBuilder, Op, Renderer, dtypes
 from portkit.abi.errors import BackendUnavailable
 from portkit.runtime import Compiled, Runtime
+from portkit.runtime.device import BATCH, batch_sizes
 
 N = 16
 
@@ -150,3 +153,37 @@ def test_batches_split_over_jobs():
     rt, compiler = fresh("cpu")
     rt.compile_all([scale(f) for f in range(2, 8)], jobs=2)
     assert sorted(len(sources) for _, sources in compiler.calls) == [3, 3]
+
+
+def test_batches_share_the_kernels_evenly_among_jobs():
+    # 97 kernels on 2 threads in batches of 32 left a fourth batch of 1 to one thread alone
+    assert batch_sizes(97, 2) == [25, 24, 24, 24]
+    assert batch_sizes(30, 2) == [15, 15]
+    assert batch_sizes(1, 4) == [1]
+    assert batch_sizes(0, 2) == []
+    for count in range(1, 300):
+        for jobs in (1, 2, 3, 16):
+            sizes = batch_sizes(count, jobs)
+            assert sum(sizes) == count and max(sizes) <= BATCH
+            assert max(sizes) - min(sizes) <= 1, (count, jobs, sizes)
+            assert len(sizes) % jobs == 0 or len(sizes) == count, (count, jobs, sizes)
+
+
+def test_a_batch_compiles_while_later_kernels_are_still_being_made():
+    rt, compiler = fresh("cpu")
+    seen_before_last = []
+
+    def made():
+        for number, factor in enumerate((2, 3, 5, 7)):
+            if number == 2:     # the first batch of two is full: it compiles meanwhile
+                for _ in range(1000):
+                    if compiler.calls:
+                        break
+                    time.sleep(0.01)
+                seen_before_last.append(len(compiler.calls))
+            yield scale(factor)
+    done = rt.compile_all(made(), jobs=2, count=4)
+    assert seen_before_last == [1]
+    assert sorted(len(sources) for _, sources in compiler.calls) == [2, 2]
+    for factor, compiled in zip((2, 3, 5, 7), done):
+        check(rt, compiled, factor)

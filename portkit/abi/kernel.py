@@ -25,6 +25,7 @@ import functools
 import json
 import keyword
 import struct
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -181,8 +182,16 @@ _NO_VALUE = (Op.STORE, Op.END, Op.ENDIF, Op.ASSIGN, Op.BARRIER, Op.IF, Op.MMA)
 _MEMORY = (Op.PARAM, Op.LOCAL)
 
 
+# Kernels that passed `validate`, by id (a Kernel is immutable, so it stays valid): the
+# builder validates each kernel it makes, and the runtime again before it renders one, which
+# cost a model's first call a second pass over every node of every kernel.
+_valid: weakref.WeakValueDictionary[int, Kernel] = weakref.WeakValueDictionary()
+
+
 def validate(kernel: Kernel) -> Kernel:
     """Checks every rule of the IR; raises InvalidKernel naming the first broken one."""
+    if _valid.get(id(kernel)) is kernel:
+        return kernel
     nodes = kernel.nodes
     if not isinstance(kernel.name, str) or not kernel.name:
         raise InvalidKernel(f"a kernel's name must be a non-empty string, got {kernel.name!r}")
@@ -232,6 +241,7 @@ def validate(kernel: Kernel) -> Kernel:
     if not any(n.op is Op.STORE for n in nodes):
         raise InvalidKernel(f"kernel {kernel.name!r} stores nothing; a kernel has at least one "
                             "STORE")
+    _valid[id(kernel)] = kernel
     return kernel
 
 

@@ -12,9 +12,9 @@ inside the loop and no STORE among the updates. Everything else stays scalar; a 
 pattern does not fit is left to the compiler, so the pass only changes how a kernel is
 spelled, never what it computes (the interpreter runs the same ABI kernel).
 A run whose lanes, after the loop, are each added into consecutive elements of one buffer
-(pack.py's running sums: LOAD buf[base + offset + lane], ADD the lane, STORE it back) is a
-`Flush`, which a renderer with `Spelling.add_into` writes as one vector add; written lane by
-lane it was a third of a 3x3 conv's C.
+(pack.py's running sums: LOAD buf[base + offset + lane], ADD the lane, STORE it back; or at
+constant positions c + lane) is a `Flush`, which a renderer with `Spelling.add_into` writes as
+one vector add; written lane by lane it was a third of a 3x3 conv's C.
 """
 from __future__ import annotations
 
@@ -164,7 +164,12 @@ def flush(kernel: Kernel, run: Run) -> Flush | None:
     places = [_split(nodes, nodes[x].src[1]) for x in loads]
     base, offset = places[0]
     if places != [(base, offset + lane) for lane in range(len(loads))]:
-        return None
+        # constant positions (pack.py's one register block of sums): lane 0's is the base
+        values = [nodes[base].arg if nodes[base].op is Op.CONST else None
+                  for base, _ in places]
+        if values[0] is None or values != [values[0] + lane for lane in range(len(loads))]:
+            return None
+        base, offset = places[0][0], 0
     if nodes[buffer].dtype != nodes[run.accs[0]].dtype or min(loads) < run.last:
         return None
     first, last = min(loads), max(stores)

@@ -18,8 +18,9 @@ walks K in blocks of `depth`; the register block is sized to the device's vector
 - at the end it stores the sums, rounded once to the output dtype (float16 and bfloat16 are
   summed in float32, as torch does).
 Workgroups run along n fastest, so neighbouring groups (on one core, see the launcher) share
-A's rows in the cache. The pass shows at PORTKIT_DEBUG=3 as two LOCALs and no BARRIER (one LOCAL
-when K fits one depth block: the registers then go straight to the output).
+A's rows in the cache. The pass shows at PORTKIT_DEBUG=3 as two LOCALs and no BARRIER. When K
+fits one depth block the registers are the sums: each register block's go through a small
+LOCAL, from which a loop stores them.
 When A is more than a load (a relu mask of dy, relu(h + b), a softmax's gradient, fused in by
 the scheduler), each group computes A's block once per depth block into a second LOCAL, laid
 out in A's own order ([row][k] when A steps by 1 along k, else [k][row]) so the copy loop
@@ -77,7 +78,8 @@ class Packing:
 
     def local_bytes(self, itemsize: int) -> int:
         staged = self.depth * self.rows * self.blocks if self.packed_a else 0
-        sums = self.rows * self.blocks * self.width if self.summed else 0
+        # running sums for every block, or one register block's sums (one depth block)
+        sums = self.rows * (self.blocks if self.summed else 1) * self.width
         return (self.depth * self.width + staged + sums) * itemsize
 
 
@@ -308,10 +310,13 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         """Where the staged A holds (row, kk)."""
         return row * p.depth + kk if p.along_k else kk * across + row
     zero = lowerer.const(0.0, wide)
-    # one depth block (k <= DEPTH, as in the MLP's weight gradient): the registers are the sums
+    # one depth block (k <= DEPTH, as in the MLP's weight gradient): the registers are the
+    # sums, and pass through LOCAL for a loop to store them: a 7 x 32 block's 224 stores,
+    # unrolled, each with its own copy of the epilogue, were most of a 1x1 conv's C and 40%
+    # of its compile
     single = k_size <= p.depth
+    sums = b.local(wide, (p.rows if single else across) * p.width)
     if not single:
-        sums = b.local(wide, across * p.width)
         with _loop(lowerer, "z", across * p.width) as z:
             b.store(sums, lowerer.index(z), zero)
     # a sum over several axes walks a depth block as (runs, run) loops, a run being the last
@@ -396,12 +401,20 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                             b.assign(acc, b.alu(Op.MULACC, x, y, acc))
                         else:
                             b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
+                if single:
+                    # zeroed, then added into: a run of lanes is one vector add (lanes.Flush)
+                    with _loop(lowerer, "z", p.rows * p.width) as z:
+                        b.store(sums, lowerer.index(z), zero)
                 for acc, (r, col) in zip(accs, product(range(p.rows), range(p.width))):
-                    if single:
-                        write(t, r, column0 + col, acc, first)
-                        continue
-                    where = lowerer.index((t * p.rows + r) * p.width + col)
+                    # this register block's sums, or the running sums of every block
+                    where = lowerer.index(const(r * p.width + col) if single
+                                          else (t * p.rows + r) * p.width + col)
                     b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
+                if single:
+                    with _loop(lowerer, "mr", p.rows) as row, \
+                            _loop(lowerer, "mc", p.width) as column:
+                        value = b.load(sums, lowerer.index(row * p.width + column))
+                        write(t, row, column0 + column, value, first)
     if not single:
         # the sums are in LOCAL, not registers: a loop over rows and columns stores them (one
         # store per element of the block, unrolled, was 40 kB of a 3x3 conv's C and half its

@@ -20,7 +20,8 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import cast
 
 import numpy as np
@@ -44,6 +45,20 @@ class OutOfBoundsError(LaunchError):
 # kernels (clang 14 -O2 on an empty file with the cpu kernels' headers), so 32 kernels pay it
 # 1/32 each, and a model's or a suite's progress still moves.
 BATCH = 32
+
+
+def batch_sizes(count: int, jobs: int) -> list[int]:
+    """The batches `count` kernels compile in on `jobs` threads: at most BATCH kernels each, as
+    many batches as a multiple of `jobs` allows, of sizes within one of each other, so that
+    every thread compiles about as many kernels (97 kernels on 2 threads: 25, 24, 24, 24,
+    where batches of 32 left one thread compiling the fourth batch alone)."""
+    if count <= 0:
+        return []
+    groups = -(-count // BATCH)
+    groups = -(-groups // jobs) * jobs
+    groups = min(groups, count)
+    size, extra = divmod(count, groups)
+    return [size + 1] * extra + [size] * (groups - extra)
 
 
 def kernel_cache_size() -> int:
@@ -310,57 +325,78 @@ class Runtime:
                     break
         return times
 
-    def compile_all(self, kernels: list[Kernel], jobs: int | None = None
-                    ) -> list[Compiled | Exception]:
+    def compile_all(self, kernels: Iterable[Kernel], jobs: int | None = None,
+                    count: int | None = None) -> list[Compiled | Exception]:
         """`compile` of every kernel, on `jobs` threads side by side (default: one per core;
         compilers run as processes or release the GIL): a graph's or a suite's kernels compile
         together. A compiler with its own `compile_batch` (Compiler, ABI 0.6) gets the uncached
-        sources in batches (a core's share, at most BATCH); a batch that fails as a whole is
-        compiled one by one, so each kernel that fails gives its own error. A kernel that fails
-        gives its exception in its place. Within `progress.reporting(report)`, `report(done,
-        total)` follows each batch; without it, progress shows on stderr once the compile has
-        taken PORTKIT_PROGRESS seconds."""
-        results: list[Compiled | Exception | None] = [None] * len(kernels)
-        todo: dict[str, list[int]] = {}     # by JSON form, as `compile` keys them
-        for i, kernel in enumerate(kernels):
-            key = kernel.to_json()
+        sources in batches (`batch_sizes`); a batch that fails as a whole is compiled one by
+        one, so each kernel that fails gives its own error. A kernel that fails gives its
+        exception in its place. `kernels` may be made while they compile (a generator, with
+        `count` the number of kernels to compile it will give): a batch starts as soon as it
+        is full. Within `progress.reporting(report)`, `report(done, total)` follows each
+        batch; without it, progress shows on stderr once the compile has taken
+        PORTKIT_PROGRESS seconds."""
+        if count is None:
+            kernels = list(kernels)
+            keys = [kernel.to_json() for kernel in kernels]   # as `compile` keys them
             with self._lock:
-                results[i] = self._compiled.get(key)
-            if results[i] is None:
-                todo.setdefault(key, []).append(i)
-        if not todo:
-            return cast(list[Compiled | Exception], results)
-        jobs = max(1, min(len(todo), jobs or os.cpu_count() or 1))
+                count = len({key for key in keys if self._compiled.get(key) is None})
+            pairs: Iterable[tuple[Kernel, str]] = zip(kernels, keys)
+        else:
+            pairs = ((kernel, kernel.to_json()) for kernel in kernels)
+        results: list[Compiled | Exception | None] = []
+        jobs = max(1, min(count, jobs or os.cpu_count() or 1))
         batched = type(self.device.compiler).compile_batch is not Compiler.compile_batch
-        # a core's share, in batches of at most BATCH kernels, so that progress shows
-        size = min(BATCH, -(-len(todo) // jobs)) if batched else 1
-        entries = list(todo.items())
-        groups = [entries[g:g + size] for g in range(0, len(entries), size)]
-        report, compiled_so_far, shown = progress.hook(), 0, contextlib.ExitStack()
+        sizes = iter(batch_sizes(count, jobs) if batched else [])
+        report, shown = progress.hook(), contextlib.ExitStack()
         after = settings.read("PORTKIT_PROGRESS")
-        if report is None and after is not None:
+        if report is None and after is not None and count:
             report = shown.enter_context(progress.delayed(
-                f"compiling {len(entries)} {self.name} kernel{'s' * (len(entries) > 1)}", after,
-                len(entries)))
-
-        def work(group: list[tuple[str, list[int]]]) -> list[Compiled | Exception]:
-            group_kernels = [kernels[places[0]] for _, places in group]
-            if batched:
-                return self._build_batch(group_kernels)
-            return [self._build_or_error(kernel) for kernel in group_kernels]
-
+                f"compiling {count} {self.name} kernel{'s' * (count > 1)}", after, count))
+        places: dict[str, list[int]] = {}     # each kernel to compile: where it goes
+        group: list[tuple[str, Kernel]] = []
+        started: list[tuple[list[str], Future]] = []
+        size = next(sizes, 1)
         with shown, ThreadPoolExecutor(jobs) as pool:
-            for group, built in zip(groups, pool.map(work, groups)):
-                for (key, places), compiled in zip(group, built):
+            for kernel, key in pairs:
+                results.append(None)
+                if key in places:
+                    places[key].append(len(results) - 1)
+                    continue
+                with self._lock:
+                    results[-1] = self._compiled.get(key)
+                if results[-1] is not None:
+                    continue
+                places[key] = [len(results) - 1]
+                group.append((key, kernel))
+                if len(group) >= size:
+                    started.append(self._start(pool, group, batched))
+                    group, size = [], next(sizes, size)
+            if group:
+                started.append(self._start(pool, group, batched))
+            done = 0
+            for keys, future in started:
+                for key, compiled in zip(keys, future.result()):
                     if not isinstance(compiled, Exception):
                         with self._lock:
                             compiled = self._compiled.setdefault(key, compiled)
-                    for i in places:
+                    for i in places[key]:
                         results[i] = compiled
-                compiled_so_far += len(group)
+                done += len(keys)
                 if report is not None:
-                    report(compiled_so_far, len(entries))
+                    report(done, len(places))
         return cast(list[Compiled | Exception], results)
+
+    def _start(self, pool: ThreadPoolExecutor, group: list[tuple[str, Kernel]], batched: bool
+               ) -> tuple[list[str], Future]:
+        """One batch of `compile_all` started on `pool`: its keys and its future results."""
+        kernels = [kernel for _, kernel in group]
+        if batched:
+            future = pool.submit(self._build_batch, kernels)
+        else:
+            future = pool.submit(lambda: [self._build_or_error(kernel) for kernel in kernels])
+        return [key for key, _ in group], future
 
     def _build_or_error(self, kernel: Kernel) -> Compiled | Exception:
         try:

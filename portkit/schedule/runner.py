@@ -219,23 +219,33 @@ def _report(debug: int, start: float, launched: int, devices: set[str]) -> None:
 
 def _compile_ahead(items: list[ScheduleItem]) -> list[tuple[tuple, Scalars] | None]:
     """Compiles the kernels of `items` that are not compiled yet, side by side (Runtime
-    .compile_all), so a first step's kernels compile together. Returns each item's key and
+    .compile_all), so a first step's kernels compile together; the first batches compile
+    while the later kernels are lowered. Not while the tuner (PORTKIT_BEAM) times kernels on
+    the device: a compile beside them would skew its timings. Returns each item's key and
     scalars (None where it launches nothing), for `_run` to launch by: a kernel's structure
     is walked once per realize, not twice."""
     keyed = [_key(item) if _launches(item) else None for item in items]
-    todo: dict[tuple, list] = {}
+    todo: dict[tuple, tuple[ScheduleItem, Scalars]] = {}
     for item, found in zip(items, keyed):
         if found is not None:
-            entry = _entry(item, *found)
-            if entry[1] is None:
-                todo.setdefault(found[0], entry)
-    by_device: dict[str, list[list]] = {}
-    for (device, _), entry in todo.items():
-        by_device.setdefault(device, []).append(entry)
-    for device, entries in by_device.items():
-        if len(entries) < 2:
+            key, scalars = found
+            entry = _kernels.get(key)
+            if entry is None or entry[1] is None:
+                todo.setdefault(key, (item, scalars))
+    by_device: dict[str, list[tuple[tuple, ScheduleItem, Scalars]]] = {}
+    for key, (item, scalars) in todo.items():
+        by_device.setdefault(key[0], []).append((key, item, scalars))
+    for device, pending in by_device.items():
+        if len(pending) < 2:
             continue
-        done = runtime.get(device).compile_all([entry[0] for entry in entries])
+        entries: list[list] = []
+
+        def lowered(pending: list = pending, entries: list = entries) -> Iterator[Kernel]:
+            for key, item, scalars in pending:
+                entries.append(_entry(item, key, scalars))
+                yield entries[-1][0]
+        kernels = list(lowered()) if settings.read("PORTKIT_BEAM") else lowered()
+        done = runtime.get(device).compile_all(kernels, count=len(pending))
         for entry, compiled in zip(entries, done):
             if not isinstance(compiled, Exception):     # the launch reports the error
                 entry[1] = compiled

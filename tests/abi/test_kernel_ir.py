@@ -1,4 +1,5 @@
 """The kernel IR: an exact JSON round trip, and a validator that names each broken rule."""
+import dataclasses
 import json
 import math
 
@@ -15,6 +16,7 @@ from portkit.abi import (
     interpreter,
     validate,
 )
+from portkit.abi import kernel as kernel_module
 from portkit.abi.kernel import scalar_words, word_value
 from portkit.conformance import generate, tier3_kernels
 from portkit.conformance.case import Context
@@ -98,6 +100,23 @@ ZERO = Node(Op.CONST, I32, (), 0)
 def test_validator_names_the_broken_rule(kernel, message):
     with pytest.raises(InvalidKernel, match=message.replace("(", r"\(").replace(".", r"\.")):
         validate(kernel)
+
+
+def test_a_kernel_is_walked_by_the_validator_once(monkeypatch):
+    # the builder validates a kernel, and the runtime again before rendering it: the second
+    # is a look-up, not another pass over its nodes
+    kernel = generate.op_kernel(Op.ADD, F32, 3)
+    walked = []
+    original = kernel_module._check_node
+    monkeypatch.setattr(kernel_module, "_check_node",
+                        lambda *args: walked.append(1) or original(*args))
+    assert validate(kernel) is kernel and not walked
+    copy = Kernel.from_json(kernel.to_json())       # equal, but not known to be valid
+    validate(copy)
+    assert walked
+    broken = dataclasses.replace(kernel, grid=(0, 1, 1))
+    with pytest.raises(InvalidKernel, match="grid must be 3 positive ints"):
+        validate(broken)
 
 
 def test_use_of_a_value_from_a_closed_loop_is_rejected():

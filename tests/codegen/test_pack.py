@@ -15,6 +15,7 @@ from portkit.codegen import pack
 from portkit.codegen.lower import lower
 from portkit.graph import GraphOp
 from portkit.nn import functional as F
+from portkit.reference_backends.cpu.renderer import CPURenderer
 from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor
 
@@ -64,12 +65,32 @@ def test_the_running_sums_are_stored_by_a_loop_not_one_store_per_output():
     assert len(stores) == 1                 # not one per element of the 8 x 32 register block
 
 
-def test_a_reduce_of_one_depth_block_keeps_its_sums_in_registers():
+def test_a_reduce_of_one_depth_block_keeps_no_running_sums():
     item = _item(_floats(512, 64), _floats(64, 784))        # the MLP's weight gradient
     _, packing = pack.find(item.root, item.inputs, LOOPS)
     ops = _ops(lower(item.root, item.inputs, LOOPS))
-    # the B panel, and A's block when it is staged; no running sums
-    assert ops.count(Op.LOCAL) == 1 + packing.packed_a and Op.MULACC in ops
+    # the B panel, A's block when it is staged, and one register block's sums (which a loop
+    # stores); no running sums of every block
+    assert ops.count(Op.LOCAL) == 2 + packing.packed_a and Op.MULACC in ops
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_one_depth_block_stores_its_sums_by_a_loop(staged):
+    a, b = _floats(64, 48), _floats(48, 96)                 # a 1x1 conv's shape: k = 48
+    x, w = Tensor(a, device="interpreter"), Tensor(b, device="interpreter")
+    # an A that is more than a load (a residual sum) is staged, its group spanning panels
+    item, = schedule.create_schedule([(((x + x) if staged else x) @ w).lazy])
+    _, packing = pack.find(item.root, item.inputs, LOOPS)
+    assert packing.depth == 48 and packing.packed_a == staged
+    kernel = lower(item.root, item.inputs, LOOPS)
+    out = next(i for i, n in enumerate(kernel.nodes) if n.op is Op.PARAM and n.arg == 0)
+    stores = [n for n in kernel.nodes if n.op is Op.STORE and n.src[0] == out]
+    assert len(stores) == 1                 # not one per element of the register block
+    # the registers go into the LOCAL block as vectors (lanes.Flush), not lane by lane
+    source = CPURenderer().render(kernel)
+    assert source.count("pk_f32x16_add_into(&local") == packing.rows * packing.width // 16
+    out, *_ = runtime.get("cpu").run(kernel, np.zeros(64 * 96, np.float32), a, b)
+    _close(out.reshape(64, 96), (a * (2 if staged else 1)).astype(np.float64) @ b, 48)
 
 
 def test_a_device_with_less_workgroup_memory_gets_shallower_panels():
@@ -233,7 +254,8 @@ def test_a_fused_a_of_one_depth_block_is_staged_once_for_several_panels():
     # there are panels along n, so the block is staged and a group spans several panels
     assert packing.packed_a and packing.spans > 1
     kernel = lower(item.root, item.inputs, LOOPS)
-    assert _ops(kernel).count(Op.LOCAL) == 2 and kernel.grid[0] >= 16
+    # the panel, A's staged block and one register block's sums
+    assert _ops(kernel).count(Op.LOCAL) == 3 and kernel.grid[0] >= 16
     source = runtime.get("cpu").compile(lower(item.root, item.inputs,
                                               runtime.get("cpu").capabilities)).source
     assert "pk_f32x16_fma" in source      # the register block is still held in vectors

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from portkit.onnx.ops import Check, Context, NodeArgs, Op, Value, registrar
-from portkit.tensor import Tensor, cat, int32
+from portkit.tensor import Tensor, cat, int32, realize
 
 OPS: dict[str, Op] = {}
 CHECKS: dict[str, Check] = {}
@@ -54,12 +56,20 @@ def _layer(kind: str) -> Op:
         bias = Tensor.zeros(directions, 2 * gates * hidden, dtype=x.dtype, device=x.device) \
             if bias is None else ctx.tensor(bias)
 
-        def state(index: int) -> Tensor:
+        def state(index: int) -> list[Tensor]:
+            # each direction's initial state; one known on the host (zeros by default) is
+            # uploaded as a buffer of its own, so that the first step reads its states as
+            # every later step does and launches the same kernels
             value = node.input(index)
             if value is None:
-                return Tensor.zeros(directions, batch, hidden, dtype=x.dtype, device=x.device)
-            value = ctx.tensor(value)
-            return value.transpose(0, 1) if node.attr("layout", 0) else value
+                value = np.zeros((directions, batch, hidden), x.dtype.np)
+            if isinstance(value, Tensor):
+                value = value.transpose(0, 1) if node.attr("layout", 0) else value
+                return [value[d] for d in range(directions)]
+            value = np.asarray(value)
+            value = value.transpose(1, 0, 2) if node.attr("layout", 0) else value
+            return [Tensor(np.ascontiguousarray(value[d]), dtype=x.dtype, device=x.device)
+                    for d in range(directions)]
 
         h0, c0 = state(5), state(6) if kind == "LSTM" else None
         peep = node.input(7) if kind == "LSTM" else None
@@ -75,6 +85,11 @@ def _layer(kind: str) -> Op:
             outputs: list[Tensor | None] = [None] * steps
             for t in order:
                 h, c = _STEPS[kind](node, fns[d], _step(inputs, t), h, c, r[d], rb, p, hidden)
+                # each step is realized on its own: from the second on (the first computes
+                # `inputs` too) every step's graph has one structure, which the runner
+                # replays without scheduling, so a longer sequence's first call costs more
+                # launches, not a larger graph to schedule
+                realize(*(v for v in (inputs, h, c) if v is not None))
                 outputs[t] = h.unsqueeze(0)
             ys.append(cat(outputs, 0).unsqueeze(1))
             hs.append(h.unsqueeze(0))

@@ -139,15 +139,22 @@ def _gru_step(node, fns, xw, h, c, r, rb, p, hidden):
 def _lstm_step(node, fns, xw, h, c, r, rb, p, hidden):
     f, g, out = fns
     gates = xw + h @ r.transpose(0, 1) + rb
-    i, o, forget, cell = (gates[:, k * hidden:(k + 1) * hidden] for k in range(4))
-    if p is not None:
-        i, forget = i + p[:hidden] * c, forget + p[2 * hidden:] * c
-    i, forget = f(_clip(node, i)), f(_clip(node, forget))
+    cell = gates[:, 3 * hidden:]
+    if p is None:
+        # i, o and f are ONNX's first three gates: one activation over all three builds a
+        # third of the graph that three would
+        active = f(_clip(node, gates[:, :3 * hidden]))
+        i, o, forget = (active[:, k * hidden:(k + 1) * hidden] for k in range(3))
+    else:
+        i, o, forget = (gates[:, k * hidden:(k + 1) * hidden] for k in range(3))
+        i = f(_clip(node, i + p[:hidden] * c))
+        forget = f(_clip(node, forget + p[2 * hidden:] * c))
     if node.attr("input_forget", 0):
         forget = 1 - i
     c = forget * c + i * g(_clip(node, cell))
-    o = o + p[hidden:2 * hidden] * c if p is not None else o
-    return f(_clip(node, o)) * out(c), c
+    if p is not None:
+        o = f(_clip(node, o + p[hidden:2 * hidden] * c))
+    return o * out(c), c
 
 
 _STEPS = {"RNN": _rnn_step, "GRU": _gru_step, "LSTM": _lstm_step}

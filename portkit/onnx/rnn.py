@@ -125,9 +125,10 @@ def _rnn_step(node, fns, xw, h, c, r, rb, p, hidden):
 def _gru_step(node, fns, xw, h, c, r, rb, p, hidden):
     f, g = fns
     parts = [slice(i * hidden, (i + 1) * hidden) for i in range(3)]
-    rec = [h @ r[s].transpose(0, 1) for s in parts[:2]]
-    z = f(_clip(node, xw[:, parts[0]] + rec[0] + rb[parts[0]]))
-    reset = f(_clip(node, xw[:, parts[1]] + rec[1] + rb[parts[1]]))
+    # z and r are the first two gates, adjacent: one product and one activation for both
+    both = slice(0, 2 * hidden)
+    active = f(_clip(node, xw[:, both] + h @ r[both].transpose(0, 1) + rb[both]))
+    z, reset = active[:, parts[0]], active[:, parts[1]]
     if node.attr("linear_before_reset", 0):
         candidate = reset * (h @ r[parts[2]].transpose(0, 1) + rb[parts[2]])
     else:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from portkit.onnx.ops import Check, Context, NodeArgs, Op, Value, registrar
-from portkit.tensor import Tensor, cat, int32
+from portkit.tensor import Tensor, cat, int32, realize
 
 OPS: dict[str, Op] = {}
 CHECKS: dict[str, Check] = {}
@@ -54,12 +56,20 @@ def _layer(kind: str) -> Op:
         bias = Tensor.zeros(directions, 2 * gates * hidden, dtype=x.dtype, device=x.device) \
             if bias is None else ctx.tensor(bias)
 
-        def state(index: int) -> Tensor:
+        def state(index: int) -> list[Tensor]:
+            # each direction's initial state; one known on the host (zeros by default) is
+            # uploaded as a buffer of its own, so that the first step reads its states as
+            # every later step does and launches the same kernels
             value = node.input(index)
             if value is None:
-                return Tensor.zeros(directions, batch, hidden, dtype=x.dtype, device=x.device)
-            value = ctx.tensor(value)
-            return value.transpose(0, 1) if node.attr("layout", 0) else value
+                value = np.zeros((directions, batch, hidden), x.dtype.np)
+            if isinstance(value, Tensor):
+                value = value.transpose(0, 1) if node.attr("layout", 0) else value
+                return [value[d] for d in range(directions)]
+            value = np.asarray(value)
+            value = value.transpose(1, 0, 2) if node.attr("layout", 0) else value
+            return [Tensor(np.ascontiguousarray(value[d]), dtype=x.dtype, device=x.device)
+                    for d in range(directions)]
 
         h0, c0 = state(5), state(6) if kind == "LSTM" else None
         peep = node.input(7) if kind == "LSTM" else None
@@ -75,6 +85,11 @@ def _layer(kind: str) -> Op:
             outputs: list[Tensor | None] = [None] * steps
             for t in order:
                 h, c = _STEPS[kind](node, fns[d], _step(inputs, t), h, c, r[d], rb, p, hidden)
+                # each step is realized on its own: from the second on (the first computes
+                # `inputs` too) every step's graph has one structure, which the runner
+                # replays without scheduling, so a longer sequence's first call costs more
+                # launches, not a larger graph to schedule
+                realize(*(v for v in (inputs, h, c) if v is not None))
                 outputs[t] = h.unsqueeze(0)
             ys.append(cat(outputs, 0).unsqueeze(1))
             hs.append(h.unsqueeze(0))
@@ -110,9 +125,10 @@ def _rnn_step(node, fns, xw, h, c, r, rb, p, hidden):
 def _gru_step(node, fns, xw, h, c, r, rb, p, hidden):
     f, g = fns
     parts = [slice(i * hidden, (i + 1) * hidden) for i in range(3)]
-    rec = [h @ r[s].transpose(0, 1) for s in parts[:2]]
-    z = f(_clip(node, xw[:, parts[0]] + rec[0] + rb[parts[0]]))
-    reset = f(_clip(node, xw[:, parts[1]] + rec[1] + rb[parts[1]]))
+    # z and r are the first two gates, adjacent: one product and one activation for both
+    both = slice(0, 2 * hidden)
+    active = f(_clip(node, xw[:, both] + h @ r[both].transpose(0, 1) + rb[both]))
+    z, reset = active[:, parts[0]], active[:, parts[1]]
     if node.attr("linear_before_reset", 0):
         candidate = reset * (h @ r[parts[2]].transpose(0, 1) + rb[parts[2]])
     else:
@@ -124,15 +140,22 @@ def _gru_step(node, fns, xw, h, c, r, rb, p, hidden):
 def _lstm_step(node, fns, xw, h, c, r, rb, p, hidden):
     f, g, out = fns
     gates = xw + h @ r.transpose(0, 1) + rb
-    i, o, forget, cell = (gates[:, k * hidden:(k + 1) * hidden] for k in range(4))
-    if p is not None:
-        i, forget = i + p[:hidden] * c, forget + p[2 * hidden:] * c
-    i, forget = f(_clip(node, i)), f(_clip(node, forget))
+    cell = gates[:, 3 * hidden:]
+    if p is None:
+        # i, o and f are ONNX's first three gates: one activation over all three builds a
+        # third of the graph that three would
+        active = f(_clip(node, gates[:, :3 * hidden]))
+        i, o, forget = (active[:, k * hidden:(k + 1) * hidden] for k in range(3))
+    else:
+        i, o, forget = (gates[:, k * hidden:(k + 1) * hidden] for k in range(3))
+        i = f(_clip(node, i + p[:hidden] * c))
+        forget = f(_clip(node, forget + p[2 * hidden:] * c))
     if node.attr("input_forget", 0):
         forget = 1 - i
     c = forget * c + i * g(_clip(node, cell))
-    o = o + p[hidden:2 * hidden] * c if p is not None else o
-    return f(_clip(node, o)) * out(c), c
+    if p is not None:
+        o = f(_clip(node, o + p[hidden:2 * hidden] * c))
+    return o * out(c), c
 
 
 _STEPS = {"RNN": _rnn_step, "GRU": _gru_step, "LSTM": _lstm_step}

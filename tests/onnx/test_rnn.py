@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from portkit import runtime
+from portkit import graph, runtime
+from portkit.abi.ops import Op
 from portkit.onnx import load
 from portkit.schedule import runner
 
@@ -63,3 +64,32 @@ def test_a_longer_sequence_compiles_no_more_kernels(monkeypatch, kind):
         assert len(kernels) == len(set(kernels))
         counts.append(len(kernels))
     assert counts[0] == counts[1], f"{kind}: {counts[0]} kernels at 5 steps, {counts[1]} at 12"
+
+
+def scheduled_exponentials(monkeypatch, model, x: np.ndarray) -> int:
+    """The EXP2 nodes (one per sigmoid or tanh element-wise) in every graph that a first call
+    of `model` on cpu (empty caches) hands the scheduler: a graph replayed is not scheduled."""
+    runtime.clear()
+    found = []
+
+    def schedule(outs):
+        found.extend(n for n in graph.toposort(outs) if n.op is Op.EXP2)
+        return real(outs)
+    real = runner.schedule
+    monkeypatch.setattr(runner, "schedule", schedule)
+    load(model, device="cpu")(x)
+    return len(found)
+
+
+@pytest.mark.parametrize("kind", sorted(GATES))
+def test_a_longer_sequence_schedules_no_more_steps(monkeypatch, kind):
+    # every step is realized on its own, and from the second on each has one graph
+    # structure, which the runner replays: the scheduler sees two steps at any length
+    rng = np.random.default_rng(2)
+    counts = []
+    for steps in (5, 12):
+        x = rng.standard_normal((steps, 2, 3)).astype(np.float32)
+        counts.append(scheduled_exponentials(monkeypatch, recurrent(kind, steps), x))
+    assert counts[0] > 0
+    assert counts[0] == counts[1], (
+        f"{kind}: the scheduler saw {counts[0]} exponentials at 5 steps, {counts[1]} at 12")

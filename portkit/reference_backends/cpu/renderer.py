@@ -172,11 +172,6 @@ class CPURenderer(CStyleRenderer):
     """Plain C11 (GNU dialect) for gcc or clang, one shared object per kernel."""
 
     workitem: ClassVar[dict[str, str]] = {"group": "gid{}", "local": "lid{}"}
-    # Runs of accumulators held in one GNU C vector (codegen/lanes.py): 64 bytes, one AVX-512
-    # register (two or four elsewhere, which the compiler splits them into).
-    vector_bytes = 64
-    vector_types: ClassVar[dict[dtypes.DType, str]] = {dtypes.float32: "pk_f32x16",
-                                                       dtypes.float64: "pk_f64x8"}
     vector_spelling = staticmethod(_gnu_vectors)
     # MULACC on float and double rounds once (the ABI allows it): fma(), which the compiler
     # makes a vector FMA. Other dtypes multiply, then add (integers wrap).
@@ -196,6 +191,15 @@ class CPURenderer(CStyleRenderer):
     threads_as_loops = True
     # LOCAL arrays are slices of one per-workgroup block that the entry point provides.
     local_declaration = "{type} *const {name} = ({type} *)(pk_local + {offset});"
+
+    def __init__(self, vector_bytes: int = 64) -> None:
+        """Runs of accumulators held in GNU C vectors (codegen/lanes.py) of `vector_bytes`: one
+        register of the host (Capabilities.vector_registers), 64 (AVX-512's) by default. As
+        two AVX2 registers, a packed matmul's 3 x 32 block of 16-lane vectors spilled an
+        accumulator per multiply-add step (29 GFLOP/s against 52 in 8-lane vectors)."""
+        self.vector_bytes = vector_bytes
+        self.vector_types = {dtype: f"pk_{name}x{vector_bytes // dtype.itemsize}"
+                             for dtype, name in ((dtypes.float32, "f32"), (dtypes.float64, "f64"))}
 
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
         used = {n.dtype for n in kernel.nodes}

@@ -16,11 +16,13 @@ A run whose lanes, after the loop, are each added into consecutive elements of o
 `Flush`, which a renderer with `Spelling.add_into` writes as one vector add; written lane by
 lane it was a third of a 3x3 conv's C.
 Runs updated one after another in one loop body are written together, at the last one's place,
-ordered by the vector they load (`together`): a register block's rows then share each loaded
-vector while their broadcast values stay in registers. In the kernel's order (each row's whole
-width, then the next row) clang held every column's vector at once and spilled an accumulator
-per iteration: ViT's 197 x 384 @ 384 x 1536 (3 x 32 blocks of 8-lane vectors on AVX2, 16
-registers) ran at 29 GFLOP/s in the kernel's order, 52 in the vectors' order (one thread).
+in the order that holds fewer operands at once (`together`): by the vector they load (each
+row's shared value stays in a register, one loaded vector at a time) where a block has fewer
+rows than vectors per row, else in the kernel's order (a row's whole width, then the next
+row). In the kernel's order, clang held a 3 x 32 block's four vectors of 8 lanes beside its
+twelve accumulators and spilled one per iteration: ViT's 197 x 384 @ 384 x 1536 on AVX2 (16
+registers) ran at 29 GFLOP/s so, 47-52 by vectors (one thread). A 7 x 32 block (a conv on a
+7 x 7 map, which spills either way) ran 1.16x slower by vectors.
 """
 from __future__ import annotations
 
@@ -261,8 +263,9 @@ _FENCES = frozenset({Op.STORE, Op.BARRIER, Op.RANGE, Op.END, Op.IF, Op.ENDIF})
 
 def together(kernel: Kernel, runs: list[Run]) -> list[list[Run]]:
     """`runs` in groups to be written at the last one's `last`: runs in a row with no store,
-    barrier, loop or branch between the first's updates and the last's, each group ordered by
-    the vector it loads (buffer, base, offset), then by its place in the kernel."""
+    barrier, loop or branch between the first's updates and the last's; a group with fewer
+    shared values (rows) than loaded vectors is ordered by the vector it loads (buffer, base,
+    offset), any other keeps the kernel's order."""
     groups: list[list[Run]] = []
     for run in sorted(runs, key=lambda run: run.last):
         if groups and not any(kernel.nodes[i].op in _FENCES for i in range(
@@ -270,8 +273,14 @@ def together(kernel: Kernel, runs: list[Run]) -> list[list[Run]]:
             groups[-1].append(run)
         else:
             groups.append([run])
-    return [sorted(group, key=lambda run: (run.buffer, run.base, run.offset, run.last))
-            for group in groups]
+    return [sorted(group, key=lambda run: (*_loaded(run), run.last))
+            if len({run.shared for run in group}) < len({_loaded(run) for run in group})
+            else group for group in groups]
+
+
+def _loaded(run: Run) -> tuple[int, int, int]:
+    """Where a run's vector is loaded from: buffer, base index and offset."""
+    return run.buffer, run.base, run.offset
 
 
 def spelled(kernel: Kernel, types: dict[DType, str], vector_bytes: int,

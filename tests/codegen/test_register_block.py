@@ -185,6 +185,21 @@ def test_an_avx2_block_is_written_in_register_wide_vectors_one_b_vector_at_a_tim
     _close(out.reshape(197, 1536), a.astype(np.float64) @ b, 384)
 
 
+def test_a_block_with_more_rows_than_vectors_keeps_the_row_order():
+    # a conv on a 7 x 7 map keeps 7 x 32 blocks (pack.py `short_rows`), which spill on AVX2
+    # either way: one row's four vectors at a time hold fewer operands than seven rows' values
+    x, w = _floats(1, 64, 7, 7), _floats(64, 64, 3, 3)
+    y = Tensor(x, device="interpreter").conv2d(Tensor(w, device="interpreter"), padding=1)
+    item = max(schedule.create_schedule([y.lazy]), key=lambda item: item.root.size)
+    kernel = lower(item.root, item.inputs, AVX2)
+    updates = re.findall(r"(acc\d+) = pk_f32x8_fma\((\w+), &(\w+)\[(\w+) \+ (\d+)\]",
+                         CPURenderer(32).render(kernel))
+    assert len(updates) == 28, updates
+    for at in range(0, 28, 4):
+        assert len({shared for _, shared, *_ in updates[at:at + 4]}) == 1, updates
+        assert [int(offset) for *_, offset in updates[at:at + 4]] == [0, 8, 16, 24], updates
+
+
 def test_the_cpu_backend_writes_vectors_as_wide_as_the_host_registers():
     registers = runtime.get("cpu").capabilities.vector_registers
     expected = 64 if registers is None else registers[1]

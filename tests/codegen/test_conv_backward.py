@@ -25,6 +25,7 @@ def _vector() -> str:
     """The cpu backend's vector type for float32 (codegen/lanes.py): one host register."""
     return runtime.get("cpu").device.renderer.vector_types[dtypes.float32]
 
+
 TF = torch.nn.functional
 
 

@@ -23,7 +23,8 @@ from portkit.tensor import Tensor, float16
 
 def _vector() -> str:
     """The cpu backend's vector type for float32 (codegen/lanes.py): one host register."""
-    return runtime.get("cpu").device.renderer.vector_types[dtypes.float32]
+    renderer = runtime.get("cpu").device.renderer
+    return f"{renderer.vector_types[dtypes.float32]}x{renderer.vector_bytes // 4}"
 
 
 TF = torch.nn.functional

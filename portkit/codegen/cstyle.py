@@ -324,8 +324,8 @@ class CStyleRenderer(Renderer):
                 value = (self.spell(node.op, src, node.value_dtype) if i in signed else
                          self.render_value(node, [nodes[s] for s in node.src], src))
                 line = self.declare(names[i], self.value_type(node.value_dtype), value)
-            if line is not None:
-                lines.append(self.indent * depth + line)
+            if line is not None:     # a group rendered together may write several lines
+                lines += [self.indent * depth + part for part in line.split("\n")]
             if node.op in (Op.RANGE, Op.IF):
                 depth += 1
         return lines

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from portkit import runtime, schedule
+from portkit.abi import dtypes
 from portkit.abi.ops import Op
 from portkit.codegen import pack
 from portkit.codegen.lower import lower
@@ -18,6 +19,13 @@ from portkit.codegen.plan import SERIAL, plan
 from portkit.graph import GraphOp, walk
 from portkit.nn import functional as F
 from portkit.tensor import Tensor, float16
+
+
+def _vector() -> str:
+    """The cpu backend's vector type for float32 (codegen/lanes.py): one host register."""
+    renderer = runtime.get("cpu").device.renderer
+    return f"{renderer.vector_types[dtypes.float32]}x{renderer.vector_bytes // 4}"
+
 
 TF = torch.nn.functional
 
@@ -136,7 +144,7 @@ def test_the_weight_gradient_is_a_packed_matmul_over_the_batch_and_positions():
     item = _the_sum(_backward_schedule("weight"))
     (found, packing), source = _packed(item)
     assert found.sizes == (16 * 3 * 3, 16, 2 * 12 * 16) and len(found.k_axes) == 3
-    assert packing.packed_a and "pk_f32x16_fma" in source
+    assert packing.packed_a and f"= {_vector()}_fma(" in source
     assert _ops_of(item).count(Op.LOCAL) >= 2
 
 

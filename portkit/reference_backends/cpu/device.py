@@ -59,6 +59,9 @@ def load(index: int = 0) -> Device:
     """Logical device `index` of the host CPU; BackendUnavailable (with the fix) without a C
     compiler. Its buffers copy to another host-memory device's in one memcpy (peer_copy)."""
     compiler = find_device()
-    return Device("cpu", capabilities(compiler, index), CPUAllocator(), CPURenderer(),
+    caps = capabilities(compiler, index)
+    renderer = CPURenderer() if caps.vector_registers is None else CPURenderer(
+        caps.vector_registers[1])
+    return Device("cpu", caps, CPUAllocator(), renderer,
                   compiler, CPUProgram, peer_copy=host_peer_copy,
                   batch=functools.partial(CPUBatch, compiler))

@@ -158,9 +158,10 @@ void {{ entry }}(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk
 _IDS = ["gid0", "gid1", "gid2", "lid0", "lid1", "lid2", "pk_local"]
 
 
-def _gnu_vectors(vector: str, width: int) -> lanes.Spelling:
-    """GNU C vectors: {a, a, ...} literals, v[k] lanes, and the template's <vector>_fma and
-    <vector>_add_into."""
+def _gnu_vectors(prefix: str, width: int) -> lanes.Spelling:
+    """GNU C vectors of `width` lanes, named <prefix>x<width> (pk_f32x8): {a, a, ...} literals,
+    v[k] lanes, and the template's <vector>_fma and <vector>_add_into."""
+    vector = f"{prefix}x{width}"
     return lanes.Spelling(
         declare=lambda lead, init, n: f"{vector} {lead} = {{{', '.join([init] * n)}}};",
         lane=lambda lead, k: f"{lead}[{k}]",
@@ -172,11 +173,10 @@ class CPURenderer(CStyleRenderer):
     """Plain C11 (GNU dialect) for gcc or clang, one shared object per kernel."""
 
     workitem: ClassVar[dict[str, str]] = {"group": "gid{}", "local": "lid{}"}
-    # Runs of accumulators held in one GNU C vector (codegen/lanes.py): 64 bytes, one AVX-512
-    # register (two or four elsewhere, which the compiler splits them into).
-    vector_bytes = 64
-    vector_types: ClassVar[dict[dtypes.DType, str]] = {dtypes.float32: "pk_f32x16",
-                                                       dtypes.float64: "pk_f64x8"}
+    # Runs of accumulators held in GNU C vectors (codegen/lanes.py), named by these prefixes
+    # and their lanes (pk_f32x8 on AVX2, pk_f32x16 on AVX-512): see __init__
+    vector_types: ClassVar[dict[dtypes.DType, str]] = {dtypes.float32: "pk_f32",
+                                                       dtypes.float64: "pk_f64"}
     vector_spelling = staticmethod(_gnu_vectors)
     # MULACC on float and double rounds once (the ABI allows it): fma(), which the compiler
     # makes a vector FMA. Other dtypes multiply, then add (integers wrap).
@@ -197,6 +197,13 @@ class CPURenderer(CStyleRenderer):
     # LOCAL arrays are slices of one per-workgroup block that the entry point provides.
     local_declaration = "{type} *const {name} = ({type} *)(pk_local + {offset});"
 
+    def __init__(self, vector_bytes: int = 64) -> None:
+        """Runs of accumulators held in GNU C vectors (codegen/lanes.py) of `vector_bytes`: one
+        register of the host (Capabilities.vector_registers), 64 (AVX-512's) by default. A
+        vector of two AVX2 registers is loaded whole, so a packed matmul's 3 x 32 block held
+        four B registers beside its twelve accumulators and spilled one every step."""
+        self.vector_bytes = vector_bytes
+
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
         used = {n.dtype for n in kernel.nodes}
         types, names = [self.storage_type(p.value_dtype) for p in kernel.params], kernel.vars
@@ -213,7 +220,8 @@ class CPURenderer(CStyleRenderer):
                 "id_args": [f"const int32_t {i}" for i in _IDS[:6]] + ["char *pk_local"],
                 "loop_args": [f"data{i}" for i in range(len(types))] + [f"var_{v}" for v in names],
                 "local_bytes": local_bytes(kernel), "vector_bytes": self.vector_bytes,
-                "vectors": [(name, self.type_map[d], self.vector_bytes // d.itemsize)
+                "vectors": [(f"{name}x{self.vector_bytes // d.itemsize}", self.type_map[d],
+                             self.vector_bytes // d.itemsize)
                             for d, name in self.vector_types.items()
                             if any(n.op is Op.ACC and n.dtype == d for n in kernel.nodes)]}
 

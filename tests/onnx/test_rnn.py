@@ -52,17 +52,22 @@ def lowered_kernels(monkeypatch, model, x: np.ndarray) -> list[str]:
     return kernels
 
 
+def at_two_lengths(kind: str, seed: int, measure) -> list[int]:
+    """`measure(model, x)` of a `kind` layer on random inputs of 5 and of 12 steps."""
+    rng = np.random.default_rng(seed)
+    return [measure(recurrent(kind, steps), rng.standard_normal((steps, 2, 3)).astype(np.float32))
+            for steps in (5, 12)]
+
+
 @pytest.mark.parametrize("kind", sorted(GATES))
 def test_a_longer_sequence_compiles_no_more_kernels(monkeypatch, kind):
     # each step reads its inputs at a position that is a scalar argument, not code: one
     # step's kernels serve every step, so 12 steps lower as many kernels as 5
-    rng = np.random.default_rng(1)
-    counts = []
-    for steps in (5, 12):
-        x = rng.standard_normal((steps, 2, 3)).astype(np.float32)
-        kernels = lowered_kernels(monkeypatch, recurrent(kind, steps), x)
+    def distinct(model, x):
+        kernels = lowered_kernels(monkeypatch, model, x)
         assert len(kernels) == len(set(kernels))
-        counts.append(len(kernels))
+        return len(kernels)
+    counts = at_two_lengths(kind, 1, distinct)
     assert counts[0] == counts[1], f"{kind}: {counts[0]} kernels at 5 steps, {counts[1]} at 12"
 
 
@@ -85,11 +90,7 @@ def scheduled_exponentials(monkeypatch, model, x: np.ndarray) -> int:
 def test_a_longer_sequence_schedules_no_more_steps(monkeypatch, kind):
     # every step is realized on its own, and from the second on each has one graph
     # structure, which the runner replays: the scheduler sees two steps at any length
-    rng = np.random.default_rng(2)
-    counts = []
-    for steps in (5, 12):
-        x = rng.standard_normal((steps, 2, 3)).astype(np.float32)
-        counts.append(scheduled_exponentials(monkeypatch, recurrent(kind, steps), x))
+    counts = at_two_lengths(kind, 2, lambda model, x: scheduled_exponentials(monkeypatch, model, x))
     assert counts[0] > 0
     assert counts[0] == counts[1], (
         f"{kind}: the scheduler saw {counts[0]} exponentials at 5 steps, {counts[1]} at 12")

@@ -139,9 +139,10 @@ class _Replay(NamedTuple):
 
 def _run(items: list[ScheduleItem], keyed: list[tuple[tuple, Scalars] | None],
          number: dict[int, int]) -> tuple[_Replay | None, list[int]]:
-    """Runs the items (with their keys and scalars from `_compile_ahead`); returns what replays them on another graph of the same structure, whose
-    walk numbers the nodes as `number` (id -> position) does (None if nothing can), and the
-    positions of the constants its steps hold as code."""
+    """Runs the items, launching by their keys and scalars from `_compile_ahead` (`keyed`);
+    returns what replays them on another graph of the same structure, whose walk numbers the
+    nodes as `number` (id -> position) does (None if nothing can), and the positions of the
+    constants its steps hold as code."""
     flags, recorder = settings.launch(), recording()
     start = time.perf_counter()
     steps: list[Step] | None = []

@@ -60,7 +60,8 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
     order = _unrealized(outs)
     chunk = stages.chunk(max_loop_trips)
     # every long reduce is split first (its parts may split again), then the graph is sorted
-    while [n for n in order if n.op is GraphOp.REDUCE and stages.split_reduce(n, chunk)]:
+    while [n for n in order if n.op is GraphOp.REDUCE and stages.split_reduce(
+            n, chunk, not serial(runtime.get(n.device).capabilities))]:
         order = _unrealized(outs)
     # on a device whose threads are loops, a convolution reads a padded copy (codegen/pads.py)
     copies = {id(p) for n in order if n.op is GraphOp.VIEW and serial(

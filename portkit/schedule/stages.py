@@ -18,6 +18,18 @@ _SPLIT_FROM = 1 << 16
 _SPLIT_OUTPUTS = 256
 _SPLIT_PARTS = 256
 _SPLIT_LEAST = 4096
+# On a device whose threads are hardware lanes (a GPU) a reduce of at least _LANES_FROM
+# elements per output, into fewer than _LANES_THREADS outputs, is cut into interleaved slices:
+# partial sum j of an output adds elements j, j + parts, j + 2 * parts, ..., so that
+# neighbouring threads read neighbouring elements, with enough partial sums to fill about
+# _LANES_THREADS threads and at least _LANES_LEAST elements each. A 16M-element sum split the
+# CPU's way ran 1,024 threads over contiguous 64 KiB slices: 29 GB/s on an H200. A thread adds
+# an interleaved slice in order, so those slices stay short: a million float32 tenths summed
+# 3.8e-6 off in slices of 62 terms, 4.8e-7 off in slices of 31 (the last stage, contiguous,
+# keeps several partial sums).
+_LANES_FROM = 2048
+_LANES_THREADS = 1 << 18
+_LANES_LEAST = 16
 # And no stage of any reduce runs more than CHUNK elements per output (a float32 sum in one
 # lane stops growing at 2**24: ones(20_000_001).sum() was 16777216), nor more than half the
 # loop iterations a device allows (Capabilities.max_loop_trips: lavapipe stops a shader after
@@ -33,13 +45,20 @@ def chunk(max_loop_trips: int | None) -> int:
     return min(CHUNK, 1 << max(0, (max_loop_trips // 2).bit_length() - 1))
 
 
-def _piece(size: int, rest: int, outputs: int, chunk: int = CHUNK) -> int:
+def _piece(size: int, rest: int, outputs: int, chunk: int = CHUNK, lanes: bool = False) -> int:
     """The slice length a reduce axis of `size` (times `rest` other reduced elements per output,
-    into `outputs` outputs) is cut into, for stages of at most `chunk`; `size`: not cut."""
+    into `outputs` outputs) is cut into, for stages of at most `chunk`, on a device whose
+    threads are loops or (`lanes`) hardware lanes; `size`: not cut."""
     piece = size
     if size * rest > chunk:
         # a power of two, so that equal partial sums (a sum of ones) add up exactly
         piece = 1 << max(0, (chunk // rest).bit_length() - 1)
+    if lanes:
+        if size * rest >= _LANES_FROM and outputs < _LANES_THREADS:
+            parts = min(size // _LANES_LEAST, _LANES_THREADS // max(outputs, 1))
+            if parts >= 2:
+                piece = min(piece, ceil(size / (1 << (parts.bit_length() - 1))))
+        return piece
     if size * rest >= _SPLIT_FROM and outputs < _SPLIT_OUTPUTS:
         wide = 1
         while wide * 2 <= _SPLIT_PARTS and size // (wide * 2) >= _SPLIT_LEAST:
@@ -49,14 +68,19 @@ def _piece(size: int, rest: int, outputs: int, chunk: int = CHUNK) -> int:
     return piece
 
 
-def split_reduce(node: Lazy, chunk: int = CHUNK) -> bool:
+def split_reduce(node: Lazy, chunk: int = CHUNK, lanes: bool = False) -> bool:
     """Rewrites a reduce longer than `chunk` (or long enough to share) as two reduces, in
-    place; True if it did."""
+    place; True if it did. With `lanes` (a device whose threads are hardware lanes) the first
+    reduce's partial sums of anything but a product interleave, each taking every `parts`-th
+    element."""
     op, axes = node.arg
     src = node.src[0]
+    # a sum of products (a matmul, a convolution) keeps the split its tiled lowering expects
+    lanes = lanes and src.op is not Op.MUL
     axis = max(axes, key=lambda a: src.shape[a])
     size = src.shape[axis]
-    piece = _piece(size, prod(src.shape[a] for a in axes) // max(size, 1), node.size, chunk)
+    piece = _piece(size, prod(src.shape[a] for a in axes) // max(size, 1), node.size, chunk,
+                   lanes)
     if piece >= size:
         return False
     parts = ceil(size / piece)
@@ -70,12 +94,14 @@ def split_reduce(node: Lazy, chunk: int = CHUNK) -> bool:
             identity = graph.const(reduce_identity(op, src.dtype), src.dtype, shape, src.device)
             padded = inside.alu(Op.WHERE, padded, identity)
         src = padded
-    # axis becomes (parts, piece): the first reduce keeps `parts`, the second reduces it
-    split = _moved(src, "reshape", src.shape[:axis] + (parts, piece) + src.shape[axis + 1:])
+    # axis becomes (parts, piece), or (piece, parts) interleaved: the first reduce keeps
+    # `parts`, the second reduces it
+    pair, kept = ((piece, parts), axis + 1) if lanes else ((parts, piece), axis)
+    split = _moved(src, "reshape", src.shape[:axis] + pair + src.shape[axis + 1:])
     # 16-bit float partials stay float32 (as a kernel's accumulators) and round once at the end
     partial = dtypes.float32 if src.dtype in (dtypes.float16, dtypes.bfloat16) else src.dtype
-    inner = tuple(sorted(a + (a > axis) for a in axes if a != axis)) + (axis + 1,)
-    whole = split.cast(partial).reduce(op, tuple(sorted(inner))).reduce(op, (axis,)).view(
+    inner = tuple(a + (a > axis) for a in axes if a != axis) + (2 * axis + 1 - kept,)
+    whole = split.cast(partial).reduce(op, tuple(sorted(inner))).reduce(op, (kept,)).view(
         "reshape", node.shape).cast(node.dtype)
     node.op, node.src, node.arg = whole.op, whole.src, whole.arg
     return True

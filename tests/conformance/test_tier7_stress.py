@@ -59,6 +59,7 @@ def test_a_device_that_stops_long_loops_without_declaring_it_fails_it(monkeypatc
                         dataclasses.replace(device.capabilities, max_loop_trips=None))
     monkeypatch.setattr(stages, "CHUNK", 1 << 30)
     monkeypatch.setattr(stages, "_SPLIT_FROM", 1 << 30)
+    monkeypatch.setattr(stages, "_LANES_FROM", 1 << 30)
     outcome = _sum_1100003(Target(device, "webgpu"))
     assert outcome.status is Status.FAILED and "ones(1100003).sum()" in outcome.message
 
@@ -68,6 +69,7 @@ def test_the_declared_loop_budget_alone_keeps_long_sums_right(monkeypatch):
     assert target.capabilities.max_loop_trips == 65535      # lavapipe's, declared
     monkeypatch.setattr(stages, "CHUNK", 1 << 30)
     monkeypatch.setattr(stages, "_SPLIT_FROM", 1 << 30)
+    monkeypatch.setattr(stages, "_LANES_FROM", 1 << 30)
     outcome = _sum_1100003(target)
     assert outcome.status is Status.PASSED, outcome.message
 

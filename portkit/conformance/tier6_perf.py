@@ -98,9 +98,10 @@ def fused(n: int, rng: np.random.Generator) -> Workload:
 
 def reduce_rows(rows: int, length: int, rng: np.random.Generator) -> Workload:
     """One thread per output sums `length` terms, `rows` apart: sum(axis=0) of a (length,
-    rows) array, the reduction a scheduler emits for a leading axis. Neighbouring threads read
-    neighbouring elements, as a GPU's memory wants them (a thread per contiguous row read
-    addresses 16 KiB apart and reached 9 % of an H100's bandwidth)."""
+    rows) array, the reduction a scheduler emits for a leading axis and the first stage of a
+    long sum on a GPU. Neighbouring threads read neighbouring elements, as a GPU's memory wants
+    them (a thread per contiguous row read addresses 16 KiB apart and reached 9 % of an H100's
+    bandwidth), and the full size's 65,536 outputs fill a GPU's threads."""
     x = rng.uniform(0, 1, rows * length).astype(np.float32)
     b = KernelBuilder("perf_reduce")
     px, out = b.param(F32), b.param(F32)
@@ -253,6 +254,11 @@ def _report(ctx: Context, target: Target, name: str, times: list[float],
     fraction = value / peak if peak and band is not None else None
     if band is not None and not peak:
         warnings.append("no declared peak: the figure is for information")
+    below = fraction is not None and band is not None and fraction < band
+    if below and ctx.quick:
+        # --quick's 4 MiB copies are launch-bound on a GPU (622 GB/s, 13 % of an H200's)
+        warnings.append(f"below the band of {band:.0%} at --quick's sizes, which are too "
+                        "small to judge a peak; the full run judges it")
     perf = {"name": name, "seconds": seconds, "min_seconds": min(times),
             "max_seconds": max(times), "reference_seconds": reference, "ratio": ratio,
             "value": value, "unit": unit, "peak_fraction": fraction,
@@ -263,7 +269,7 @@ def _report(ctx: Context, target: Target, name: str, times: list[float],
     if fraction is not None:
         message += f", {fraction:.0%} of the declared peak of {peak:.4g} {unit}"
     message += f", {ratio:.2f}x CPU reference" if ratio else ""
-    if fraction is not None and band is not None and fraction < band:
+    if below and not ctx.quick:
         return Outcome(Status.FAILED, f"{message}: below the band of {band:.0%} of the declared "
                        f"peak (tier 6's PEAK_BANDS); speed it up, or declare the peak this "
                        "device reaches", perf=perf)
@@ -341,7 +347,7 @@ def _against_reference(ctx: Context, name: str, seconds_on: Callable[[Target], l
 def _workloads(quick: bool, rng: np.random.Generator,
                tiled: bool) -> dict[str, Callable[[Target], Workload]]:
     n = 1 << (20 if quick else 24)
-    rows, length = (256, 1024) if quick else (4096, 4096)
+    rows, length = (4096, 64) if quick else (65536, 256)
     size = 64 if quick else 256
     return {
         "copy": lambda target: copy(n),

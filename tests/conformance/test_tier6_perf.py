@@ -106,6 +106,29 @@ def test_a_declared_peak_is_the_band_a_figure_is_judged_by(name, value, unit, st
         assert f"band of {tier6_perf.PEAK_BANDS[name]:.0%}" in outcome.message
 
 
+def test_quick_sizes_below_the_band_warn_and_the_full_run_fails():
+    """--quick's 4 MiB kernels are launch-bound on a GPU: an H200 copied 622 GB/s, 13 % of its
+    peak, which says nothing of its bandwidth. Quick reports it; the full sizes judge it."""
+    target = _declaring(peak_bandwidth_gbs=100.0)
+    quick = tier6_perf._report(Context(target.capabilities, quick=True), target, "copy",
+                               [1.0] * 3, None, 13.0, "GB/s")
+    assert quick.status is Status.PASSED
+    assert "too small to judge a peak" in quick.message and quick.perf["peak_fraction"] == 0.13
+    full = tier6_perf._report(Context(target.capabilities), target, "copy", [1.0] * 3, None,
+                              13.0, "GB/s")
+    assert full.status is Status.FAILED
+
+
+def test_the_reduce_workload_fills_a_gpu_at_full_size():
+    """One thread per output: the full size has 65,536 of them (an H100 ran the old 4,096 at
+    9 % of its bandwidth), each summing a leading axis that neighbouring threads read
+    together."""
+    rng = np.random.default_rng(0)
+    workloads = tier6_perf._workloads(False, rng, True)
+    kernel = workloads["reduce"](None).kernel
+    assert kernel.grid[0] * kernel.block[0] == 65536
+
+
 def test_a_device_without_a_declared_peak_is_reported_never_failed():
     target = _declaring(peak_bandwidth_gbs=None, peak_gflops=None)
     outcome = tier6_perf._report(Context(target.capabilities), target, "copy", [1.0] * 3,

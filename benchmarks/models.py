@@ -9,8 +9,9 @@ Each model is exported once with torch.onnx.export into portkit's cache folder (
 (model, backend, batch) runs in a child process, killed after `--timeout` seconds so that one
 slow model does not stall the run: there the first call of portkit is timed (compiles, with
 `--cold` from an empty kernel cache), then `--repeat` rounds call portkit, onnxruntime and
-torch in turn, and the medians are reported with the ratio to onnxruntime, the largest
-difference from onnxruntime's outputs and the kernels the model compiled. One more call runs
+torch in turn (torch on the GPU when the backend is cuda and torch sees one), and the medians
+are reported with the ratio to onnxruntime, the largest difference from onnxruntime's outputs
+and the kernels the model compiled. One more call runs
 with PORTKIT_DEBUG=2, whose per-launch lines (the runtime's own timer) give each model's five
 slowest kernels; their GFLOP/s count the fused graph's arithmetic (a multiply-add is two).
 """
@@ -116,6 +117,11 @@ def measure(name: str, size: str, batch: int, backend: str, repeat: int, threads
                 for a, b in zip(out.values(), expected))
     calls = {"portkit": lambda: ours(**feeds), "onnxruntime": lambda: session.run(None, feeds),
              "torch": lambda: model(*inputs)}
+    torch_device = "cpu"
+    if backend == "cuda" and torch.cuda.is_available():   # the GPU's peer is torch on it
+        torch_device, model = "cuda", model.cuda()
+        gpu_inputs = [x.cuda() for x in inputs]
+        calls["torch"] = lambda: (model(*gpu_inputs), torch.cuda.synchronize())
     times: dict[str, list[float]] = {peer: [] for peer in calls}
     with torch.no_grad():
         for _ in range(repeat):          # interleaved, so a busy minute hits every peer
@@ -127,6 +133,7 @@ def measure(name: str, size: str, batch: int, backend: str, repeat: int, threads
     ms = {peer: statistics.median(t) * 1e3 for peer, t in times.items()}
     return {"model": name, "size": size, "batch": batch, "backend": backend,
             "ms": ms, "ratio": ms["portkit"] / ms["onnxruntime"], "first_s": first,
+            "torch_device": torch_device,
             "max_error": error, "kernels": compiled,
             "slowest": slowest_kernels(ours, feeds, backend)}
 
@@ -180,8 +187,9 @@ def show(rows: list[dict]) -> None:
             table.add_row(*head, f"[red]{row['error'][:60]}[/red]", *[""] * 6)
             continue
         ms = row["ms"]
-        table.add_row(*head, f"{ms['portkit']:.2f}", f"{ms['onnxruntime']:.2f}",
-                      f"{ms['torch']:.2f}", f"{row['ratio']:.1f}", f"{row['first_s']:.1f}",
+        on_gpu = row.get("torch_device") == "cuda"
+        torch_ms = f"{ms['torch']:.2f}" + (" (cuda)" if on_gpu else "")
+        table.add_row(*head, f"{ms['portkit']:.2f}", f"{ms['onnxruntime']:.2f}", torch_ms, f"{row['ratio']:.1f}", f"{row['first_s']:.1f}",
                       f"{row['max_error']:.1e}", str(row["kernels"]))
     console.print(table)
     for row in rows:

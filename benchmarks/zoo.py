@@ -278,7 +278,7 @@ class GPT(nn.Module):
         start = 0 if past is None else past.shape[4]
         t = ids.shape[1]
         x = self.tokens(ids) + self.positions.weight[start:start + t]
-        causal = torch.full((t, start + t), -10000.0).triu(start + 1)
+        causal = torch.full((t, start + t), -10000.0, device=ids.device).triu(start + 1)
         caches = []
         for layer, block in enumerate(self.blocks):
             x, (k, v) = block(x, causal, None if past is None else (past[layer, 0],

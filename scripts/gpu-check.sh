@@ -6,6 +6,7 @@
 #   bash scripts/gpu-check.sh [OUTPUT-FOLDER [CONFORM-OPTIONS...]]   # default: reports/gpu-<date>
 #
 # CONFORM-OPTIONS go to `portkit conform` (e.g. --quick, or --tier 6 alone).
+# Then the inference zoo (benchmarks/models.py) runs on cuda beside torch on the GPU.
 # It installs into .venv-gpu (PORTKIT_VENV names another), seeing the machine's own packages, so
 # a torch with CUDA already there is used; a venv where portkit already imports is used as it is.
 # Offline machines: point pip at a folder of wheels (PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR), as pip
@@ -48,8 +49,12 @@ install() {
         purelib="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
         python3 -c 'import site; print("\n".join(site.getsitepackages()))' > "$purelib/machine.pth"
     fi
+    # Offline, the test extra's tools (ruff, mypy, ...) may be missing: the checks below need
+    # only the core and cuda, with pytest and hypothesis from the machine.
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
-        --editable "$ROOT[cuda,test]" || return
+        --editable "$ROOT[cuda,test]" \
+        || "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+            --no-build-isolation --editable "$ROOT[cuda]" || return
     # The OpenCL and WebGPU backends also run on an NVIDIA GPU where its ICD or Vulkan driver is.
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
         --editable "$ROOT[opencl,webgpu]" || echo "pyopencl or wgpu could not be installed"
@@ -87,6 +92,10 @@ step conform-cuda portkit conform --backend cuda --json "$OUT/cuda.json" \
 step tests-cuda python -m pytest -q -p no:cacheprovider tests/reference_backends/test_cuda.py \
     tests/reference_backends/test_cuda_gpu.py
 step bench-cuda python benchmarks/bench.py --device cuda --repeat 7 --json "$OUT/bench-cuda.json"
+# The inference zoo beside torch on the same GPU (and onnxruntime on the host); GPU_ZOO names
+# a subset of its models.
+step zoo-cuda python benchmarks/models.py --backend cuda --repeat 5 --timeout 300 \
+    ${GPU_ZOO:+--models $GPU_ZOO} --json "$OUT/zoo-cuda.json"
 for other in opencl webgpu; do
     if available "$other" >> "$OUT/other-backends.log" 2>&1; then
         step "conform-$other" portkit conform --backend "$other" --json "$OUT/$other.json" \

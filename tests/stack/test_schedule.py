@@ -128,10 +128,29 @@ def test_long_reduce_on_hardware_lanes_splits_into_interleaved_partial_sums():
         source = np.sign(ints) if name == "prod" else ints
         got = getattr(Tensor(source, device="interpreter"), name)(axis=1).numpy()
         np.testing.assert_array_equal(got, want)
-    a = np.ones((4, 4096), np.float32)
+
+
+def test_a_matrix_vector_product_on_hardware_lanes_splits_its_depth_ahead_of_the_outputs():
+    """A GPT-2 decode step's (1, 3072) @ (3072, 768) ran on an H200 as one group of 192
+    threads, each adding 3072 terms (0.72 ms). On lanes it is cut into contiguous slices of K
+    whose partial sums lead the outputs, so thread (slice, n) reads row k of the weight beside
+    thread (slice, n + 1); a matmul of many outputs keeps one stage for its tiled lowering."""
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((1, 3072), np.float32), rng.standard_normal((3072, 768),
+                                                                         np.float32)
+    product = Tensor(x, device="interpreter") @ Tensor(w, device="interpreter")
+    first, second = (i.root for i in schedule.schedule([product.lazy]))
+    assert first.shape[0] == 128 and first.shape[-2:] == (768, 1)
+    assert second.size == 768
+    np.testing.assert_allclose(product.numpy(), x @ w, rtol=1e-4, atol=1e-3)
+    batched = rng.standard_normal((3, 2, 3072), np.float32)
+    np.testing.assert_allclose((Tensor(batched, device="interpreter")
+                                @ Tensor(w, device="interpreter")).numpy(), batched @ w,
+                               rtol=1e-4, atol=1e-3)
+    a = np.ones((128, 4096), np.float32)
     (matmul,) = [i.root for i in schedule.schedule(
-        [(Tensor(a, device="interpreter") @ Tensor(a.T.copy(), device="interpreter")).lazy])]
-    assert matmul.shape == (4, 4)
+        [(Tensor(a, device="interpreter") @ Tensor(a[:64].T.copy(), device="interpreter")).lazy])]
+    assert matmul.shape == (128, 64)
 
 
 DEEP_CHAIN = """

@@ -173,3 +173,11 @@ def test_an_integral_float_exponent_is_repeated_multiplication():
         assert not ops & {Op.EXP2, Op.LOG2}, exponent
         np.testing.assert_array_equal(out.numpy(), (torch.tensor(values) ** exponent).numpy())
     assert Op.EXP2 in {node.op for node in toposort([(Tensor(values) ** 1.5).lazy])}
+
+
+def test_an_integer_tensor_to_an_integral_float_power_multiplies_in_float():
+    # int ** 2.0 went through exp2(2 * log2|x|): 5 ** 2.0 gave 24.999998 (torch 25.0)
+    values = np.array([-3, 0, 5, 46340], np.int32)
+    out = Tensor(values) ** 2.0
+    assert out.dtype.name == "float32"
+    np.testing.assert_array_equal(out.numpy(), (torch.tensor(values) ** 2.0).numpy())

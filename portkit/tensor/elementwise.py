@@ -31,6 +31,7 @@ from portkit.tensor.dtype import (
     scalar_dtype,
     to_dtype,
 )
+from portkit.tensor.power import MULTIPLIED, real_pow, scalar_pow
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -342,24 +343,29 @@ class ElementwiseOps:
 
     @pair_in_float32
     def pow(self: Tensor, exponent: Tensor | Scalar) -> Tensor:
-        """self ** exponent; small integral ones (2, and 2.0 from ONNX's Pow) multiply."""
-        if isinstance(exponent, float) and exponent in range(1, 9) and self.dtype.is_float:
-            exponent = int(exponent)
-        if isinstance(exponent, int) and not isinstance(exponent, bool) and abs(exponent) <= 8:
-            out = self.ones_like()._with_grad((self, self.zeros_like())) if exponent == 0 else self
-            for _ in range(abs(exponent) - 1):
-                out = out * self
-            return out.reciprocal() if exponent < 0 else out
-        if isinstance(exponent, float) and exponent == 0.5:
-            return self.sqrt()
+        """self ** exponent, with torch's values and derivatives at 0, -0, inf, -inf and NaN;
+        integral number exponents (2, and 2.0 from ONNX's Pow) multiply."""
+        if isinstance(exponent, int | float) and not isinstance(exponent, bool):
+            base = self if self.dtype.is_float or isinstance(exponent, int) else self._float()
+            if base.dtype.is_float:
+                value = scalar_pow(base.detach(), exponent)
+                if not base.requires_grad:
+                    return value
+                # torch's derivative, exponent * base ** (exponent - 1) by the same kernel:
+                # through 1 / (x * x) the gradient of x ** -2 was -inf * 0 = NaN at 0
+                slope = (base.zeros_like() if exponent == 0 else
+                         scalar_pow(base.detach(), exponent - 1) * exponent)
+                return value._with_grad((base, slope))
+            if abs(exponent) <= MULTIPLIED:
+                return scalar_pow(base, exponent)
         if isinstance(exponent, type(self)) and not (self.dtype.is_float or
                                                       exponent.dtype.is_float):
             return self._int_pow(exponent)
         x, y = self._float()._operand(exponent)
-        value = _real_pow(x.detach(), y.detach())
+        value = real_pow(x.detach(), y.detach())
         # torch's derivatives: y * x^(y-1) (0 where y is 0, inf at x = 0 for 0 < y < 1) and
         # x^y * log(x) (0 where x is 0 and y >= 0); through exp2 and log2 they were NaN at 0
-        dx = (y == 0)._where(0.0, y * _real_pow(x, y - 1))
+        dx = (y == 0)._where(0.0, y * real_pow(x, y - 1))
         dy = ((x == 0) & (y >= 0))._where(0.0, value * x.log())
         return value._with_grad((x, dx), (y, dy))
 
@@ -569,18 +575,6 @@ _EXP = Composition(_exp)
 _EXP_PARTS = {"float32": (0.693359375, -2.12194440e-4, 110.0, int32, 23, 127),
               "float64": (6.93147180369123816490e-01, 1.90821492927058770002e-10, 760.0,
                           int64, 52, 1023)}
-
-
-def _real_pow(x: Tensor, y: Tensor) -> Tensor:
-    """x ** y of two float tensors of one shape: exp2(y * log2|x|) with the sign of an odd
-    integer power; NaN for a negative base to a fractional power, but -inf's (inf or 0); 1
-    for x ** 0 and 1 ** y, NaN and infinities included (where y * log2|x| is 0 * inf)."""
-    magnitude = (y * x.abs().log2()).exp2()
-    odd = (y.abs() % 2) == 1
-    negative = x < 0
-    signed = (negative & odd)._where(-magnitude, magnitude)
-    out = (negative & (y.trunc() != y) & (x != float("-inf")))._where(float("nan"), signed)
-    return ((y == 0) | (x == 1))._where(1.0, out)
 
 
 def _check_int_divisor(x: Tensor, other: Tensor | Scalar, reverse: bool) -> None:

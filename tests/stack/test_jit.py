@@ -252,6 +252,15 @@ def test_a_float_that_chose_the_ops_is_refused_when_it_would_choose_others():
         jitted(x, 0.5)
 
 
+def test_an_integral_float_exponent_is_captured_and_its_count_of_products_guarded():
+    # pow took int() of an exponent of 2.0 to count its products, which a capture refuses
+    x = Tensor(np.full(4, 4.0, np.float32))
+    jitted = _replaying(lambda x, s: x ** s, x, 2.0)
+    np.testing.assert_array_equal(jitted(x, 2.0).numpy(), np.full(4, 16.0))
+    with pytest.raises(JitError, match="compares otherwise"):
+        jitted(x, 3.0)
+
+
 def test_keyword_arguments_are_read_like_positional_ones():
     x = Tensor(np.arange(4, dtype=np.float32))
     jitted = portkit.jit(lambda x, scale=1.0, shift=0.0: x * scale + shift)

@@ -90,3 +90,34 @@ def test_pow_of_two_tensors_gradients_follow_pytorch():
     want.sum().backward()
     for o, t in zip(ours, theirs):
         np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), rtol=1e-5)
+
+
+SPECIAL_BASES = np.array([0.0, -0.0, 1e-30, -2.5, 3.0, np.inf, -np.inf, np.nan], np.float32)
+
+
+def _assert_like_torch(what: str, got: np.ndarray, want: np.ndarray) -> None:
+    """got == want to 1e-5 relative, with NaN where want has NaN and the sign of every zero
+    and infinity; the message names the first base that differs."""
+    close = np.isclose(got, want, rtol=1e-5, atol=0, equal_nan=True)
+    same_sign = np.isnan(want) | (np.signbit(got) == np.signbit(want))
+    wrong = np.flatnonzero(~(close & same_sign))
+    assert not wrong.size, (f"{what} at x = {SPECIAL_BASES[wrong].tolist()}: "
+                            f"{got[wrong].tolist()}, torch {want[wrong].tolist()}")
+
+
+@pytest.mark.parametrize("tensor_exponent", [False, True], ids=["number", "tensor"])
+@pytest.mark.parametrize("exponent", [-3, -2, -1, -0.5, 0, 0.5, 1, 2, 3, 2.0, -2.0, 1.5])
+def test_pow_at_zeros_infinities_and_nan_follows_pytorch(exponent, tensor_exponent):
+    # the gradient of x ** -2 at 0 was NaN (the reciprocal's -inf times 0 from x * x; torch
+    # -inf), x ** -2.0 and x ** tensor(y) lost the sign of (-0) ** odd, and torch's x ** -0.5
+    # is 1 / sqrt(x): -inf at -0
+    y = np.full(SPECIAL_BASES.shape, exponent, np.float32)
+    ours = [Tensor(a, requires_grad=True) for a in (SPECIAL_BASES, y)]
+    theirs = [torch.tensor(a, requires_grad=True) for a in (SPECIAL_BASES, y)]
+    value = ours[0] ** (ours[1] if tensor_exponent else exponent)
+    want = theirs[0] ** (theirs[1] if tensor_exponent else exponent)
+    _assert_like_torch("value", value.numpy(), want.detach().numpy())
+    value.sum().backward()
+    want.sum().backward()
+    for name, o, t in zip(("d/dx", "d/dy"), ours, theirs[:1 + tensor_exponent]):
+        _assert_like_torch(name, o.grad.numpy(), t.grad.numpy())

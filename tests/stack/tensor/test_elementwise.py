@@ -161,14 +161,23 @@ def test_16_bit_floats_with_a_number_as_torch(op, dtype, capabilities):
 
 
 def test_an_integral_float_exponent_is_repeated_multiplication():
-    """x ** 2.0 (ONNX's Pow passes its exponent as a float) multiplies, as x ** 2 does: no
-    exp2 or log2 in the graph, and torch's values, NaN and infinities included."""
+    """x ** 2.0 (ONNX's Pow passes its exponent as a float) multiplies, as x ** 2 does, and
+    x ** -2.0 is 1 / (x * x), as in torch: no exp2 or log2 in the graph, and torch's values,
+    NaN and infinities included."""
     from portkit.abi import Op
     from portkit.graph import toposort
     values = np.array([-3, -1.5, 0, 0.5, 2, np.inf, -np.inf, np.nan], np.float32)
-    for exponent in (2.0, 3.0, 1.0, 8.0):
+    for exponent in (2.0, 3.0, 1.0, 8.0, -2.0):
         out = Tensor(values) ** exponent
         ops = {node.op for node in toposort([out.lazy])}
         assert not ops & {Op.EXP2, Op.LOG2}, exponent
         np.testing.assert_array_equal(out.numpy(), (torch.tensor(values) ** exponent).numpy())
     assert Op.EXP2 in {node.op for node in toposort([(Tensor(values) ** 1.5).lazy])}
+
+
+def test_an_integer_tensor_to_an_integral_float_power_multiplies_in_float():
+    # int ** 2.0 went through exp2(2 * log2|x|): 5 ** 2.0 gave 24.999998 (torch 25.0)
+    values = np.array([-3, 0, 5, 46340], np.int32)
+    out = Tensor(values) ** 2.0
+    assert out.dtype.name == "float32"
+    np.testing.assert_array_equal(out.numpy(), (torch.tensor(values) ** 2.0).numpy())

@@ -231,6 +231,8 @@ def _pow(ctx: Context, node: NodeArgs) -> list[Value]:
     if np.prod(exponent.shape) == 1:
         return [x.pow(ctx.host(exponent).reshape(-1)[0].item()).cast(x.dtype)]
     y = ctx.tensor(exponent).cast(x.dtype)
+    if x.dtype.is_float:            # C's pow, -0 included: (-0) ** -1 is -inf
+        return [x.pow(y)]
     magnitude = (x.abs().log() * y).exp()
     odd = (y.abs() % 2) == 1
     signed = ((x < 0) & odd)._where(-magnitude, magnitude)

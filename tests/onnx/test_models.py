@@ -94,6 +94,19 @@ def test_tensors_in_give_tensors_out():
     assert isinstance(out, Tensor) and out.tolist() == [0.0, 0.5, 2.0]
 
 
+def test_pow_of_two_tensors_keeps_the_sign_of_minus_zero():
+    """C's pow, as onnxruntime computes it: (-0) ** -1 is -inf and (-0) ** 3 is -0; the
+    importer's own formula tested x < 0 and lost -0's sign."""
+    proto = graph([helper.make_node("Pow", ["x", "y"], ["z"])], {"x": [6], "y": [6]}, ["z"])
+    x = np.array([-0.0, -0.0, -2.0, 0.0, -8.0, 4.0], np.float32)
+    y = np.array([-1.0, 3.0, 3.0, -2.0, 1 / 3, 0.5], np.float32)
+    got = load(proto, device="cpu")(x=x, y=y)["z"]
+    want = onnxruntime(proto, {"x": x, "y": y})[0]
+    numbers = ~np.isnan(want)            # (-8) ** (1/3) is NaN, its sign bit unspecified
+    np.testing.assert_array_equal(np.signbit(got[numbers]), np.signbit(want[numbers]))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def graph(nodes, inputs: dict[str, list[int]], outputs: list[str], opset: int = 13,
           initializers=()):
     """A float32 model of `nodes` with these inputs and outputs."""

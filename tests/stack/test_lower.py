@@ -151,8 +151,8 @@ def test_a_padded_expression_reads_its_sources_without_unravelling():
 def test_a_tiles_epilogue_is_written_once_in_a_loop_over_its_sums(device, m, k, n, transposed):
     # (x @ W + b) * 2 + r with its tile of outputs in registers: the sums pass through LOCAL
     # and one loop computes the epilogue and stores, where each output had its own copy of
-    # the epilogue (16 x 8 outputs: 128 stores, a load of the bias per column); the shifted last tile
-    # of an odd row still stores only its own outputs
+    # the epilogue (16 x 8 outputs: 128 stores, a load of the bias per column); the shifted
+    # last tile of an odd row still stores only its own outputs
     rng = np.random.default_rng(m + n)
     x = rng.standard_normal((m, k), np.float32)
     w = rng.standard_normal((n, k) if transposed else (k, n), np.float32)

@@ -153,7 +153,8 @@ def store(lowerer: Lowerer, root: Lazy, tile: list[Lin], amounts: list[int], out
            shifted: int | None = None) -> None:
     """Computes and stores every output of one tile. Along axis `shifted`, the last tile
     starts early enough to end at the axis's end, and stores only the outputs that the tile
-    before it did not."""
+    before it did not. Where the outputs are an epilogue of a reduce (and the Lowerer's
+    `epilogue_loop` is set) the epilogue runs in a loop over the tile (`_epilogue_loop`)."""
     b = lowerer.b
     starts = [t * n for t, n in zip(tile, amounts)]
     lanes = list(product(*(range(n) for n in amounts)))

@@ -88,6 +88,7 @@ class Lowerer:
         self.fault: int | None = None           # the ACC of the largest fault code met
         self.assumed: tuple[Bound, ...] = ()    # gates tested once around the code lowered:
         self.refuted: tuple[Bound, ...] = ()    # true there, and false there
+        self.epilogue_loop = False              # a tile's epilogue as a loop over LOCAL sums
 
     # -- memo with scopes: a value computed inside a loop is not visible after it ---------------
 
@@ -450,6 +451,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         root, inputs, SERIAL if serial(caps) else THREADED)
     lowerer = Lowerer(name, inputs, tiling)
     lowerer.ranges = dtypes.uint32 in caps.dtypes
+    lowerer.epilogue_loop = serial(caps) and caps.local_memory_bytes > 0
     b = lowerer.b
     out = b.param(root.dtype)
     for node in inputs:

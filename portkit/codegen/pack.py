@@ -44,9 +44,9 @@ from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.plan import SERIAL, Limits, load_steps, register_block, serial
+from portkit.codegen.plan import SERIAL, Limits, load_steps, register_block, serial, under_epilogue
 from portkit.codegen.tiles import Contraction, match
-from portkit.graph import GraphOp, Lazy, walk
+from portkit.graph import GraphOp, Lazy
 from portkit.symbolic import Bound, Lin, const, recombine, unravel
 from portkit.view import strides_for
 
@@ -91,7 +91,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     if not serial(caps) or caps.local_memory_bytes <= 0:
         return None
     limits = limits or register_block(caps)
-    reduce = _under_epilogue(root, {id(x) for x in inputs})
+    reduce = under_epilogue(root, {id(x) for x in inputs})
     # a conv's output rows fold into m where its row is short (7 wide at ResNet's last stage):
     # 49 rows give 7 x 32 register blocks, 7 of them sharing each B panel
     found = None if reduce is None else match(
@@ -426,32 +426,6 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 where = lowerer.index((t * p.rows + row) * p.width + column)
                 write(t, row, column0 + column, b.load(sums, where), first)
     return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
-
-
-def _under_epilogue(root: Lazy, params: set[int]) -> Lazy | None:
-    """The REDUCE that `root` is an elementwise function of (through reshapes that keep the
-    element order), if there is exactly one on that path; else None."""
-    node = root
-    while node.op is not GraphOp.REDUCE:
-        if id(node) in params:
-            return None
-        if node.op is GraphOp.VIEW and node.arg.is_contiguous and (
-                prod(node.shape) == prod(node.src[0].shape)):
-            node = node.src[0]
-            continue
-        if not isinstance(node.op, Op) or node.shape != root.shape:
-            return None
-        holding = [s for s in node.src if _holds_reduce(s, params)]
-        if len(holding) != 1:
-            return None
-        node = holding[0]
-    return node if id(node) not in params else None
-
-
-def _holds_reduce(node: Lazy, params: set[int]) -> bool:
-    """Whether a REDUCE feeds `node` (or is it) without passing through a kernel parameter."""
-    found = walk([node], stop=lambda n: id(n) in params or n.op is GraphOp.REDUCE).stopped
-    return any(n.op is GraphOp.REDUCE and id(n) not in params for n in found)
 
 
 class _loop:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 from math import ceil, isqrt, prod
 
 from portkit.abi.backend import Capabilities
-from portkit.graph import GraphOp, Lazy
+from portkit.abi.ops import Op
+from portkit.graph import GraphOp, Lazy, walk
 from portkit.symbolic import Bound, Lin, Var, bounds, const, recombine, unravel, var
 from portkit.view import strides_for
 
@@ -324,3 +325,29 @@ def _accesses(root: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
             stack.append((index, [const(0) if n == 1 else i for i, n in zip(idx, index.shape)]))
         elif node.op not in (GraphOp.CONST, GraphOp.ITER):
             stack.extend((s, idx) for s in reversed(node.src))
+
+
+def under_epilogue(root: Lazy, params: set[int]) -> Lazy | None:
+    """The REDUCE that `root` is an elementwise function of (through reshapes that keep the
+    element order), if there is exactly one on that path; else None."""
+    node = root
+    while node.op is not GraphOp.REDUCE:
+        if id(node) in params:
+            return None
+        if node.op is GraphOp.VIEW and node.arg.is_contiguous and (
+                prod(node.shape) == prod(node.src[0].shape)):
+            node = node.src[0]
+            continue
+        if not isinstance(node.op, Op) or node.shape != root.shape:
+            return None
+        holding = [s for s in node.src if _holds_reduce(s, params)]
+        if len(holding) != 1:
+            return None
+        node = holding[0]
+    return node if id(node) not in params else None
+
+
+def _holds_reduce(node: Lazy, params: set[int]) -> bool:
+    """Whether a REDUCE feeds `node` (or is it) without passing through a kernel parameter."""
+    found = walk([node], stop=lambda n: id(n) in params or n.op is GraphOp.REDUCE).stopped
+    return any(n.op is GraphOp.REDUCE and id(n) not in params for n in found)

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 from portkit.abi import dtypes
 from portkit.abi.ops import Op
 from portkit.codegen import cases as joined
-from portkit.codegen.plan import gates
-from portkit.graph import Lazy
-from portkit.symbolic import Bound, Lin, Var, const, recombine, var
+from portkit.codegen.plan import gates, under_epilogue
+from portkit.graph import GraphOp, Lazy
+from portkit.symbolic import Bound, Lin, Var, const, recombine, unravel, var
 from portkit.view import strides_for
 
 if TYPE_CHECKING:
@@ -153,24 +153,79 @@ def store(lowerer: Lowerer, root: Lazy, tile: list[Lin], amounts: list[int], out
            shifted: int | None = None) -> None:
     """Computes and stores every output of one tile. Along axis `shifted`, the last tile
     starts early enough to end at the axis's end, and stores only the outputs that the tile
-    before it did not."""
+    before it did not. Where the outputs are an epilogue of a reduce (and the Lowerer's
+    `epilogue_loop` is set) the epilogue runs in a loop over the tile (`_epilogue_loop`)."""
     b = lowerer.b
     starts = [t * n for t, n in zip(tile, amounts)]
     lanes = list(product(*(range(n) for n in amounts)))
     stored: list[int | None] = [None] * len(lanes)
+    edge: tuple[Lin, int] | None = None
     if shifted is not None:
         size = root.shape[shifted]
         first, last = lowerer.index(starts[shifted]), lowerer.const(size - amounts[shifted])
         start = b.alu(Op.WHERE, b.alu(Op.CMPLT, first, last), first, last)
+        edge = (starts[shifted], start)
         starts[shifted] = lowerer.new_var("s", 0, size - amounts[shifted], start)
         stored = [b.alu(Op.CMPLT, b.alu(Op.ADD, first, lowerer.const(-offsets[shifted] - 1)),
                         start) for offsets in lanes]
     idxs = [[t + k for t, k in zip(starts, offsets)] for offsets in lanes]
     strides = strides_for(root.shape)
+    reduce = under_epilogue(root, set(lowerer.params)) if lowerer.epilogue_loop else None
+    if (reduce is not None and len(lanes) > 1 and reduce is not root
+            and id(reduce) != lowerer.plan.inline
+            and not (root.op is GraphOp.VIEW and root.src[0] is reduce)):
+        _epilogue_loop(lowerer, root, reduce, idxs, starts, amounts, out, edge, shifted)
+        return
     values = lowerer.lower(root, idxs, [None] * len(idxs))
     for idx, value, gate in zip(idxs, values, stored):
         flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
         b.store(out, lowerer.index(flat), value, gate)
+
+
+def _epilogue_loop(lowerer: Lowerer, root: Lazy, reduce: Lazy, idxs: list[list[Lin]],
+                   starts: list[Lin], amounts: list[int], out: int,
+                   edge: tuple[Lin, int] | None, shifted: int | None) -> None:
+    """A tile whose outputs are an epilogue (a bias, an activation, a residual add) of a reduce
+    held in registers: the reduce's values go to a LOCAL array, from which a loop over the tile
+    computes the epilogue and stores, once in the code. Unrolled, a block of 8 x 16 outputs
+    wrote 128 copies of the epilogue, and clang compiled them all; the loop along the tile's
+    last axis vectorizes as the straight-line lanes did. `edge`: the shifted tile's unshifted
+    start and its start (see `store`)."""
+    b = lowerer.b
+    at_reduce = [idx if reduce.shape == root.shape else unravel(
+        recombine(sum((i * s for i, s in zip(idx, strides_for(root.shape)) if s), Lin())),
+        reduce.shape) for idx in idxs]
+    values = lowerer.lower(reduce, at_reduce, [None] * len(idxs))
+    # a 16-bit float goes through float32, which every LOCAL holds (exactly)
+    held = dtypes.float32 if reduce.dtype.is_float and reduce.dtype.itemsize == 2 else None
+    sums = b.local(held or reduce.dtype, len(idxs))
+    for k, value in enumerate(values):
+        b.store(sums, lowerer.const(k), b.cast(value, held) if held else value)
+    axes = [a for a, n in enumerate(amounts) if n > 1]
+    offsets: dict[int, Lin] = {}
+    counters = []
+    for a in axes:          # the last axis innermost: the root is contiguous along it
+        counters.append(b.add(Op.RANGE, dtypes.int32, (lowerer.const(0),
+                                                       lowerer.const(amounts[a]))))
+        lowerer.scopes.append({})
+        offsets[a] = lowerer.new_var("e", 0, amounts[a] - 1, counters[-1])
+    idx = [t + offsets.get(a, const(0)) for a, t in enumerate(starts)]
+    lane = recombine(sum((offsets[a] * s for a, s in zip(axes, strides_for(
+        tuple(amounts[a] for a in axes)))), Lin()))
+    value = b.load(sums, lowerer.index(lane))
+    lowerer.fixed[id(reduce)] = b.cast(value, reduce.dtype) if held else value
+    result, = lowerer.lower(root, [idx], [None])
+    del lowerer.fixed[id(reduce)]
+    gate = None
+    if edge is not None and shifted is not None:     # as in `store`
+        origin, start = edge
+        first = lowerer.index(origin + offsets.get(shifted, const(0)) * -1 + (-1))
+        gate = b.alu(Op.CMPLT, first, start)
+    flat = recombine(sum((i * s for i, s in zip(idx, strides_for(root.shape)) if s), Lin()))
+    b.store(out, lowerer.index(flat), result, gate)
+    for counter in reversed(counters):
+        b.add(Op.END, None, (counter,))
+        lowerer.scopes.pop()
 
 
 def _row_loop(lowerer: Lowerer, root: Lazy, tile: list[Lin], span: tuple[int, int], tail: int,

@@ -144,3 +144,31 @@ def test_a_padded_expression_reads_its_sources_without_unravelling():
 
     assert divisions(computed) == divisions(stored)
     np.testing.assert_array_equal(computed.numpy(), np.pad(np.maximum(a.numpy() + 1, 0), pads))
+
+
+@pytest.mark.parametrize("device", ["cpu", "interpreter"])
+@pytest.mark.parametrize("m, k, n, transposed", [(16, 40, 24, True), (1, 96, 101, False)])
+def test_a_tiles_epilogue_is_written_once_in_a_loop_over_its_sums(device, m, k, n, transposed):
+    # (x @ W + b) * 2 + r with its tile of outputs in registers: the sums pass through LOCAL
+    # and one loop computes the epilogue and stores, where each output had its own copy of
+    # the epilogue (16 x 8 outputs: 128 stores, a load of the bias per column); the shifted
+    # last tile of an odd row still stores only its own outputs
+    rng = np.random.default_rng(m + n)
+    x = rng.standard_normal((m, k), np.float32)
+    w = rng.standard_normal((n, k) if transposed else (k, n), np.float32)
+    bias, res = rng.standard_normal(n, np.float32), rng.standard_normal((m, n), np.float32)
+    xs, ws, bs, rs = (Tensor(a, device=device) for a in (x, w, bias, res))
+    out = ((xs @ (ws.T if transposed else ws)) + bs) * 2 + rs
+    item = _only_item(out)
+    kernel = lower(item.root, item.inputs,
+                   dataclasses.replace(CAPABILITIES, threads_are_loops=True))
+    assert len(dict(plan(item.root, item.inputs).upcast)) >= 1
+    outputs = [node for node in kernel.nodes if node.op is Op.STORE and node.src[0] == 0]
+    bias_param = 1 + [tuple(i.shape) for i in item.inputs].index((n,))   # PARAM 0: output
+    bias_loads = [node for node in kernel.nodes
+                  if node.op is Op.LOAD and node.src[0] == bias_param]
+    assert (len(outputs), len(bias_loads)) == (1, 1)
+    assert sum(node.op is Op.LOCAL for node in kernel.nodes) == 1
+    w_ = w.T if transposed else w
+    np.testing.assert_allclose(out.numpy(), (x @ w_ + bias) * 2 + res, rtol=1e-5,
+                               atol=1e-5 * np.sqrt(k))

@@ -371,10 +371,11 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 if gate is not None:
                     value = b.alu(Op.WHERE, gate, value, zero)
                 b.store(panel, lowerer.index(kk * p.width + j), value)
-            if found.k_fold and found.contiguous_k[1]:
-                # B read along its rows (a conv's output gradient along the output positions):
-                # across n its `width` rows lie a plane apart, 4 KiB on a 32 x 32 map, and
-                # walking them all at each k evicts each other from one L1 set
+            if found.contiguous_k[1]:
+                # B read along its rows (x @ W.T's W, a conv's output gradient along the
+                # output positions): across n its `width` rows lie a row or a plane apart,
+                # 4 KiB for K = 1024 or a 32 x 32 map, and walking them all at each k evicts
+                # each other from one L1 set
                 with _loop(lowerer, "pn", p.width) as j:
                     for kk in walk("pk", end):
                         copy(kk, j)

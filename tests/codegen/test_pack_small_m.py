@@ -41,7 +41,7 @@ def _innermost_range_at_panel_store(kernel) -> int:
     raise AssertionError("no store into LOCAL")
 
 
-def test_a_panel_of_w_transposed_is_copied_along_k_innermost():
+def test_a_panel_of_w_transposed_with_rows_4_kib_apart_is_copied_along_k_innermost():
     # W is [n][k]: the copy reads each of the panel's 32 rows along k, not 32 rows K apart at
     # each k (4 KiB apart for K = 1024, which evict each other from one L1 set)
     x, w = Tensor(_floats(16, 1024), device="interpreter"), Tensor(_floats(256, 1024),
@@ -53,6 +53,11 @@ def test_a_panel_of_w_transposed_is_copied_along_k_innermost():
     item, = schedule.create_schedule([(x @ Tensor(_floats(1024, 256),
                                                   device="interpreter")).lazy])
     # W is [k][n]: read along n innermost, as it lies
+    assert _innermost_range_at_panel_store(lower(item.root, item.inputs, LOOPS)) == 32
+    # rows 3 KiB apart fall in different L1 sets: the copy whose stores are contiguous
+    x, w = Tensor(_floats(16, 768), device="interpreter"), Tensor(_floats(256, 768),
+                                                                 device="interpreter")
+    item, = schedule.create_schedule([(x @ w.T).lazy])
     assert _innermost_range_at_panel_store(lower(item.root, item.inputs, LOOPS)) == 32
 
 

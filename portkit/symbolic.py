@@ -229,6 +229,16 @@ def bounds(conditions: list[Bound]) -> tuple[Bound, ...] | None:
     return tuple(kept)
 
 
+def ravel(index: list[Lin], shape: tuple[int, ...]) -> Lin:
+    """The row-major flat index of a multi-index into `shape` (unravel's inverse); size-1
+    axes add nothing."""
+    strides, stride = [], 1
+    for size in reversed(shape):
+        strides.append(stride if size != 1 else 0)
+        stride *= size
+    return recombine(sum((i * s for i, s in zip(index, reversed(strides)) if s), Lin()))
+
+
 def unravel(flat: Lin, shape: tuple[int, ...]) -> list[Lin]:
     """The multi-index of a row-major flat index into `shape`."""
     out, stride = [], 1

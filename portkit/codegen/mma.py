@@ -27,8 +27,7 @@ from portkit.abi.ops import Op
 from portkit.codegen import tiles
 from portkit.codegen.plan import load_steps
 from portkit.graph import Lazy
-from portkit.symbolic import Bound, Lin, const, recombine, unravel
-from portkit.view import strides_for
+from portkit.symbolic import Bound, Lin, const, ravel, unravel
 
 
 def find(root: Lazy, inputs: list[Lazy], caps: Capabilities
@@ -92,14 +91,13 @@ def emit(lowerer, root: Lazy, found: tiles.Contraction, unit: MatrixUnit, out: i
     b.add(Op.MMA, None, tuple(operands + accs), unit)
     b.add(Op.END, None, (step_node,))
     lowerer.scopes.pop()
-    strides = strides_for(red.shape)
     for acc, (row, column) in zip(accs, c_at):
         idx = base()
         idx[found.m], idx[found.n] = tile_m * unit.m + row, tile_n * unit.n + column
         gate = lowerer.condition((Bound(idx[found.m], 0, m_size), Bound(idx[found.n], 0, n_size)),
                                  None)
         value = acc if unit.acc_dtype == red.dtype else b.cast(acc, red.dtype)
-        flat = recombine(sum((i * s for i, s in zip(idx, strides) if s), Lin()))
+        flat = ravel(idx, red.shape)
         b.store(out, lowerer.index(flat), value, gate)
     return b.build(grid=(groups, 1, 1), block=(unit.threads, 1, 1))
 

@@ -47,8 +47,7 @@ from portkit.abi.ops import Op
 from portkit.codegen.plan import SERIAL, Limits, load_steps, register_block, serial, under_epilogue
 from portkit.codegen.tiles import Contraction, match
 from portkit.graph import GraphOp, Lazy
-from portkit.symbolic import Bound, Lin, const, recombine, unravel
-from portkit.view import strides_for
+from portkit.symbolic import Bound, Lin, const, ravel, unravel
 
 # K elements per panel, at most: 256 x 32 float32 is 32 KiB, which stays in L1 (48 KiB on the
 # 2-core AVX-512 Xeon measured, where 256 ran matmul 1024 at 1.2x the speed of 128).
@@ -289,7 +288,6 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     row_bytes = [step * found.right.dtype.itemsize
                  for step in load_steps(found.right, lowerer.inputs, f"o{found.n}") if step]
     aliased = any(size % _L1_WAY == 0 for size in row_bytes)
-    strides = strides_for(red.shape)
 
     def write(t: Lin, r: Lin | int, column: Lin, value: int, first: tuple[Lin, Lin]) -> None:
         """Stores register block t's output (r, column), rounded to the output's dtype; `first`
@@ -301,7 +299,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             conds += (Bound(row + first[1] * -1, 0, m_size),)
         gate = lowerer.condition(conds, None) if conds else None
         value = value if wide == red.dtype else b.cast(value, red.dtype)
-        flat = recombine(sum((i * s for i, s in zip(idx, strides) if s), Lin()))
+        flat = ravel(idx, red.shape)
         if root is not red and not (root.op is GraphOp.VIEW and root.src[0] is red):
             # an epilogue (an optimizer's W - lr * grad): the root at this element, with the
             # reduce's value taken from the registers; its own loads gated like the store

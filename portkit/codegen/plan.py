@@ -11,8 +11,7 @@ from math import ceil, isqrt, prod
 from portkit.abi.backend import Capabilities
 from portkit.abi.ops import Op
 from portkit.graph import GraphOp, Lazy, walk
-from portkit.symbolic import Bound, Lin, Var, bounds, const, recombine, unravel, var
-from portkit.view import strides_for
+from portkit.symbolic import Bound, Lin, Var, bounds, const, ravel, unravel, var
 
 # A serial device (one thread per workgroup) gets at least this much work per group: loads
 # times reduce length. More groups than cores lets OpenMP-style runtimes balance them.
@@ -297,8 +296,7 @@ def _accesses(root: Lazy, idx: list[Lin], params: set[int], loads: list[Lin],
             continue
         seen.add(key)
         if id(node) in params:
-            loads.append(recombine(sum((i * st for i, st in zip(idx, strides_for(node.shape))
-                                        if st), Lin())))
+            loads.append(ravel(idx, node.shape))
         elif node.op is GraphOp.VIEW:
             flat, found = node.arg.index(idx)
             for cond in bounds(found) or ():

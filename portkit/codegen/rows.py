@@ -27,8 +27,7 @@ from portkit.abi.ops import Op
 from portkit.codegen import cases as joined
 from portkit.codegen.plan import gates, under_epilogue
 from portkit.graph import GraphOp, Lazy
-from portkit.symbolic import Bound, Lin, Var, const, recombine, unravel, var
-from portkit.view import strides_for
+from portkit.symbolic import Bound, Lin, Var, const, ravel, unravel, var
 
 if TYPE_CHECKING:
     from portkit.codegen.lower import Lowerer
@@ -117,9 +116,7 @@ def emit(lowerer: Lowerer, root: Lazy, inputs: list[Lazy], tile: list[Lin], t_va
         idx, = indices(tile + [column_var] + [const(0)] * tail, amounts)
         found = joined.cases(root, idx, set(lowerer.params), atom.name)
     if found:       # a concatenation: each row runs the loop of the one piece it lies in
-        strides = strides_for(root.shape)
-        flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
-        joined.emit(lowerer, found, column_var, row, out, flat)
+        joined.emit(lowerer, found, column_var, row, out, ravel(idx, root.shape))
     else:
         spans: list[tuple[int, int]] = [(0, row)]
         hoisted: tuple[Bound, ...] = ()
@@ -169,7 +166,6 @@ def store(lowerer: Lowerer, root: Lazy, tile: list[Lin], amounts: list[int], out
         stored = [b.alu(Op.CMPLT, b.alu(Op.ADD, first, lowerer.const(-offsets[shifted] - 1)),
                         start) for offsets in lanes]
     idxs = [[t + k for t, k in zip(starts, offsets)] for offsets in lanes]
-    strides = strides_for(root.shape)
     reduce = under_epilogue(root, set(lowerer.params)) if lowerer.epilogue_loop else None
     if (reduce is not None and len(lanes) > 1 and reduce is not root
             and id(reduce) != lowerer.plan.inline
@@ -178,8 +174,7 @@ def store(lowerer: Lowerer, root: Lazy, tile: list[Lin], amounts: list[int], out
         return
     values = lowerer.lower(root, idxs, [None] * len(idxs))
     for idx, value, gate in zip(idxs, values, stored):
-        flat = recombine(sum((i * st for i, st in zip(idx, strides) if st), Lin()))
-        b.store(out, lowerer.index(flat), value, gate)
+        b.store(out, lowerer.index(ravel(idx, root.shape)), value, gate)
 
 
 def _epilogue_loop(lowerer: Lowerer, root: Lazy, reduce: Lazy, idxs: list[list[Lin]],
@@ -192,9 +187,8 @@ def _epilogue_loop(lowerer: Lowerer, root: Lazy, reduce: Lazy, idxs: list[list[L
     last axis vectorizes as the straight-line lanes did. `edge`: the shifted tile's unshifted
     start and its start (see `store`)."""
     b = lowerer.b
-    at_reduce = [idx if reduce.shape == root.shape else unravel(
-        recombine(sum((i * s for i, s in zip(idx, strides_for(root.shape)) if s), Lin())),
-        reduce.shape) for idx in idxs]
+    at_reduce = [idx if reduce.shape == root.shape else unravel(ravel(idx, root.shape),
+                                                                  reduce.shape) for idx in idxs]
     values = lowerer.lower(reduce, at_reduce, [None] * len(idxs))
     # a 16-bit float goes through float32, which every LOCAL holds (exactly)
     held = dtypes.float32 if reduce.dtype.is_float and reduce.dtype.itemsize == 2 else None
@@ -210,8 +204,7 @@ def _epilogue_loop(lowerer: Lowerer, root: Lazy, reduce: Lazy, idxs: list[list[L
         lowerer.scopes.append({})
         offsets[a] = lowerer.new_var("e", 0, amounts[a] - 1, counters[-1])
     idx = [t + offsets.get(a, const(0)) for a, t in enumerate(starts)]
-    lane = recombine(sum((offsets[a] * s for a, s in zip(axes, strides_for(
-        tuple(amounts[a] for a in axes)))), Lin()))
+    lane = ravel([offsets[a] for a in axes], tuple(amounts[a] for a in axes))
     value = b.load(sums, lowerer.index(lane))
     lowerer.fixed[id(reduce)] = b.cast(value, reduce.dtype) if held else value
     result, = lowerer.lower(root, [idx], [None])
@@ -221,8 +214,7 @@ def _epilogue_loop(lowerer: Lowerer, root: Lazy, reduce: Lazy, idxs: list[list[L
         origin, start = edge
         first = lowerer.index(origin + offsets.get(shifted, const(0)) * -1 + (-1))
         gate = b.alu(Op.CMPLT, first, start)
-    flat = recombine(sum((i * s for i, s in zip(idx, strides_for(root.shape)) if s), Lin()))
-    b.store(out, lowerer.index(flat), result, gate)
+    b.store(out, lowerer.index(ravel(idx, root.shape)), result, gate)
     for counter in reversed(counters):
         b.add(Op.END, None, (counter,))
         lowerer.scopes.pop()

@@ -36,8 +36,7 @@ from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.graph import GraphOp, Lazy
-from portkit.symbolic import Bound, Lin, const, recombine, unravel
-from portkit.view import strides_for
+from portkit.symbolic import Bound, Lin, const, ravel, unravel
 
 _MIN_SIDE = 8      # smaller matmuls keep the untiled lowering: a tile would be mostly padding
 
@@ -275,7 +274,6 @@ def emit(lowerer, root: Lazy, found: Contraction, tiling: Tiling, out: int) -> K
     b.barrier()
     b.add(Op.END, None, (step_node,))
     lowerer.scopes.pop()
-    strides = strides_for(red.shape)
     for acc, (rm, rn) in zip(accs, product(range(t.per_thread_m), range(t.per_thread_n))):
         idx = base()
         idx[found.m] = tile_m * t.block_m + rows[rm]
@@ -283,7 +281,7 @@ def emit(lowerer, root: Lazy, found: Contraction, tiling: Tiling, out: int) -> K
         gate = lowerer.condition((Bound(idx[found.m], 0, m_size), Bound(idx[found.n], 0, n_size)),
                                  None)
         value = acc if wide == red.dtype else b.cast(acc, red.dtype)
-        flat = recombine(sum((i * s for i, s in zip(idx, strides) if s), Lin()))
+        flat = ravel(idx, red.shape)
         b.store(out, lowerer.index(flat), value, gate)
     return b.build(grid=(groups, 1, 1), block=(t.threads, 1, 1))
 

@@ -51,18 +51,16 @@ def chunk(max_loop_trips: int | None) -> int:
     return min(CHUNK, 1 << max(0, (max_loop_trips // 2).bit_length() - 1))
 
 
-def _piece(size: int, rest: int, outputs: int, chunk: int = CHUNK, lanes: bool = False,
-           few: int = _LANES_THREADS) -> int:
+def _piece(size: int, rest: int, outputs: int, chunk: int = CHUNK, lanes: bool = False) -> int:
     """The slice length a reduce axis of `size` (times `rest` other reduced elements per output,
     into `outputs` outputs) is cut into, for stages of at most `chunk`, on a device whose
-    threads are loops or (`lanes`) hardware lanes, where fewer than `few` outputs are cut;
-    `size`: not cut."""
+    threads are loops or (`lanes`) hardware lanes; `size`: not cut."""
     piece = size
     if size * rest > chunk:
         # a power of two, so that equal partial sums (a sum of ones) add up exactly
         piece = 1 << max(0, (chunk // rest).bit_length() - 1)
     if lanes:
-        if size * rest >= _LANES_FROM and outputs < min(_LANES_THREADS, few):
+        if size * rest >= _LANES_FROM and outputs < _LANES_THREADS:
             parts = min(size // _LANES_LEAST, _LANES_THREADS // max(outputs, 1))
             if parts >= 2:
                 piece = min(piece, ceil(size / (1 << (parts.bit_length() - 1))))
@@ -90,7 +88,7 @@ def split_reduce(node: Lazy, chunk: int = CHUNK, lanes: bool = False) -> bool:
     axis = max(axes, key=lambda a: src.shape[a])
     size = src.shape[axis]
     piece = _piece(size, prod(src.shape[a] for a in axes) // max(size, 1), node.size, chunk,
-                   lanes, _LANES_FEW + 1 if product else _LANES_THREADS)
+                   lanes)
     if piece >= size:
         return False
     parts = ceil(size / piece)

@@ -189,8 +189,9 @@ def show(rows: list[dict]) -> None:
         ms = row["ms"]
         on_gpu = row.get("torch_device") == "cuda"
         torch_ms = f"{ms['torch']:.2f}" + (" (cuda)" if on_gpu else "")
-        table.add_row(*head, f"{ms['portkit']:.2f}", f"{ms['onnxruntime']:.2f}", torch_ms, f"{row['ratio']:.1f}", f"{row['first_s']:.1f}",
-                      f"{row['max_error']:.1e}", str(row["kernels"]))
+        table.add_row(*head, f"{ms['portkit']:.2f}", f"{ms['onnxruntime']:.2f}", torch_ms,
+                      f"{row['ratio']:.1f}", f"{row['first_s']:.1f}", f"{row['max_error']:.1e}",
+                      str(row["kernels"]))
     console.print(table)
     for row in rows:
         if row.get("slowest"):

@@ -166,6 +166,7 @@ def no_grad():
         _state.enabled = previous
 
 
+@graph.gc_paused
 def backward(root, grad) -> None:
     """Accumulates d(root)/d(leaf) * grad into `.grad` of every leaf that requires it."""
     # Tensors that recorded an op, sources first; a leaf (no record) ends the walk. Inputs are

@@ -9,6 +9,8 @@ data between devices. Realizing a node (portkit/schedule/) turns it into a LOAD 
 """
 from __future__ import annotations
 
+import functools
+import gc
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from math import prod
@@ -22,6 +24,7 @@ from portkit.view import Shape, ShapeTracker
 
 # Kernels index elements with int32 (the ABI's index type): a tensor has at most this many.
 MAX_ELEMENTS = 2**31 - 1
+T = TypeVar("T")
 
 
 class TooLarge(PortkitError, RuntimeError):
@@ -35,6 +38,24 @@ def check_elements(shape: Sequence[int]) -> None:
         raise TooLarge(f"a tensor of shape {tuple(shape)} has {prod(shape):,} elements; kernels "
                        f"index elements with int32, so a tensor holds at most {MAX_ELEMENTS:,} "
                        "(2^31 - 1): split it into smaller tensors")
+
+
+def gc_paused(function: Callable[..., T]) -> Callable[..., T]:
+    """`function` with Python's cyclic garbage collector paused while it runs (unless it is off
+    already). Backward and scheduling allocate a graph's worth of objects that all live until
+    they return, and that refcounting frees: the collections their allocations set off find
+    nothing to free but walk every live object each time, about a third of an eager LSTM
+    step's CPU time (a step's graph of 35 unrolled time steps holds 20,000 nodes)."""
+    @functools.wraps(function)
+    def paused(*args: Any, **kwargs: Any) -> T:
+        if not gc.isenabled():
+            return function(*args, **kwargs)
+        gc.disable()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            gc.enable()
+    return paused
 
 
 class DeviceMismatch(PortkitError, RuntimeError):
@@ -190,10 +211,6 @@ def iota(shape: Shape, axis: int, device: str) -> Lazy:
 def load(buffer: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
     """A realized buffer holding `shape` contiguously."""
     return Lazy(GraphOp.LOAD, dtype, shape, (), None, device, buffer)
-
-
-
-T = TypeVar("T")
 
 
 class Walk(NamedTuple):

@@ -19,7 +19,7 @@ from portkit import runtime, settings
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
 from portkit.codegen.lower import check_dtypes, lower
-from portkit.graph import GraphOp, Lazy
+from portkit.graph import GraphOp, Lazy, gc_paused
 from portkit.schedule import limits, replay, search
 from portkit.schedule.fusion import ScheduleItem, schedule
 from portkit.schedule.keys import (
@@ -294,6 +294,7 @@ def realize(outs: list[Lazy]) -> None:
     _realize(outs)
 
 
+@gc_paused
 def _realize(outs: list[Lazy]) -> None:
     structure_key, nodes = graph_key(outs)
     steps = _replays.get(structure_key)

@@ -21,7 +21,6 @@ Rules `validate` cannot check, which a kernel must keep and a backend may rely o
 """
 from __future__ import annotations
 
-import functools
 import json
 import keyword
 import struct
@@ -200,34 +199,44 @@ def validate(kernel: Kernel) -> Kernel:
             raise InvalidKernel(f"kernel {kernel.name!r}: {what} must be 3 positive ints, "
                                 f"got {dims}")
     scopes: list[int] = []          # positions of the open RANGE / IF nodes
-    scope_of: list[tuple[int, ...]] = []
-    for i, node in enumerate(nodes):
-        # the message's prefix is made only on failure: a kernel has thousands of nodes
-        fail = functools.partial(_failure, kernel.name, i, node.op)
+    still_open: set[int] = set()
+    # per node, the innermost RANGE or IF open where it is defined (-1: none): a value may be
+    # used while that one is open (then so are all around it, which opened before it)
+    inner: list[int] = []
+    # the failing node, for the message; set per node, the message made only on failure (a
+    # kernel has thousands of nodes)
+    at: list[Any] = [0, None]
 
+    def fail(message: str) -> InvalidKernel:
+        return _failure(kernel.name, at[0], at[1], message)
+
+    for i, node in enumerate(nodes):
+        op = at[1] = node.op
+        at[0] = i
         for s in node.src:
-            if not (_is_int(s) and 0 <= s < i):
+            if not (type(s) is int or _is_int(s)) or not 0 <= s < i:
                 raise fail(f"source {s} is not an earlier node")
-            if nodes[s].op in _NO_VALUE and node.op is not Op.ENDIF:
+            if nodes[s].op in _NO_VALUE and op is not Op.ENDIF:
                 raise fail(f"source {s} is a {nodes[s].op.name}, which has no value")
-            if scope_of[s] != tuple(scopes[:len(scope_of[s])]):
+            if inner[s] >= 0 and inner[s] not in still_open:
                 raise fail(f"source {s} was defined inside a loop or branch closed before here")
-        if node.op in (Op.END, Op.ENDIF):
-            opener = Op.RANGE if node.op is Op.END else Op.IF
+        if op is Op.END or op is Op.ENDIF:
+            opener = Op.RANGE if op is Op.END else Op.IF
             if not scopes or node.src != (scopes[-1],) or nodes[scopes[-1]].op is not opener:
                 raise fail(f"must close the innermost open {opener.name}")
-            scopes.pop()
+            still_open.discard(scopes.pop())
         _check_node(node, [nodes[s] for s in node.src], fail)
-        if node.op in (Op.BARRIER, Op.MMA) and any(nodes[s].op is Op.IF for s in scopes):
-            raise fail(f"a {node.op.name} inside an IF can deadlock; place it outside every "
+        if (op is Op.BARRIER or op is Op.MMA) and any(nodes[s].op is Op.IF for s in scopes):
+            raise fail(f"a {op.name} inside an IF can deadlock; place it outside every "
                        "branch")
-        if node.op is Op.MMA and (kernel.block[0] * kernel.block[1] * kernel.block[2]
-                                  ) % node.arg.threads:
+        if op is Op.MMA and (kernel.block[0] * kernel.block[1] * kernel.block[2]
+                             ) % node.arg.threads:
             raise fail(f"its unit takes {node.arg.threads} threads a tile, a multiple of which "
                        f"must make the block {kernel.block}")
-        if node.op in (Op.RANGE, Op.IF):
+        if op is Op.RANGE or op is Op.IF:
             scopes.append(i)
-        scope_of.append(tuple(scopes))
+            still_open.add(i)
+        inner.append(scopes[-1] if scopes else -1)
     if scopes:
         raise InvalidKernel(f"kernel {kernel.name!r}: node {scopes[-1]} "
                             f"({nodes[scopes[-1]].op.name}) is never closed")
@@ -254,6 +263,7 @@ def _failure(name: str, position: int, op: Op, message: str) -> InvalidKernel:
     return InvalidKernel(f"kernel {name!r}, node {position} ({op.name}): {message}")
 
 
+_DOMAIN = {op: frozenset(domain) for op, domain in DOMAIN.items()}
 _ARITY = {**dict.fromkeys(UNARY, 1), **dict.fromkeys(BINARY, 2), **dict.fromkeys(TERNARY, 3),
           Op.CAST: 1, Op.BITCAST: 1, Op.RANGE: 2, Op.END: 1, Op.IF: 1, Op.ENDIF: 1,
           Op.ACC: 1, Op.ASSIGN: 2}
@@ -284,12 +294,15 @@ def _check_node(node: Node, src: list[Node], fail) -> None:
         operands = src[1:] if op is Op.WHERE else src
         if op is Op.WHERE and src[0].dtype != bool_:
             raise fail(f"condition must be bool, got {src[0].dtype}")
-        if len({s.dtype for s in operands}) != 1:
+        first = operands[0].dtype
+        # `is` before `!=`: dtypes are mostly the module's own objects (a kernel has
+        # thousands of nodes)
+        if any(s.dtype is not first and s.dtype != first for s in operands[1:]):
             raise fail(f"operand dtypes differ: {[s.dtype for s in operands]}")
-        if operands[0].dtype not in DOMAIN[op]:
-            raise fail(f"is not defined on {operands[0].dtype}")
-        want = bool_ if op in COMPARISON else operands[0].dtype
-        if dtype != want:
+        if first not in _DOMAIN[op]:
+            raise fail(f"is not defined on {first}")
+        want = bool_ if op in COMPARISON else first
+        if dtype is not want and dtype != want:
             raise fail(f"result dtype must be {want}, got {dtype}")
     elif op is Op.BITCAST and node.value_dtype.itemsize != src[0].value_dtype.itemsize:
         raise fail(f"cannot bitcast {src[0].dtype} to {dtype}: sizes differ")

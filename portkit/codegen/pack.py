@@ -121,19 +121,29 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # weight gradient 2.8x its forward's time
     folded_k = bool(found.k_fold)
     # a folded m read in place (a conv's short rows) keeps SERIAL's rows however few the
-    # registers: A's position there costs divisions per k, paid once per block, so a block
+    # registers: where A's position costs divisions per k, paid once per block, a block
     # that spills still outruns a small one (AVX2, 7 x 32 against the 2 x 32 and 1 x 32 blocks
     # that fit: 1.6x on a 28 x 28 map, 1.2x on 14 x 14, 2.6x on 7 x 7). A weight gradient's
     # folded m reads a staged A, and its 3 x 32 blocks ran at 1.3-1.4x its 8 x 32 on AVX2.
     short_rows = found.fold and not found.k_fold
     rows = _rows(found, max(limits.reuse, SERIAL.reuse) if short_rows else limits.reuse, m)
+    taps = _taps(found, inputs)
+    if short_rows and taps:
+        # walked by taps, A's position costs no division: the blocks that fit the registers
+        # win (AVX2, one thread: 2 x 32 ran a 3x3 conv on 28 x 28 at 1.4x 7 x 32's speed, one
+        # of stride 2 onto 28 x 28 at 1.5x), with SERIAL's rows in narrower blocks where few
+        # of the registers' rows divide the row (7 x 8 ran a 7 x 7 map at 1.6x 7 x 32's)
+        fitting = _rows(found, limits.reuse, m)
+        if 2 * fitting > limits.reuse:
+            rows = fitting
+        while rows * width > limits.accumulators and width > limits.vector // 4:
+            width //= 2
     tiles = ceil(m / rows)
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
     panels = ceil(n / width)
     itemsize = found.accumulate.itemsize
     # enough groups for a few cores, but no more than the work is worth splitting into
     wanted = max(1, min(_MIN_GROUPS, m * n * k // _GROUP_WORK))
-    taps = _taps(found, inputs)
     if k <= DEPTH:
         packing = _one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k, taps=taps),
                              tiles, panels, batch, folded_k)

@@ -120,11 +120,12 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # and a kernel tap) is worked out once per row: per element, it cost a stride-2 conv's
     # weight gradient 2.8x its forward's time
     folded_k = bool(found.k_fold)
-    # a folded m read in place (a conv's short rows) keeps SERIAL's rows however few the
-    # registers: where A's position costs divisions per k, paid once per block, a block
-    # that spills still outruns a small one (AVX2, 7 x 32 against the 2 x 32 and 1 x 32 blocks
-    # that fit: 1.6x on a 28 x 28 map, 1.2x on 14 x 14, 2.6x on 7 x 7). A weight gradient's
-    # folded m reads a staged A, and its 3 x 32 blocks ran at 1.3-1.4x its 8 x 32 on AVX2.
+    # a folded m read in place (a conv's short rows) with k walked flat (a 1x1 conv's) keeps
+    # SERIAL's rows however few the registers: while a 3x3 conv's A cost divisions per k,
+    # paid once per block, a block that spilled still outran a small one (AVX2, 7 x 32
+    # against the 2 x 32 and 1 x 32 blocks that fit: 1.6x on a 28 x 28 map, 1.2x on 14 x 14,
+    # 2.6x on 7 x 7). A weight gradient's folded m reads a staged A, and its 3 x 32 blocks
+    # ran at 1.3-1.4x its 8 x 32 on AVX2.
     short_rows = found.fold and not found.k_fold
     rows = _rows(found, max(limits.reuse, SERIAL.reuse) if short_rows else limits.reuse, m)
     taps = _taps(found, inputs)

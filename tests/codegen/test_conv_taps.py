@@ -132,3 +132,14 @@ def test_a_padded_conv_walked_by_taps_computes_in_the_interpreter():
     expected = TF.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), stride=2,
                          padding=1)
     _close(out.reshape(1, 16, 3, 3), expected, 29 * 9)
+
+
+AVX2 = dataclasses.replace(LOOPS, vector_registers=(16, 32))
+
+
+@pytest.mark.parametrize("size, rows, width", [(28, 2, 32), (14, 2, 32), (7, 7, 8)])
+def test_short_rows_walked_by_taps_take_a_block_that_fits_the_registers(size, rows, width):
+    # AVX2's twelve accumulator registers hold 3 x 32 float32: a 7-row block narrows to 8
+    item = _conv_item(_data(1, 64, size, size), _data(64, 64, 3, 3, seed=1), padding=1)
+    packing = pack.find(item.root, item.inputs, AVX2)[1]
+    assert (packing.rows, packing.width) == (rows, width), packing

@@ -44,10 +44,18 @@ from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.plan import SERIAL, Limits, load_steps, register_block, serial, under_epilogue
+from portkit.codegen.plan import (
+    SERIAL,
+    Limits,
+    divides,
+    load_steps,
+    register_block,
+    serial,
+    under_epilogue,
+)
 from portkit.codegen.tiles import Contraction, match
 from portkit.graph import GraphOp, Lazy
-from portkit.symbolic import Bound, Lin, const, ravel, unravel
+from portkit.symbolic import Bound, Lin, const, ravel, unravel, var
 
 # K elements per panel, at most: 256 x 32 float32 is 32 KiB, which stays in L1 (48 KiB on the
 # 2-core AVX-512 Xeon measured, where 256 ran matmul 1024 at 1.2x the speed of 128).
@@ -75,6 +83,7 @@ class Packing:
     packed_a: bool = False  # A's block computed once per group and depth block into LOCAL
     summed: bool = True     # several depth blocks: running sums in LOCAL
     along_k: bool = False   # the staged A is [row][k] (A steps by 1 along k), else [k][row]
+    taps: tuple[int, ...] = ()  # k's inner sizes, each walked as a loop (a conv's kh, kw)
 
     def local_bytes(self, itemsize: int) -> int:
         staged = self.depth * self.rows * self.blocks if self.packed_a else 0
@@ -111,13 +120,25 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # and a kernel tap) is worked out once per row: per element, it cost a stride-2 conv's
     # weight gradient 2.8x its forward's time
     folded_k = bool(found.k_fold)
-    # a folded m read in place (a conv's short rows) keeps SERIAL's rows however few the
-    # registers: A's position there costs divisions per k, paid once per block, so a block
-    # that spills still outruns a small one (AVX2, 7 x 32 against the 2 x 32 and 1 x 32 blocks
-    # that fit: 1.6x on a 28 x 28 map, 1.2x on 14 x 14, 2.6x on 7 x 7). A weight gradient's
-    # folded m reads a staged A, and its 3 x 32 blocks ran at 1.3-1.4x its 8 x 32 on AVX2.
+    # a folded m read in place (a conv's short rows) with k walked flat (a 1x1 conv's) keeps
+    # SERIAL's rows however few the registers: while a 3x3 conv's A cost divisions per k,
+    # paid once per block, a block that spilled still outran a small one (AVX2, 7 x 32
+    # against the 2 x 32 and 1 x 32 blocks that fit: 1.6x on a 28 x 28 map, 1.2x on 14 x 14,
+    # 2.6x on 7 x 7). A weight gradient's folded m reads a staged A, and its 3 x 32 blocks
+    # ran at 1.3-1.4x its 8 x 32 on AVX2.
     short_rows = found.fold and not found.k_fold
     rows = _rows(found, max(limits.reuse, SERIAL.reuse) if short_rows else limits.reuse, m)
+    taps = _taps(found, inputs)
+    if short_rows and taps:
+        # walked by taps, A's position costs no division: the blocks that fit the registers
+        # win (AVX2, one thread: 2 x 32 ran a 3x3 conv on 28 x 28 at 1.4x 7 x 32's speed, one
+        # of stride 2 onto 28 x 28 at 1.5x), with SERIAL's rows in narrower blocks where few
+        # of the registers' rows divide the row (7 x 8 ran a 7 x 7 map at 1.6x 7 x 32's)
+        fitting = _rows(found, limits.reuse, m)
+        if 2 * fitting > limits.reuse:
+            rows = fitting
+        while rows * width > limits.accumulators and width > limits.vector // 4:
+            width //= 2
     tiles = ceil(m / rows)
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
     panels = ceil(n / width)
@@ -125,8 +146,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # enough groups for a few cores, but no more than the work is worth splitting into
     wanted = max(1, min(_MIN_GROUPS, m * n * k // _GROUP_WORK))
     if k <= DEPTH:
-        packing = _one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k), tiles,
-                             panels, batch, folded_k)
+        packing = _one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k, taps=taps),
+                             tiles, panels, batch, folded_k)
         return None if packing is None else (found, packing)
     # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
     # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
@@ -147,13 +168,47 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # else the deepest panel, then the most register blocks per group that divide m's,
     # leave enough groups, and fit the device's workgroup memory
     for most, blocks in choices:
-        depth = ceil(k / ceil(k / most))
-        packing = Packing(rows, width, blocks, depth, packed_a=staged,
-                          along_k=found.contiguous_k[0] or folded_k)
+        # with taps, a depth block holds whole windows: `per` channels times every tap, a
+        # divisor of the channels where one fills half the block (64 channels of 3x3 taps:
+        # 16, four whole blocks), else as many per block as the blocks need
+        unit, channels = prod(taps), k // prod(taps)
+        fit = max(1, most // unit)
+        per = max(d for d in range(1, fit + 1) if channels % d == 0) if taps else 0
+        per = per if 2 * per >= fit else ceil(channels / ceil(channels / fit))
+        packing = Packing(rows, width, blocks, per * unit, packed_a=staged,
+                          along_k=found.contiguous_k[0] or folded_k, taps=taps)
         enough = batch * panels * (tiles // blocks) >= wanted or blocks in (fallback, 1)
         if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
             return found, packing
     return None
+
+
+def _taps(found: Contraction, inputs: list[Lazy]) -> tuple[int, ...]:
+    """The inner sizes one k axis unravels into at its factors' positions: (kh, kw) for a
+    conv, whose K = channels x kh x kw is read as (k // 9, k // 3 % 3, k % 3). Sizes are split
+    off from the inside, each the smallest divisor of what is left that frees the counters
+    outside it of divisions. () for a k read flat (a matmul's, a 1x1 conv's), a sum over
+    several axes, or windows larger than a depth block."""
+    if found.k_fold:
+        return ()
+    shape = found.reduce.src[0].shape
+
+    def divided(sizes: list[int], names: set[str]) -> bool:
+        idx = [var(f"o{a}", 0, s - 1) for a, s in enumerate(shape)]
+        idx[found.k] = ravel([var(f"t{i}", 0, s - 1) for i, s in enumerate(sizes)], tuple(sizes))
+        return any(divides(factor, inputs, idx, names) for factor in (found.left, found.right))
+
+    sizes = [shape[found.k]]
+    while divided(sizes, {f"t{len(sizes) - 1}"}):
+        last, name = sizes[-1], {f"t{len(sizes) - 1}"}
+        split = next((d for d in range(2, last) if last % d == 0 and not divided(
+            [*sizes[:-1], last // d, d], name)), None)
+        if split is None:
+            return ()
+        sizes[-1:] = [last // split, split]
+    if len(sizes) == 1 or prod(sizes[1:]) > DEPTH:
+        return ()
+    return tuple(sizes[1:])
 
 
 def _rows(found: Contraction, reuse: int, m: int) -> int:
@@ -203,7 +258,8 @@ def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
         for spans in (d for d in range(1, panels + 1) if panels % d == 0 and cost > 1 or d == 1):
             packed_a = cost > 1
             packing = Packing(base.rows, base.width, blocks, base.depth, spans, packed_a,
-                              summed=False, along_k=found.contiguous_k[0] or staged)
+                              summed=False, along_k=found.contiguous_k[0] or staged,
+                              taps=base.taps)
             groups = batch * (tiles // blocks) * (panels // spans)
             if groups < wanted and (blocks, spans) != (1, 1):
                 continue
@@ -330,46 +386,66 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     # the flat counter cost a div and a mod of it per staged element (scalar code)
     run = shape[found.k_axes[-1]] if found.k_fold else 1
     run = run if 1 < run < p.depth and p.depth % run == 0 else 1
+    # a conv's K (channels x kh x kw, read as k // 9, k // 3 % 3, k % 3) walks its channels and
+    # taps as loops of their own, so that no operand's position divides a counter: the
+    # divisions per k ran the multiply-add loop of a 3x3 conv at half the matmul's rate. The
+    # loop with the most trips is innermost (the channels of a 3x3 conv, the stem's 7 columns)
+    taps = prod(p.taps)
+    unit = run if run > 1 else taps
 
-    def walk(name: str, end: int) -> Iterator[Lin]:
-        """The depth block's counter, as one loop or as runs of `run` (above)."""
+    def walk(name: str) -> Iterator[tuple[Lin, Lin]]:
+        """The depth block's position (in the panel and the staged A) and k there: one loop,
+        runs of `run`, or a loop per channel and tap (above)."""
+        if p.taps:
+            trips = [p.depth // taps, *p.taps]
+            order = sorted(range(len(trips)), key=lambda i: (i == trips.index(max(trips)), i))
+            with _loops(lowerer, name, [(trips[i], ends[1] if i == 0 else None)
+                                        for i in order]) as counters:
+                at_loop = dict(zip(order, counters))
+                window = ravel([at_loop[i] for i in range(1, len(trips))], p.taps)
+                # the channel as a variable of its own range: the last block's ragged end
+                # leaves block * per + c's range past the channels, and a modulo by them
+                channels = k_size // taps
+                channel = lowerer.new_var(name + "c", 0, channels - 1, lowerer.index(
+                    block * trips[0] + at_loop[0]))
+                yield ravel(counters, tuple(trips[i] for i in order)), channel * taps + window
+            return
         if run == 1:
-            with _loop(lowerer, name, p.depth, end) as kk:
-                yield kk
+            with _loop(lowerer, name, p.depth, ends[0]) as kk:
+                yield kk, k0 + kk
             return
         with _loop(lowerer, name + "r", p.depth // run, ends[1]) as runs, \
                 _loop(lowerer, name, run) as kk:
-            yield runs * run + kk
+            yield runs * run + kk, k0 + runs * run + kk
     with _loop(lowerer, "kb", ceil(k_size / p.depth)) as block:
         k0 = block * p.depth
         ends = []
-        for step in (1, run):   # the block's end, in terms and in runs
+        for step in (1, unit):   # the block's end, in terms and in runs or windows
             end = lowerer.const(p.depth // step)
             if k_size % p.depth:
                 left = b.alu(Op.ADD, lowerer.const(k_size // step), b.alu(
                     Op.MUL, lowerer.index(block), lowerer.const(-p.depth // step)))
                 end = b.alu(Op.WHERE, b.alu(Op.CMPLT, left, end), left, end)
             ends.append(end)
-        end = ends[0]
         if p.packed_a:
             group_row = first_row(const(0))[0]
             # A's block, computed once for every panel the group spans, in A's order
-            def stage(kk: Lin, i: Lin) -> None:
-                value, = lowerer.lower(found.left, [at(group_row + i, const(0), k0 + kk)],
-                                       [None])
+            def stage(kk: Lin, k: Lin, i: Lin) -> None:
+                value, = lowerer.lower(found.left, [at(group_row + i, const(0), k)], [None])
                 value = value if b.dtype(value) == wide else b.cast(value, wide)
                 b.store(staged, lowerer.index(at_a(i, kk)), value)
             if p.along_k:
                 with _loop(lowerer, "am", across) as i:
-                    for kk in walk("ak", end):
-                        stage(kk, i)
+                    for kk, k in walk("ak"):
+                        stage(kk, k, i)
             else:
-                with _loop(lowerer, "ak", p.depth, end) as kk, _loop(lowerer, "am", across) as i:
-                    stage(kk, i)
+                for kk, k in walk("ak"):
+                    with _loop(lowerer, "am", across) as i:
+                        stage(kk, k, i)
         with _spans(lowerer, p.spans) as span:
             column0 = (tile_n * p.spans + span) * p.width
-            def copy(kk: Lin, j: Lin) -> None:
-                idx = at(const(0), column0 + j, k0 + kk)
+            def copy(kk: Lin, k: Lin, j: Lin) -> None:
+                idx = at(const(0), column0 + j, k)
                 gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
                 value, = lowerer.lower(found.right, [idx], [gate])
                 value = value if b.dtype(value) == wide else b.cast(value, wide)
@@ -382,21 +458,22 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 # a 32 x 32 map or for K = 1024, and walking them all at each k evicts each
                 # other from one L1 set
                 with _loop(lowerer, "pn", p.width) as j:
-                    for kk in walk("pk", end):
-                        copy(kk, j)
+                    for kk, k in walk("pk"):
+                        copy(kk, k, j)
             else:
-                with _loop(lowerer, "pk", p.depth, end) as kk, _loop(lowerer, "pn", p.width) as j:
-                    copy(kk, j)
+                for kk, k in walk("pk"):
+                    with _loop(lowerer, "pn", p.width) as j:
+                        copy(kk, k, j)
             with _loop(lowerer, "mb", p.blocks) as t:
                 accs = [b.acc(zero) for _ in range(p.rows * p.width)]
                 first = first_row(t)
                 row0 = first[0]
-                with _loop(lowerer, "kk", p.depth, end) as kk:
+                for kk, k in walk("kk"):
                     if p.packed_a:
                         lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, kk)))
                                  for r in range(p.rows)]
                     else:
-                        lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k0 + kk)
+                        lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k)
                                                            for r in range(p.rows)],
                                               [None] * p.rows)
                     rights = [b.load(panel, lowerer.index(kk * p.width + j))
@@ -451,6 +528,18 @@ class _loop:
     def __exit__(self, *exc) -> None:
         self.lowerer.b.add(Op.END, None, (self.node,))
         self.lowerer.scopes.pop()
+
+
+@contextmanager
+def _loops(lowerer, name: str, loops: list[tuple[int, int | None]]) -> Iterator[list[Lin]]:
+    """`with _loops(lowerer, name, [(trips, end), ...]) as counters`: nested _loops, outer
+    first."""
+    if not loops:
+        yield []
+        return
+    (trips, end), *inner = loops
+    with _loop(lowerer, name, trips, end) as counter, _loops(lowerer, name, inner) as rest:
+        yield [counter, *rest]
 
 
 @contextmanager

@@ -255,6 +255,15 @@ def gates(node: Lazy, inputs: list[Lazy], idx: list[Lin]) -> list[Bound]:
     return conds
 
 
+def divides(node: Lazy, inputs: list[Lazy], idx: list[Lin], names: set[str]) -> bool:
+    """Whether a load of `node` at multi-index `idx`, or its padding gate, divides or takes a
+    modulo of an expression in the variables `names`."""
+    loads: list[Lin] = []
+    conds: list[Bound] = []
+    _accesses(node, idx, {id(x) for x in inputs}, loads, [], set(), set(), conds)
+    return any(_divided(expr, names) for expr in (*loads, *(c.expr for c in conds)))
+
+
 def divisor(size: int, most: int) -> int:
     """The largest power of two <= most that divides size."""
     amount = 1
@@ -272,6 +281,12 @@ def _step(flat: Lin, name: str) -> int | None:
         elif name in _names(atom.expr):
             return None
     return step
+
+
+def _divided(expr: Lin, names: set[str]) -> bool:
+    """Whether `expr` holds a division or modulo of an expression in `names`."""
+    return any(not isinstance(atom, Var) and bool(names & _names(atom.expr))
+               for atom, _ in expr.terms)
 
 
 def _names(expr: Lin) -> set[str]:

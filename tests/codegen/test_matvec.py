@@ -26,10 +26,11 @@ def _floats(*shape: int) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def _kernel(x_shape: tuple[int, int], w_shape: tuple[int, int], transposed: bool):
+def _kernel(x_shape: tuple[int, int], w_shape: tuple[int, int], transposed: bool,
+            caps=LOOPS):
     x, w = (Tensor(np.zeros(s, np.float32), device="interpreter") for s in (x_shape, w_shape))
     item, = schedule.create_schedule([(x @ (w.transpose(0, 1) if transposed else w)).lazy])
-    return lower(item.root, item.inputs, LOOPS)
+    return lower(item.root, item.inputs, caps)
 
 
 def _product_accumulators(kernel) -> set[int]:
@@ -57,6 +58,15 @@ def test_x_at_w_transposed_sums_in_lanes_along_k(x_shape, w_shape):
     assert all(run.paired is not None and not run.fused for run in runs)
     assert {kernel.nodes[run.buffer].arg for run in runs} == {2}           # W's rows
     assert {kernel.nodes[run.paired[0]].arg for run in runs} == {1}        # x's vector
+
+
+@pytest.mark.parametrize("registers, rows", [((16, 32), 4), ((32, 64), 8)])
+def test_the_rows_of_w_a_thread_sums_at_once_fit_the_registers(registers, rows):
+    # 16 partial sums per row of W: AVX2's sixteen 256-bit registers hold 4 rows' beside x's
+    # vectors, AVX-512's thirty-two 512-bit ones 8
+    caps = dataclasses.replace(LOOPS, vector_registers=registers)
+    kernel = _kernel((1, 768), (2304, 768), transposed=True, caps=caps)
+    assert len(_product_accumulators(kernel)) == rows * 16
 
 
 def test_x_at_w_sums_in_lanes_along_n():

@@ -78,9 +78,26 @@ def test_x_at_w_sums_in_lanes_along_n():
     assert all(run.shared is not None and run.paired is None for run in runs)
 
 
+def _cpu_schedule(x_shape: tuple[int, int], w_shape: tuple[int, int], transposed: bool):
+    x, w = (Tensor(np.zeros(s, np.float32), device="cpu") for s in (x_shape, w_shape))
+    return schedule.create_schedule([(x @ (w.transpose(0, 1) if transposed else w)).lazy])
+
+
+def test_x_at_w_row_major_sums_slices_of_rows_then_the_slices():
+    # each of the first kernel's partial sums reads 16 consecutive rows of W whole (row major,
+    # the slice index leading), and the second adds the 48 slices' sums
+    first, second = _cpu_schedule((1, 768), (768, 3072), transposed=False)
+    assert first.root.shape[0] == 768 // 16 and first.root.shape[-2:] == (3072, 1)
+    assert second.root.shape == (1, 3072)
+    # rows contiguous along k (x @ W.T), and a W small enough to stay cached, are not cut
+    assert len(_cpu_schedule((1, 768), (2304, 768), transposed=True)) == 1
+    assert len(_cpu_schedule((1, 64), (64, 64), transposed=False)) == 1
+
+
 @pytest.mark.parametrize("x_shape, w_shape, transposed", [
     ((1, 256), (1024, 256), True), ((1, 128), (512, 128), True), ((1, 768), (2304, 768), True),
-    ((1, 768), (50257, 768), True), ((1, 768), (768, 3072), False), ((3, 256), (1024, 256), True)])
+    ((1, 768), (50257, 768), True), ((1, 768), (768, 3072), False), ((3, 256), (1024, 256), True),
+    ((4, 3072), (3072, 768), False), ((1, 1000), (1000, 520), False)])
 def test_matches_numpy(x_shape, w_shape, transposed):
     x, w = _floats(*x_shape), _floats(*w_shape)
     weight = Tensor(w, device="cpu")

@@ -11,6 +11,13 @@ operand loads `base + offset + lane` from one buffer, with no other use of the a
 inside the loop and no STORE among the updates. Everything else stays scalar; a run the
 pattern does not fit is left to the compiler, so the pass only changes how a kernel is
 spelled, never what it computes (the interpreter runs the same ABI kernel).
+The untiled lowering's products (codegen/plan.py) update their accumulators with a MUL and an
+ADD, each rounded: a run of those is written as a vector multiply, then a vector add
+(`Spelling.mul_add`). Their operands may both be loads at consecutive addresses: an M = 1
+product x @ W.T keeps partial sums along k, acc[j] += x[k + j] * W[n, k + j], where no operand
+is shared and the run multiplies two loaded vectors. clang's own vectorizer gathered W's
+elements across rows there (a vinsertps each) and ran h @ R.T (1, 256) x (1024, 256) at
+1 GFLOP/s.
 A run whose lanes, after the loop, are each added into consecutive elements of one buffer
 (pack.py's running sums: LOAD buf[base + offset + lane], ADD the lane, STORE it back; or at
 constant positions c + lane) is a `Flush`, which a renderer with `Spelling.add_into` writes as
@@ -37,17 +44,21 @@ from portkit.abi.ops import Op
 
 @dataclass(frozen=True)
 class Run:
-    """Accumulators held in one vector: their ACC, MULACC and ASSIGN nodes in lane order, the
-    operand every lane shares, and where the lanes' own operands are loaded from: buffer
+    """Accumulators held in one vector: their ACC, update (MULACC, or the ADD of a MUL) and
+    ASSIGN nodes in lane order, the operand every lane shares (None where the other operand
+    is a vector too: `paired`), and where the lanes' own operands are loaded from: buffer
     node, index node and the constant added to it for lane 0 (lane k adds k more)."""
 
     accs: tuple[int, ...]
     updates: tuple[int, ...]
     assigns: tuple[int, ...]
-    shared: int
+    shared: int | None
     buffer: int
     base: int
     offset: int
+    paired: tuple[int, int, int] | None = None   # the other vector's buffer, base and offset
+    fused: bool = True          # MULACC, one rounding; else a MUL, then an ADD
+    products: tuple[int, ...] = ()               # the MUL nodes of an unfused run
 
     @property
     def last(self) -> int:
@@ -86,13 +97,13 @@ def find(kernel: Kernel, widths: dict[DType, int]) -> list[Run]:
         loop_of.append(open_loops[-1] if open_loops else None)
         if node.op is Op.RANGE:
             open_loops.append(i)
-    updates: dict[int, tuple[int, int] | None] = {}     # ACC -> (MULACC, ASSIGN)
+    updates: dict[int, _Update | None] = {}
     for i, node in enumerate(nodes):
         if node.op is Op.ASSIGN:
             acc, value = node.src
-            fits = nodes[value].op is Op.MULACC and nodes[value].src[2] == acc
-            fits = fits and users[value] == [i] and acc not in updates
-            updates[acc] = (value, i) if fits else None
+            found = _update(nodes, users, acc, value)
+            fits = found is not None and users[value] == [i] and acc not in updates
+            updates[acc] = _Update(value, i, *found) if fits else None
     accs = [i for i, node in enumerate(nodes) if node.op is Op.ACC and node.dtype in widths]
     runs, at = [], 0
     while at < len(accs):
@@ -109,32 +120,60 @@ def find(kernel: Kernel, widths: dict[DType, int]) -> list[Run]:
     return runs
 
 
+@dataclass(frozen=True)
+class _Update:
+    """How one accumulator is updated: its update and ASSIGN nodes, the product's two
+    operands, and the MUL node (None for a MULACC)."""
+
+    value: int
+    assign: int
+    left: int
+    right: int
+    product: int | None
+
+
+def _update(nodes: tuple[Node, ...], users, acc: int, value: int
+            ) -> tuple[int, int, int | None] | None:
+    """(left, right, MUL node or None) where `value` is MULACC(left, right, acc) or
+    ADD(acc, MUL(left, right)) with the MUL used only there; else None."""
+    node = nodes[value]
+    if node.op is Op.MULACC and node.src[2] == acc:
+        return node.src[0], node.src[1], None
+    if node.op is not Op.ADD or acc not in node.src or node.src[0] == node.src[1]:
+        return None
+    product = node.src[1] if node.src[0] == acc else node.src[0]
+    if nodes[product].op is not Op.MUL or users[product] != [value]:
+        return None
+    return nodes[product].src[0], nodes[product].src[1], product
+
+
 def _run(nodes: tuple[Node, ...], accs: list[int], updates, users, loop_of, end_of
          ) -> Run | None:
     if len({nodes[a].src[0] for a in accs}) != 1 or any(updates.get(a) is None for a in accs):
         return None
-    mulaccs = [updates[a][0] for a in accs]
-    assigns = [updates[a][1] for a in accs]
-    left = [nodes[m].src[0] for m in mulaccs]
-    right = [nodes[m].src[1] for m in mulaccs]
+    mine = [updates[a] for a in accs]
+    mulaccs = [u.value for u in mine]
+    assigns = [u.assign for u in mine]
+    products = [u.product for u in mine if u.product is not None]
+    if len(products) not in (0, len(accs)):
+        return None
+    left, right = [u.left for u in mine], [u.right for u in mine]
+    shared, paired, others = None, None, []
     if len(set(left)) == 1:
         shared, loads = left[0], right
     elif len(set(right)) == 1:
         shared, loads = right[0], left
-    else:
+    else:       # both operands vectors: only a MUL and an ADD, which every renderer spells
+        loads, others = right, left
+        paired = _vector(nodes, others, nodes[accs[0]].dtype)
+        if paired is None or not products:
+            return None
+    place = _vector(nodes, loads, nodes[accs[0]].dtype)
+    if place is None:
         return None
-    if any(nodes[x].op is not Op.LOAD or len(nodes[x].src) != 2 for x in loads):
-        return None
-    buffers = {nodes[x].src[0] for x in loads}
-    buffer = buffers.pop()
-    if buffers or nodes[buffer].dtype != nodes[accs[0]].dtype:
-        return None
-    places = [_split(nodes, nodes[x].src[1]) for x in loads]
-    base, offset = places[0]
-    if places != [(base, offset + lane) for lane in range(len(accs))]:
-        return None
+    buffer, base, offset = place
     loop = loop_of[assigns[0]]
-    first, last = min(loads + mulaccs), max(assigns)
+    first, last = min(loads + others + mulaccs + products), max(assigns)
     if loop is None or any(loop_of[x] != loop for x in mulaccs + assigns):
         return None
     if any(nodes[i].op is Op.STORE for i in range(first, last)):
@@ -142,7 +181,25 @@ def _run(nodes: tuple[Node, ...], accs: list[int], updates, users, loop_of, end_
     for acc, mulacc, assign in zip(accs, mulaccs, assigns):
         if any(first <= u <= end_of[loop] for u in users[acc] if u not in (mulacc, assign)):
             return None
-    return Run(tuple(accs), tuple(mulaccs), tuple(assigns), shared, buffer, base, offset)
+    return Run(tuple(accs), tuple(mulaccs), tuple(assigns), shared, buffer, base, offset,
+               paired, not products, tuple(products))
+
+
+def _vector(nodes: tuple[Node, ...], loads: list[int], dtype: DType
+            ) -> tuple[int, int, int] | None:
+    """(buffer, base, offset) where `loads` are ungated LOADs of buffer[base + offset + lane]
+    in lane order, from a buffer of `dtype`; else None."""
+    if any(nodes[x].op is not Op.LOAD or len(nodes[x].src) != 2 for x in loads):
+        return None
+    buffers = {nodes[x].src[0] for x in loads}
+    buffer = buffers.pop()
+    if buffers or nodes[buffer].dtype != dtype:
+        return None
+    places = [_split(nodes, nodes[x].src[1]) for x in loads]
+    base, offset = places[0]
+    if places != [(base, offset + lane) for lane in range(len(loads))]:
+        return None
+    return buffer, base, offset
 
 
 def flush(kernel: Kernel, run: Run) -> Flush | None:
@@ -207,13 +264,24 @@ def _split(nodes: tuple[Node, ...], index: int) -> tuple[int, int]:
 class Spelling:
     """How a renderer writes a run as a vector: the declaration of vector `lead` with every
     lane set to `init` (n lanes), lane k of it, `lead = a * (the n values from at) + lead`
-    with one rounding (`at` names the first value, e.g. buf[i + 3]), and optionally a Flush."""
+    with one rounding (`at` names the first value, e.g. buf[i + 3]), and optionally a Flush
+    and an unfused run."""
 
     declare: Callable[[str, str, int], str]
     lane: Callable[[str, int], str]
     fma: Callable[[str, str, str], str]
     # `the n values from at += lead`, elementwise (a Flush); None: flushes stay scalar
     add_into: Callable[[str, str], str] | None = None
+    # `lead = lead + a * (the n values from at)`, the product rounded, then the sum, where `a`
+    # is a scalar or a `vector(...)`; and the n values from `at` as a vector. None: unfused
+    # runs stay scalar
+    mul_add: Callable[[str, str, str], str] | None = None
+    vector: Callable[[str], str] | None = None
+
+    def writes(self, run: Run) -> bool:
+        """Whether this spelling can write `run`."""
+        return run.fused and run.paired is None or (
+            self.mul_add is not None and self.vector is not None)
 
 
 def lines(kernel: Kernel, run: Run, init: int, spelling: Spelling) -> dict:
@@ -228,12 +296,19 @@ def lines(kernel: Kernel, run: Run, init: int, spelling: Spelling) -> dict:
     own: dict[int, Callable[[dict], tuple]] = {run.accs[0]: declare}
     for k, acc in enumerate(run.accs[1:], 1):
         own[acc] = _named(spelling.lane(lead, k))
-    for node in (*run.updates, *run.assigns):
+    for node in (*run.updates, *run.assigns, *run.products):
         own[node] = _named("")
 
     def update(names: dict) -> tuple:
         at = f"{names[run.buffer]}[{names[run.base]} + {run.offset}]"
-        return "", spelling.fma(lead, names[run.shared], at)
+        if run.paired is not None:
+            buffer, base, offset = run.paired
+            other = spelling.vector(f"{names[buffer]}[{names[base]} + {offset}]")
+        else:
+            other = names[run.shared]
+        if run.fused:
+            return "", spelling.fma(lead, other, at)
+        return "", spelling.mul_add(lead, other, at)
 
     own[run.last] = update
     if spelling.add_into is not None:
@@ -295,12 +370,17 @@ def spelled(kernel: Kernel, types: dict[DType, str], vector_bytes: int,
     updates of each group (`together`) at once, at the group's last update."""
     own: dict = {}
     widths = {d: vector_bytes // d.itemsize for d in types}
-    for group in together(kernel, find(kernel, widths)):
+
+    def spelled_as(run: Run) -> Spelling:
+        dtype = kernel.nodes[run.accs[0]].value_dtype
+        return spelling(types[dtype], widths[dtype])
+
+    runs = [run for run in find(kernel, widths) if spelled_as(run).writes(run)]
+    for group in together(kernel, runs):
         updates = []
         for run in group:
             first = kernel.nodes[run.accs[0]]
-            spelled_as = spelling(types[first.value_dtype], widths[first.value_dtype])
-            own.update(lines(kernel, run, first.src[0], spelled_as))
+            own.update(lines(kernel, run, first.src[0], spelled_as(run)))
             updates.append(own.pop(run.last))
             own[run.last] = _named("")
         own[max(run.last for run in group)] = _written(updates)

@@ -31,6 +31,7 @@ Both show in the ABI kernel at PORTKIT_DEBUG=3: a RANGE around the reduce loop, 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from itertools import product
 from math import ceil, isqrt, prod
 
@@ -41,7 +42,7 @@ from portkit.abi.errors import CapabilityError, UnsupportedDType
 from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
 from portkit.codegen import rows
-from portkit.codegen.plan import SERIAL, THREADED, Plan, launch_shape, plan, serial
+from portkit.codegen.plan import SERIAL, THREADED, Plan, launch_shape, plan, register_block, serial
 from portkit.codegen.rows import row_length
 from portkit.graph import GraphOp, Lazy, Traced, toposort
 from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, const, recombine, unravel, var
@@ -447,8 +448,11 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     chosen = None if contraction is None else staging.choose(
         contraction, caps, local or tune.stored(caps, contraction))
     packed = None if chosen or on_unit else packing.find(root, inputs, caps)
-    tiling = Plan() if chosen or packed or on_unit else plan(
-        root, inputs, SERIAL if serial(caps) else THREADED)
+    limits = THREADED
+    if serial(caps):
+        limits = replace(SERIAL, registers=register_block(caps).accumulators
+                         if caps.vector_registers else 0)
+    tiling = Plan() if chosen or packed or on_unit else plan(root, inputs, limits)
     lowerer = Lowerer(name, inputs, tiling)
     lowerer.ranges = dtypes.uint32 in caps.dtypes
     lowerer.epilogue_loop = serial(caps) and caps.local_memory_bytes > 0

@@ -103,7 +103,7 @@ def find(kernel: Kernel, widths: dict[DType, int]) -> list[Run]:
             acc, value = node.src
             found = _update(nodes, users, acc, value)
             fits = found is not None and users[value] == [i] and acc not in updates
-            updates[acc] = _Update(value, i, *found) if fits else None
+            updates[acc] = _Update(value, i, *found) if fits and found is not None else None
     accs = [i for i, node in enumerate(nodes) if node.op is Op.ACC and node.dtype in widths]
     runs, at = [], 0
     while at < len(accs):
@@ -165,10 +165,10 @@ def _run(nodes: tuple[Node, ...], accs: list[int], updates, users, loop_of, end_
         shared, loads = right[0], left
     else:       # both operands vectors: only a MUL and an ADD, which every renderer spells
         loads, others = right, left
-        paired = _vector(nodes, others, nodes[accs[0]].dtype)
+        paired = _vector(nodes, others, nodes[accs[0]].value_dtype)
         if paired is None or not products:
             return None
-    place = _vector(nodes, loads, nodes[accs[0]].dtype)
+    place = _vector(nodes, loads, nodes[accs[0]].value_dtype)
     if place is None:
         return None
     buffer, base, offset = place
@@ -302,12 +302,14 @@ def lines(kernel: Kernel, run: Run, init: int, spelling: Spelling) -> dict:
     def update(names: dict) -> tuple:
         at = f"{names[run.buffer]}[{names[run.base]} + {run.offset}]"
         if run.paired is not None:
+            assert spelling.vector is not None    # `writes` asked for it
             buffer, base, offset = run.paired
             other = spelling.vector(f"{names[buffer]}[{names[base]} + {offset}]")
         else:
             other = names[run.shared]
         if run.fused:
             return "", spelling.fma(lead, other, at)
+        assert spelling.mul_add is not None
         return "", spelling.mul_add(lead, other, at)
 
     own[run.last] = update

@@ -447,6 +447,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     chosen = None if contraction is None else staging.choose(
         contraction, caps, local or tune.stored(caps, contraction))
     packed = None if chosen or on_unit else packing.find(root, inputs, caps)
+    if serial(caps) and not (chosen or packed or on_unit):
+        root = rows.merged(root, inputs)
     tiling = Plan() if chosen or packed or on_unit else plan(
         root, inputs, SERIAL if serial(caps) else THREADED)
     lowerer = Lowerer(name, inputs, tiling)

@@ -452,6 +452,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if serial(caps):
         limits = replace(SERIAL, registers=register_block(caps).accumulators
                          if caps.vector_registers else 0)
+        if not (chosen or packed or on_unit):
+            root = rows.merged(root, inputs)
     tiling = Plan() if chosen or packed or on_unit else plan(root, inputs, limits)
     lowerer = Lowerer(name, inputs, tiling)
     lowerer.ranges = dtypes.uint32 in caps.dtypes

@@ -29,6 +29,9 @@ gradient, K = the batch) the group spans several panels along n, so A is evaluat
 group instead of once per panel.
 An output at most half a block wide (a classifier's logits) takes half-width blocks, and a
 small matmul gets fewer workgroups than a few cores' worth (each is worth waking a core for).
+A 1x1 conv on NCHW (MobileNet's and EfficientNet's expansions and projections) is read the way
+its output lies: n is its positions h * w, one axis of the input [cin][h * w], m its output
+channels, so the lanes and the stores run along the positions (`_flatten`).
 What an operand is (a load, x.T, a fused x * 2) is not matched by pattern: the lowerer computes
 the reduce's factors at the panel's positions, as codegen/tiles.py does for GPU-class devices.
 """
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 from math import ceil, prod
 
@@ -48,6 +51,7 @@ from portkit.codegen.plan import (
     SERIAL,
     Limits,
     divides,
+    gates,
     load_steps,
     register_block,
     serial,
@@ -108,6 +112,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         depths=True)
     if found is None:
         return None
+    found, flat = _flatten(found, inputs)
     m, n, k = found.sizes
     if m * n * k < _MIN_WORK or n < limits.vector // 4:
         return None
@@ -126,8 +131,10 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # against the 2 x 32 and 1 x 32 blocks that fit: 1.6x on a 28 x 28 map, 1.2x on 14 x 14,
     # 2.6x on 7 x 7). A weight gradient's folded m reads a staged A, and its 3 x 32 blocks
     # ran at 1.3-1.4x its 8 x 32 on AVX2.
-    short_rows = found.fold and not found.k_fold
-    rows = _rows(found, max(limits.reuse, SERIAL.reuse) if short_rows else limits.reuse, m)
+    # (an m that A reads as one axis, `flat`, has no short rows)
+    short_rows = found.fold and not found.k_fold and not flat
+    rows = _rows(found, max(limits.reuse, SERIAL.reuse) if short_rows else limits.reuse, m,
+                 flat)
     taps = _taps(found, inputs)
     if short_rows and taps:
         # walked by taps, A's position costs no division: the blocks that fit the registers
@@ -211,24 +218,71 @@ def _taps(found: Contraction, inputs: list[Lazy]) -> tuple[int, ...]:
     return tuple(sizes[1:])
 
 
-def _rows(found: Contraction, reuse: int, m: int) -> int:
+def _rows(found: Contraction, reuse: int, m: int, flat: bool = False) -> int:
     """Register rows per block: the most, up to `reuse`, that divide m's last axis (A is read
     in place, ungated, and a block of a folded m stays within one output row), or all of m for
-    a sum over several axes (its staged A is read flat); or `reuse` with a remainder block
+    a sum over several axes (its staged A is read flat) or an m that A reads as one axis
+    (`flat`, `_flatten`); or `reuse` with a remainder block
     where m is one axis that no more than reuse // 2 rows divide (ViT's 197 tokens: 8-row
     blocks, the last group shifted back to end at m, instead of 1-row blocks), or whose
     blocks fit one group and recompute at most a sixteenth of its rows (a 56-wide conv row in
     3-row blocks: 19 blocks, one row twice, instead of 28 2-row blocks, at 1.5x the speed on
     AVX2)."""
-    row = m if found.k_fold else found.reduce.src[0].shape[found.m]
+    row = m if found.k_fold or flat else found.reduce.src[0].shape[found.m]
     rows = max(d for d in range(1, reuse + 1) if row % d == 0)
-    if found.fold or found.k_fold or not rows < reuse <= row:
+    if (found.fold and not flat) or found.k_fold or not rows < reuse <= row:
         return rows
     # a longer m is split among groups by the divisors of its block count, which a remainder
     # leaves few of (256 rows in 3s: 86 blocks, 2 per group at most, where 2 x 32 blocks ran
     # matmul 256 at 1.7x the speed)
     few = 16 * (reuse - row % reuse) <= row and ceil(row / reuse) <= _BLOCKS
     return reuse if 2 * rows <= reuse or few else rows
+
+
+def _flatten(found: Contraction, inputs: list[Lazy]) -> tuple[Contraction, bool]:
+    """`found` read the way the output lies, and whether A reads all of its m as one axis.
+    Where m holds the output's contiguous axis and B reads it, and every output axis between
+    n and it, as one axis (a 1x1 conv's positions h * 56 + w, B its input [cin][h * w]), the
+    factors trade places: n is those positions, so the register block's lanes and its
+    stores run along them (a 1x1 conv 24 -> 144 on 56 x 56 ran at 3x the speed of its
+    transpose, whose stores were 32 channels 12 KiB apart). Else the output axes before m
+    that A reads as its continuation fold into m, which then costs no division."""
+    shape = found.reduce.src[0].shape
+    outputs = [a for a, size in enumerate(shape) if size > 1 and a not in found.k_axes]
+    if not found.k_fold and outputs and outputs[-1] in found.m_axes:
+        swapped = replace(found, left=found.right, right=found.left, m=found.n, n=found.m,
+                          contiguous_k=found.contiguous_k[::-1], fold=())
+        columns = _continued(swapped.right, swapped.left, swapped.n, inputs, outputs)
+        # every output axis after n (a conv's positions, not only its row) is one run in B
+        after = {a for a in outputs if a > found.n}
+        if columns is not None and after and after <= {*columns, swapped.n}:
+            return replace(swapped, n_fold=columns), True
+    rows = _continued(found.left, found.right, found.m, inputs, outputs)
+    if rows is None or not set(found.fold) <= set(rows):
+        return found, False
+    return replace(found, fold=rows), True
+
+
+def _continued(reader: Lazy, other: Lazy, axis: int, inputs: list[Lazy], outputs: list[int]
+               ) -> tuple[int, ...] | None:
+    """The output axes just before `axis` (outer first) that `reader` reads, ungated, as the
+    continuation of `axis` (h before w in a row-major [h][w]) and `other` ignores; None where
+    `reader`'s position along `axis` is gated or not a constant step."""
+    along = load_steps(reader, inputs, f"o{axis}")
+    index = [var(f"o{a}", 0, size - 1) for a, size in enumerate(reader.shape)]
+    if None in along or not any(along) or gates(reader, inputs, index):
+        return None
+    span, folded = reader.shape[axis], []
+    for before in reversed([a for a in outputs if a < axis]):
+        steps = load_steps(reader, inputs, f"o{before}")
+        between = range(before + 1, folded[0] if folded else axis)
+        if any(reader.shape[a] > 1 for a in between) or any(
+                step != first * span for step, first in zip(steps, along)) or any(
+                load_steps(other, inputs, f"o{before}")):
+            break
+        folded.insert(0, before)
+        span *= reader.shape[before]
+    return tuple(folded)
 
 
 def _blocks(tiles: int, rows: int, m: int, staged: bool) -> list[int]:
@@ -298,7 +352,8 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     shape = red.src[0].shape
     m_size, n_size, k_size = found.sizes
     wide = found.accumulate
-    batch = [a for a in range(len(shape)) if a not in (*found.m_axes, found.n, *found.k_axes)]
+    batch = [a for a in range(len(shape))
+             if a not in (*found.m_axes, *found.n_axes, *found.k_axes)]
     across = p.rows * p.blocks          # rows per workgroup
     grid_shape = (*(shape[a] for a in batch), ceil(m_size / across),
                   ceil(n_size / p.width) // p.spans)
@@ -334,7 +389,8 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             idx[axis] = value
         for axis, value in zip(found.k_axes, unravel(k, tuple(shape[a] for a in found.k_axes))):
             idx[axis] = value
-        idx[found.n] = n
+        for axis, value in zip(found.n_axes, unravel(n, tuple(shape[a] for a in found.n_axes))):
+            idx[axis] = value
         return idx
 
     edge = n_size % p.width != 0        # the last panel is partly past N: staged as zeros
@@ -350,7 +406,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         is first_row(t)."""
         row = first[0] + r
         idx = at(row, column, const(0))
-        conds: tuple[Bound, ...] = (Bound(idx[found.n], 0, n_size),) if edge else ()
+        conds: tuple[Bound, ...] = (Bound(column, 0, n_size),) if edge else ()
         if remainder:               # rows the block before stored already are not stored
             conds += (Bound(row + first[1] * -1, 0, m_size),)
         gate = lowerer.condition(conds, None) if conds else None
@@ -446,7 +502,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             column0 = (tile_n * p.spans + span) * p.width
             def copy(kk: Lin, k: Lin, j: Lin) -> None:
                 idx = at(const(0), column0 + j, k)
-                gate = lowerer.condition((Bound(idx[found.n], 0, n_size),), None) if edge else None
+                gate = lowerer.condition((Bound(column0 + j, 0, n_size),), None) if edge else None
                 value, = lowerer.lower(found.right, [idx], [gate])
                 value = value if b.dtype(value) == wide else b.cast(value, wide)
                 if gate is not None:

@@ -107,11 +107,17 @@ class Contraction:
     contiguous_k: tuple[bool, bool]   # whether left, right step by 1 along k somewhere
     fold: tuple[int, ...] = ()        # output axes before m read as part of it (outer first)
     k_fold: tuple[int, ...] = ()      # reduced axes read as part of k, row-major (outer first)
+    n_fold: tuple[int, ...] = ()      # output axes before n read as part of it (outer first)
 
     @property
     def m_axes(self) -> tuple[int, ...]:
         """The output axes that together are m, outer first (m itself last)."""
         return (*self.fold, self.m)
+
+    @property
+    def n_axes(self) -> tuple[int, ...]:
+        """The output axes that together are n, outer first (n itself last)."""
+        return (*self.n_fold, self.n)
 
     @property
     def k_axes(self) -> tuple[int, ...]:
@@ -121,13 +127,14 @@ class Contraction:
     @property
     def sizes(self) -> tuple[int, int, int]:
         shape = self.reduce.src[0].shape
-        return (prod(shape[a] for a in self.m_axes), shape[self.n],
+        return (prod(shape[a] for a in self.m_axes), prod(shape[a] for a in self.n_axes),
                 prod(shape[a] for a in self.k_axes))
 
     def key(self) -> str:
         """The structure the best tiling depends on: shapes, axes, dtype, operand layouts."""
         layout = "".join("k" if along else "-" for along in self.contiguous_k)
         folded = "".join(f"f{a}" for a in self.fold) + "".join(f"r{a}" for a in self.k_fold)
+        folded += "".join(f"c{a}" for a in self.n_fold)
         return (f"{self.reduce.src[0].shape}|{folded}m{self.m}n{self.n}k{self.k}|{layout}|"
                 f"{self.reduce.dtype.name}")
 

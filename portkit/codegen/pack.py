@@ -31,7 +31,7 @@ An output at most half a block wide (a classifier's logits) takes half-width blo
 small matmul gets fewer workgroups than a few cores' worth (each is worth waking a core for).
 A 1x1 conv on NCHW (MobileNet's and EfficientNet's expansions and projections) is read the way
 its output lies: n is its positions h * w, one axis of the input [cin][h * w], m its output
-channels, so the lanes and the stores run along the positions (`_flatten`).
+channels, so the lanes and the stores run along the positions (codegen/folds.py).
 What an operand is (a load, x.T, a fused x * 2) is not matched by pattern: the lowerer computes
 the reduce's factors at the panel's positions, as codegen/tiles.py does for GPU-class devices.
 """
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import product
 from math import ceil, prod
 
@@ -47,11 +47,10 @@ from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
+from portkit.codegen import folds
 from portkit.codegen.plan import (
     SERIAL,
     Limits,
-    divides,
-    gates,
     load_steps,
     register_block,
     serial,
@@ -59,7 +58,7 @@ from portkit.codegen.plan import (
 )
 from portkit.codegen.tiles import Contraction, match
 from portkit.graph import GraphOp, Lazy
-from portkit.symbolic import Bound, Lin, const, ravel, unravel, var
+from portkit.symbolic import Bound, Lin, const, ravel, unravel
 
 # K elements per panel, at most: 256 x 32 float32 is 32 KiB, which stays in L1 (48 KiB on the
 # 2-core AVX-512 Xeon measured, where 256 ran matmul 1024 at 1.2x the speed of 128).
@@ -112,7 +111,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         depths=True)
     if found is None:
         return None
-    found, flat = _flatten(found, inputs)
+    found, flat = folds.flatten(found, inputs)
     m, n, k = found.sizes
     if m * n * k < _MIN_WORK or n < limits.vector // 4:
         return None
@@ -135,7 +134,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     short_rows = found.fold and not found.k_fold and not flat
     rows = _rows(found, max(limits.reuse, SERIAL.reuse) if short_rows else limits.reuse, m,
                  flat)
-    taps = _taps(found, inputs)
+    taps = folds.taps(found, inputs, DEPTH)
     if short_rows and taps:
         # walked by taps, A's position costs no division: the blocks that fit the registers
         # win (AVX2, one thread: 2 x 32 ran a 3x3 conv on 28 x 28 at 1.4x 7 x 32's speed, one
@@ -190,39 +189,11 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     return None
 
 
-def _taps(found: Contraction, inputs: list[Lazy]) -> tuple[int, ...]:
-    """The inner sizes one k axis unravels into at its factors' positions: (kh, kw) for a
-    conv, whose K = channels x kh x kw is read as (k // 9, k // 3 % 3, k % 3). Sizes are split
-    off from the inside, each the smallest divisor of what is left that frees the counters
-    outside it of divisions. () for a k read flat (a matmul's, a 1x1 conv's), a sum over
-    several axes, or windows larger than a depth block."""
-    if found.k_fold:
-        return ()
-    shape = found.reduce.src[0].shape
-
-    def divided(sizes: list[int], names: set[str]) -> bool:
-        idx = [var(f"o{a}", 0, s - 1) for a, s in enumerate(shape)]
-        idx[found.k] = ravel([var(f"t{i}", 0, s - 1) for i, s in enumerate(sizes)], tuple(sizes))
-        return any(divides(factor, inputs, idx, names) for factor in (found.left, found.right))
-
-    sizes = [shape[found.k]]
-    while divided(sizes, {f"t{len(sizes) - 1}"}):
-        last, name = sizes[-1], {f"t{len(sizes) - 1}"}
-        split = next((d for d in range(2, last) if last % d == 0 and not divided(
-            [*sizes[:-1], last // d, d], name)), None)
-        if split is None:
-            return ()
-        sizes[-1:] = [last // split, split]
-    if len(sizes) == 1 or prod(sizes[1:]) > DEPTH:
-        return ()
-    return tuple(sizes[1:])
-
-
 def _rows(found: Contraction, reuse: int, m: int, flat: bool = False) -> int:
     """Register rows per block: the most, up to `reuse`, that divide m's last axis (A is read
     in place, ungated, and a block of a folded m stays within one output row), or all of m for
     a sum over several axes (its staged A is read flat) or an m that A reads as one axis
-    (`flat`, `_flatten`); or `reuse` with a remainder block
+    (`flat`, folds.py `flatten`); or `reuse` with a remainder block
     where m is one axis that no more than reuse // 2 rows divide (ViT's 197 tokens: 8-row
     blocks, the last group shifted back to end at m, instead of 1-row blocks), or whose
     blocks fit one group and recompute at most a sixteenth of its rows (a 56-wide conv row in
@@ -237,52 +208,6 @@ def _rows(found: Contraction, reuse: int, m: int, flat: bool = False) -> int:
     # matmul 256 at 1.7x the speed)
     few = 16 * (reuse - row % reuse) <= row and ceil(row / reuse) <= _BLOCKS
     return reuse if 2 * rows <= reuse or few else rows
-
-
-def _flatten(found: Contraction, inputs: list[Lazy]) -> tuple[Contraction, bool]:
-    """`found` read the way the output lies, and whether A reads all of its m as one axis.
-    Where m holds the output's contiguous axis and B reads it, and every output axis between
-    n and it, as one axis (a 1x1 conv's positions h * 56 + w, B its input [cin][h * w]), the
-    factors trade places: n is those positions, so the register block's lanes and its
-    stores run along them (a 1x1 conv 24 -> 144 on 56 x 56 ran at 3x the speed of its
-    transpose, whose stores were 32 channels 12 KiB apart). Else the output axes before m
-    that A reads as its continuation fold into m, which then costs no division."""
-    shape = found.reduce.src[0].shape
-    outputs = [a for a, size in enumerate(shape) if size > 1 and a not in found.k_axes]
-    if not found.k_fold and outputs and outputs[-1] in found.m_axes:
-        swapped = replace(found, left=found.right, right=found.left, m=found.n, n=found.m,
-                          contiguous_k=found.contiguous_k[::-1], fold=())
-        columns = _continued(swapped.right, swapped.left, swapped.n, inputs, outputs)
-        # every output axis after n (a conv's positions, not only its row) is one run in B
-        after = {a for a in outputs if a > found.n}
-        if columns is not None and after and after <= {*columns, swapped.n}:
-            return replace(swapped, n_fold=columns), True
-    rows = _continued(found.left, found.right, found.m, inputs, outputs)
-    if rows is None or not set(found.fold) <= set(rows):
-        return found, False
-    return replace(found, fold=rows), True
-
-
-def _continued(reader: Lazy, other: Lazy, axis: int, inputs: list[Lazy], outputs: list[int]
-               ) -> tuple[int, ...] | None:
-    """The output axes just before `axis` (outer first) that `reader` reads, ungated, as the
-    continuation of `axis` (h before w in a row-major [h][w]) and `other` ignores; None where
-    `reader`'s position along `axis` is gated or not a constant step."""
-    along = load_steps(reader, inputs, f"o{axis}")
-    index = [var(f"o{a}", 0, size - 1) for a, size in enumerate(reader.shape)]
-    if None in along or not any(along) or gates(reader, inputs, index):
-        return None
-    span, folded = reader.shape[axis], []
-    for before in reversed([a for a in outputs if a < axis]):
-        steps = load_steps(reader, inputs, f"o{before}")
-        between = range(before + 1, folded[0] if folded else axis)
-        if any(reader.shape[a] > 1 for a in between) or any(
-                step != first * span for step, first in zip(steps, along)) or any(
-                load_steps(other, inputs, f"o{before}")):
-            break
-        folded.insert(0, before)
-        span *= reader.shape[before]
-    return tuple(folded)
 
 
 def _blocks(tiles: int, rows: int, m: int, staged: bool) -> list[int]:

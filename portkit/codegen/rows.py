@@ -26,7 +26,7 @@ from __future__ import annotations
 from functools import partial
 from itertools import product
 from math import prod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from portkit.abi import dtypes
 from portkit.abi.ops import Op
@@ -62,9 +62,10 @@ def merged(root: Lazy, inputs: list[Lazy]) -> Lazy:
     index = [var(f"o{a}", 0, size - 1) for a, size in enumerate(shape)]
     if gates(root, inputs, index):
         return root
-    along = load_steps(root, inputs, f"o{len(shape) - 1}")
-    if None in along:
+    steps = load_steps(root, inputs, f"o{len(shape) - 1}")
+    if None in steps:
         return root
+    along = cast("list[int]", steps)
     first, span = len(shape) - 1, shape[-1]
     while first > 0 and span < SHORT_ROW and span * shape[first - 1] <= MERGED_ROW:
         steps = load_steps(root, inputs, f"o{first - 1}")

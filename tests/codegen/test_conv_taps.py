@@ -1,4 +1,4 @@
-"""A packed conv's depth walk (portkit/codegen/pack.py `_taps`): its K = channels x kh x kw is
+"""A packed conv's depth walk (portkit/codegen/folds.py `taps`): its K = channels x kh x kw is
 walked as a loop per channel and tap, so that the multiply-add loop works out no channel or tap
 with a division; each conv against torch (float64), with strides, padding, 3 and 64 input
 channels and a last depth block of fewer channels."""

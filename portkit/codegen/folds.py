@@ -1,0 +1,88 @@
+"""How a packed contraction (codegen/pack.py) walks its axes: a conv's depth K = channels x kh x
+kw as a loop per channel and tap (`taps`), and the output axes that fold into one m or n
+(`flatten`), so that no position along them costs a division in the multiply-add loop."""
+from __future__ import annotations
+
+from dataclasses import replace
+from math import prod
+from typing import cast
+
+from portkit.codegen.plan import divides, gates, load_steps
+from portkit.codegen.tiles import Contraction
+from portkit.graph import Lazy
+from portkit.symbolic import ravel, var
+
+
+def taps(found: Contraction, inputs: list[Lazy], depth: int) -> tuple[int, ...]:
+    """The inner sizes one k axis unravels into at its factors' positions: (kh, kw) for a
+    conv, whose K = channels x kh x kw is read as (k // 9, k // 3 % 3, k % 3). Sizes are split
+    off from the inside, each the smallest divisor of what is left that frees the counters
+    outside it of divisions. () for a k read flat (a matmul's, a 1x1 conv's), a sum over
+    several axes, or windows larger than a depth block."""
+    if found.k_fold:
+        return ()
+    shape = found.reduce.src[0].shape
+
+    def divided(sizes: list[int], names: set[str]) -> bool:
+        idx = [var(f"o{a}", 0, s - 1) for a, s in enumerate(shape)]
+        idx[found.k] = ravel([var(f"t{i}", 0, s - 1) for i, s in enumerate(sizes)], tuple(sizes))
+        return any(divides(factor, inputs, idx, names) for factor in (found.left, found.right))
+
+    sizes = [shape[found.k]]
+    while divided(sizes, {f"t{len(sizes) - 1}"}):
+        last, name = sizes[-1], {f"t{len(sizes) - 1}"}
+        split = next((d for d in range(2, last) if last % d == 0 and not divided(
+            [*sizes[:-1], last // d, d], name)), None)
+        if split is None:
+            return ()
+        sizes[-1:] = [last // split, split]
+    if len(sizes) == 1 or prod(sizes[1:]) > depth:
+        return ()
+    return tuple(sizes[1:])
+
+
+def flatten(found: Contraction, inputs: list[Lazy]) -> tuple[Contraction, bool]:
+    """`found` read the way the output lies, and whether A reads all of its m as one axis.
+    Where m holds the output's contiguous axis and B reads it, and every output axis between
+    n and it, as one axis (a 1x1 conv's positions h * 56 + w, B its input [cin][h * w]), the
+    factors trade places: n is those positions, so the register block's lanes and its
+    stores run along them (a 1x1 conv 24 -> 144 on 56 x 56 ran at 3x the speed of its
+    transpose, whose stores were 32 channels 12 KiB apart). Else the output axes before m
+    that A reads as its continuation fold into m, which then costs no division."""
+    shape = found.reduce.src[0].shape
+    outputs = [a for a, size in enumerate(shape) if size > 1 and a not in found.k_axes]
+    if not found.k_fold and outputs and outputs[-1] in found.m_axes:
+        swapped = replace(found, left=found.right, right=found.left, m=found.n, n=found.m,
+                          contiguous_k=found.contiguous_k[::-1], fold=())
+        columns = continued(swapped.right, swapped.left, swapped.n, inputs, outputs)
+        # every output axis after n (a conv's positions, not only its row) is one run in B
+        after = {a for a in outputs if a > found.n}
+        if columns is not None and after and after <= {*columns, swapped.n}:
+            return replace(swapped, n_fold=columns), True
+    rows = continued(found.left, found.right, found.m, inputs, outputs)
+    if rows is None or not set(found.fold) <= set(rows):
+        return found, False
+    return replace(found, fold=rows), True
+
+
+def continued(reader: Lazy, other: Lazy, axis: int, inputs: list[Lazy], outputs: list[int]
+              ) -> tuple[int, ...] | None:
+    """The output axes just before `axis` (outer first) that `reader` reads, ungated, as the
+    continuation of `axis` (h before w in a row-major [h][w]) and `other` ignores; None where
+    `reader`'s position along `axis` is gated or not a constant step."""
+    steps_along = load_steps(reader, inputs, f"o{axis}")
+    index = [var(f"o{a}", 0, size - 1) for a, size in enumerate(reader.shape)]
+    if None in steps_along or not any(steps_along) or gates(reader, inputs, index):
+        return None
+    along = cast("list[int]", steps_along)
+    span, folded = reader.shape[axis], list[int]()
+    for before in reversed([a for a in outputs if a < axis]):
+        steps = load_steps(reader, inputs, f"o{before}")
+        between = range(before + 1, folded[0] if folded else axis)
+        if any(reader.shape[a] > 1 for a in between) or any(
+                step != first * span for step, first in zip(steps, along)) or any(
+                load_steps(other, inputs, f"o{before}")):
+            break
+        folded.insert(0, before)
+        span *= reader.shape[before]
+    return tuple(folded)

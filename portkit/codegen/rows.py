@@ -55,6 +55,10 @@ def merged(root: Lazy, inputs: list[Lazy]) -> Lazy:
     along each of them as a continuation of the next (ungated, no gather), and no reduce
     feeds it; else `root` itself. The kernel's output is stored in the same order either way."""
     shape, params = root.shape, {id(x) for x in inputs}
+    # a fill has nothing to load, and a view of a CONST is a new CONST (graph.Lazy.view),
+    # which the kernel would then read as code, not as the VAR its value travels in
+    if root.base.op is GraphOp.CONST:
+        return root
     if len(shape) < 2 or shape[-1] >= SHORT_ROW or any(
             node.op in (GraphOp.REDUCE, GraphOp.GATHER)
             for node in walk([root], stop=lambda node: id(node) in params).order):

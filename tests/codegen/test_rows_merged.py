@@ -85,3 +85,15 @@ def test_merged_rows_match_numpy(shape):
     # a sum over the map after it: its own kernel keeps its rows
     total = ours.sum(axis=-1)
     np.testing.assert_allclose(total.numpy(), expected.sum(axis=-1), rtol=1e-4, atol=1e-4)
+
+
+def test_fills_of_short_rows_keep_their_values():
+    # a fill's value is a kernel argument; merging its rows made it a constant in the code,
+    # and every later fill of that shape gave the first one's value (a sum over an empty axis
+    # gave a product's 1)
+    for value in (1.0, 2.0, -3.5):
+        np.testing.assert_array_equal(Tensor.full((3, 1, 5), value, device="cpu").numpy(),
+                                      np.full((3, 1, 5), value, np.float32))
+    empty = Tensor(np.zeros((2, 0, 4), np.float32), device="cpu")
+    np.testing.assert_array_equal(empty.prod(1, keepdim=True).numpy(), np.ones((2, 1, 4)))
+    np.testing.assert_array_equal(empty.sum(1, keepdim=True).numpy(), np.zeros((2, 1, 4)))

@@ -18,6 +18,7 @@ from portkit.codegen.lower import lower
 from portkit.nn import functional as F
 from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor
+from tests.codegen.test_conv_tiles import loop_bodies
 
 LOOPS = dataclasses.replace(capabilities(), threads_are_loops=True)
 TF = torch.nn.functional
@@ -30,25 +31,6 @@ def _data(*shape: int, seed: int = 0) -> np.ndarray:
 def _item(x: np.ndarray, w: np.ndarray, **kwargs):
     out = F.conv2d(Tensor(x, device="cpu"), Tensor(w, device="cpu"), **kwargs)
     return schedule.create_schedule([out.lazy])[-1]
-
-
-def _innermost_bodies(kernel) -> list[list]:
-    """The nodes of each innermost loop (RANGE to its END)."""
-    bodies, stack = [], []
-    for node in kernel.nodes:
-        if node.op is Op.RANGE:
-            if stack:
-                stack[-1].append(node)
-            stack.append([])
-        elif node.op is Op.END and stack:
-            body = stack.pop()
-            if not any(n.op is Op.RANGE for n in body):
-                bodies.append(body)
-            if stack:
-                stack[-1] += body + [node]
-        elif stack:
-            stack[-1].append(node)
-    return bodies
 
 
 def test_a_1x1_conv_is_a_matmul_along_the_output_positions():
@@ -67,7 +49,7 @@ def test_a_1x1_conv_is_a_matmul_along_the_output_positions():
     assert grid <= 144 * 56 * 56 // (packing.rows * packing.blocks * 32)
     # the multiply-add loop, and every other innermost loop, works out no position by
     # division: the positions are one axis
-    bodies = _innermost_bodies(kernel)
+    bodies = loop_bodies(kernel)
     assert any(Op.MULACC in [n.op for n in body] for body in bodies)
     for body in bodies:
         assert not [n for n in body if n.op in (Op.IDIV, Op.MOD)], "div/mod per element"

@@ -41,11 +41,23 @@ from portkit.abi.dtypes import DType
 from portkit.abi.errors import CapabilityError, UnsupportedDType
 from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
-from portkit.codegen import rows
+from portkit.codegen import rows, stages
 from portkit.codegen.plan import SERIAL, THREADED, Plan, launch_shape, plan, register_block, serial
 from portkit.codegen.rows import row_length
 from portkit.graph import GraphOp, Lazy, Traced, toposort
-from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, const, recombine, unravel, var
+from portkit.symbolic import (
+    Bound,
+    Div,
+    Lin,
+    Mod,
+    Var,
+    bounds,
+    const,
+    ravel,
+    recombine,
+    unravel,
+    var,
+)
 from portkit.view import strides_for
 
 # A long float sum adds about sqrt(n), at most _BLOCK, terms into fresh registers before they
@@ -90,6 +102,9 @@ class Lowerer:
         self.assumed: tuple[Bound, ...] = ()    # gates tested once around the code lowered:
         self.refuted: tuple[Bound, ...] = ()    # true there, and false there
         self.epilogue_loop = False              # a tile's epilogue as a loop over LOCAL sums
+        # id(Lazy) -> (LOCAL, reduce axes, their sizes): a factor stored once per workgroup
+        # along the reduce's axes, read at those axes' position (codegen/stages.py)
+        self.staged: dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]] = {}
 
     # -- memo with scopes: a value computed inside a loop is not visible after it ---------------
 
@@ -199,6 +214,10 @@ class Lowerer:
         b = self.b
         if id(node) in self.fixed:       # computed by a pass, for the one element it lowers
             return [self.fixed[id(node)]] * len(idxs)
+        if id(node) in self.staged:
+            local, axes, sizes = self.staged[id(node)]
+            return [self.load(local, self.index(ravel([idx[a] for a in axes], sizes)), None)
+                    for idx in idxs]
         if id(node) in self.params:
             strides = strides_for(node.shape)
             return [self.load(self.params[id(node)], self.index(recombine(
@@ -479,6 +498,9 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
              if n.op is GraphOp.GATHER and n.arg.code]
     if flags:
         lowerer.fault = b.acc(lowerer.const(0))
+    vector = stages.find(root, inputs, tiling, caps)
+    if vector is not None:
+        stages.emit(lowerer, *vector)
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(ceil(s / n) for s, n in zip(root.shape, amounts))
     tiles = prod(tile_shape)

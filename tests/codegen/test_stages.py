@@ -71,6 +71,14 @@ def test_a_vector_that_differs_per_output_row_is_not_staged():
     assert not any(node.op is Op.LOCAL for node in kernel.nodes)
 
 
+def test_a_factor_that_loads_nothing_is_not_staged():
+    # x * 2 summed along rows: the 2 is the same for every output, but a scalar already
+    x = Tensor(np.zeros((64, 256), np.float32), device="interpreter")
+    item, = schedule.create_schedule([(x * 2.0).sum(-1).lazy])
+    kernel = lower(item.root, item.inputs, LOOPS)
+    assert not any(node.op is Op.LOCAL for node in kernel.nodes)
+
+
 @pytest.mark.parametrize("rows, k, n, vector", [
     (1, 1024, 1000, F.hardswish), (1, 576, 1024, F.hardswish), (1, 768, 2304, F.gelu),
     (1, 100, 37, F.relu6), (3, 256, 64, F.hardswish)])

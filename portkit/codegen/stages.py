@@ -34,7 +34,7 @@ def find(root: Lazy, inputs: list[Lazy], tiling: Plan, caps: Capabilities
     """(the reduce, its factor to stage) where `tiling` sums a product along k in partial sums
     on a serial device and one factor is more than a load, the same for every output (no
     load, gate or position of it depends on an output axis), and fits the device's LOCAL
-    memory; else None. A factor that loads nothing (a mean's 1 / n) stays a scalar."""
+    memory; else None. A factor that loads nothing (x * 2's 2) stays a scalar."""
     if not serial(caps) or tiling.unroll is None or tiling.reduce is None:
         return None
     params = {id(x) for x in inputs}
@@ -46,17 +46,17 @@ def find(root: Lazy, inputs: list[Lazy], tiling: Plan, caps: Capabilities
     axes, src = reduce.arg[1], reduce.src[0]
     outputs = [a for a, n in enumerate(src.shape) if a not in axes and n > 1]
     size = prod(src.shape[a] for a in axes)
+    index = [var(f"o{a}", 0, n - 1) for a, n in enumerate(src.shape)]
     for factor in src.src:
-        if size * factor.dtype.itemsize <= caps.local_memory_bytes and _costly(factor, params):
-            index = [var(f"o{a}", 0, n - 1) for a, n in enumerate(src.shape)]
-            if not gates(factor, inputs, index) and all(
-                    step == 0 for a in outputs for step in load_steps(factor, inputs, f"o{a}")):
-                return reduce, factor
+        if (size * factor.dtype.itemsize <= caps.local_memory_bytes and _costly(factor, params)
+                and not gates(factor, inputs, index) and all(
+                    step == 0 for a in outputs for step in load_steps(factor, inputs, f"o{a}"))):
+            return reduce, factor
     return None
 
 
 def _costly(factor: Lazy, params: set[int]) -> bool:
-    """Whether `factor` is a float32 (or wider) expression of loads, more than one load, with
+    """Whether `factor` is a float32 (or wider) expression of loads, more than a load, with
     no reduce, gather or position of its own."""
     if id(factor) in params or (factor.op is GraphOp.VIEW and id(factor.src[0]) in params):
         return False

@@ -1,6 +1,7 @@
-"""A packed contraction whose B is more than a load (a projection 1x1 conv after a squeeze-excite
-block, whose input is hardswish(x + b) times the gate): each group takes all of m's blocks, so
-B is evaluated into the panel once per panel, not once per group along m."""
+"""A packed contraction whose B panel costs more to copy than its multiply-adds (a projection
+1x1 conv after a squeeze-excite block, whose input is hardswish(x + b) times the gate, or a
+1x1 conv whose positions end part way into a panel, each element gated): each group takes
+all of m's blocks, so B is copied into the panel once per panel, not once per group along m."""
 from __future__ import annotations
 
 from math import ceil
@@ -41,9 +42,10 @@ def _packing(cin: int, cout: int, size: int, gated: bool = True):
     return packing, lower(item.root, item.inputs, LOOPS)
 
 
+@pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("cin, cout, size", SHAPES)
-def test_a_costly_b_is_evaluated_once_per_panel(cin, cout, size):
-    packing, kernel = _packing(cin, cout, size)
+def test_a_costly_b_is_evaluated_once_per_panel(cin, cout, size, gated):
+    packing, kernel = _packing(cin, cout, size, gated)
     times = ceil(cout / (packing.rows * packing.blocks))
     assert times == 1, f"B evaluated {times} times per panel"
     # a group per panel, panels narrowed to keep more groups than 7 x 7's two 32-wide ones
@@ -51,15 +53,16 @@ def test_a_costly_b_is_evaluated_once_per_panel(cin, cout, size):
     assert packing.width == 16
 
 
-@pytest.mark.parametrize("cin, cout, size", SHAPES)
-def test_a_loaded_b_keeps_its_packing(cin, cout, size):
-    packing, _ = _packing(cin, cout, size, gated=False)
+def test_a_loaded_b_that_fills_its_panels_keeps_its_packing():
+    # 16 x 16 positions, 8 whole panels: the copy is ungated, and 40 groups of one block
+    packing, _ = _packing(240, 40, 16, gated=False)
     assert (packing.width, packing.blocks) == (32, 1)
 
 
+@pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("cin, cout, size", [*SHAPES, (240, 80, 14), (480, 112, 14)])
-def test_a_projection_after_a_gate_matches_torch(cin, cout, size):
-    ours, theirs = _projection(cin, cout, size)
+def test_a_projection_matches_torch(cin, cout, size, gated):
+    ours, theirs = _projection(cin, cout, size, gated)
     expected = theirs.numpy()
     bound = 4 * cin * np.finfo(np.float32).eps * (np.abs(expected).max() + 1)
     np.testing.assert_allclose(ours.numpy(), expected, rtol=1e-5, atol=bound)

@@ -153,13 +153,14 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # the multiply-adds where B is more than a load (a projection's input, hardswish(x + b)
     # times the squeeze-excite gate) or a 1x1 conv's positions ending part way into a panel
     # (each element gated, the copy scalar). Such a B is copied once per panel: a group
-    # takes all of m's blocks, and panels narrow to one register's width where that leaves
-    # fewer groups than wanted (below it, 8-wide panels ran 1.2-1.3x slower)
+    # takes all of m's blocks, and panels narrow to half the block's width (16 float32) where
+    # that leaves fewer groups than wanted (16-wide ran as fast as 32-wide, 8-wide 1.2-1.3x
+    # slower: AVX-512, one thread)
     need = _evaluation_cost(found.right, {id(x) for x in inputs})
     costly = need > 1 or bool(found.n_fold) and n % width != 0
-    most = max(_blocks(tiles, rows, m, True))
+    whole = max(_blocks(tiles, rows, m, True))  # all of m's blocks, up to 32
     while costly and width > limits.vector // 2 and \
-            batch * ceil(n / width) * (tiles // most) < wanted:
+            batch * ceil(n / width) * (tiles // whole) < wanted:
         width //= 2
     panels = ceil(n / width)
     itemsize = found.accumulate.itemsize

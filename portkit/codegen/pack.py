@@ -147,13 +147,26 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
             width //= 2
     tiles = ceil(m / rows)
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
-    panels = ceil(n / width)
-    itemsize = found.accumulate.itemsize
     # enough groups for a few cores, but no more than the work is worth splitting into
     wanted = max(1, min(_MIN_GROUPS, m * n * k // _GROUP_WORK))
+    # B's panel is copied by each group along m, in a loop of its own that costs more than
+    # the multiply-adds where B is more than a load (a projection's input, hardswish(x + b)
+    # times the squeeze-excite gate) or a 1x1 conv's positions ending part way into a panel
+    # (each element gated, the copy scalar). Such a B is copied once per panel: a group
+    # takes all of m's blocks, and panels narrow to half the block's width (16 float32) where
+    # that leaves fewer groups than wanted (16-wide ran as fast as 32-wide, 8-wide 1.2-1.3x
+    # slower: AVX-512, one thread)
+    need = _evaluation_cost(found.right, {id(x) for x in inputs})
+    costly = need > 1 or bool(found.n_fold) and n % width != 0
+    whole = max(_blocks(tiles, rows, m, True))  # all of m's blocks, up to 32
+    while costly and width > limits.vector // 2 and \
+            batch * ceil(n / width) * (tiles // whole) < wanted:
+        width //= 2
+    panels = ceil(n / width)
+    itemsize = found.accumulate.itemsize
     if k <= DEPTH:
         packing = _one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k, taps=taps),
-                             tiles, panels, batch, folded_k)
+                             tiles, panels, batch, (need, costly), folded_k)
         return None if packing is None else (found, packing)
     # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
     # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
@@ -164,13 +177,9 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     if staged:
         choices.sort(key=lambda choice: -choice[1])
     # where no blocking leaves `wanted` groups, the fallback is the fewest blocks per group,
-    # as many groups as there are: one block, unless B is more than a load (BatchNorm's
-    # gradient under a conv's weight gradient), which is evaluated into the panel once per
-    # group along m; then the fewest blocks whose rows repay its ops, one row each (one 3-row
-    # block per group evaluated it 9 times in a ResNet stem's weight gradient)
-    need = _evaluation_cost(found.right, {id(x) for x in inputs})
+    # as many groups as there are: one block, unless B's copy is costly (above)
     counts = sorted({blocks for _, blocks in choices})
-    fallback = min([b for b in counts if rows * b >= need] or counts[-1:])
+    fallback = counts[-1] if costly else 1
     # else the deepest panel, then the most register blocks per group that divide m's,
     # leave enough groups, and fit the device's workgroup memory
     for most, blocks in choices:
@@ -220,14 +229,16 @@ def _blocks(tiles: int, rows: int, m: int, staged: bool) -> list[int]:
 
 def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
                wanted: int, base: Packing, tiles: int, panels: int, batch: int,
-               staged: bool = False) -> Packing | None:
+               copy: tuple[int, bool] = (1, False), staged: bool = False) -> Packing | None:
     """The packing of a reduce that fits one depth block (a weight gradient: K is the batch).
     Its A block is worth computing once per group into LOCAL when A is more than a load (the
     MLP's relu gradient, a softmax's): a group then spans several panels along n. The blocking
-    minimizes the operands' evaluations, A's (weighted by its ops) once per group along n,
-    B's once per group along m, over those that leave `wanted` groups and fit; `staged`: A is
-    staged whatever it costs."""
+    minimizes the operands' evaluations, each weighted by its ops, A's once per group along
+    n, B's once per group along m, over those that fit and leave `wanted` groups or, where
+    B's copy is costly, span one panel; `copy`: B's ops and whether its copy is costly;
+    `staged`: A is staged whatever it costs."""
     m, n = found.sizes[:2]
+    need, costly = copy
     cost = max(_evaluation_cost(found.left, {id(x) for x in inputs}), 2 if staged else 1)
     itemsize = found.accumulate.itemsize
     best: Packing | None = None
@@ -240,11 +251,11 @@ def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
                               summed=False, along_k=found.contiguous_k[0] or staged,
                               taps=base.taps)
             groups = batch * (tiles // blocks) * (panels // spans)
-            if groups < wanted and (blocks, spans) != (1, 1):
+            if groups < wanted and (blocks, spans) != (1, 1) and (not costly or spans > 1):
                 continue
             if packing.local_bytes(itemsize) > caps.local_memory_bytes:
                 continue
-            total = cost * (panels // spans) * m + (tiles // blocks) * n
+            total = cost * (panels // spans) * m + need * (tiles // blocks) * n
             # ties: more groups (cores), then more blocks per group (fewer loops)
             if best_cost is None or (total, -groups, -blocks) < best_cost:
                 best, best_cost = packing, (total, -groups, -blocks)

@@ -53,11 +53,12 @@ def cnn():
 
 
 def resnet18() -> Path:
-    """ResNet-18 (benchmarks/zoo.py) exported to ONNX at batch 1, kept in the temporary folder
-    (the export takes seconds of torch, not portkit)."""
+    """ResNet-18 (benchmarks/zoo.py) exported to ONNX at batch 1, kept with the model zoo's
+    exports (the export takes seconds of torch, not portkit)."""
+    import models
     import zoo
 
-    return zoo.exported("resnet18", "full", 1, Path(tempfile.gettempdir()) / "portkit-zoo")[2]
+    return zoo.exported("resnet18", "full", 1, models.exports())[2]
 
 
 def first_onnx_call(model, shape: tuple[int, ...], device: str) -> None:

@@ -5,7 +5,7 @@ onnxruntime and torch in the same process.
         [--batch 1 8] [--repeat 5] [--small] [--full] [--timeout 600] [--cold]
         [--json zoo.json] [--chart zoo.png]
 
-Each model is exported once with torch.onnx.export into portkit's cache folder (zoo/). Each
+Each model is exported once with torch.onnx.export into exports() (~/.cache/portkit-zoo). Each
 (model, backend, batch) runs in a child process, killed after `--timeout` seconds so that one
 slow model does not stall the run: there the first call of portkit is timed (compiles, with
 `--cold` from an empty kernel cache), then `--repeat` rounds call portkit, onnxruntime and
@@ -31,6 +31,8 @@ import time
 from math import prod
 from pathlib import Path
 
+import platformdirs
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import charts  # beside this file
 import zoo
@@ -40,6 +42,13 @@ import zoo
 # the CPU time. Each call starts this long after the last one stopped (bench.py's SETTLE).
 SETTLE = 0.3
 _LAUNCH = re.compile(r"portkit: (\S+)\s+grid (\(.*?\)) block \(.*?\)\s+([\d.]+) ms")
+
+
+def exports() -> Path:
+    """Where the exports are kept: the user's cache folder for portkit-zoo, beside portkit's
+    kernel cache and not in it, whose size cap (PORTKIT_CACHE_MAX_MB) would delete a 500 MB
+    GPT-2 export and the kernels written before it, and which `--cold` empties."""
+    return platformdirs.user_cache_path("portkit-zoo")
 
 
 def kernel_flops(item) -> int:
@@ -97,10 +106,10 @@ def measure(name: str, size: str, batch: int, backend: str, repeat: int, threads
     import torch
 
     import portkit.onnx
-    from portkit import cache, runtime
+    from portkit import runtime
 
     torch.set_num_threads(threads)
-    model, inputs, path = zoo.exported(name, size, batch, cache.directory() / "zoo")
+    model, inputs, path = zoo.exported(name, size, batch, exports())
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     session = onnxruntime.InferenceSession(str(path), options, ["CPUExecutionProvider"])

@@ -36,7 +36,7 @@ from portkit.abi.errors import CapabilityError
 from portkit.abi.kernel import Kernel, Node
 from portkit.abi.matrix import MatrixUnit
 from portkit.abi.ops import COMPARISON, Op
-from portkit.codegen import lanes
+from portkit.codegen import lanes, vectorize
 from portkit.codegen.emulated import Emulated
 from portkit.codegen.loops import threads_as_loops
 from portkit.codegen.positions import positions
@@ -102,6 +102,10 @@ class CStyleRenderer(Renderer):
     # True: a kernel with a BARRIER becomes one thread per group that loops over the block's
     # threads between the barriers (codegen/loops.py), for threads that are not concurrent
     threads_as_loops = False
+    # A line before each short loop that the compiler would leave scalar, and True to compute
+    # a loop's costly terms of a float sum in a loop of their own (codegen/vectorize.py)
+    short_loop_pragma: str | None = None
+    split_sums = False
     signed_positions = False      # True: element positions in signed int (codegen/positions.py)
     # SPECIAL ("group" | "local", axis) -> expression; "{}" is the axis number, "{xyz}" its letter
     workitem: ClassVar[dict[str, str]] = {"group": "group_id({})", "local": "local_id({})"}
@@ -259,6 +263,8 @@ class CStyleRenderer(Renderer):
         """The kernel as source text."""
         if self.threads_as_loops and any(n.op is Op.BARRIER for n in kernel.nodes):
             kernel = threads_as_loops(kernel)
+        if self.split_sums:
+            kernel = vectorize.split_sums(kernel)
         return self._template.render(**self.template_context(kernel, self.render_body(kernel)))
 
     @functools.cached_property
@@ -281,6 +287,7 @@ class CStyleRenderer(Renderer):
         depth = 1
         signed = positions(kernel) if self.signed_positions else set()
         own = self.rendered_together(kernel)
+        short = vectorize.short_loops(kernel) if self.short_loop_pragma else set()
         for i, node in enumerate(nodes):
             src = [names.get(s, "") for s in node.src]
             line = None
@@ -302,6 +309,8 @@ class CStyleRenderer(Renderer):
             elif node.op is Op.RANGE:
                 names[i] = f"ridx{i}"
                 line = self.loop_header(names[i], *src)
+                if i in short:
+                    line = f"{self.short_loop_pragma}\n{line}"
             elif node.op is Op.IF:
                 line = f"if ({src[0]}) {{"
             elif node.op in (Op.END, Op.ENDIF):

@@ -1,0 +1,104 @@
+"""Loops vectorized on the CPU (codegen/vectorize.py): the 14-column interior of a padded SiLU
+row is asked for clang's masked vectorization (`short_loop_pragma`); a mean of SiLU terms
+computes them in a loop of their own and sums them in order, to the same bits; a loop of
+strided loads is left alone; the values against numpy."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from portkit import runtime, schedule
+from portkit.abi import dtypes
+from portkit.abi.kernel import KernelBuilder
+from portkit.abi.ops import Op
+from portkit.codegen.lower import lower
+from portkit.codegen.vectorize import split_sums
+from portkit.reference_backends.cpu.renderer import CPURenderer
+from portkit.reference_backends.interpreter.capabilities import capabilities
+from portkit.tensor import Tensor
+
+PRAGMA = CPURenderer.short_loop_pragma or ""
+LOOPS = dataclasses.replace(capabilities(), threads_are_loops=True)
+PADS = ((0, 0), (0, 0), (2, 2), (2, 2))
+
+
+def _floats(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _source(out: Tensor) -> str:
+    item, = schedule.create_schedule([out.lazy])
+    return CPURenderer().render(lower(item.root, item.inputs, LOOPS))
+
+
+def _silu(x: np.ndarray, bias: np.ndarray) -> tuple[Tensor, np.ndarray]:
+    h = Tensor(x, device="cpu") + Tensor(bias, device="cpu")
+    wide = x.astype(np.float64) + bias
+    return h * h.sigmoid(), wide / (1 + np.exp(-wide))
+
+
+def _pragma_loops(source: str) -> list[str]:
+    """The header of each loop that the pragma precedes."""
+    return re.findall(re.escape(PRAGMA) + r"\n\s*(for \(.*)", source)
+
+
+def test_a_padded_silu_row_is_vectorized_with_its_tail_masked():
+    x, bias = _floats(1, 24, 14, 14), _floats(1, 24, 1, 1, seed=1)
+    ours, expected = _silu(x, bias)
+    padded = ours.pad(PADS)
+    headers = _pragma_loops(_source(padded))
+    assert any(re.search(r"= 2; \w+ < 16;", h) for h in headers), headers
+    np.testing.assert_allclose(padded.numpy(), np.pad(expected, PADS), rtol=2e-6, atol=1e-7)
+
+
+def _mean_kernel(channels: int):
+    """The kernel of a mean over each 14 x 14 map of SiLU(x + bias), its inputs in order."""
+    x, bias = _floats(1, channels, 14, 14), _floats(1, channels, 1, 1, seed=1)
+    ours, expected = _silu(x, bias)
+    pooled = ours.mean(axis=(2, 3))
+    item, = schedule.create_schedule([pooled.lazy])
+    arrays = {x.shape: x, bias.shape: bias}
+    kernel = lower(item.root, item.inputs, LOOPS)
+    return kernel, [arrays[lazy.shape] for lazy in item.inputs], pooled, expected
+
+
+def test_a_sum_of_silu_terms_computes_them_in_a_loop_of_their_own():
+    kernel, _, pooled, expected = _mean_kernel(24)
+    split = split_sums(kernel)
+    assert sum(n.op is Op.LOCAL for n in split.nodes) == 1 + sum(
+        n.op is Op.LOCAL for n in kernel.nodes), "no LOCAL array of terms"
+    source = CPURenderer().render(kernel)
+    terms = source[source.index(PRAGMA):]
+    terms = terms[:terms.index("\n        }")]       # the terms' loop, to its closing brace
+    assert "pk_exp2f(" in terms and "acc" not in terms, terms
+    assert re.search(r"for \(int32_t \w+ = 0; \w+ < 14;[^}]*= local\d+\[[^}]*acc\d+ = ",
+                     source), source
+    np.testing.assert_allclose(pooled.numpy(), expected.mean(axis=(2, 3)), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_a_split_sum_adds_in_the_same_order():
+    kernel, inputs, _, _ = _mean_kernel(3)
+    interpreter = runtime.get("interpreter")
+    out = np.zeros(3, np.float32)
+    before, *_ = interpreter.run(kernel, out, *inputs)
+    after, *_ = interpreter.run(split_sums(kernel), out, *inputs)
+    np.testing.assert_array_equal(after, before)
+
+
+def _row_loop(stride: int):
+    """out[r] = in[stride * r] for r in 0..13: one short loop."""
+    b = KernelBuilder("rows")
+    out, src = b.param(dtypes.float32), b.param(dtypes.float32)
+    row = b.add(Op.RANGE, dtypes.int32, (b.const(0), b.const(14)))
+    b.store(out, row, b.load(src, b.alu(Op.MUL, row, b.const(stride))))
+    b.add(Op.END, None, (row,))
+    return b.build()
+
+
+def test_a_short_loop_of_strided_loads_is_left_to_the_compiler():
+    # vectorized, a depthwise convolution's loop over rows 18 floats apart gathered its loads
+    assert _pragma_loops(CPURenderer().render(_row_loop(1))) != []
+    assert _pragma_loops(CPURenderer().render(_row_loop(18))) == []

@@ -42,7 +42,16 @@ from portkit.abi.errors import CapabilityError, UnsupportedDType
 from portkit.abi.kernel import Kernel, KernelBuilder
 from portkit.abi.ops import Op
 from portkit.codegen import rows, stages
-from portkit.codegen.plan import SERIAL, THREADED, Plan, launch_shape, plan, register_block, serial
+from portkit.codegen.plan import (
+    SERIAL,
+    THREADED,
+    Plan,
+    launch_shape,
+    plan,
+    register_block,
+    serial,
+    split,
+)
 from portkit.codegen.rows import row_length
 from portkit.graph import GraphOp, Lazy, Traced, toposort
 from portkit.symbolic import (
@@ -472,7 +481,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         limits = replace(SERIAL, registers=register_block(caps).accumulators
                          if caps.vector_registers else 0)
         if not (chosen or packed or on_unit):
-            root = rows.merged(root, inputs)
+            root = split(rows.merged(root, inputs), inputs)
     tiling = Plan() if chosen or packed or on_unit else plan(root, inputs, limits)
     lowerer = Lowerer(name, inputs, tiling)
     lowerer.ranges = dtypes.uint32 in caps.dtypes

@@ -11,7 +11,7 @@ from math import ceil, isqrt, prod
 from portkit.abi.backend import Capabilities
 from portkit.abi.ops import Op
 from portkit.graph import GraphOp, Lazy, walk
-from portkit.symbolic import Bound, Lin, Var, bounds, const, ravel, unravel, var
+from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, const, ravel, unravel, var
 
 # A serial device (one thread per workgroup) gets at least this much work per group: loads
 # times reduce length. More groups than cores lets OpenMP-style runtimes balance them.
@@ -218,6 +218,47 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
         unroll = None
     return Plan(tuple(sorted(upcast.items())), unroll, id(node), work,
                 shifted=shifted if shifted in upcast else None)
+
+
+def split(root: Lazy, inputs: list[Lazy]) -> Lazy:
+    """`root` with one output axis split in two, (n,) -> (n / q, q), where its loads divide
+    that axis by q and the outer part then steps every load by 0 or 1 (one by 1), so that
+    `plan` runs vector lanes along it; else `root` itself. The outputs are stored in the same
+    order either way. A detection head's max over 80 classes of a channel-major map, permuted
+    to (pixels x 3 anchors, 80), reads its terms 4096 floats apart: unsplit, no output axis
+    stepped by a constant, and each output reduced alone over strided scalar loads."""
+    loads: list[Lin] = []
+    reduces: list[Lazy] = []
+    shape = root.shape
+    _accesses(root, [var(f"o{a}", 0, s - 1) for a, s in enumerate(shape)],
+              {id(x) for x in inputs}, loads, reduces, set(), set())
+    if len(reduces) != 1 or any(_contiguous([_step(flat, f"o{a}") for flat in loads])
+                                for a in range(len(shape))):
+        return root
+    for a in reversed(range(len(shape))):
+        name = f"o{a}"
+        for q in sorted({atom.divisor for flat in loads for atom in _divisions(flat)
+                         if _names(atom.expr) == {name}}):
+            if not 1 < q < shape[a] or shape[a] % q:
+                continue
+            parted = root.view("reshape", (*shape[:a], shape[a] // q, q, *shape[a + 1:]))
+            if _contiguous(load_steps(parted, inputs, name)):
+                return parted
+    return root
+
+
+def _contiguous(steps: list[int | None]) -> bool:
+    """Whether loads moving by `steps` along an axis make vector lanes: 0 or 1, one by 1."""
+    return set(steps) <= {0, 1} and 1 in steps
+
+
+def _divisions(flat: Lin) -> list[Div | Mod]:
+    """Every division and modulo in `flat`, nested ones included."""
+    out: list[Div | Mod] = []
+    for atom, _ in flat.terms:
+        if not isinstance(atom, Var):
+            out += [atom, *_divisions(atom.expr)]
+    return out
 
 
 def _window(root: Lazy, loads: list[Lin], gated: set[str]) -> bool:

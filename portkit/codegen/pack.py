@@ -111,7 +111,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         depths=True)
     if found is None:
         return None
-    found, flat = folds.flatten(found, inputs)
+    found, flat = folds.flatten(found, inputs, limits.vector)
     m, n, k = found.sizes
     if m * n * k < _MIN_WORK or n < limits.vector // 4:
         return None

@@ -1,6 +1,7 @@
 """A packed 3x3 conv whose output row fills whole register blocks (32-wide maps, codegen/folds.py
 `flatten`) takes that row as n: lanes and stores along the row, the weights read in place as A;
-each conv against torch (float64)."""
+one whose row does not (56 wide) folds rows into m until a group holds many register blocks
+(codegen/pack.py `find`); each conv against torch (float64)."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,7 +39,14 @@ def test_a_16_wide_map_keeps_its_positions_as_m():
     assert found.sizes[:2] == (256, 128) and packing.taps == (3, 3)
 
 
+def test_a_40_wide_row_folds_into_m_for_a_group_of_several_rows():
+    _, (found, packing) = _packed((4, 32, 8, 40), (32, 32, 3, 3), padding=1)
+    assert found.sizes[:2] == (320, 32), "the output rows are not folded into m"
+    assert packing.rows * packing.blocks > 40, packing
+
+
 @pytest.mark.parametrize("x_shape, w_shape, kwargs", [
+    ((1, 16, 8, 40), (32, 16, 3, 3), {"padding": 1}),
     ((2, 32, 32, 32), (64, 32, 3, 3), {"padding": 1}),
     ((1, 24, 6, 64), (40, 24, 3, 3), {"padding": 1}),      # 40 channels: a remainder block
     ((1, 16, 10, 66), (32, 16, 3, 3), {}),                   # unpadded: 64 outputs a row

@@ -109,7 +109,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     def steps(node: Lazy, name: str) -> list[int | None]:
         return load_steps(node, inputs, name)
     found = None if reduce is None else match(reduce, steps, rows=limits.vector, depths=True)
-    if found is None:
+    if reduce is None or found is None:
         return None
     if folds.taps(found, inputs, DEPTH):
         # a conv walked by taps folds rows until a group can take _BLOCKS register blocks, as

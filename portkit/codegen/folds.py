@@ -41,14 +41,17 @@ def taps(found: Contraction, inputs: list[Lazy], depth: int) -> tuple[int, ...]:
     return tuple(sizes[1:])
 
 
-def flatten(found: Contraction, inputs: list[Lazy]) -> tuple[Contraction, bool]:
+def flatten(found: Contraction, inputs: list[Lazy], width: int = 0
+            ) -> tuple[Contraction, bool]:
     """`found` read the way the output lies, and whether A reads all of its m as one axis.
     Where m holds the output's contiguous axis and B reads it, and every output axis between
     n and it, as one axis (a 1x1 conv's positions h * 56 + w, B its input [cin][h * w]), the
     factors trade places: n is those positions, so the register block's lanes and its
     stores run along them (a 1x1 conv 24 -> 144 on 56 x 56 ran at 3x the speed of its
-    transpose, whose stores were 32 channels 12 KiB apart). Else the output axes before m
-    that A reads as its continuation fold into m, which then costs no division."""
+    transpose, whose stores were 32 channels 12 KiB apart). So does a conv walked by taps
+    whose output row fills whole blocks of `width` lanes (32-wide maps), n its row alone.
+    Else the output axes before m that A reads as its continuation fold into m, which then
+    costs no division."""
     shape = found.reduce.src[0].shape
     outputs = [a for a, size in enumerate(shape) if size > 1 and a not in found.k_axes]
     if not found.k_fold and outputs and outputs[-1] in found.m_axes:
@@ -57,7 +60,14 @@ def flatten(found: Contraction, inputs: list[Lazy]) -> tuple[Contraction, bool]:
         columns = continued(swapped.right, swapped.left, swapped.n, inputs, outputs)
         # every output axis after n (a conv's positions, not only its row) is one run in B
         after = {a for a in outputs if a > found.n}
-        if columns is not None and after and after <= {*columns, swapped.n}:
+        # a 3x3 conv's row (a padded input's, 34 apart for 32 outputs) read as n: B's panel
+        # is one contiguous copy per channel and tap, A the weights in place, and stores run
+        # along the row. As m, one group per row and block width of channels copied the
+        # weights scalar and stored 32 channels 4 KiB apart: 32 -> 64 channels on 32 x 32 ran
+        # at half the rate of 64 -> 128 on 16 x 16 (AVX-512, one thread: 44 against 88 GFLOP/s)
+        row = bool(width) and shape[swapped.n] % width == 0 and bool(
+            taps(swapped, inputs, shape[found.k]))
+        if columns is not None and after and (after <= {*columns, swapped.n} or row):
             return replace(swapped, n_fold=columns), True
     rows = continued(found.left, found.right, found.m, inputs, outputs)
     if rows is None or not set(found.fold) <= set(rows):

@@ -106,12 +106,18 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     reduce = under_epilogue(root, {id(x) for x in inputs})
     # a conv's output rows fold into m where its row is short (7 wide at ResNet's last stage):
     # 49 rows give 7 x 32 register blocks, 7 of them sharing each B panel
-    found = None if reduce is None else match(
-        reduce, lambda node, name: load_steps(node, inputs, name), rows=limits.vector,
-        depths=True)
-    if found is None:
+    def steps(node: Lazy, name: str) -> list[int | None]:
+        return load_steps(node, inputs, name)
+    found = None if reduce is None else match(reduce, steps, rows=limits.vector, depths=True)
+    if reduce is None or found is None:
         return None
-    found, flat = folds.flatten(found, inputs)
+    if folds.taps(found, inputs, DEPTH) and reduce.src[0].shape[found.m] % limits.reuse == 0:
+        # a conv walked by taps folds rows until a group can take _BLOCKS register blocks, as
+        # B's panel copy costs about 32 rows' multiply-adds (one thread, AVX-512: a 56-wide
+        # row a group ran 64 -> 128 channels at 70 GFLOP/s, four rows at 87); where the
+        # register rows do not divide the row (AVX2's 3 on 56) it keeps its remainder block
+        found = match(reduce, steps, rows=limits.reuse * _BLOCKS, depths=True) or found
+    found, flat = folds.flatten(found, inputs, limits.vector)
     m, n, k = found.sizes
     if m * n * k < _MIN_WORK or n < limits.vector // 4:
         return None

@@ -135,10 +135,15 @@ def check_sizes(roots: list[Lazy], max_buffer_bytes: Callable[[str], int | None]
     with more elements than int32 indexes, or more bytes than `max_buffer_bytes(device)`."""
     for root in roots:
         graph.check_elements(root.shape)
-        limit = max_buffer_bytes(root.device)
-        size = root.size * root.dtype.itemsize
-        if limit is not None and size > limit:
-            raise graph.TooLarge(
-                f"a {root.dtype.name} tensor of shape {root.shape} takes {size:,} bytes; device "
-                f"{root.device!r} allocates at most {limit:,} per buffer "
-                "(Capabilities.max_buffer_bytes): split it, or use another device")
+        check_bytes(root.shape, root.dtype, root.device, max_buffer_bytes(root.device))
+
+
+def check_bytes(shape: tuple[int, ...], dtype, device: str, limit: int | None) -> None:
+    """Raises graph.TooLarge if a buffer of `shape` and `dtype` takes more than `limit` bytes
+    (the device's Capabilities.max_buffer_bytes; None: no limit)."""
+    size = prod(shape) * dtype.itemsize
+    if limit is not None and size > limit:
+        raise graph.TooLarge(
+            f"a {dtype.name} tensor of shape {tuple(shape)} takes {size:,} bytes; device "
+            f"{device!r} allocates at most {limit:,} per buffer "
+            "(Capabilities.max_buffer_bytes): split it, or use another device")

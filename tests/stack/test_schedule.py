@@ -229,6 +229,13 @@ def test_a_tensor_past_the_devices_largest_buffer_is_refused_before_allocating(
     with pytest.raises(TooLarge, match=f"device '{backend}' allocates at most 1,024 per buffer"):
         (Tensor.ones(257) * 2).realize()
     assert allocations == []
+    # host data too (an ONNX initializer, a Tensor made from numpy): GPT-2's 154 MB embedding
+    # reached WebGPU, whose 128 MiB binding limit wgpu enforced with a validation error
+    assert Tensor(np.ones(256, np.float32), device=backend).numpy().sum() == 256
+    allocations.clear()
+    with pytest.raises(TooLarge, match=r"shape \(257,\) takes 1,028 bytes"):
+        Tensor(np.ones(257, np.float32), device=backend)
+    assert allocations == []
 
 
 def test_webgpu_declares_its_binding_limit():

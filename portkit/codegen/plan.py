@@ -147,8 +147,7 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     # them, so a vectorizing device upcasts no output axis that a gate depends on (partial
     # sums along a gated reduce axis, a split reduce's padding, still keep a sum accurate)
     def vectorizes(name: str) -> bool:     # every load steps by 0 or 1 along it, one by 1
-        steps = [_step(flat, name) for flat in loads]
-        return all(s in (0, 1) for s in steps) and 1 in steps and not lanes_gated(name)
+        return _contiguous([_step(flat, name) for flat in loads]) and not lanes_gated(name)
 
     def reused(name: str) -> bool:         # some load ignores it, and every step is known
         steps = [_step(flat, name) for flat in loads]

@@ -49,8 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     conform.add_argument("--dtype", action="append", default=[],
                          help="only cases on this dtype (repeatable)")
     conform.add_argument("--quick", action="store_true", help="a stratified sample: every op, "
-                         "dtype and edge class at least once (on a 2-core CPU: about 4 minutes with "
-                         "empty kernel caches, 30 s once they hold its kernels)")
+                         "dtype and edge class at least once (the cpu backend on a quiet 2-core host: "
+                         "about 30 s with empty kernel caches, 7 s once they hold its kernels)")
     conform.add_argument("--seed", type=int, default=0, help="random inputs' seed (default 0)")
     conform.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                          help="threads compiling kernels ahead of the run (cases themselves "

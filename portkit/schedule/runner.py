@@ -53,8 +53,8 @@ def _alloc(device_name: str, dtype: DType, size: int) -> runtime.Buffer:
 
 def upload(array: np.ndarray, device_name: str, dtype: DType) -> runtime.Buffer:
     """A new buffer holding `array`'s elements (C order); graph.TooLarge past the device's
-    Capabilities.max_buffer_bytes (WebGPU binds at most 128 MiB: GPT-2's 50257 x 768 float32
-    embedding is 154 MB), before anything is allocated."""
+    Capabilities.max_buffer_bytes (WebGPU binds at most 128 MiB), before anything is
+    allocated. Tensors split host data that large into blocks first (tensor/core.py)."""
     limits.check_bytes(array.shape, dtype, device_name,
                        runtime.get(device_name).capabilities.max_buffer_bytes)
     buffer = _alloc(device_name, dtype, array.size)

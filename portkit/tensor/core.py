@@ -9,6 +9,7 @@ this module imports them to define it.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from portkit.abi.dtypes import DType, from_numpy
 from portkit.abi.kernel import Kernel
 from portkit.autograd import GRADIENTS, Context
 from portkit.graph import Lazy
-from portkit.tensor import autocast_mode, faults
+from portkit.tensor import autocast_mode, faults, movement
 from portkit.tensor.creation import CreationOps
 from portkit.tensor.dtype import DTypeLike, Scalar, bool_, check_dtype, to_dtype
 from portkit.tensor.elementwise import ElementwiseOps
@@ -98,8 +99,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
             device = runtime.device_name(device)
             array = _to_numpy(data, dtype)
             target = check_dtype(dtype or from_numpy(array.dtype), device)
-            lazy = graph.load(schedule.upload(array, device, target), target, array.shape,
-                              device)
+            lazy = _host_data(array, device, target)
         self.lazy, self.grad, self._ctx = lazy, None, None
         self.requires_grad = False
         if requires_grad:
@@ -318,8 +318,29 @@ def from_dlpack(source: Any, device: str | None = None) -> Tensor:
     shared = None
     if array.size and array.flags.c_contiguous and array.ctypes.data % array.itemsize == 0:
         shared = runtime.get(device).share(dtype, array.reshape(-1).view(np.uint8))
-    buffer = shared if shared is not None else schedule.upload(array, device, dtype)
-    return Tensor(graph.load(buffer, dtype, array.shape, device))
+    if shared is None:
+        return Tensor(_host_data(array, device, dtype))
+    return Tensor(graph.load(shared, dtype, array.shape, device))
+
+
+def _host_data(array: np.ndarray, device: str, dtype: DType) -> Lazy:
+    """`array` on the device as `dtype`: one buffer, or where that would pass the device's
+    largest (Capabilities.max_buffer_bytes: WebGPU binds 128 MiB, GPT-2's 50257 x 768 float32
+    embedding is 154 MB) blocks of whole slices along its first axis whose slice fits, joined
+    as a lazy cat. Kernels read the blocks through it (a gather, a matmul: each reading
+    every block it needs, in one kernel); realizing it whole is refused as any kernel output
+    that large would be (schedule.limits.check_bytes)."""
+    limit = runtime.get(device).capabilities.max_buffer_bytes
+    if limit is None or array.size * dtype.itemsize <= limit:
+        return graph.load(schedule.upload(array, device, dtype), dtype, array.shape, device)
+    axis = next((a for a in range(array.ndim)
+                 if math.prod(array.shape[a + 1:]) * dtype.itemsize <= limit), None)
+    if axis is None:            # one element past the limit: refused, naming the limit
+        schedule.upload(array, device, dtype)
+    step = limit // (math.prod(array.shape[axis + 1:]) * dtype.itemsize)
+    blocks = [Tensor(_host_data(block, device, dtype)) for block in
+              np.split(array, range(step, array.shape[axis], step), axis)]
+    return movement.cat(blocks, axis).lazy
 
 
 wrap = Tensor._wrap

@@ -66,6 +66,42 @@ def test_float16_is_native_only_with_cl_khr_fp16():
     assert "cl_khr_fp16 : enable" in native
 
 
+def exp2_kernel(dtype):
+    k = KernelBuilder("exp2")
+    a = k.param(dtype)
+    i = k.special("local")
+    k.store(a, i, k.alu(Op.EXP2, k.load(a, i)))
+    return k.build((1, 1, 1), (64, 1, 1))
+
+
+def test_exp2_on_float_is_inline_on_a_cpu_device_and_the_builtin_on_a_gpu():
+    # PoCL's exp2 is a call that kept the loop around it scalar: a GELU over 1.2 million
+    # floats took 60 ms, 5 ms with the inline polynomial
+    on_cpu = OpenCLRenderer(fp16=False, fp64=True, cpu=True).render(exp2_kernel(dtypes.float32))
+    on_gpu = OpenCLRenderer(fp16=False, fp64=True).render(exp2_kernel(dtypes.float32))
+    assert "pk_exp2f(" in on_cpu and " exp2(" not in on_cpu.split("__kernel")[1]
+    assert "pk_exp2f" not in on_gpu and "exp2(" in on_gpu
+    wide = OpenCLRenderer(fp16=False, fp64=True, cpu=True).render(exp2_kernel(dtypes.float64))
+    assert "pk_exp2f" not in wide
+
+
+def test_inline_exp2_matches_the_oracle(device):
+    values = np.concatenate([np.linspace(-160, 130, 61), [np.nan, np.inf, -np.inf, -0.0]])
+    values = values.astype(np.float32)[:64]
+    kernel = exp2_kernel(dtypes.float32)
+    assert device.capabilities.threads_are_loops == ("pk_exp2f" in device.renderer.render(kernel))
+    buffer = device.allocator.alloc(values.nbytes)
+    device.allocator.copyin(buffer, memoryview(values.view(np.uint8)))
+    program = device.program(kernel.name, device.compiler.compile(device.renderer.render(kernel)))
+    program([buffer], [], (1, 1, 1), (64, 1, 1), wait=True)
+    got = np.empty_like(values)
+    device.allocator.copyout(memoryview(got.view(np.uint8)), buffer)
+    with np.errstate(over="ignore"):
+        want = np.exp2(values.astype(np.float64)).astype(np.float32)
+    close = np.isclose(got, want, rtol=2.5e-7, atol=2e-45) | (got == want)   # 1 ulp
+    assert (close | (np.isnan(got) & np.isnan(want))).all(), values[~close]
+
+
 def test_capabilities_come_from_the_device(device):
     import pyopencl as cl
 

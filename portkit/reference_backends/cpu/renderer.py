@@ -16,6 +16,7 @@ from portkit.abi.ops import Op
 from portkit.codegen import lanes
 from portkit.codegen.cstyle import CStyleRenderer, Spelling, function_name, local_bytes
 from portkit.codegen.emulated import EMULATED_FLOATS, FLOAT16_HELPERS
+from portkit.codegen.exp2f import EXP2F
 
 _TEMPLATE = """\
 #define _GNU_SOURCE
@@ -35,35 +36,7 @@ _TEMPLATE = """\
 #endif
 {% endif %}
 {% if exp2f %}
-#ifndef PK_ONCE_EXP2F
-#define PK_ONCE_EXP2F
-/* EXP2 on float: libm's exp2f is a call, which keeps the loop around it scalar; this has no
-   branches and no calls, so the compiler vectorizes loops over it. 1 ulp at most on every
-   float32 (checked against exp2 in double). a = n + f with n = rint(a), |f| <= 1/2; a
-   minimax polynomial for 2^f; 2^n in two halves built from exponent bits, each a normal float,
-   so that a subnormal result rounds once. Past -151 the result is 0, past 128 inf. */
-static inline float pk_exp2f(float a) {
-  float x = a > -151.0f ? a : -151.0f;  /* NaN too: the conversion to int must be defined */
-  x = x < 128.0f ? x : 128.0f;
-  const float n = (x + 0x1.8p23f) - 0x1.8p23f;  /* rounds to nearest even: |x| < 2^22 */
-  const float f = x - n;
-  float p = 1.5353362e-4f;
-  p = p * f + 1.3398874e-3f;
-  p = p * f + 9.618437e-3f;
-  p = p * f + 5.5503324e-2f;
-  p = p * f + 2.4022648e-1f;
-  p = p * f + 6.931472e-1f;
-  p = p * f + 1.0f;
-  const int32_t k = (int32_t)n, half = k >> 1;
-  const int32_t half_bits = (half + 127) << 23, rest_bits = (k - half + 127) << 23;
-  float two_half, two_rest;
-  memcpy(&two_half, &half_bits, sizeof two_half);
-  memcpy(&two_rest, &rest_bits, sizeof two_rest);
-  const float y = p * two_half * two_rest;
-  return a != a ? a : y;
-}
-#endif
-{% endif %}
+{{ exp2f_source }}{% endif %}
 {% if vectors %}
 /* Accumulators held in vectors (portkit.codegen.lanes): lanes += a * b[0..n), one rounding;
    at[0..n) += lanes; the n values from at. */
@@ -192,8 +165,8 @@ class CPURenderer(CStyleRenderer):
     # float16 and bfloat16 have no arithmetic type in portable C (clang 14 rejects _Float16 on
     # x86-64, and where it exists it computes in float anyway): values are held in a float.
     emulated = EMULATED_FLOATS
-    # EXP2 on float (and the small floats, computed in float) is the template's pk_exp2f, which
-    # the compiler vectorizes; double keeps libm's exp2.
+    # EXP2 on float (and the small floats, computed in float) is pk_exp2f (codegen/exp2f.py),
+    # which the compiler vectorizes; double keeps libm's exp2.
     code_for_op: ClassVar[dict[Op, Spelling]] = {
         **CStyleRenderer.code_for_op,
         Op.EXP2: lambda a, dtype: f"pk_exp2f({a})" if dtype == dtypes.float32 else f"exp2({a})"}
@@ -224,7 +197,7 @@ class CPURenderer(CStyleRenderer):
                 "small_floats": bool(used & set(self.emulated)),
                 "exp2f": any(n.op is Op.EXP2 and n.dtype != dtypes.float64
                              for n in kernel.nodes),
-                "float16_helpers": FLOAT16_HELPERS, "entry": entry_point(kernel.name),
+                "float16_helpers": FLOAT16_HELPERS, "exp2f_source": EXP2F, "entry": entry_point(kernel.name),
                 "types": types,
                 "ids": _IDS, "single": ["gid0", "gid1", "gid2", "0", "0", "0", "pk_local"],
                 # threads of a kernel with a loop may each do much work; others do little

@@ -61,7 +61,7 @@ def load(index: int = 0) -> Device:
     compiler = OpenCLCompiler(context, device)
     caps = capabilities(device)
     renderer = OpenCLRenderer("cl_khr_fp16" in device.extensions.split(),
-                              dtypes.float64 in caps.dtypes)
+                              dtypes.float64 in caps.dtypes, cpu=caps.threads_are_loops)
     return Device("opencl", caps, OpenCLAllocator(context, queue), renderer, compiler,
                   functools.partial(OpenCLProgram, compiler, queue), queue.finish,
                   batch=functools.partial(OpenCLBatch, queue))

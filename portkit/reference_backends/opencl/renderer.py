@@ -12,8 +12,10 @@ from typing import ClassVar
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
+from portkit.abi.ops import Op
 from portkit.codegen import lanes
-from portkit.codegen.cstyle import CStyleRenderer, Emulated
+from portkit.codegen.cstyle import CStyleRenderer, Emulated, Spelling
+from portkit.codegen.exp2f import EXP2F
 
 _CL_TYPES = {
     dtypes.bool_: "bool", dtypes.int8: "char", dtypes.int16: "short", dtypes.int32: "int",
@@ -85,8 +87,16 @@ class OpenCLRenderer(CStyleRenderer):
     fma_dtypes = (dtypes.float32, dtypes.float64)
     type_map: ClassVar[dict[DType, str]] = _CL_TYPES
 
-    def __init__(self, fp16: bool, fp64: bool):
-        self.fp16, self.fp64 = fp16, fp64
+    def __init__(self, fp16: bool, fp64: bool, cpu: bool = False):
+        """`cpu`: the device is a CPU (PoCL), whose exp2 is a call that keeps the loop around
+        it scalar: EXP2 on float is then codegen/exp2f.py's inline pk_exp2f, as on the cpu
+        backend (a GPU's exp2 is an instruction)."""
+        self.fp16, self.fp64, self.cpu = fp16, fp64, cpu
+        if cpu:
+            self.code_for_op: dict[Op, Spelling] = {
+                **CStyleRenderer.code_for_op,
+                Op.EXP2: lambda a, dtype: f"pk_exp2f({a})" if dtype == dtypes.float32
+                else f"exp2({a})"}
         self.emulated = {dtypes.bfloat16: _BF16} if fp16 else {dtypes.float16: _F16,
                                                                dtypes.bfloat16: _BF16}
         # Emulated casts round from the widest float; without fp64 that is float.
@@ -101,4 +111,7 @@ class OpenCLRenderer(CStyleRenderer):
             # guarded: a batch (cstyle.compile_joined) is many kernels in one program
             lines += ["#ifndef PK_ONCE_HELPERS", "#define PK_ONCE_HELPERS",
                       _HELPERS.format(wide="double" if self.fp64 else "float"), "#endif"]
+        if self.cpu and any(n.op is Op.EXP2 and n.dtype != dtypes.float64
+                            for n in kernel.nodes):
+            lines.append(EXP2F)
         return "\n".join(lines)

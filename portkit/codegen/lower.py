@@ -4,7 +4,8 @@ Every output element has a multi-index; `lower(node, idxs, gates)` emits the ABI
 `node` at each multi-index of `idxs` (symbolic expressions, portkit/symbolic.py) at once:
 - a realized input loads from its buffer at the flat index (equal loads are emitted once),
 - a VIEW maps an index through its ShapeTracker (strides, offset, mask) to the source's index,
-  gating loads where the mask says the element is padding,
+  gating loads where the mask says the element is padding; a view of an input that takes its
+  offset as a VAR (schedule/keys.py, `moves`) adds the VAR to the load's position instead,
 - an ALU op lowers its sources at the same indices,
 - a GATHER loads its index tensor, wraps a negative index if its op does, notes its op's nonzero
   code for an index outside the axis (the largest noted is stored into the fault flag after the
@@ -103,7 +104,8 @@ class Lowerer:
         self.plan = tiling
         self.scopes: list[dict] = [{}]          # memo per open loop/branch; closed ones drop
         self.vars: dict[str, int] = {}          # symbolic Var name -> node
-        self.scalars: dict[int, int] = {}       # id(graph CONST) -> its VAR (cast) node
+        self.scalars: dict[int, int] = {}       # id(graph CONST or VIEW) -> its VAR (cast) node
+        self.offsets: dict[int, Lin] = {}       # id(VIEW) -> its VAR offset, as an index
         self.counter = 0
         self.fixed: dict[int, int] = {}         # id(Lazy) -> the node holding its value here
         self.ranges = False                     # a two-sided bound as one uint32 compare
@@ -265,6 +267,8 @@ class Lowerer:
             kept = tuple(c for c in kept if c not in self.assumed)
             inner_gate = self.condition(kept, gate)
             if id(src) in self.params:
+                if id(node) in self.scalars:
+                    flat = flat + self.offset(node, src)
                 out[e] = self.load(self.params[id(src)], self.index(flat), inner_gate)
             else:
                 views = node.arg.views
@@ -278,6 +282,16 @@ class Lowerer:
                     value = self.b.alu(Op.WHERE, inner_gate, value, zero)
                 out[e] = value
         return out
+
+    def offset(self, node: Lazy, src: Lazy) -> Lin:
+        """What turns the position `node` reads at its own offset into the position at the
+        offset its VAR holds: the VAR less that offset. Kernels of views that differ only in
+        their offsets are then one kernel (schedule/keys.py, `moves`)."""
+        found = self.offsets.get(id(node))
+        if found is None:
+            at = self.new_var("v", 0, max(src.size - 1, 0), self.scalars[id(node)])
+            found = self.offsets[id(node)] = at + -node.arg.views[0].offset
+        return found
 
     def gather(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
         """The source at the positions the index holds along the gathered axis: a LOAD whose
@@ -476,7 +490,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     chosen = None if contraction is None else staging.choose(
         contraction, caps, local or tune.stored(caps, contraction))
     packed = None if chosen or on_unit else packing.find(root, inputs, caps)
-    limits = THREADED
+    limits, given = THREADED, root
     if serial(caps):
         limits = replace(SERIAL, registers=register_block(caps).accumulators
                          if caps.vector_registers else 0)
@@ -492,11 +506,17 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         lowerer.params[id(node)] = b.param(node.dtype)
     values = []
     for k, node in enumerate(scalars):
+        if node.op is GraphOp.VIEW:         # an offset (schedule/keys.py, `moves`)
+            values.append(b.var(f"s{k}", dtypes.int32))
+            continue
         value = b.var(f"s{k}", SCALAR_VAR_DTYPES[node.dtype])
         values.append(value if b.dtype(value) == node.dtype else b.cast(value, node.dtype))
     if slots is None:
         slots = {id(node): k for k, node in enumerate(scalars)}
     lowerer.scalars = {node: values[k] for node, k in slots.items()}
+    if root is not given and id(given) in slots:
+        # a view reshaped for its rows reads the buffer at the offset of the view it reshaped
+        lowerer.scalars[id(root)] = values[slots[id(given)]]
     if on_unit:
         return matrix.emit(lowerer, root, *on_unit, out)
     if contraction is not None and chosen is not None:

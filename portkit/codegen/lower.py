@@ -266,13 +266,14 @@ class Lowerer:
                 continue
             kept = tuple(c for c in kept if c not in self.assumed)
             inner_gate = self.condition(kept, gate)
-            if id(src) in self.params:
-                if id(node) in self.scalars:
-                    flat = flat + self.offset(node, src)
-                out[e] = self.load(self.params[id(src)], self.index(flat), inner_gate)
+            if id(node) in self.scalars:
+                flat, split = self.moved(node, idx, flat)
             else:
                 views = node.arg.views
                 split = views[0].split(idx, src.shape) if len(views) == 1 else None
+            if id(src) in self.params:
+                out[e] = self.load(self.params[id(src)], self.index(flat), inner_gate)
+            else:
                 inner.append((e, unravel(flat, src.shape) if split is None else split,
                               inner_gate))
         if inner:
@@ -283,15 +284,30 @@ class Lowerer:
                 out[e] = value
         return out
 
-    def offset(self, node: Lazy, src: Lazy) -> Lin:
-        """What turns the position `node` reads at its own offset into the position at the
-        offset its VAR holds: the VAR less that offset. Kernels of views that differ only in
-        their offsets are then one kernel (schedule/keys.py, `moves`)."""
-        found = self.offsets.get(id(node))
-        if found is None:
-            at = self.new_var("v", 0, max(src.size - 1, 0), self.scalars[id(node)])
-            found = self.offsets[id(node)] = at + -node.arg.views[0].offset
-        return found
+    def moved(self, node: Lazy, idx: list[Lin], flat: Lin) -> tuple[Lin, list[Lin] | None]:
+        """The flat position and the multi-index (None: unravel the position) that a view
+        whose offset is a VAR reads at `idx`, given `flat`, the position at its own offset.
+        Kernels of views that differ only in their offsets are then one kernel
+        (schedule/keys.py `structure`): a view of an input adds the VAR less its own offset to
+        the position; a view of a value the kernel computes adds the VAR's part along the
+        source axes it does not step along (view.View.free) to those axes."""
+        view, shape = node.arg.views[0], node.src[0].shape
+        free = None if id(node.src[0]) in self.params else view.free(shape)
+        rows = strides_for(shape)
+        at = self.offsets.get(id(node))
+        if at is None:
+            lo, hi = (0, max(prod(shape) - 1, 0)) if free is None else (free[1], free[1] + sum(
+                (shape[j] - 1) * rows[j] for j in free[0]))
+            at = self.offsets[id(node)] = self.new_var("v", lo, hi, self.scalars[id(node)])
+        if free is None:
+            return flat + at + -view.offset, None
+        axes, rest = free
+        split = view._replace(offset=rest).split(idx, shape)
+        assert split is not None        # View.free places it
+        for j in axes:      # the outermost one's position needs no modulo
+            position = (at + -rest) // rows[j]
+            split[j] = split[j] + (position if j == axes[0] else position % shape[j])
+        return flat, split
 
     def gather(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
         """The source at the positions the index holds along the gathered axis: a LOAD whose

@@ -4,9 +4,10 @@ A kernel's structure (`structure`) keys its lowering and its program; a whole un
 graph's (`graph_key`) keys the steps its first realize ran, so that a later realize of the same
 structure replays them. Neither holds a buffer nor the value of a constant the kernel takes as
 a scalar argument (portkit/codegen/lower.py, SCALAR_VAR_DTYPES): a training step lowers and
-compiles once even when its learning rate changes every step. Nor the offset of a view read
-straight from a buffer (`moves`): the steps of a loop over `x[:, t]` are one kernel, which
-takes each step's offset as a scalar argument, and one replayed plan.
+compiles once even when its learning rate changes every step. Nor, where it can travel as a
+scalar argument too, the offset of a view: of a buffer (`moves`), or along the axes of a value
+its kernel computes that the view does not step along (`through`). The steps of a loop over
+`x[:, t]` are then one kernel, and, where x is a buffer, one replayed plan.
 """
 from __future__ import annotations
 
@@ -56,6 +57,17 @@ def moves(node: Lazy) -> bool:
     return span + 1 < node.src[0].size
 
 
+def through(node: Lazy) -> tuple[tuple[int, ...], int] | None:
+    """For a view of a value its kernel computes, one view with no mask: the axes of that
+    value its offset moves along as a VAR, and the part of the offset that stays code
+    (view.View.free: x[:, t] of an (n, steps, k) value moves along axis 1, with no rest);
+    None where its offset is code."""
+    views = node.arg.views
+    if len(views) != 1 or views[0].mask is not None:
+        return None
+    return views[0].free(node.src[0].shape)
+
+
 def scalar_value(node: Lazy):
     """The value of the VAR `node` gives a kernel: a view's offset, or a constant's value."""
     if node.op is GraphOp.VIEW:
@@ -69,11 +81,12 @@ def structure(root: Lazy, inputs: list[Lazy], max_scalars: int | None = None,
     VAR they read (a cache key), and those VARs. Equal constants share a VAR, so a kernel with
     many copies of 0 and 1 stays within MAX_SCALARS, or `max_scalars` (the device's
     Capabilities.max_scalars) where that is less; which constants are equal is part of the key.
-    Constants past that many distinct values stay code: their value is in the key. The views
-    that `moves` over the kernel's inputs take the VARs left, one each, their offset out of the
-    key; past the limit their offset is code, and so is that of a view whose id is not in
-    `placed` (a replay reads a VAR from a node of the graph: a view the scheduler made is
-    none)."""
+    Constants past that many distinct values stay code: their value is in the key. Views take
+    the VARs left, one each, holding their offset: those of the kernel's inputs that `moves`
+    (the offset out of the key) and those of values it computes that `through` places (the
+    offset's part along the axes they step along stays in the key). Past the limit their offset
+    is code, and so is that of a view whose id is not in `placed` (a replay reads a VAR from a
+    node of the graph: a view the scheduler made is none)."""
     limit = MAX_SCALARS if max_scalars is None else min(max_scalars, MAX_SCALARS)
     number: dict[int, int] = {id(x): k for k, x in enumerate(inputs)}
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
@@ -93,15 +106,19 @@ def structure(root: Lazy, inputs: list[Lazy], max_scalars: int | None = None,
     for node in order:
         if isinstance(node.arg, graph.Traced) and node.dtype in SCALAR_VAR_DTYPES:
             slot_of(node)
-    moving: list[tuple[int, Lazy]] = []      # (entry, node): views that may take a VAR
+    moving: list[tuple[int, Lazy, tuple]] = []     # (entry, node, ...): views that may take a VAR
     for node in order:
         number[id(node)] = len(entries)
         arg = node.arg
-        if moves(node) and number[id(node.src[0])] < len(inputs):
-            if placed is None or id(node) in placed:
-                moving.append((len(entries), node))
-            else:
-                scalars.code.append(node)
+        if node.op is GraphOp.VIEW and (placed is None or id(node) in placed):
+            if number[id(node.src[0])] >= len(inputs):
+                free = through(node)
+                if free is not None:
+                    moving.append((len(entries), node, free))
+            elif moves(node):
+                moving.append((len(entries), node, ()))
+        elif moves(node) and number[id(node.src[0])] < len(inputs):
+            scalars.code.append(node)
         elif node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
             slot = slot_of(node)
             if slot is None:
@@ -115,14 +132,14 @@ def structure(root: Lazy, inputs: list[Lazy], max_scalars: int | None = None,
         entries.append((node.op, node.dtype, node.shape, arg,
                         tuple(number[id(s)] for s in node.src)))
     # after the constants, so that a view never costs one of them its VAR
-    for at, node in moving:
+    for at, node, free in moving:
         if len(scalars.nodes) < limit:
             scalars.slots[id(node)] = len(scalars.nodes)
             view = node.arg.views[0]
             entries[at] = entries[at][:3] + (("offset", view.shape, view.strides,
-                                              len(scalars.nodes)),) + entries[at][4:]
+                                              len(scalars.nodes), *free),) + entries[at][4:]
             scalars.nodes.append(node)
-        else:
+        elif not free:      # of a buffer: graph_key has left it out
             scalars.code.append(node)
     return tuple(entries), scalars
 

@@ -33,6 +33,22 @@ def test_a_loop_over_time_steps_compiles_one_kernel_with_right_values(device):
     assert _distinct_kernels(step, 8) == 1
 
 
+@pytest.mark.parametrize("device", ["cpu", "interpreter"])
+def test_a_step_of_a_value_the_kernel_computes_is_one_kernel_with_right_values(device):
+    # an LSTM's gates_in = x @ W + b, its sum fused into each step's kernel: the step's offset
+    # moves along the time axis the view does not step along, and whatever of the offset lies
+    # along the axes it does step along (here 1 row and 1 column) stays code
+    x_np = RNG.standard_normal((3, 8, 5)).astype(np.float32)
+    w_np = RNG.standard_normal(5).astype(np.float32)
+    x, w = Tensor(x_np, device=device).realize(), Tensor(w_np, device=device).realize()
+
+    def step(t: int) -> None:
+        np.testing.assert_allclose(((x + 1.0)[:, t] * w).numpy(), (x_np[:, t] + 1) * w_np,
+                                   rtol=1e-6)
+        np.testing.assert_array_equal((x * w)[1:, t, 1:4].numpy(), (x_np * w_np)[1:, t, 1:4])
+    assert _distinct_kernels(step, 8) == 2
+
+
 def test_a_graph_that_differs_only_in_offsets_replays_one_plan(monkeypatch):
     x_np = RNG.standard_normal((4, 8, 6)).astype(np.float32)
     x, w = Tensor(x_np).realize(), Tensor(RNG.standard_normal(6).astype(np.float32)).realize()
@@ -85,6 +101,9 @@ def test_keys_of_views_differing_only_in_offset_are_equal_and_others_not():
     assert _key(x[:, 1] * w) != _key(x[1:3, 1] * w)                      # shape
     # with no scalar arguments on the device, the offset is code
     assert _key(x[:, 1] * w, max_scalars=0) != _key(x[:, 5] * w, max_scalars=0)
+    # of a value the kernel computes: the part along the axes the view steps along is code
+    assert _key((x + w)[:, 1]) == _key((x + w)[:, 6])
+    assert _key((x + w)[1:3, 1]) == _key((x + w)[1:3, 6]) != _key((x + w)[2:4, 6])
 
 
 def test_a_view_spanning_its_whole_buffer_keeps_its_one_offset_as_code():

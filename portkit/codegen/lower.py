@@ -53,6 +53,7 @@ from portkit.codegen.plan import (
     serial,
     split,
 )
+from portkit.codegen.positions import OFFSET_VAR
 from portkit.codegen.rows import row_length
 from portkit.graph import GraphOp, Lazy, Traced, toposort
 from portkit.symbolic import (
@@ -522,8 +523,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         lowerer.params[id(node)] = b.param(node.dtype)
     values = []
     for k, node in enumerate(scalars):
-        if node.op is GraphOp.VIEW:         # an offset (schedule/keys.py, `moves`)
-            values.append(b.var(f"s{k}", dtypes.int32))
+        if node.op is GraphOp.VIEW:         # an offset (schedule/keys.py, `structure`)
+            values.append(b.var(f"{OFFSET_VAR}{k}", dtypes.int32))
             continue
         value = b.var(f"s{k}", SCALAR_VAR_DTYPES[node.dtype])
         values.append(value if b.dtype(value) == node.dtype else b.cast(value, node.dtype))

@@ -4,8 +4,8 @@ Every output element has a multi-index; `lower(node, idxs, gates)` emits the ABI
 `node` at each multi-index of `idxs` (symbolic expressions, portkit/symbolic.py) at once:
 - a realized input loads from its buffer at the flat index (equal loads are emitted once),
 - a VIEW maps an index through its ShapeTracker (strides, offset, mask) to the source's index,
-  gating loads where the mask says the element is padding; a view of an input that takes its
-  offset as a VAR (schedule/keys.py, `moves`) adds the VAR to the load's position instead,
+  gating loads where the mask says the element is padding; a view whose offset is a VAR
+  (schedule/keys.py `structure`) adds the VAR to the position instead (`Lowerer.moved`),
 - an ALU op lowers its sources at the same indices,
 - a GATHER loads its index tensor, wraps a negative index if its op does, notes its op's nonzero
   code for an index outside the axis (the largest noted is stored into the fault flag after the

@@ -86,7 +86,8 @@ def structure(root: Lazy, inputs: list[Lazy], max_scalars: int | None = None,
     (the offset out of the key) and those of values it computes that `through` places (the
     offset's part along the axes they step along stays in the key). Past the limit their offset
     is code, and so is that of a view whose id is not in `placed` (a replay reads a VAR from a
-    node of the graph: a view the scheduler made is none)."""
+    node of the graph: a view the scheduler made is none); such views of the kernel's inputs
+    are in `Scalars.code`."""
     limit = MAX_SCALARS if max_scalars is None else min(max_scalars, MAX_SCALARS)
     number: dict[int, int] = {id(x): k for k, x in enumerate(inputs)}
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
@@ -117,7 +118,9 @@ def structure(root: Lazy, inputs: list[Lazy], max_scalars: int | None = None,
                     moving.append((len(entries), node, free))
             elif moves(node):
                 moving.append((len(entries), node, ()))
-        elif moves(node) and number[id(node.src[0])] < len(inputs):
+        elif node.op is GraphOp.VIEW and number[id(node.src[0])] < len(inputs):
+            # one the scheduler made (a split reduce's pad of a slice): its offset may come
+            # from a view that graph_key keys without its offset, so a replay keys it by value
             scalars.code.append(node)
         elif node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
             slot = slot_of(node)

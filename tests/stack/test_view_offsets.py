@@ -60,6 +60,16 @@ def test_a_graph_that_differs_only_in_offsets_replays_one_plan(monkeypatch):
     assert not scheduled
 
 
+def test_a_sum_of_a_slice_split_by_the_scheduler_replays_with_each_slices_values():
+    # the scheduler pads the slice of a long sum (schedule/stages.py split_reduce): a view of
+    # its own, whose offset is code, comes from x[t], which graph_key keys without its offset
+    x_np = RNG.standard_normal((3, 100_003)).astype(np.float32)
+    x = Tensor(x_np).realize()
+    for t in range(3):
+        np.testing.assert_allclose(x[t].sum().numpy(), x_np[t].astype(np.float64).sum(),
+                                   rtol=1e-4, atol=1e-3)
+
+
 def test_a_view_that_is_the_whole_kernel_takes_its_offset_when_its_rows_merge():
     # x[:, t] realized on its own: a kernel whose root is the view, and whose short trailing
     # axes merge into one row (codegen/rows.py), read through a reshape of that view

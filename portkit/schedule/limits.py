@@ -34,9 +34,10 @@ def cut_deep(order: list[Lazy], realize: set[int]) -> None:
 # constants do not count; one exp or tanh is about 20), such a value gets its own buffer: an
 # LSTM step then runs as three kernels of one structure at any sequence length. At 20 each
 # exponential of an LSTM's gate gradients runs once (its jitted training step took 89 ms of
-# CPU, 128 at 32), and a GPT's or a CNN's step is as fast as at 32 (at 16 the GPT's was 5%
-# slower); docs/performance.md has the figures.
-MAX_SHARED_DEPTH = 20
+# CPU, 128 at 32), but at 24 or less EfficientNet-B0's first call took 22.9 s of CPU, not
+# 6.4: the lowering's analysis of its deeper fused factors (tiles.match, plan._accesses);
+# docs/performance.md has the figures.
+MAX_SHARED_DEPTH = 32
 # Buffers a shared value's fused expression reads, at most, before it gets its own buffer: a
 # transformer's residual stream (x + attention + bias + MLP + bias, block after block) is a
 # few ops per block, so by depth alone it went unstored for 8 blocks, and each block's layer

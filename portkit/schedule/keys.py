@@ -44,7 +44,7 @@ def same_value(node: Lazy) -> tuple:
 def moves(node: Lazy) -> bool:
     """Whether `node` is a view whose offset a kernel takes as a VAR when its source is a
     kernel input: one view, no mask, so that the offset is only added to a load's position
-    and no lowering decision reads it (portkit/codegen/lower.py, `Lowerer.view`), and one
+    and no lowering decision reads it (portkit/codegen/lower.py, `Lowerer.moved`), and one
     that spans less than its source, so that another offset could read it (a transposed or
     broadcast weight has one offset only, and keeps it as code)."""
     if node.op is not GraphOp.VIEW:

@@ -133,7 +133,7 @@ class _NodeArg:
 
 
 class _OffsetArg(_NodeArg):
-    """Reads the offset of the view at `position` (keys.moves) at a replay."""
+    """Reads the offset of the view at `position` (its VAR: keys.structure) at a replay."""
 
     __slots__ = ()
 

@@ -138,21 +138,35 @@ class View(NamedTuple):
         Unravelling the flat index gives the same positions, but a pad's negative offset keeps
         the simplifier from folding its divs and mods (`(56*h + w + 3079) // 3136` per element,
         where the source's channel is simply c)."""
-        rows = [1] * len(shape)
-        for j in range(len(shape) - 2, -1, -1):
-            rows[j] = rows[j + 1] * shape[j + 1]
-        mask = self.mask or tuple((0, s) for s in self.shape)
+        found = self.placement(shape)
+        if found is None:
+            return None
+        moves, shifts = found
         terms: list[list[tuple[Lin, int]]] = [[] for _ in shape]
+        for i, move in zip(idx, moves):
+            if move is not None:
+                terms[move[0]].append((i, move[1]))
+        return [recombine(sum((i * step for i, step in parts), const(shift)))
+                for parts, shift in zip(terms, shifts)]
+
+    def placement(self, shape: Shape) -> tuple[list[tuple[int, int] | None], list[int]] | None:
+        """How `split` reads `shape`: the axis of `shape` each axis of this view steps along and
+        by how much (None: it does not move), and the offset's shift along each axis of
+        `shape`; None where `split` gives None."""
+        rows = _rows(shape)
+        mask = self.mask or tuple((0, s) for s in self.shape)
+        moves: list[tuple[int, int] | None] = []
         low, high = [0] * len(shape), [0] * len(shape)   # the terms' range per source axis
-        for i, size, st, (lo, hi) in zip(idx, self.shape, self.strides, mask):
+        for size, st, (lo, hi) in zip(self.shape, self.strides, mask):
             if st == 0 or size == 1:
+                moves.append(None)
                 continue
             axis = next((j for j in range(len(shape)) if shape[j] > 1 and rows[j] <= abs(st)
                          and st % rows[j] == 0), None)
             if axis is None:
                 return None
             step = st // rows[axis]
-            terms[axis].append((i, step))
+            moves.append((axis, step))
             low[axis] += min(step * lo, step * (hi - 1))
             high[axis] += max(step * lo, step * (hi - 1))
         # the offset, split into one shift per source axis (innermost first) that keeps each
@@ -167,8 +181,30 @@ class View(NamedTuple):
             if not first <= shift <= last:
                 return None
             shifts[j], rest = shift, rest - shift * rows[j]
-        return [recombine(sum((i * step for i, step in parts), const(shift)))
-                for parts, shift in zip(terms, shifts)]
+        return moves, shifts
+
+    def free(self, shape: Shape) -> tuple[tuple[int, ...], int] | None:
+        """The axes of `shape` (longer than 1) that no axis of this view steps along, where
+        `split` reads `shape`, and the offset less its part along them (x[:, t] of an
+        (n, steps, k) `shape`: axis 1, and 0 at every t); else None. The offset's part along
+        them may be any position on them: this view's shape and strides, and the offset's
+        other part, do not decide it."""
+        found = self.placement(shape)
+        if found is None:
+            return None
+        moves, shifts = found
+        stepped = {move[0] for move in moves if move is not None}
+        axes = tuple(j for j, size in enumerate(shape) if size > 1 and j not in stepped)
+        rows = _rows(shape)
+        return (axes, self.offset - sum(shifts[j] * rows[j] for j in axes)) if axes else None
+
+
+def _rows(shape: Shape) -> list[int]:
+    """Row-major strides, size-1 dimensions included."""
+    rows = [1] * len(shape)
+    for j in range(len(shape) - 2, -1, -1):
+        rows[j] = rows[j + 1] * shape[j + 1]
+    return rows
 
 
 def _nocopy_strides(old: Shape, old_strides: tuple[int, ...], new: Shape) -> list[int] | None:

@@ -4,7 +4,8 @@ Every output element has a multi-index; `lower(node, idxs, gates)` emits the ABI
 `node` at each multi-index of `idxs` (symbolic expressions, portkit/symbolic.py) at once:
 - a realized input loads from its buffer at the flat index (equal loads are emitted once),
 - a VIEW maps an index through its ShapeTracker (strides, offset, mask) to the source's index,
-  gating loads where the mask says the element is padding,
+  gating loads where the mask says the element is padding; a view whose offset is a VAR
+  (schedule/keys.py `structure`) adds the VAR to the position instead (`Lowerer.moved`),
 - an ALU op lowers its sources at the same indices,
 - a GATHER loads its index tensor, wraps a negative index if its op does, notes its op's nonzero
   code for an index outside the axis (the largest noted is stored into the fault flag after the
@@ -52,6 +53,7 @@ from portkit.codegen.plan import (
     serial,
     split,
 )
+from portkit.codegen.positions import OFFSET_VAR
 from portkit.codegen.rows import row_length
 from portkit.graph import GraphOp, Lazy, Traced, toposort
 from portkit.symbolic import (
@@ -103,7 +105,8 @@ class Lowerer:
         self.plan = tiling
         self.scopes: list[dict] = [{}]          # memo per open loop/branch; closed ones drop
         self.vars: dict[str, int] = {}          # symbolic Var name -> node
-        self.scalars: dict[int, int] = {}       # id(graph CONST) -> its VAR (cast) node
+        self.scalars: dict[int, int] = {}       # id(graph CONST or VIEW) -> its VAR (cast) node
+        self.offsets: dict[int, Lin] = {}       # id(VIEW) -> its VAR offset, as an index
         self.counter = 0
         self.fixed: dict[int, int] = {}         # id(Lazy) -> the node holding its value here
         self.ranges = False                     # a two-sided bound as one uint32 compare
@@ -264,11 +267,14 @@ class Lowerer:
                 continue
             kept = tuple(c for c in kept if c not in self.assumed)
             inner_gate = self.condition(kept, gate)
-            if id(src) in self.params:
-                out[e] = self.load(self.params[id(src)], self.index(flat), inner_gate)
+            if id(node) in self.scalars:
+                flat, split = self.moved(node, idx, flat)
             else:
                 views = node.arg.views
                 split = views[0].split(idx, src.shape) if len(views) == 1 else None
+            if id(src) in self.params:
+                out[e] = self.load(self.params[id(src)], self.index(flat), inner_gate)
+            else:
                 inner.append((e, unravel(flat, src.shape) if split is None else split,
                               inner_gate))
         if inner:
@@ -278,6 +284,31 @@ class Lowerer:
                     value = self.b.alu(Op.WHERE, inner_gate, value, zero)
                 out[e] = value
         return out
+
+    def moved(self, node: Lazy, idx: list[Lin], flat: Lin) -> tuple[Lin, list[Lin] | None]:
+        """The flat position and the multi-index (None: unravel the position) that a view
+        whose offset is a VAR reads at `idx`, given `flat`, the position at its own offset.
+        Kernels of views that differ only in their offsets are then one kernel
+        (schedule/keys.py `structure`): a view of an input adds the VAR less its own offset to
+        the position; a view of a value the kernel computes adds the VAR's part along the
+        source axes it does not step along (view.View.free) to those axes."""
+        view, shape = node.arg.views[0], node.src[0].shape
+        free = None if id(node.src[0]) in self.params else view.free(shape)
+        rows = strides_for(shape)
+        at = self.offsets.get(id(node))
+        if at is None:
+            lo, hi = (0, max(prod(shape) - 1, 0)) if free is None else (free[1], free[1] + sum(
+                (shape[j] - 1) * rows[j] for j in free[0]))
+            at = self.offsets[id(node)] = self.new_var("v", lo, hi, self.scalars[id(node)])
+        if free is None:
+            return flat + at + -view.offset, None
+        axes, rest = free
+        split = view._replace(offset=rest).split(idx, shape)
+        assert split is not None        # View.free places it
+        for j in axes:      # the outermost one's position needs no modulo
+            position = (at + -rest) // rows[j]
+            split[j] = split[j] + (position if j == axes[0] else position % shape[j])
+        return flat, split
 
     def gather(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
         """The source at the positions the index holds along the gathered axis: a LOAD whose
@@ -476,7 +507,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     chosen = None if contraction is None else staging.choose(
         contraction, caps, local or tune.stored(caps, contraction))
     packed = None if chosen or on_unit else packing.find(root, inputs, caps)
-    limits = THREADED
+    limits, given = THREADED, root
     if serial(caps):
         limits = replace(SERIAL, registers=register_block(caps).accumulators
                          if caps.vector_registers else 0)
@@ -492,11 +523,17 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         lowerer.params[id(node)] = b.param(node.dtype)
     values = []
     for k, node in enumerate(scalars):
+        if node.op is GraphOp.VIEW:         # an offset (schedule/keys.py, `structure`)
+            values.append(b.var(f"{OFFSET_VAR}{k}", dtypes.int32))
+            continue
         value = b.var(f"s{k}", SCALAR_VAR_DTYPES[node.dtype])
         values.append(value if b.dtype(value) == node.dtype else b.cast(value, node.dtype))
     if slots is None:
         slots = {id(node): k for k, node in enumerate(scalars)}
     lowerer.scalars = {node: values[k] for node, k in slots.items()}
+    if root is not given and id(given) in slots:
+        # a view reshaped for its rows reads the buffer at the offset of the view it reshaped
+        lowerer.scalars[id(root)] = values[slots[id(given)]]
     if on_unit:
         return matrix.emit(lowerer, root, *on_unit, out)
     if contraction is not None and chosen is not None:

@@ -8,9 +8,10 @@ from eight scalar loads (vinsertps), and that was half of its inner loop's instr
 position is a buffer offset (or, behind a gate, a small step outside one), built from thread
 and loop indices and constants, so it never overflows and signed arithmetic is exact for it.
 Such a node: int32 ADD or MUL, computed from SPECIAL, RANGE and CONST only (no loaded value,
-no argument), and read only as a LOAD or STORE index or gate, as a loop bound or IF condition,
-or by other nodes that are read only so. Anything that reaches data (a stored value, an
-accumulator, a float WHERE) keeps the wrapping form.
+no argument but a view's offset, a VAR named OFFSET_VAR...: a buffer position itself), and read
+only as a LOAD or STORE index or gate, as a loop bound or IF condition, or by other nodes that
+are read only so. Anything that reaches data (a stored value, an accumulator, a float WHERE)
+keeps the wrapping form.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from portkit.abi import dtypes
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 
+# the name of every VAR that holds a view's offset (codegen/lower.py) starts so
+OFFSET_VAR = "offset"
 # ops through which a position flows into another position, a gate or a loop bound
 _INDEX_OPS = (Op.ADD, Op.MUL, Op.IDIV, Op.MOD, Op.CMPLT, Op.CMPNE, Op.AND, Op.OR, Op.WHERE)
 # (op, operand position) where a value is used as a position, a gate or a bound
@@ -31,6 +34,7 @@ def positions(kernel: Kernel) -> set[int]:
     pure: set[int] = set()        # computed from thread and loop indices and constants only
     for i, node in enumerate(nodes):
         if node.op in (Op.SPECIAL, Op.RANGE, Op.CONST) or (
+                node.op is Op.VAR and node.arg.startswith(OFFSET_VAR)) or (
                 node.op in _INDEX_OPS and node.dtype in (dtypes.int32, dtypes.bool_)
                 and all(s in pure for s in node.src)):
             pure.add(i)

@@ -4,11 +4,14 @@ A kernel's structure (`structure`) keys its lowering and its program; a whole un
 graph's (`graph_key`) keys the steps its first realize ran, so that a later realize of the same
 structure replays them. Neither holds a buffer nor the value of a constant the kernel takes as
 a scalar argument (portkit/codegen/lower.py, SCALAR_VAR_DTYPES): a training step lowers and
-compiles once even when its learning rate changes every step.
+compiles once even when its learning rate changes every step. Nor, where it can travel as a
+scalar argument too, the offset of a view: of a buffer (`moves`), or along the axes of a value
+its kernel computes that the view does not step along (`through`). The steps of a loop over
+`x[:, t]` are then one kernel, and, where x is a buffer, one replayed plan.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -20,8 +23,9 @@ from portkit.graph import GraphOp, Lazy
 
 
 class Scalars(NamedTuple):
-    """The constants a kernel takes as VARs: one node per VAR (in VAR order), the VAR of every
-    constant node that reads one (by id), and the constant nodes left as code."""
+    """The numbers a kernel takes as VARs: one node per VAR (in VAR order: a constant, or a
+    view whose offset the VAR holds), the VAR of every node that reads one (by id), and the
+    constants and such views whose numbers are left as code."""
 
     nodes: list[Lazy]
     slots: dict[int, int]
@@ -37,13 +41,53 @@ def same_value(node: Lazy) -> tuple:
     return dtype, value
 
 
-def structure(root: Lazy, inputs: list[Lazy],
-              max_scalars: int | None = None) -> tuple[tuple, Scalars]:
+def moves(node: Lazy) -> bool:
+    """Whether `node` is a view whose offset a kernel takes as a VAR when its source is a
+    kernel input: one view, no mask, so that the offset is only added to a load's position
+    and no lowering decision reads it (portkit/codegen/lower.py, `Lowerer.moved`), and one
+    that spans less than its source, so that another offset could read it (a transposed or
+    broadcast weight has one offset only, and keeps it as code)."""
+    if node.op is not GraphOp.VIEW:
+        return False
+    views = node.arg.views
+    if len(views) != 1 or views[0].mask is not None:
+        return False
+    view = views[0]
+    span = sum((size - 1) * abs(step) for size, step in zip(view.shape, view.strides))
+    return span + 1 < node.src[0].size
+
+
+def through(node: Lazy) -> tuple[tuple[int, ...], int] | None:
+    """For a view of a value its kernel computes, one view with no mask: the axes of that
+    value its offset moves along as a VAR, and the part of the offset that stays code
+    (view.View.free: x[:, t] of an (n, steps, k) value moves along axis 1, with no rest);
+    None where its offset is code."""
+    views = node.arg.views
+    if len(views) != 1 or views[0].mask is not None:
+        return None
+    return views[0].free(node.src[0].shape)
+
+
+def scalar_value(node: Lazy):
+    """The value of the VAR `node` gives a kernel: a view's offset, or a constant's value."""
+    if node.op is GraphOp.VIEW:
+        return node.arg.views[0].offset
+    return var_value(node.arg, node.dtype)
+
+
+def structure(root: Lazy, inputs: list[Lazy], max_scalars: int | None = None,
+              placed: Container[int] | None = None) -> tuple[tuple, Scalars]:
     """What the kernel computes, with buffers replaced by their positions and constants by the
     VAR they read (a cache key), and those VARs. Equal constants share a VAR, so a kernel with
     many copies of 0 and 1 stays within MAX_SCALARS, or `max_scalars` (the device's
     Capabilities.max_scalars) where that is less; which constants are equal is part of the key.
-    Constants past that many distinct values stay code: their value is in the key."""
+    Constants past that many distinct values stay code: their value is in the key. Views take
+    the VARs left, one each, holding their offset: those of the kernel's inputs that `moves`
+    (the offset out of the key) and those of values it computes that `through` places (the
+    offset's part along the axes they step along stays in the key). Past the limit their offset
+    is code, and so is that of a view whose id is not in `placed` (a replay reads a VAR from a
+    node of the graph: a view the scheduler made is none); such views of the kernel's inputs
+    are in `Scalars.code`."""
     limit = MAX_SCALARS if max_scalars is None else min(max_scalars, MAX_SCALARS)
     number: dict[int, int] = {id(x): k for k, x in enumerate(inputs)}
     entries: list[tuple] = [("in", x.dtype, x.shape) for x in inputs]
@@ -63,10 +107,22 @@ def structure(root: Lazy, inputs: list[Lazy],
     for node in order:
         if isinstance(node.arg, graph.Traced) and node.dtype in SCALAR_VAR_DTYPES:
             slot_of(node)
+    moving: list[tuple[int, Lazy, tuple]] = []     # (entry, node, ...): views that may take a VAR
     for node in order:
         number[id(node)] = len(entries)
         arg = node.arg
-        if node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
+        if node.op is GraphOp.VIEW and (placed is None or id(node) in placed):
+            if number[id(node.src[0])] >= len(inputs):
+                free = through(node)
+                if free is not None:
+                    moving.append((len(entries), node, free))
+            elif moves(node):
+                moving.append((len(entries), node, ()))
+        elif node.op is GraphOp.VIEW and number[id(node.src[0])] < len(inputs):
+            # one the scheduler made (a split reduce's pad of a slice): its offset may come
+            # from a view that graph_key keys without its offset, so a replay keys it by value
+            scalars.code.append(node)
+        elif node.op is GraphOp.CONST and node.dtype in SCALAR_VAR_DTYPES:
             slot = slot_of(node)
             if slot is None:
                 scalars.code.append(node)
@@ -78,6 +134,16 @@ def structure(root: Lazy, inputs: list[Lazy],
             arg = arg.hex()
         entries.append((node.op, node.dtype, node.shape, arg,
                         tuple(number[id(s)] for s in node.src)))
+    # after the constants, so that a view never costs one of them its VAR
+    for at, node, free in moving:
+        if len(scalars.nodes) < limit:
+            scalars.slots[id(node)] = len(scalars.nodes)
+            view = node.arg.views[0]
+            entries[at] = entries[at][:3] + (("offset", view.shape, view.strides,
+                                              len(scalars.nodes), *free),) + entries[at][4:]
+            scalars.nodes.append(node)
+        elif not free:      # of a buffer: graph_key has left it out
+            scalars.code.append(node)
     return tuple(entries), scalars
 
 
@@ -87,9 +153,9 @@ def structure_key(root: Lazy, inputs: list[Lazy]) -> tuple:
 
 
 def scalar_values(scalars: list[Lazy]) -> tuple:
-    """The values of constants as their VARs take them (narrow types rounded to their own dtype
-    first, so that widening them is exact)."""
-    return tuple([var_value(node.arg, node.dtype) for node in scalars])
+    """The values of `Scalars.nodes` as their VARs take them (narrow types rounded to their own
+    dtype first, so that widening them is exact; a view's offset)."""
+    return tuple([scalar_value(node) for node in scalars])
 
 
 def var_value(value, dtype: DType):
@@ -130,7 +196,9 @@ def graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
     order works that is the same for graphs of the same structure). Seeing a node numbers its
     sources, so its entry names them by number at once. Ops and dtypes go in by value and
     name: a str caches its hash where an Enum or a DType computes it in Python at every
-    look-up (and an Enum's `_value_` skips the descriptor behind `.value`)."""
+    look-up (and an Enum's `_value_` skips the descriptor behind `.value`). A view of a
+    realized buffer that `moves` goes in without its offset: its kernel reads the offset as a
+    VAR (see `structure`), which a replay reads from the node (see `moved`)."""
     number: dict[Lazy, int] = {}     # a Lazy hashes by identity, in C: no call per node
     nodes: list[Lazy] = []
     for node in outs:
@@ -139,7 +207,8 @@ def graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
             nodes.append(node)
     entries: list[tuple] = []
     first: dict[tuple, int] = {}     # which constants are equal decides which share a VAR
-    load, const, reduce, var_dtypes = GraphOp.LOAD, GraphOp.CONST, GraphOp.REDUCE, _VAR_DTYPE_NAMES
+    load, const, reduce, view = GraphOp.LOAD, GraphOp.CONST, GraphOp.REDUCE, GraphOp.VIEW
+    var_dtypes = _VAR_DTYPE_NAMES
     for node in nodes:               # grows as the loop sees new sources
         op, arg, dtype, src = node.op, node.arg, node.dtype.name, node.src
         if op is load:
@@ -157,6 +226,9 @@ def graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
             arg = arg.hex()
         elif op is reduce:
             arg = (arg[0]._value_, arg[1])      # (Op, axes), the Op by value
+        elif op is view and src[0].op is load and len(arg.views) == 1 and (
+                arg.views[0].mask is None):
+            arg = ("offset", arg.views[0].strides)      # `moved`
         sources: tuple[int, ...] = ()
         if len(src) == 1:
             sources = (number[src[0]],)
@@ -168,3 +240,8 @@ def graph_key(outs: list[Lazy]) -> tuple[tuple, list[Lazy]]:
     entries.append(tuple([number[o] for o in outs]))
     return tuple(entries), nodes
 
+
+
+def moved(nodes: list[Lazy]) -> list[int]:
+    """The positions among `graph_key`'s nodes of the views it keys without their offset."""
+    return [k for k, node in enumerate(nodes) if moves(node) and node.src[0].op is GraphOp.LOAD]

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from portkit import runtime, settings
+from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
 from portkit.codegen.lower import check_dtypes, lower
@@ -26,6 +27,7 @@ from portkit.schedule.keys import (
     Scalars,
     graph_key,
     kernel_name,
+    moved,
     same_value,
     scalar_values,
     structure,
@@ -75,9 +77,9 @@ runtime.on_clear(_kernels.clear)
 runtime.on_clear(_replays.clear)
 
 
-def _key(item: ScheduleItem) -> tuple[tuple, Scalars]:
+def _key(item: ScheduleItem, placed: dict[int, int] | None = None) -> tuple[tuple, Scalars]:
     key, scalars = structure(item.root, item.inputs,
-                             runtime.get(item.root.device).capabilities.max_scalars)
+                             runtime.get(item.root.device).capabilities.max_scalars, placed)
     return (item.root.device, key), scalars
 
 
@@ -130,6 +132,22 @@ class _NodeArg:
         return nodes[self.position].arg
 
 
+class _OffsetArg(_NodeArg):
+    """Reads the offset of the view at `position` (its VAR: keys.structure) at a replay."""
+
+    __slots__ = ()
+
+    def __call__(self, nodes: list[Lazy]) -> object:
+        return nodes[self.position].arg.views[0].offset
+
+
+def _reader(node: Lazy, position: int) -> tuple[_NodeArg, DType]:
+    """What reads the VAR `node` gives a kernel from a replayed graph, and the VAR's dtype."""
+    if node.op is GraphOp.VIEW:
+        return _OffsetArg(position), dtypes.int32
+    return _NodeArg(position), node.dtype
+
+
 class _Replay(NamedTuple):
     """A graph's first realize, as a replay runs it again: its steps, the positions of the
     graph's realized inputs they read (table ARGS, by index here) and the node each step
@@ -142,11 +160,11 @@ class _Replay(NamedTuple):
 
 
 def _run(items: list[ScheduleItem], keyed: list[tuple[tuple, Scalars] | None],
-         number: dict[int, int]) -> tuple[_Replay | None, list[int]]:
+         nodes: list[Lazy], number: dict[int, int]) -> tuple[_Replay | None, list[int]]:
     """Runs the items, launching by their keys and scalars from `_compile_ahead` (`keyed`);
-    returns what replays them on another graph of the same structure, whose walk numbers the
-    nodes as `number` (id -> position) does (None if nothing can), and the positions of the
-    constants its steps hold as code."""
+    returns what replays them on another graph of the same structure, whose walk finds
+    `nodes` (numbered as `number`, id -> position, does; None if nothing can), and the
+    positions of the numbers its steps hold as code."""
     flags, recorder = settings.launch(), recording()
     start = time.perf_counter()
     steps: list[Step] | None = []
@@ -191,17 +209,21 @@ def _run(items: list[ScheduleItem], keyed: list[tuple[tuple, Scalars] | None],
             # MAX_SCALARS are part of the key the steps are kept under (see realize).
             if not all(k in number for k in scalars.slots) or not all(
                     id(x) in made or id(x) in number for x in item.inputs) or not all(
-                    id(n) in number for n in scalars.code):
+                    id(n) in number or n.op is GraphOp.VIEW for n in scalars.code):
                 steps = None
             else:
-                code += [number[id(n)] for n in scalars.code]
+                # a view the scheduler made holds its offset as code (structure's `placed`):
+                # the steps are kept under the offsets of every view graph_key leaves out
+                if not all(id(n) in number for n in scalars.code):
+                    code += moved(nodes)
+                code += [number[id(n)] for n in scalars.code if id(n) in number]
                 steps.append(Step(
                     rt, compiled, root.dtype, buffer.size,
                     tuple((MADE, made[id(x)]) if id(x) in made else
                           (ARGS, loads.setdefault(number[id(x)], len(loads)))
                           for x in item.inputs),
                     fixed=(0,) * len(scalars.nodes),
-                    traced=tuple((slot, _NodeArg(number[id(node)]), node.dtype)
+                    traced=tuple((slot, *_reader(node, number[id(node)]))
                                  for slot, node in enumerate(scalars.nodes))))
                 made[id(root)] = len(steps) - 1
                 roots.append(number.get(id(root)))
@@ -222,14 +244,16 @@ def _report(debug: int, start: float, launched: int, devices: set[str]) -> None:
               f"{(time.perf_counter() - start) * 1e3:.3f} ms", file=sys.stderr)
 
 
-def _compile_ahead(items: list[ScheduleItem]) -> list[tuple[tuple, Scalars] | None]:
+def _compile_ahead(items: list[ScheduleItem], number: dict[int, int]
+                   ) -> list[tuple[tuple, Scalars] | None]:
     """Compiles the kernels of `items` that are not compiled yet, side by side (Runtime
     .compile_all), so a first step's kernels compile together; the first batches compile
     while the later kernels are lowered. Not while the tuner (PORTKIT_BEAM) times kernels on
     the device: a compile beside them would skew its timings. Returns each item's key and
     scalars (None where it launches nothing), for `_run` to launch by: a kernel's structure
-    is walked once per realize, not twice."""
-    keyed = [_key(item) if _launches(item) else None for item in items]
+    is walked once per realize, not twice. A view takes its offset as a VAR only if it is in
+    the graph (`number`: id -> position), where a replay can read it."""
+    keyed = [_key(item, number) if _launches(item) else None for item in items]
     todo: dict[tuple, tuple[ScheduleItem, Scalars]] = {}
     for item, found in zip(items, keyed):
         if found is not None:
@@ -310,9 +334,11 @@ def _realize(outs: list[Lazy]) -> None:
     items = schedule(outs)
     limits.check_sizes([i.root for i in items],
                        lambda name: runtime.get(name).capabilities.max_buffer_bytes)
-    keyed = _compile_ahead(items)
-    steps, code = _run(items, keyed, {id(n): k for k, n in enumerate(nodes)})
+    number = {id(n): k for k, n in enumerate(nodes)}
+    keyed = _compile_ahead(items, number)
+    steps, code = _run(items, keyed, nodes, number)
     if steps is not None and code:
+        code = list(dict.fromkeys(code))
         _replays[structure_key] = _ByValue(tuple(code))
         _replays[structure_key, tuple(same_value(nodes[p]) for p in code)] = steps
     elif steps is not None:

@@ -25,6 +25,7 @@ from portkit.codegen import tiles
 from portkit.codegen.lower import lower
 from portkit.codegen.tune import contraction, stored
 from portkit.graph import Lazy
+from portkit.schedule.keys import scalar_values
 
 Timer = Callable[[Kernel], float]     # seconds one launch of the kernel takes on the device
 _REPEATS = 3
@@ -55,7 +56,8 @@ def search(rt: runtime.Runtime, root: Lazy, inputs: list[Lazy], width: int,
     options = [t for t in tiles.CANDIDATES if tiles.choose(found, caps, t) == t][:width]
     default = tiles.choose(found, caps) or tiles.UNTILED
     options += [t for t in dict.fromkeys((default, tiles.UNTILED)) if t not in options]
-    timer = timer or _device_timer(rt, [prod(root.shape)] + [prod(x.shape) for x in inputs])
+    timer = timer or _device_timer(rt, [prod(root.shape)] + [prod(x.shape) for x in inputs],
+                                   scalar_values(list(scalars)))
     start = time.perf_counter()
     seconds: dict[tiles.Tiling, float] = {}
     with Progress(transient=True, disable=not progress,
@@ -97,17 +99,18 @@ def _describe(tiling: tiles.Tiling) -> str:
             + (" (adjacent)" if tiling.contiguous else ""))
 
 
-def _device_timer(rt: runtime.Runtime, sizes: list[int]) -> Timer:
-    """Times a kernel on `rt` with zero buffers of `sizes` elements and zero scalars: the
-    median of a few launches after a warm-up; a candidate whose first timed launch is over
-    _GIVE_UP times the best median so far is not launched again (it cannot win)."""
+def _device_timer(rt: runtime.Runtime, sizes: list[int], values: tuple = ()) -> Timer:
+    """Times a kernel on `rt` with zero buffers of `sizes` elements and its scalars' `values`
+    (a view's offset VAR reads inside its buffer only at its own offset): the median of a few
+    launches after a warm-up; a candidate whose first timed launch is over _GIVE_UP times the
+    best median so far is not launched again (it cannot win)."""
     best = [float("inf")]
 
     def timed(kernel: Kernel) -> float:
         compiled = rt.compile(kernel)
         buffers = [rt.alloc(p.value_dtype, size).copyin(np.zeros(size, p.value_dtype.np))
                    for p, size in zip(compiled.kernel.params, sizes)]
-        words = compiled.words(tuple(0 for _ in compiled.kernel.vars))
+        words = compiled.words(values or tuple(0 for _ in compiled.kernel.vars))
         seconds = rt.time(compiled, [b.handle for b in buffers], words, repeats=_REPEATS,
                           give_up=_GIVE_UP * best[0])
         median = statistics.median(seconds)

@@ -12,7 +12,7 @@ from portkit.abi import dtypes
 from portkit.abi.kernel import KernelBuilder
 from portkit.abi.ops import Op
 from portkit.codegen.lower import lower
-from portkit.codegen.positions import positions
+from portkit.codegen.positions import OFFSET_VAR, positions
 from portkit.reference_backends.cpu.renderer import CPURenderer
 from portkit.runtime import get
 from portkit.tensor import Tensor
@@ -74,3 +74,19 @@ def test_every_load_of_a_convolution_has_a_signed_position():
     math = [i for i, n in enumerate(kernel.nodes) if n.op in (Op.ADD, Op.MUL)
             and n.dtype == dtypes.int32]
     assert index_ops and math and set(math) <= signed
+
+
+def test_a_view_whose_offset_is_an_argument_has_signed_positions():
+    # x[:, t] * w: the offset is a VAR (schedule/keys.py), itself a position, so every load's
+    # position stays signed, as with the offset written as a constant
+    x = Tensor(np.zeros((4, 8, 64), np.float32), device="cpu").realize()
+    w = Tensor(np.zeros(64, np.float32), device="cpu").realize()
+    item, = schedule.create_schedule([((x + 1.0)[:, 3] * x[:, 5] * w).lazy])
+    _, scalars = schedule.structure(item.root, item.inputs)
+    kernel = lower(item.root, item.inputs, get("cpu").capabilities, scalars=scalars.nodes,
+                   slots=scalars.slots)
+    offsets = [n for n in kernel.nodes if n.op is Op.VAR and n.arg.startswith(OFFSET_VAR)]
+    assert len(offsets) == 2
+    math = [i for i, n in enumerate(kernel.nodes) if n.op in (Op.ADD, Op.MUL)
+            and n.dtype == dtypes.int32]
+    assert math and set(math) <= positions(kernel)

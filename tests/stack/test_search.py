@@ -114,3 +114,22 @@ def test_a_narrow_search_still_times_the_default_and_untiled():
                         timer=_fake_timer(default.threads, timed), progress=False)
     assert set(found.seconds) == {tiles.CANDIDATES[0], default, tiles.UNTILED}
     assert found.choice == default
+
+
+def test_a_view_whose_offset_is_an_argument_is_timed_at_its_offset(monkeypatch):
+    # A's rows are (z + 1)[1:, 3]: its offset VAR (schedule/keys.py) is 1 * 320 + 3 * 64; at
+    # 0 the kernel would read 5 rows before z's buffer
+    rt = runtime.get("interpreter")
+    z = Tensor(np.ones((65, 5, 64), np.float32), device="interpreter")
+    w = Tensor(np.ones((64, 64), np.float32), device="interpreter")
+    item, = schedule.create_schedule([((z + 1.0)[1:, 3] @ w).lazy])
+    _, scalars = schedule.structure(item.root, item.inputs)
+    timed: list = []
+
+    def fake_time(compiled, buffers, words, repeats, give_up):
+        timed.append(list(words))
+        return [1.0] * repeats
+    monkeypatch.setattr(rt, "time", fake_time)
+    search.search(rt, item.root, item.inputs, width=1, scalars=scalars.nodes,
+                  slots=scalars.slots, progress=False)
+    assert timed and all(512 in words for words in timed)

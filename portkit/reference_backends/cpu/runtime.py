@@ -136,8 +136,9 @@ class CPUProgram(Program):
 # its chunks; the pool's workers and the caller claim chunks one at a time from an atomic
 # counter until none is left. The caller starts at once and then waits only for the chunks a
 # worker has claimed, so a worker that is asleep, or descheduled because other threads share its
-# core, never delays a launch: it finds nothing left to claim. Idle workers spin SPIN_NS (about
-# 10 launch gaps of a recurrent model), then sleep on a condition variable, which a launch
+# core, never delays a launch: it finds nothing left to claim. Idle workers poll for SPIN_NS,
+# calling sched_yield between looks so that a poller never keeps a thread that has work (the
+# caller, another library's) off its core, then sleep on a condition variable, which a launch
 # signals without waiting for anyone to wake. The pool runs one job at a time; a launch that
 # finds it busy (another Python thread's) runs its chunks on its own thread.
 #
@@ -206,8 +207,8 @@ static void *worker(void *unused) {
   uint64_t seen = atomic_load(&pool.claim);
   for (;;) {
     const int64_t until = now_ns() + SPIN_NS;
-    for (int spins = 1; waiting(seen) && (spins % 256 || now_ns() < until); spins++)
-      PK_PAUSE();
+    while (waiting(seen) && now_ns() < until)
+      sched_yield();
     if (waiting(seen)) {
       pthread_mutex_lock(&pool.lock);
       atomic_fetch_add(&pool.sleeping, 1);

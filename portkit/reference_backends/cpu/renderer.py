@@ -152,7 +152,7 @@ static inline void {{ name }}({{ (args + id_args) | join(", ") }}) {
    axes 1 and 2, as the entry point's loops do. */
 static void {{ name }}_chunk(void *context, int64_t index) {
   const struct pk_grid *grid = context;
-{{ arguments("grid->buffers", "grid->scalars", "grid->dims") }}
+{{ arguments("grid->buffers", "grid->scalars", "grid->dims") | trim("\n") }}
   const int64_t size = grid->size, chunk = index % grid->chunks;
   const int32_t gid1 = (int32_t)(index / grid->chunks % grid1);
   const int32_t gid2 = (int32_t)(index / grid->chunks / grid1);
@@ -161,7 +161,7 @@ static void {{ name }}_chunk(void *context, int64_t index) {
 
 /* The kernel's entry point, named after it: buffers, int32 scalars, dims = grid[3], block[3]. */
 void {{ entry }}(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_dims) {
-{{ arguments("pk_buffers", "pk_scalars", "pk_dims") }}
+{{ arguments("pk_buffers", "pk_scalars", "pk_dims") | trim("\n") }}
   /* Waking the other cores costs microseconds: small launches stay on this one. */
   const bool pk_parallel = (int64_t)grid0 * grid1 * grid2 * threads >= {{ parallel_from }};
   /* Workgroups go to cores in chunks of up to 64 along axis 0, so that a chunk's index is

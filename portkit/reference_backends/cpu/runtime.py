@@ -223,9 +223,10 @@ static void *worker(void *unused) {
   return NULL;
 }
 
+/* Never blocks: a worker holding the lock is on its way to sleep or to work, and if it sleeps
+   through this job, the next launch wakes it. */
 static void wake_workers(void) {
-  if (atomic_load(&pool.sleeping)) {
-    pthread_mutex_lock(&pool.lock);
+  if (atomic_load(&pool.sleeping) && pthread_mutex_trylock(&pool.lock) == 0) {
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
   }

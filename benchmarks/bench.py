@@ -60,11 +60,11 @@ def timings(fn: Callable, repeat: int) -> list[float]:
     return times
 
 
-# After a parallel region each library's threads keep spinning a while (portkit's OpenMP, clang's
-# libomp: 200 ms by default; torch's libgomp and OpenBLAS less), so on a machine of few cores
-# the library timed next ran on part of it: torch's conv2d read 55 GFLOP/s right after
-# portkit's, 180 with the spinning turned off. Each library starts its timings this long after
-# the last one stopped.
+# After a parallel region each library's threads keep spinning a while (clang's libomp: 200 ms
+# by default; torch's libgomp and OpenBLAS less; portkit's pool 100 us), so on a machine of few
+# cores the library timed next ran on part of it: torch's conv2d read 55 GFLOP/s right after
+# portkit's (then OpenMP's), 180 with the spinning turned off. Each library starts its timings
+# this long after the last one stopped.
 SETTLE = 0.3
 
 

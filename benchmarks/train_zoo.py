@@ -13,7 +13,7 @@ and POCL_CACHE_DIR folders) is timed, then warm-up steps (portkit.jit's captures
 (time.process_time: all threads), the first step's seconds, the rise of the process's peak
 resident memory (getrusage maxrss) over the steps, the first loss, and the ratios to torch
 eager in the same run: of steps/s, and of CPU time per step (steadier on a busy host).
-Threads: 1 sets OMP_NUM_THREADS=1 (portkit's cpu backend is OpenMP; PoCL has its own pool) and
+Threads: 1 sets OMP_NUM_THREADS=1 (portkit's cpu backend reads it too; PoCL has its own pool) and
 torch.set_num_threads(1); 0 leaves both at their default. torch.compile is not a mode: its
 Inductor compile of these steps was not tried on the 2-core host.
 `--profile` adds, per portkit mode, the kernels of one step under PORTKIT_DEBUG=2 summed by

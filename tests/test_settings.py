@@ -14,6 +14,7 @@ ROOT = Path(__file__).parents[1]
 FOREIGN = {
     "portkit/reference_backends/webgpu/runtime.py": "sets XDG_RUNTIME_DIR for Mesa's driver",
     "portkit/reference_backends/opencl/runtime.py": "reads PoCL's POCL_CACHE_DIR",
+    "portkit/reference_backends/cpu/runtime.py": "reads OMP_NUM_THREADS, as OpenMP does",
 }
 
 

@@ -7,19 +7,18 @@ registers are the host's, read from its feature flags: codegen sizes its registe
 """
 from __future__ import annotations
 
-import os
-
 from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.ops import COMPUTE
-from portkit.reference_backends.cpu.runtime import CPUCompiler, cpu_flags, cpu_model
+from portkit.reference_backends.cpu.runtime import CPUCompiler, cpu_flags, cpu_model, threads
 
 
 def capabilities(compiler: CPUCompiler, index: int = 0) -> Capabilities:
     """What the host CPU runs with `compiler`, as logical device `index`; the name says how
-    many cores it uses and, past the first, which logical device it is."""
-    cores = (f"{os.cpu_count()} cores, OpenMP" if compiler.openmp
-             else "1 core: no OpenMP in the compiler")
+    many threads a launch runs on (runtime.threads) and, past the first, which logical device
+    it is."""
+    count = threads()
+    cores = f"{count} thread{'s' if count > 1 else ''}"
     logical = f", logical device {index}" if index else ""
     return Capabilities(
         dtypes=frozenset(dtypes.ALL), ops=frozenset(COMPUTE), max_block_threads=1024,

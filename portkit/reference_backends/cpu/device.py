@@ -1,7 +1,7 @@
 """The device: the host CPU and its C compiler, found, probed and joined into one `Device`.
 
-The compiler is $PORTKIT_CC, else clang, else gcc. It is probed with a small OpenMP program: a
-compiler without OpenMP (clang without libomp) still builds kernels, on one core. The probe's
+The compiler is $PORTKIT_CC, else clang, else gcc. It is probed by building the runtime's own
+library (its thread pool and batch loop, runtime.py), which needs only C11 and pthreads. The
 build goes through the disk cache like a kernel's (same compiler, flags and CPU in the key), so
 only a process that finds no earlier build pays the compiler's 0.3-0.5 s.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import shlex
 
-from portkit import cache, settings
+from portkit import settings
 from portkit.abi.backend import Device, host_peer_copy
 from portkit.abi.errors import BackendUnavailable, CompileError
 from portkit.reference_backends.cpu.capabilities import capabilities
@@ -24,28 +24,25 @@ from portkit.reference_backends.cpu.runtime import (
     CPUBatch,
     CPUCompiler,
     CPUProgram,
+    build_native,
     find_compiler,
 )
 
-_PROBE = "int pk_probe(void) {\n  int n = 0;\n  #pragma omp parallel\n  n = 1;\n  return n;\n}\n"
-
 
 def find_device() -> CPUCompiler:
-    """A compiler that builds shared objects here, with OpenMP if it can; BackendUnavailable
-    naming the fix if there is none."""
+    """A compiler that builds shared objects here; BackendUnavailable naming the fix if there
+    is none."""
     command = find_compiler()
-    for openmp in (True, False):
-        try:
-            compiler = CPUCompiler(command, openmp)
-            cache.compile_cached("cpu", compiler, _PROBE)
-            return compiler
-        except CompileError as error:
-            log = error.log.strip()
-        except OSError as error:
-            raise BackendUnavailable(f"no C compiler found: {shlex.join(command)} failed to "
-                                     f"run ({error})", FIX) from None
-    raise BackendUnavailable(f"{shlex.join(command)} cannot build shared objects: {log[:300]}",
-                             FIX)
+    try:
+        compiler = CPUCompiler(command)
+        build_native(compiler)
+        return compiler
+    except CompileError as error:
+        raise BackendUnavailable(f"{shlex.join(command)} cannot build shared objects: "
+                                 f"{error.log.strip()[:300]}", FIX) from None
+    except OSError as error:
+        raise BackendUnavailable(f"no C compiler found: {shlex.join(command)} failed to run "
+                                 f"({error})", FIX) from None
 
 
 def devices() -> int:
@@ -63,5 +60,6 @@ def load(index: int = 0) -> Device:
     renderer = CPURenderer() if caps.vector_registers is None else CPURenderer(
         caps.vector_registers[1])
     return Device("cpu", caps, CPUAllocator(), renderer,
-                  compiler, CPUProgram, peer_copy=host_peer_copy,
+                  compiler, functools.partial(CPUProgram, compiler=compiler),
+                  peer_copy=host_peer_copy,
                   batch=functools.partial(CPUBatch, compiler))

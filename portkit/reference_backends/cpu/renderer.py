@@ -2,8 +2,10 @@
 
 The kernel body becomes a `static inline` function of its buffers, scalars, workgroup and
 thread ids. Its entry point, `pk_launch_` and the function's name (`entry_point`), runs the grid:
-workgroups are spread across cores with OpenMP, and a workgroup's threads run as a loop over
-thread axis 0 innermost, which the compiler may vectorize. A kernel with a BARRIER goes through
+workgroups are cut into chunks along axis 0, which a launch large enough hands to the runtime's
+thread pool (`pk_pool`, runtime.py) and a small one runs on its caller's thread, and a
+workgroup's threads run as a loop over thread axis 0 innermost, which the compiler may
+vectorize. A kernel with a BARRIER goes through
 portkit.codegen.loops first: its threads become loops between the barriers, inside the kernel.
 """
 from __future__ import annotations
@@ -24,11 +26,28 @@ _TEMPLATE = """\
 #include <stdint.h>
 #include <string.h>
 #include <tgmath.h>  /* sqrt, exp2, fma...: the float or the double function, by argument */
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 {# Helpers are guarded: a batch (codegen.cstyle.compile_joined) is many kernels in one file #}
+#ifndef PK_ONCE_POOL
+#define PK_ONCE_POOL
+/* The runtime's thread pool (runtime.py), which the runtime hands each library it loads:
+   pk_pool(chunk, context, count) runs chunk(context, i) for every i in [0, count) on the pool's
+   threads and its caller's, and returns when all have run. Without it, on one thread. */
+typedef void (*pk_chunk_fn)(void *context, int64_t index);
+typedef void (*pk_pool_fn)(pk_chunk_fn chunk, void *context, int64_t count);
+static pk_pool_fn pk_pool;
+static int64_t pk_pool_threads = 1;
+void pk_use_pool(pk_pool_fn pool, int32_t threads) {
+  pk_pool = pool;
+  pk_pool_threads = threads;
+}
+/* A launch spread over the pool: the entry point's arguments and how its grid is split. */
+struct pk_grid {
+  void **buffers;
+  const int32_t *scalars, *dims;
+  int64_t size, chunks;
+};
+#endif
 {% if small_floats %}
 #ifndef PK_ONCE_FLOAT16_HELPERS
 #define PK_ONCE_FLOAT16_HELPERS
@@ -71,64 +90,71 @@ static inline void {{ name }}({{ (args + id_args) | join(", ") }}) {
 {% endfor %}
 }
 
-/* The kernel's entry point, named after it: buffers, int32 scalars, dims = grid[3], block[3]. */
-void {{ entry }}(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_dims) {
-  const int32_t grid0 = pk_dims[0], grid1 = pk_dims[1], grid2 = pk_dims[2];
+{% macro arguments(buffers, scalars, dims) %}
+  const int32_t grid0 = {{ dims }}[0], grid1 = {{ dims }}[1], grid2 = {{ dims }}[2];
 {% if looped %}
   /* One thread per group, whatever block the call names: threads_as_loops' kernels. */
   const int32_t block0 = 1, block1 = 1, block2 = 1;
 {% else %}
-  const int32_t block0 = pk_dims[3], block1 = pk_dims[4], block2 = pk_dims[5];
+  const int32_t block0 = {{ dims }}[3], block1 = {{ dims }}[4], block2 = {{ dims }}[5];
 {% endif %}
   const int32_t threads = block0 * block1 * block2;
-  /* Waking the other cores costs microseconds: small launches stay on this one. */
-  const bool pk_parallel = (int64_t)grid0 * grid1 * grid2 * threads >= {{ parallel_from }};
 {% for p in kernel.params %}
-  {{ types[loop.index0] }} *const data{{ p.arg }} = pk_buffers[{{ p.arg }}];
+  {{ types[loop.index0] }} *const data{{ p.arg }} = {{ buffers }}[{{ p.arg }}];
 {% endfor %}
 {% for v in kernel.vars %}
-  const int32_t var_{{ v }} = pk_scalars[{{ loop.index0 }}];
+  const int32_t var_{{ v }} = {{ scalars }}[{{ loop.index0 }}];
 {% endfor %}
-  /* Workgroups go to cores in chunks of up to 64 along axis 0, so that the parallel loop's
-     index is decoded once per chunk, and a loop over one axis stays innermost for the
-     vectorizer: thread axis 0, or workgroup axis 0 when a workgroup has one thread. A short
-     grid gets shorter chunks, at least 4 per core, so that every core has work. */
-#ifdef _OPENMP
-  const int64_t cores = pk_parallel ? omp_get_max_threads() : 1;
-#else
-  const int64_t cores = 1;
-#endif
+{%- endmacro %}
+{% macro chunk() %}
+  const int32_t first = (int32_t)(chunk * size);
+  const int32_t last = (int32_t)(chunk * size + size < grid0 ? chunk * size + size : grid0);
+  _Alignas(64) char pk_local[{{ local_bytes or 16 }}];
+  if (threads == 1) {
+    for (int32_t gid0 = first; gid0 < last; gid0++)
+      {{ name }}({{ (loop_args + single) | join(", ") }});
+  } else {
+    for (int32_t gid0 = first; gid0 < last; gid0++)
+      for (int32_t lid2 = 0; lid2 < block2; lid2++)
+        for (int32_t lid1 = 0; lid1 < block1; lid1++)
+          for (int32_t lid0 = 0; lid0 < block0; lid0++)
+            {{ name }}({{ (loop_args + ids) | join(", ") }});
+  }
+{%- endmacro %}
+/* Chunk `index` of a launch spread over the pool, counting chunks along workgroup axis 0, then
+   axes 1 and 2, as the entry point's loops do. */
+static void {{ name }}_chunk(void *context, int64_t index) {
+  const struct pk_grid *grid = context;
+{{ arguments("grid->buffers", "grid->scalars", "grid->dims") | trim("\n") }}
+  const int64_t size = grid->size, chunk = index % grid->chunks;
+  const int32_t gid1 = (int32_t)(index / grid->chunks % grid1);
+  const int32_t gid2 = (int32_t)(index / grid->chunks / grid1);
+{{ chunk() }}
+}
+
+/* The kernel's entry point, named after it: buffers, int32 scalars, dims = grid[3], block[3]. */
+void {{ entry }}(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk_dims) {
+{{ arguments("pk_buffers", "pk_scalars", "pk_dims") | trim("\n") }}
+  /* Waking the other cores costs microseconds: small launches stay on this one. */
+  const bool pk_parallel = (int64_t)grid0 * grid1 * grid2 * threads >= {{ parallel_from }};
+  /* Workgroups go to cores in chunks of up to 64 along axis 0, so that a chunk's index is
+     decoded once, and a loop over one axis stays innermost for the vectorizer: thread axis 0,
+     or workgroup axis 0 when a workgroup has one thread. A short grid gets shorter chunks, at
+     least 4 per core, so that every core has work. */
+  const int64_t cores = pk_parallel ? pk_pool_threads : 1;
   const int64_t fair = (int64_t)grid0 / (4 * cores);
   const int64_t size = fair < 1 ? 1 : (fair < 64 ? fair : 64);
   const int64_t chunks = ((int64_t)grid0 + size - 1) / size;
-{% macro groups() %}
+  if (cores > 1) {
+    struct pk_grid grid = {pk_buffers, pk_scalars, pk_dims, size, chunks};
+    pk_pool({{ name }}_chunk, &grid, chunks * grid1 * grid2);
+    return;
+  }
   for (int32_t gid2 = 0; gid2 < grid2; gid2++)
     for (int32_t gid1 = 0; gid1 < grid1; gid1++)
       for (int64_t chunk = 0; chunk < chunks; chunk++) {
-        const int32_t first = (int32_t)(chunk * size);
-        const int32_t last = (int32_t)(chunk * size + size < grid0 ? chunk * size + size
-                                                                    : grid0);
-        _Alignas(64) char pk_local[{{ local_bytes or 16 }}];
-        if (threads == 1) {
-          for (int32_t gid0 = first; gid0 < last; gid0++)
-            {{ name }}({{ (loop_args + single) | join(", ") }});
-          continue;
-        }
-        for (int32_t gid0 = first; gid0 < last; gid0++)
-          for (int32_t lid2 = 0; lid2 < block2; lid2++)
-            for (int32_t lid1 = 0; lid1 < block1; lid1++)
-              for (int32_t lid0 = 0; lid0 < block0; lid0++)
-                {{ name }}({{ (loop_args + ids) | join(", ") }});
+{{ chunk() | indent(6, first=True) }}
       }
-{%- endmacro %}
-  /* Not `omp parallel for if(pk_parallel)`: OpenMP starts a team even for one thread, which
-     costs about 1 us a launch. */
-  if (pk_parallel) {
-    #pragma omp parallel for collapse(3) schedule(static)
-{{ groups() | indent(2, first=True) }}
-  } else {
-{{ groups() | indent(2, first=True) }}
-  }
 }
 """
 

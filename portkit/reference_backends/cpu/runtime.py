@@ -3,14 +3,18 @@
 Each kernel becomes a shared object with one entry point, `pk_launch_<kernel function>`, that
 cffi calls with the buffers as pointers; `compile_batch` builds many kernels into one shared
 object with one compiler process, each program finding its own entry point by its kernel's
-name. A Batch of launches is one call into a small C loop (`pk_run_batch`, built once) that
-calls each kernel's entry point in turn. Buffers are host memory (numpy arrays), so copies are
-memcpy and launches are synchronous.
+name. A launch large enough runs on every core through the runtime's thread pool
+(`pk_pool_run`, plain C and pthreads), which each kernel library is handed when it is loaded
+(`pk_use_pool`); it has `threads()` threads, OMP_NUM_THREADS if set, else the CPUs the process
+may run on. A Batch of launches is one call into a small C loop (`pk_run_batch`) that calls
+each kernel's entry point in turn; the pool and the loop are one library, built once. Buffers
+are host memory (numpy arrays), so copies are memcpy and launches are synchronous.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import platform
 import shlex
 import shutil
@@ -67,10 +71,9 @@ class CPUAllocator(HostAllocator):
 class CPUCompiler(Compiler):
     """Runs the C compiler on a kernel's source and returns the shared object's bytes."""
 
-    def __init__(self, command: list[str], openmp: bool):
-        self.command, self.openmp = command, openmp
-        self.flags = FLAGS + (("-fopenmp",) if openmp else ()) + (
-            WIDE_VECTORS if "avx512f" in cpu_flags() else ())
+    def __init__(self, command: list[str]):
+        self.command = command
+        self.flags = FLAGS + (WIDE_VECTORS if "avx512f" in cpu_flags() else ())
         self.version = _run([*command, "--version"]).stdout.splitlines()[0]
         # -march=native code only runs on the CPU type that built it, so the CPU is in the key;
         # and the whole command, so PORTKIT_CC="gcc -fsanitize=address" is its own build.
@@ -97,14 +100,14 @@ class CPUCompiler(Compiler):
 class CPUProgram(Program):
     """A loaded shared object; calling it runs the whole grid before returning."""
 
-    def __init__(self, name: str, binary: bytes):
+    def __init__(self, name: str, binary: bytes, compiler: CPUCompiler):
         self.name = name
         # dlopen needs a file. Its name is the hash of its bytes (checked before loading): the
         # loader reuses a library already open under the same name, which is then the same code.
-        # Never closed: the OpenMP runtime it pulls in keeps worker threads that would crash
-        # if the last library holding it went away.
+        # Never closed (ctypes closes none): other programs and batches point into it.
         with cache.file_holding("cpu", binary, ".so") as path:
             self.library = ctypes.CDLL(str(path))
+        _use_pool(self.library, compiler)
         entry = getattr(self.library, entry_point(name))
         self.launch = _ffi.cast(_LAUNCH, ctypes.cast(entry, ctypes.c_void_p).value)
         # The C arrays of the last scalars and dims: a kernel is launched again and again with
@@ -126,9 +129,158 @@ class CPUProgram(Program):
         return time.perf_counter() - start if wait else None
 
 
-# Every launch of a batch in one native call: each kernel's entry point on its own slices of
-# flat arrays of buffer pointers, scalar words and dims (grid, block).
-_BATCH = """#include <stdint.h>
+# The runtime's own C, one small library built once: the thread pool that spreads a launch
+# over cores, and the loop that replays a batch.
+#
+# The pool: a launch (pk_pool_run) publishes a job, a function and a context, and the count of
+# its chunks; the pool's workers and the caller claim chunks one at a time from an atomic
+# counter until none is left. The caller starts at once and then waits only for the chunks a
+# worker has claimed, so a worker that is asleep, or descheduled because other threads share its
+# core, never delays a launch: it finds nothing left to claim. Idle workers poll for SPIN_NS,
+# calling sched_yield between looks so that a poller never keeps a thread that has work (the
+# caller, another library's) off its core, then sleep on a condition variable, which a launch
+# signals without waiting for anyone to wake. The pool runs one job at a time; a launch that
+# finds it busy (another Python thread's) runs its chunks on its own thread.
+#
+# The counter `claim` holds the job's number in its high 32 bits and the next chunk in the low
+# 32: a worker claims chunk k of job j by a compare-and-swap from (j, k) to (j, k + 1), so a
+# worker still holding job j - 1 never claims a chunk of job j with j - 1's function.
+_NATIVE = r"""#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define PK_PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define PK_PAUSE() __asm__ __volatile__("yield")
+#else
+#define PK_PAUSE() ((void)0)
+#endif
+#define SPIN_NS 100000
+
+typedef void (*pk_chunk_fn)(void *context, int64_t index);
+
+static struct {
+  pthread_mutex_t busy;              /* held by the launch whose job the pool runs */
+  pthread_mutex_t lock;              /* with `wake`: where idle workers sleep */
+  pthread_cond_t wake;
+  _Atomic uint64_t claim;            /* job << 32 | next chunk to claim */
+  _Atomic(pk_chunk_fn) chunk;        /* the job: chunk(context, i) for i in [0, count) */
+  _Atomic(void *) context;
+  _Atomic int64_t count, done;       /* done: chunks run to the end, by anyone */
+  atomic_int sleeping, held;         /* held: workers claim nothing (pk_pool_hold, a test's) */
+  int workers;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Runs chunks of `job` until none is left; returns at once if the pool has moved past it. */
+static void claim_chunks(uint64_t job) {
+  uint64_t at = atomic_load(&pool.claim);
+  while (at >> 32 == job >> 32) {
+    /* Read before the swap: if the swap succeeds, the job was still `job`, so these are its. */
+    const pk_chunk_fn chunk = atomic_load(&pool.chunk);
+    void *const context = atomic_load(&pool.context);
+    if ((int64_t)(at & 0xffffffff) >= atomic_load(&pool.count))
+      return;
+    if (atomic_compare_exchange_weak(&pool.claim, &at, at + 1)) {
+      chunk(context, (int64_t)(at & 0xffffffff));
+      atomic_fetch_add(&pool.done, 1);
+      at = atomic_load(&pool.claim);
+    }
+  }
+}
+
+static int waiting(uint64_t seen) {
+  return atomic_load(&pool.claim) >> 32 == seen >> 32 || atomic_load(&pool.held);
+}
+
+static void *worker(void *unused) {
+  (void)unused;
+  uint64_t seen = atomic_load(&pool.claim);
+  for (;;) {
+    const int64_t until = now_ns() + SPIN_NS;
+    while (waiting(seen) && now_ns() < until)
+      sched_yield();
+    if (waiting(seen)) {
+      pthread_mutex_lock(&pool.lock);
+      atomic_fetch_add(&pool.sleeping, 1);
+      while (waiting(seen))   /* pk_pool_run stores the job, then reads `sleeping` */
+        pthread_cond_wait(&pool.wake, &pool.lock);
+      atomic_fetch_sub(&pool.sleeping, 1);
+      pthread_mutex_unlock(&pool.lock);
+    }
+    seen = atomic_load(&pool.claim);
+    claim_chunks(seen);
+  }
+  return NULL;
+}
+
+/* Never blocks: a worker holding the lock is on its way to sleep or to work, and if it sleeps
+   through this job, the next launch wakes it. */
+static void wake_workers(void) {
+  if (atomic_load(&pool.sleeping) && pthread_mutex_trylock(&pool.lock) == 0) {
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+  }
+}
+
+/* A forked child has none of its parent's workers: its launches run on its own thread. */
+static void forget_workers(void) { pool.workers = 0; }
+
+/* Starts threads - 1 workers (the caller of pk_pool_run is the last thread); once. */
+void pk_pool_start(int32_t threads) {
+  static atomic_flag started = ATOMIC_FLAG_INIT;
+  if (atomic_flag_test_and_set(&started))
+    return;
+  pthread_atfork(NULL, NULL, forget_workers);
+  for (int32_t i = 1; i < threads; i++) {
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, worker, NULL) == 0 && pthread_detach(thread) == 0)
+      pool.workers++;
+  }
+}
+
+/* chunk(context, i) for every i in [0, count), on the pool's threads and this one. */
+void pk_pool_run(pk_chunk_fn chunk, void *context, int64_t count) {
+  if (pool.workers == 0 || count > 0xffffffff || pthread_mutex_trylock(&pool.busy) != 0) {
+    for (int64_t i = 0; i < count; i++)
+      chunk(context, i);
+    return;
+  }
+  atomic_store(&pool.chunk, chunk);
+  atomic_store(&pool.context, context);
+  atomic_store(&pool.count, count);
+  atomic_store(&pool.done, 0);
+  const uint64_t job = ((atomic_load(&pool.claim) >> 32) + 1) << 32;
+  atomic_store(&pool.claim, job);
+  wake_workers();
+  claim_chunks(job);
+  for (int spins = 0; atomic_load(&pool.done) < count; spins++)
+    if (spins < 1000)
+      PK_PAUSE();
+    else
+      sched_yield();
+  pthread_mutex_unlock(&pool.busy);
+}
+
+/* Tests: while held, workers claim nothing, as if they never woke. */
+void pk_pool_hold(int32_t held) {
+  atomic_store(&pool.held, held);
+  pthread_mutex_lock(&pool.lock);
+  pthread_cond_broadcast(&pool.wake);
+  pthread_mutex_unlock(&pool.lock);
+}
+
+/* Every launch of a batch in one native call: each kernel's entry point on its own slices of
+   flat arrays of buffer pointers, scalar words and dims (grid, block). */
 typedef void (*pk_kernel)(void **, const int32_t *, const int32_t *);
 void pk_run_batch(int32_t count, void **kernels, void **buffers, const int32_t *buffer_at,
                   const int32_t *scalars, const int32_t *scalar_at, const int32_t *dims) {
@@ -140,14 +292,40 @@ _RUN_BATCH = ("void (*)(int32_t, void **, void **, const int32_t *, const int32_
               "const int32_t *, const int32_t *)")
 
 
+def threads() -> int:
+    """How many threads a launch runs on: OMP_NUM_THREADS where set (the benchmarks set it to
+    1, for every library at once), else the CPUs this process may run on."""
+    count = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(count) if count.isdigit() and int(count) > 0 else len(os.sched_getaffinity(0))
+
+
+def build_native(compiler: CPUCompiler) -> bytes:
+    """The runtime's library (the pool and the batch loop), through the disk cache."""
+    return cache.compile_cached("cpu", compiler, _NATIVE)
+
+
 @functools.cache
-def _run_batch(compiler: CPUCompiler):
-    """`pk_run_batch`, built (through the disk cache) and loaded once per compiler."""
-    binary = cache.compile_cached("cpu", compiler, _BATCH)
-    with cache.file_holding("cpu", binary, ".so") as path:
+def _native(compiler: CPUCompiler) -> tuple[ctypes.CDLL, int]:
+    """The runtime's library, loaded once per compiler, and the threads its pool started
+    with (`threads()` when first loaded)."""
+    with cache.file_holding("cpu", build_native(compiler), ".so") as path:
         library = ctypes.CDLL(str(path))
-    entry = ctypes.cast(library.pk_run_batch, ctypes.c_void_p).value
-    return library, _ffi.cast(_RUN_BATCH, entry)
+    count = threads()
+    library.pk_pool_start(count)
+    return library, count
+
+
+_pooled: set[int] = set()   # the handles of the kernel libraries given the pool
+
+
+def _use_pool(library: ctypes.CDLL, compiler: CPUCompiler) -> None:
+    """Gives a kernel library the pool (its pk_use_pool), once per library; with one thread
+    none, and its launches run on their caller's thread."""
+    native, count = _native(compiler)
+    if library._handle in _pooled or count == 1:
+        return
+    _pooled.add(library._handle)
+    library.pk_use_pool(ctypes.cast(native.pk_pool_run, ctypes.c_void_p), count)
 
 
 class CPUBatch(Batch):
@@ -155,7 +333,9 @@ class CPUBatch(Batch):
     words are written into the C arrays it reads."""
 
     def __init__(self, compiler: CPUCompiler, launches: list[Launch]):
-        self.library, self.run = _run_batch(compiler)
+        self.library = _native(compiler)[0]
+        self.run = _ffi.cast(_RUN_BATCH, ctypes.cast(self.library.pk_run_batch,
+                                                     ctypes.c_void_p).value)
         self.count = len(launches)
         programs = [cast(CPUProgram, launch.program) for launch in launches]
         self.kernels = _ffi.new("void *[]", [_ffi.cast("void *", p.launch) for p in programs])

@@ -1,0 +1,98 @@
+"""The cpu backend's thread pool (runtime.py): a launch never waits for a worker that claimed no
+chunk, results are the same bits on 1, 2 and 3 threads, and Python threads may launch at once.
+Each thread count is its own process: the pool starts once, with `runtime.threads()`."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from portkit.abi import KernelBuilder, Op, dtypes
+from portkit.reference_backends import cpu
+
+# A reduce, a matmul and a kernel with barriers, each large enough to be spread over cores;
+# prints a digest of each result. With "held", the pool's workers never claim a chunk.
+SCRIPT = """
+import hashlib, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_cpu import launch, tree_sum_kernel
+from portkit.reference_backends import cpu
+from portkit.reference_backends.cpu import runtime
+from portkit.tensor import Tensor
+
+device = cpu.backend.load()
+if sys.argv[2] == "held":
+    runtime._native(device.compiler)[0].pk_pool_hold(1)
+rng = np.random.default_rng(0)
+x = rng.standard_normal((512, 1000)).astype(np.float32)
+a, b = rng.standard_normal((2, 192, 192)).astype(np.float32)
+sums = Tensor(x, device="cpu").sum(axis=1).numpy()
+product = (Tensor(a, device="cpu") @ Tensor(b, device="cpu")).numpy()
+tree = launch(device, tree_sum_kernel(256, 64), [x.ravel()[:256 * 64], np.zeros(64, np.float32)])
+np.testing.assert_allclose(sums, x.sum(axis=1, dtype=np.float64), rtol=1e-4, atol=1e-3)
+np.testing.assert_allclose(product, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+np.testing.assert_allclose(tree[1], x.ravel()[:256 * 64].reshape(64, 256).sum(axis=1,
+                           dtype=np.float64), rtol=1e-4, atol=1e-3)
+for values in (sums, product, tree[1]):
+    print(hashlib.sha256(values.tobytes()).hexdigest())
+"""
+
+
+def run_script(threads: int, mode: str = "free") -> list[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    ran = subprocess.run([sys.executable, "-c", SCRIPT, str(Path(__file__).parent), mode],
+                         env=env, check=False, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    return ran.stdout.split()
+
+
+def test_results_are_the_same_bits_on_1_2_and_3_threads():
+    one = run_script(1)
+    assert len(one) == 3
+    assert run_script(2) == one and run_script(3) == one
+
+
+def test_a_worker_that_never_wakes_does_not_stall_a_launch():
+    # Workers held (pk_pool_hold) claim nothing, as a descheduled one would: the caller runs
+    # every chunk itself and returns. A fork-join team (OpenMP's) would wait for them forever.
+    assert run_script(2, "held") == run_script(1)
+
+
+def scale_kernel(groups: int, size: int):
+    """out[i] = 3 x[i] + 1 over groups x size threads."""
+    k = KernelBuilder("scale")
+    x, out = k.param(dtypes.float32), k.param(dtypes.float32)
+    i = k.alu(Op.ADD, k.alu(Op.MUL, k.special("group", 0), k.const(size)), k.special("local", 0))
+    k.store(out, i, k.alu(Op.ADD, k.alu(Op.MUL, k.load(x, i), k.const(3.0, dtypes.float32)),
+                                 k.const(1.0, dtypes.float32)))
+    return k.build(grid=(groups, 1, 1), block=(size, 1, 1))
+
+
+def test_python_threads_launching_at_once_get_their_own_results(tmp_path, monkeypatch):
+    monkeypatch.setenv("PORTKIT_CACHE", str(tmp_path))
+    device = cpu.backend.load()
+    kernel = scale_kernel(256, 128)      # 32768 threads: spread over the pool
+    program = device.program(kernel.name,
+                             device.compiler.compile(device.renderer.render(kernel)))
+    wrong: list[int] = []
+
+    def calls(seed: int) -> None:
+        x = np.random.default_rng(seed).standard_normal(256 * 128).astype(np.float32)
+        for _ in range(50):
+            out = np.zeros_like(x)
+            program([x.view(np.uint8), out.view(np.uint8)], [], kernel.grid, kernel.block)
+            if not np.array_equal(out, x * np.float32(3) + np.float32(1)):
+                wrong.append(seed)
+
+    workers = [threading.Thread(target=calls, args=(seed,)) for seed in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert not any(worker.is_alive() for worker in workers), "a launch never returned"
+    assert wrong == [], f"wrong results from the callers seeded {sorted(set(wrong))}"

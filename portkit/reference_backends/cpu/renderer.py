@@ -223,8 +223,8 @@ class CPURenderer(CStyleRenderer):
                 "small_floats": bool(used & set(self.emulated)),
                 "exp2f": any(n.op is Op.EXP2 and n.dtype != dtypes.float64
                              for n in kernel.nodes),
-                "float16_helpers": FLOAT16_HELPERS, "exp2f_source": EXP2F, "entry": entry_point(kernel.name),
-                "types": types,
+                "float16_helpers": FLOAT16_HELPERS, "exp2f_source": EXP2F,
+                "entry": entry_point(kernel.name), "types": types,
                 "ids": _IDS, "single": ["gid0", "gid1", "gid2", "0", "0", "0", "pk_local"],
                 # threads of a kernel with a loop may each do much work; others do little
                 "parallel_from": 2 if any(n.op is Op.RANGE for n in kernel.nodes) else 16384,

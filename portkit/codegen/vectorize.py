@@ -25,6 +25,11 @@ from portkit.abi.ops import Op
 
 # Loops of fewer trips than this (LLVM's tiny trip count) stay scalar at -O2 unless asked.
 SHORT_LOOP = 16
+# Loops of fewer trips than this that SHORT_LOOP does not divide are asked too, for their masked
+# tail: a depthwise conv's 28-wide row with its SiLU ran one 16-lane step and 12 scalar trips
+# (an exponential each), or, where clang's cost model weighed its alias checks against two
+# steps, 28 scalar ones.
+TAILED_LOOP = 256
 # The longest loop split: its terms' LOCAL array is 4 KiB of float32.
 MOST_TERMS = 1024
 # Ops of a term that cost enough per element for vectors of them to pay for the LOCAL array.
@@ -82,15 +87,19 @@ def split_sums(kernel: Kernel) -> Kernel:
 
 
 def short_loops(kernel: Kernel) -> set[int]:
-    """The RANGE nodes of innermost loops with constant bounds, 1 < trips < SHORT_LOOP, no
-    ASSIGN inside, and contiguous loads and stores (`_contiguous`)."""
+    """The RANGE nodes of innermost loops with constant bounds, 1 < trips < SHORT_LOOP (or
+    under TAILED_LOOP, not a multiple of SHORT_LOOP), no ASSIGN inside, and contiguous loads
+    and stores (`_contiguous`)."""
     nodes, found = kernel.nodes, set()
     for i, node in enumerate(nodes):
         if node.op is not Op.RANGE:
             continue
         start, stop = (nodes[s] for s in node.src)
-        if (start.op is not Op.CONST or stop.op is not Op.CONST
-                or not 1 < stop.arg - start.arg < SHORT_LOOP):
+        if start.op is not Op.CONST or stop.op is not Op.CONST:
+            continue
+        trips = stop.arg - start.arg
+        tailed = SHORT_LOOP <= trips < TAILED_LOOP and trips % SHORT_LOOP != 0
+        if not (1 < trips < SHORT_LOOP or tailed):
             continue
         end = _end(nodes, i)
         if (not any(n.op in (Op.RANGE, Op.ASSIGN) for n in nodes[i + 1:end])

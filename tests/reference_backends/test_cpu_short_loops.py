@@ -102,3 +102,16 @@ def test_a_short_loop_of_strided_loads_is_left_to_the_compiler():
     # vectorized, a depthwise convolution's loop over rows 18 floats apart gathered its loads
     assert _pragma_loops(CPURenderer().render(_row_loop(1))) != []
     assert _pragma_loops(CPURenderer().render(_row_loop(18))) == []
+
+
+def test_a_row_with_a_tail_is_vectorized_with_its_tail_masked():
+    # a 28-wide row of SiLU: one 16-lane step and a masked one, not 12 scalar exponentials;
+    # rows that 16 lanes divide are left to the compiler
+    x, bias = _floats(1, 8, 28, 28), _floats(1, 8, 1, 1, seed=1)
+    ours, expected = _silu(x, bias)
+    padded = ours.pad(PADS)
+    headers = _pragma_loops(_source(padded))
+    assert any(re.search(r"= 2; \w+ < 30;", h) for h in headers), headers
+    np.testing.assert_allclose(padded.numpy(), np.pad(expected, PADS), rtol=2e-6, atol=1e-7)
+    wide, _ = _silu(_floats(1, 8, 28, 32), bias)
+    assert _pragma_loops(_source(wide)) == []

@@ -105,6 +105,7 @@ class CStyleRenderer(Renderer):
     # A line before each short loop that the compiler would leave scalar, and True to compute
     # a loop's costly terms of a float sum in a loop of their own (codegen/vectorize.py)
     short_loop_pragma: str | None = None
+    strided_loop_pragma: str | None = None    # before each loop of stride-2 loads it may leave scalar
     split_sums = False
     signed_positions = False      # True: element positions in signed int (codegen/positions.py)
     # SPECIAL ("group" | "local", axis) -> expression; "{}" is the axis number, "{xyz}" its letter
@@ -288,6 +289,7 @@ class CStyleRenderer(Renderer):
         signed = positions(kernel) if self.signed_positions else set()
         own = self.rendered_together(kernel)
         short = vectorize.short_loops(kernel) if self.short_loop_pragma else set()
+        strided = vectorize.strided_loops(kernel) if self.strided_loop_pragma else set()
         for i, node in enumerate(nodes):
             src = [names.get(s, "") for s in node.src]
             line = None
@@ -311,6 +313,8 @@ class CStyleRenderer(Renderer):
                 line = self.loop_header(names[i], *src)
                 if i in short:
                     line = f"{self.short_loop_pragma}\n{line}"
+                elif i in strided:
+                    line = f"{self.strided_loop_pragma}\n{line}"
             elif node.op is Op.IF:
                 line = f"if ({src[0]}) {{"
             elif node.op in (Op.END, Op.ENDIF):

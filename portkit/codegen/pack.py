@@ -103,7 +103,10 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     if not serial(caps) or caps.local_memory_bytes <= 0:
         return None
     limits = limits or register_block(caps)
-    reduce = under_epilogue(root, {id(x) for x in inputs})
+    params = {id(x) for x in inputs}
+    reduce = under_epilogue(root, params)
+    if reduce is not None and id(reduce.src[0]) in params:
+        return None     # a sum of a buffer, however it was computed, is no product here
     # a conv's output rows fold into m where its row is short (7 wide at ResNet's last stage):
     # 49 rows give 7 x 32 register blocks, 7 of them sharing each B panel
     def steps(node: Lazy, name: str) -> list[int | None]:

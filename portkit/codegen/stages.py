@@ -40,7 +40,8 @@ def find(root: Lazy, inputs: list[Lazy], tiling: Plan, caps: Capabilities
     params = {id(x) for x in inputs}
     found = [n for n in walk([root], stop=lambda n: id(n) in params).order
              if id(n) == tiling.reduce]
-    if not found or found[0].arg[0] is not Op.ADD or found[0].src[0].op is not Op.MUL:
+    if (not found or found[0].arg[0] is not Op.ADD or found[0].src[0].op is not Op.MUL
+            or id(found[0].src[0]) in params):
         return None
     reduce = found[0]
     axes, src = reduce.arg[1], reduce.src[0]

@@ -6,7 +6,10 @@ row of 14 columns computing a SiLU paid its exponential once per element. `short
 the innermost loops that a pragma may ask it to vectorize with a masked tail (the renderer's
 `short_loop_pragma`): those that carry nothing from trip to trip, since under the pragma a
 float sum would be reordered, which the ABI's rounding forbids, and whose loads and stores
-step one element at a time (else gathers).
+step one element at a time (else gathers). Loops with a tail that 16 lanes leave (17 to 255
+trips) are asked too. `strided_loops` names the rows whose loads step two elements (a stride-2
+depthwise conv's), which the renderer's `strided_loop_pragma` asks for without a mask: masked,
+such loads are gathers.
 
 For the same reason a loop that adds each trip's term to a float accumulator (a mean over the
 14 or 28 columns of a SiLU's row, as in a squeeze-excite pool) stays scalar at any length.
@@ -25,6 +28,11 @@ from portkit.abi.ops import Op
 
 # Loops of fewer trips than this (LLVM's tiny trip count) stay scalar at -O2 unless asked.
 SHORT_LOOP = 16
+# Loops of fewer trips than this that SHORT_LOOP does not divide are asked too, for their masked
+# tail: a depthwise conv's 28-wide row with its SiLU ran one 16-lane step and 12 scalar trips
+# (an exponential each), or, where clang's cost model weighed its alias checks against two
+# steps, 28 scalar ones.
+TAILED_LOOP = 256
 # The longest loop split: its terms' LOCAL array is 4 KiB of float32.
 MOST_TERMS = 1024
 # Ops of a term that cost enough per element for vectors of them to pay for the LOCAL array.
@@ -82,35 +90,56 @@ def split_sums(kernel: Kernel) -> Kernel:
 
 
 def short_loops(kernel: Kernel) -> set[int]:
-    """The RANGE nodes of innermost loops with constant bounds, 1 < trips < SHORT_LOOP, no
-    ASSIGN inside, and contiguous loads and stores (`_contiguous`)."""
-    nodes, found = kernel.nodes, set()
-    for i, node in enumerate(nodes):
-        if node.op is not Op.RANGE:
-            continue
-        start, stop = (nodes[s] for s in node.src)
-        if (start.op is not Op.CONST or stop.op is not Op.CONST
-                or not 1 < stop.arg - start.arg < SHORT_LOOP):
-            continue
-        end = _end(nodes, i)
-        if (not any(n.op in (Op.RANGE, Op.ASSIGN) for n in nodes[i + 1:end])
-                and _contiguous(nodes, i, end)):
+    """The RANGE nodes of innermost loops with constant bounds, 1 < trips < SHORT_LOOP (or
+    under TAILED_LOOP, not a multiple of SHORT_LOOP), no ASSIGN inside, and loads and stores
+    that each step 0 or 1 element per trip (`_steps`)."""
+    found = set()
+    for i, trips, loads, stores in _plain_loops(kernel):
+        tailed = SHORT_LOOP <= trips < TAILED_LOOP and trips % SHORT_LOOP != 0
+        if (1 < trips < SHORT_LOOP or tailed) and loads | stores <= {0, 1}:
             found.add(i)
     return found
 
 
-def _contiguous(nodes: tuple[Node, ...], i: int, end: int) -> bool:
-    """Whether every load and store in loop `i` steps by 0 or 1 element per trip. A loop of
-    rows (a depthwise convolution's, 18 floats apart) vectorized as gathers, at twice the
-    time of the scalar loop."""
+def strided_loops(kernel: Kernel) -> set[int]:
+    """The RANGE nodes of innermost loops with constant bounds, SHORT_LOOP trips or more, no
+    ASSIGN inside, stores that step 0 or 1 element per trip and loads 0, 1 or 2, some 2 (a
+    stride-2 depthwise conv's row, which clang's cost model may leave scalar)."""
+    return {i for i, trips, loads, stores in _plain_loops(kernel)
+            if trips >= SHORT_LOOP and 2 in loads and loads <= {0, 1, 2} and stores <= {0, 1}}
+
+
+def _plain_loops(kernel: Kernel) -> list[tuple[int, int, set[int | None], set[int | None]]]:
+    """(RANGE node, trips, load steps, store steps: `_steps`) of each innermost loop with
+    constant bounds and no ASSIGN inside."""
+    nodes, found = kernel.nodes, []
+    for i, node in enumerate(nodes):
+        if node.op is not Op.RANGE:
+            continue
+        start, stop = (nodes[s] for s in node.src)
+        if start.op is not Op.CONST or stop.op is not Op.CONST:
+            continue
+        end = _end(nodes, i)
+        if not any(n.op in (Op.RANGE, Op.ASSIGN) for n in nodes[i + 1:end]):
+            found.append((i, stop.arg - start.arg, *_steps(nodes, i, end)))
+    return found
+
+
+def _steps(nodes: tuple[Node, ...], i: int, end: int
+           ) -> tuple[set[int | None], set[int | None]]:
+    """How far the loads and the stores in loop `i` step per trip, in elements (None: not a
+    constant). A loop of rows (a depthwise convolution's, 18 floats apart) vectorized as
+    gathers, at twice the time of the scalar loop; one of stride-2 loads as pairs of loads
+    and a shuffle."""
     step: dict[int, int | None] = {i: 1}     # per node: how much it grows per trip
+    loads: set[int | None] = set()
+    stores: set[int | None] = set()
     for k in range(i + 1, end):
         node = nodes[k]
         steps = [step.get(s, 0) for s in node.src]
         known = [n for n in steps if n is not None]
         if node.op in (Op.LOAD, Op.STORE):
-            if steps[1] not in (0, 1):
-                return False
+            (loads if node.op is Op.LOAD else stores).add(steps[1])
         elif not any(steps):
             continue
         elif len(known) < len(steps):
@@ -122,7 +151,7 @@ def _contiguous(nodes: tuple[Node, ...], i: int, end: int) -> bool:
             step[k] = sum(known) * other.arg if other.op is Op.CONST else None
         else:
             step[k] = None
-    return True
+    return loads, stores
 
 
 def _end(nodes: tuple[Node, ...], i: int) -> int:

@@ -9,8 +9,8 @@ Everything else (elementwise ops, views, constants) is computed inside the kerne
 so elementwise chains fuse into their consumer and movement ops cost nothing. A kernel that
 would read more buffers than the device allows is split by realizing its sources first; an
 elementwise value that is costly and that a kernel reads many times per element (a matmul's
-operand through its expand), or that several kernels compute and is deep, gets a buffer of its
-own (limits.py).
+operand through its expand), or that several kernels compute and is deep or is a long
+epilogue of a reduce (a SiLU of a conv), gets a buffer of its own (limits.py).
 
 A reduce of many elements into few outputs is split in two (partial results per slice, then
 a short reduce of those) so that many workgroups share the long part, and no reduce loops
@@ -18,6 +18,7 @@ longer than a stage (stages.py).
 """
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass
 from math import prod
@@ -110,6 +111,10 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
             realize.discard(id(node))
             if contraction:
                 contracted.add(into)
+    position = {id(n): i for i, n in enumerate(order)}
+    ends = (_epilogue(n, consumers, by_id, position, realize) for n in order
+            if n.op is GraphOp.REDUCE and id(n) in realize)
+    limits.cut_epilogues([e for e in ends if e is not None], order, consumers, realize)
     limits.cut_shared(order, consumers, realize)
     limits.cut_deep(order, realize)
     inputs = _fit_buffers(order, realize, max_buffers)
@@ -190,6 +195,33 @@ def _fuses_down(node: Lazy, consumers, by_id, realize) -> int | None:
         if id(chain) in realize:
             return id(chain)
     return None
+
+
+def _epilogue(reduce: Lazy, consumers, by_id, position: dict[int, int], realize: set[int]
+              ) -> Lazy | None:
+    """The last op that every path up from `reduce` passes through, where each op on those
+    paths is elementwise or a view reading each element once, none a kernel root (in
+    `realize`), and MAX_REUSED_COST or more of them are elementwise (SiLU's x * sigmoid(x)
+    reads x twice, so this is no chain); None where there is none. `position` numbers the
+    nodes sources first."""
+    inside, open_, ops, end = {id(reduce)}, {id(reduce)}, 0, None
+    heap = [(position[c], c) for c in consumers[id(reduce)]]
+    heapq.heapify(heap)
+    while heap:
+        _, at = heapq.heappop(heap)
+        if at in inside:
+            continue
+        node = by_id[at]
+        if at in realize or not _reads_once(node):
+            break
+        inside.add(at)
+        ops += _elementwise(node)
+        open_ = {o for o in open_ | {at} if not consumers[o] <= inside}
+        if open_ == {at} and ops >= limits.MAX_REUSED_COST:
+            end = node
+        for c in consumers[at]:
+            heapq.heappush(heap, (position[c], c))
+    return end
 
 
 def device_limits(outs: list[Lazy]) -> tuple[int | None, int | None]:

@@ -59,15 +59,8 @@ def cut_shared(order: list[Lazy], consumers: dict[int, set[int]], realize: set[i
     for node in order:
         deepest = max((depth.get(id(s), 0) for s in node.src if id(s) not in realize), default=0)
         depth[id(node)] = deepest + isinstance(node.op, Op)
-    owner: dict[int, int] = {}       # id(node) -> the one kernel root that computes it, or _MANY
-    for node in reversed(order):
-        if id(node) in realize:
-            continue
-        found = {c if c in realize else owner.get(c, _MANY) for c in consumers[id(node)]}
-        owner[id(node)] = found.pop() if len(found) == 1 else _MANY
-        if (owner[id(node)] == _MANY and isinstance(node.op, Op)
-                and depth[id(node)] >= MAX_SHARED_DEPTH):
-            realize.add(id(node))
+    owner = _owners(order, consumers, realize, lambda node: isinstance(node.op, Op)
+                    and depth[id(node)] >= MAX_SHARED_DEPTH)
     reads: dict[int, frozenset[int]] = {}   # id(node) -> the buffers its expression reads
     for node in order:
         read: frozenset[int] = frozenset().union(*(
@@ -79,6 +72,22 @@ def cut_shared(order: list[Lazy], consumers: dict[int, set[int]], realize: set[i
         if (owner.get(id(node)) == _MANY and isinstance(node.op, Op)
                 and len(read) >= MAX_SHARED_READS):
             realize.add(id(node))
+
+
+def _owners(order: list[Lazy], consumers: dict[int, set[int]], realize: set[int],
+            cut: Callable[[Lazy], bool]) -> dict[int, int]:
+    """The one kernel root (an id) that computes each unrealized node of `order`, or _MANY
+    where several do; consumers first, so a shared node for which `cut` holds is added to
+    `realize` before its sources are placed (it is then their one kernel)."""
+    owner: dict[int, int] = {}
+    for node in reversed(order):
+        if id(node) in realize:
+            continue
+        found = {c if c in realize else owner.get(c, _MANY) for c in consumers[id(node)]}
+        owner[id(node)] = found.pop() if len(found) == 1 else _MANY
+        if owner[id(node)] == _MANY and cut(node):
+            realize.add(id(node))
+    return owner
 
 
 # A matmul reads its A operand through an expand (each element once per output column), and
@@ -132,6 +141,22 @@ def _cost(root: Lazy, realize: set[int], most: int) -> int:
                 seen.add(id(s))
                 stack.append(s)
     return cost
+
+
+# A depthwise conv's SiLU (with its BatchNorm folded, a bias) is read by two kernels in
+# EfficientNet's squeeze-excite blocks: the pool's mean and the projection that multiplies it by
+# the gate. Fused into each, its exponential ran twice per element, and the pool's sum ran at
+# a few ns per element. Such an epilogue of a reduce (MAX_REUSED_COST ops or more between the
+# reduce and the one op every path from it passes through) gets its own buffer where two or
+# more kernels would compute it: one elementwise pass, whose rows vectorize. (Computed in the
+# conv's kernel instead, it stayed scalar there: the conv's rows of 7 and 14 are written out
+# whole, and a stride-2 row's loads are not contiguous.)
+def cut_epilogues(ends: list[Lazy], order: list[Lazy], consumers: dict[int, set[int]],
+                  realize: set[int]) -> None:
+    """Adds to `realize` those of `ends` (each the last op of a reduce's epilogue) that two or
+    more kernels would compute."""
+    owner = _owners(order, consumers, realize, lambda node: False)
+    realize.update(id(end) for end in ends if owner.get(id(end)) == _MANY)
 
 
 def check_sizes(roots: list[Lazy], max_buffer_bytes: Callable[[str], int | None]) -> None:

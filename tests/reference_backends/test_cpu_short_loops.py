@@ -102,3 +102,32 @@ def test_a_short_loop_of_strided_loads_is_left_to_the_compiler():
     # vectorized, a depthwise convolution's loop over rows 18 floats apart gathered its loads
     assert _pragma_loops(CPURenderer().render(_row_loop(1))) != []
     assert _pragma_loops(CPURenderer().render(_row_loop(18))) == []
+
+
+def test_a_row_with_a_tail_is_vectorized_with_its_tail_masked():
+    # a 28-wide row of SiLU: one 16-lane step and a masked one, not 12 scalar exponentials;
+    # rows that 16 lanes divide are left to the compiler
+    x, bias = _floats(1, 8, 28, 28), _floats(1, 8, 1, 1, seed=1)
+    ours, expected = _silu(x, bias)
+    padded = ours.pad(PADS)
+    headers = _pragma_loops(_source(padded))
+    assert any(re.search(r"= 2; \w+ < 30;", h) for h in headers), headers
+    np.testing.assert_allclose(padded.numpy(), np.pad(expected, PADS), rtol=2e-6, atol=1e-7)
+    wide, _ = _silu(_floats(1, 8, 28, 32), bias)
+    assert _pragma_loops(_source(wide)) == []
+
+
+def test_a_row_of_stride_2_loads_is_asked_for_vectors_unmasked():
+    # a stride-2 5x5 depthwise conv's 28-wide row: clang's cost model left it scalar, and
+    # masked, its stride-2 loads became gathers; unmasked it loads pairs and shuffles
+    x, w = _floats(1, 8, 59, 59), _floats(8, 1, 5, 5, seed=1)
+    out = Tensor(x, device="cpu").conv2d(Tensor(w, device="cpu"), stride=2, padding=2, groups=8)
+    item = schedule.create_schedule([out.lazy])[-1]     # after the padded copy
+    source = CPURenderer().render(lower(item.root, item.inputs, LOOPS))
+    strided = re.findall(re.escape(CPURenderer.strided_loop_pragma or "") + r"\n\s*(for \(.*)",
+                         source)
+    assert any(re.search(r"= 0; \w+ < 30;", h) for h in strided), source
+    import torch
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), stride=2, padding=2,
+                                     groups=8)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)

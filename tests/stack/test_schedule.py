@@ -386,3 +386,26 @@ def test_a_cat_wider_than_a_kernel_splits_into_few_kernels():
     assert len(items) == 7, len(items)
     assert max(len(item.inputs) for item in items) == 50
     np.testing.assert_array_equal(out.numpy(), np.stack([p.numpy() for p in pieces]))
+
+
+def test_a_costly_activation_read_by_two_kernels_is_computed_once():
+    # EfficientNet's squeeze-excite: SiLU(depthwise conv) is read by the pool's mean and by
+    # the gate's multiply. Fused into each, its exponential ran in both; with a buffer of its
+    # own, the pool sums a buffer and the multiply reads it.
+    import torch
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.standard_normal(s, dtype=np.float32) for s in ((1, 8, 12, 12), (8, 1, 3, 3),
+                                                                    (8,)))
+    y = Tensor(x).conv2d(Tensor(w), Tensor(b), padding=1, groups=8)
+    act = y * y.sigmoid()
+    out = act * act.mean(axis=(2, 3), keepdim=True).sigmoid()
+    items = schedule.create_schedule([out.lazy])
+    conv = next(i for i in items if i.root.op is GraphOp.REDUCE and i.root.shape[-1] == 1
+                and len(i.root.shape) > 4)
+    silu, = (i for i in items if i.root.op is Op.MUL and conv.root in i.inputs)
+    pool, = (i for i in items if i.root.op is GraphOp.REDUCE and i.root.shape == (1, 8, 1, 1))
+    assert pool.inputs == [silu.root] and silu.root in items[-1].inputs, items
+    act_ref = torch.nn.functional.silu(torch.nn.functional.conv2d(
+        torch.tensor(x), torch.tensor(w), torch.tensor(b), padding=1, groups=8))
+    ref = act_ref * act_ref.mean((2, 3), keepdim=True).sigmoid()
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)

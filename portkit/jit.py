@@ -279,14 +279,17 @@ class _Capture:
                 f"{schedule.MAX_SCALARS} distinct numbers from arguments, so some are written "
                 "into its code and a replay could not change them; realize part of the "
                 "computation earlier (.realize()) so that each kernel holds fewer numbers")
-        self.launches.append((runtime.get(device), compiled, buffers, scalars, None))
+        # the values now: a VAR that is a view's offset reads its node, which a later kernel
+        # of the capture may realize (its VIEW then a LOAD, with no offset to read)
+        self.launches.append((runtime.get(device), compiled, buffers, scalars,
+                              schedule.scalar_values(scalars), None))
 
     def upload(self, buffer: runtime.Buffer) -> None:
         self.uploads.append(buffer)
 
     def copy(self, destination: runtime.Runtime, source: runtime.Runtime,
              out: runtime.Buffer, buffer: runtime.Buffer) -> None:
-        self.launches.append((destination, None, [out, buffer], [], source))
+        self.launches.append((destination, None, [out, buffer], [], (), source))
 
     def host_read(self, tensor: Tensor) -> None:
         raise JitError(f"{self.name} reads a tensor of shape {tensor.shape} back to the host "
@@ -340,13 +343,13 @@ class _Capture:
             return found
 
         steps = []
-        for k, (rt, compiled, buffers, scalars, copy_from) in enumerate(self.launches):
+        for k, (rt, compiled, buffers, scalars, values, copy_from) in enumerate(self.launches):
             out = buffers[0]
             traced = tuple((slot, node.arg.compute, node.dtype)
                            for slot, node in enumerate(scalars) if isinstance(node.arg, Number))
             steps.append(Step(rt, compiled, out.dtype, out.size,
                               tuple(source(b) for b in buffers[1:]),
-                              schedule.scalar_values(scalars), traced, copy_from=copy_from))
+                              values, traced, copy_from=copy_from))
             where[id(out)] = (MADE, k)
         tensors: list[Tensor] = []
         template = _template(result, tensors, self.name)

@@ -12,6 +12,23 @@ turn contraction off.
 """
 from __future__ import annotations
 
+from portkit.abi import dtypes
+from portkit.abi.dtypes import DType
+from portkit.abi.kernel import Kernel
+from portkit.abi.ops import Op
+
+
+def spelling(a: str, dtype: DType) -> str:
+    """EXP2 of `a`: pk_exp2f on float (and the small floats, computed in float); double keeps
+    the language's exp2."""
+    return f"pk_exp2f({a})" if dtype == dtypes.float32 else f"exp2({a})"
+
+
+def needed(kernel: Kernel) -> bool:
+    """Whether `kernel` computes an EXP2 in float, so its source needs EXP2F."""
+    return any(n.op is Op.EXP2 and n.dtype != dtypes.float64 for n in kernel.nodes)
+
+
 # guarded: a batch (codegen.cstyle.compile_joined) is many kernels in one file
 EXP2F = """\
 #ifndef PK_ONCE_EXP2F

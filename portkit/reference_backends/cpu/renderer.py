@@ -15,10 +15,9 @@ from typing import ClassVar
 from portkit.abi import dtypes
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen import lanes
+from portkit.codegen import exp2f, lanes
 from portkit.codegen.cstyle import CStyleRenderer, Spelling, function_name, local_bytes
 from portkit.codegen.emulated import EMULATED_FLOATS, FLOAT16_HELPERS
-from portkit.codegen.exp2f import EXP2F
 
 _TEMPLATE = """\
 #define _GNU_SOURCE
@@ -195,7 +194,7 @@ class CPURenderer(CStyleRenderer):
     # which the compiler vectorizes; double keeps libm's exp2.
     code_for_op: ClassVar[dict[Op, Spelling]] = {
         **CStyleRenderer.code_for_op,
-        Op.EXP2: lambda a, dtype: f"pk_exp2f({a})" if dtype == dtypes.float32 else f"exp2({a})"}
+        Op.EXP2: exp2f.spelling}
     template = _TEMPLATE
     # clang proves neighbouring loads adjacent (one vector load) only for signed positions
     signed_positions = True
@@ -224,9 +223,8 @@ class CPURenderer(CStyleRenderer):
         return {**super().template_context(kernel, body),
                 "looped": kernel.block == (1, 1, 1),
                 "small_floats": bool(used & set(self.emulated)),
-                "exp2f": any(n.op is Op.EXP2 and n.dtype != dtypes.float64
-                             for n in kernel.nodes),
-                "float16_helpers": FLOAT16_HELPERS, "exp2f_source": EXP2F,
+                "exp2f": exp2f.needed(kernel),
+                "float16_helpers": FLOAT16_HELPERS, "exp2f_source": exp2f.EXP2F,
                 "entry": entry_point(kernel.name), "types": types,
                 "ids": _IDS, "single": ["gid0", "gid1", "gid2", "0", "0", "0", "pk_local"],
                 # threads of a kernel with a loop may each do much work; others do little

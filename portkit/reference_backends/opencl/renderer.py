@@ -13,9 +13,8 @@ from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen import lanes
+from portkit.codegen import exp2f, lanes
 from portkit.codegen.cstyle import CStyleRenderer, Emulated, Spelling
-from portkit.codegen.exp2f import EXP2F
 
 _CL_TYPES = {
     dtypes.bool_: "bool", dtypes.int8: "char", dtypes.int16: "short", dtypes.int32: "int",
@@ -95,8 +94,7 @@ class OpenCLRenderer(CStyleRenderer):
         if cpu:
             self.code_for_op: dict[Op, Spelling] = {
                 **CStyleRenderer.code_for_op,
-                Op.EXP2: lambda a, dtype: f"pk_exp2f({a})" if dtype == dtypes.float32
-                else f"exp2({a})"}
+                Op.EXP2: exp2f.spelling}
         self.emulated = {dtypes.bfloat16: _BF16} if fp16 else {dtypes.float16: _F16,
                                                                dtypes.bfloat16: _BF16}
         # Emulated casts round from the widest float; without fp64 that is float.
@@ -111,7 +109,6 @@ class OpenCLRenderer(CStyleRenderer):
             # guarded: a batch (cstyle.compile_joined) is many kernels in one program
             lines += ["#ifndef PK_ONCE_HELPERS", "#define PK_ONCE_HELPERS",
                       _HELPERS.format(wide="double" if self.fp64 else "float"), "#endif"]
-        if self.cpu and any(n.op is Op.EXP2 and n.dtype != dtypes.float64
-                            for n in kernel.nodes):
-            lines.append(EXP2F)
+        if self.cpu and exp2f.needed(kernel):
+            lines.append(exp2f.EXP2F)
         return "\n".join(lines)

@@ -35,6 +35,24 @@ def test_the_pool_holds_at_most_its_byte_cap():
     assert pool.bytes == 0 and allocator.live == newest.nbytes
 
 
+def test_a_size_whose_own_handles_are_evicted_stays_in_the_pool():
+    # Two 70-byte buffers under a 100-byte cap: keeping the second evicts the first, the
+    # size's only other handle. The pool used to drop the size's emptied list along with it,
+    # keep counting the second handle's bytes with nothing left to evict, and raise
+    # StopIteration at the next buffer freed (printed from Buffer.__del__ on an H200).
+    allocator = _Counting()
+    pool = runtime.BufferPool(allocator, max_bytes=100)
+    first, second = (runtime.Buffer(pool, dtypes.uint8, 70) for _ in range(2))
+    del first, second
+    assert pool.bytes == allocator.live == 70
+    third, fourth = (runtime.Buffer(pool, dtypes.uint8, 70) for _ in range(2))
+    pool.give(third.handle, 70)
+    third.owned = False
+    assert pool.bytes == allocator.live - 70 == 70    # fourth is live
+    del fourth
+    assert pool.bytes == 70 and allocator.live == 70
+
+
 def test_a_buffer_larger_than_the_cap_is_freed_at_once():
     allocator = _Counting()
     pool = runtime.BufferPool(allocator, max_bytes=100)

@@ -72,14 +72,14 @@ class BufferPool:
         if gc.is_finalized(handle):
             return
         with self.lock:
-            kept = self._free.setdefault(nbytes, [])
-            self._free.move_to_end(nbytes)
-            if len(kept) >= self.PER_SIZE or nbytes > self.max_bytes:
+            if len(self._free.get(nbytes, ())) >= self.PER_SIZE or nbytes > self.max_bytes:
                 self.allocator.free(handle, nbytes)
                 return
-            while self.bytes + nbytes > self.max_bytes:
+            # eviction may take this size's own older handles, and its emptied list with them
+            while self.bytes + nbytes > self.max_bytes and self._free:
                 self._evict_oldest()
-            kept.append(handle)
+            self._free.setdefault(nbytes, []).append(handle)
+            self._free.move_to_end(nbytes)
             self.bytes += nbytes
 
     def _evict_oldest(self) -> None:

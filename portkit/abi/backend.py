@@ -68,6 +68,11 @@ class Capabilities:
     # device's register blocks to them (codegen/plan.py `register_block`). None: not stated,
     # and codegen assumes AVX-512's.
     vector_registers: tuple[int, int] | None = None
+    # Workgroups the device runs at once (a GPU's multiprocessors or compute units): where it
+    # states them, codegen on hardware lanes gives a kernel of few outputs enough workgroups
+    # to fill them (codegen/tiles.py `choose`, codegen/groups.py). None: not stated, and
+    # codegen makes the workgroups it would make for any device.
+    compute_units: int | None = None
     peak_gflops: float | None = None        # float32, for the performance tier
     peak_bandwidth_gbs: float | None = None
     device_name: str = ""
@@ -97,7 +102,7 @@ class Capabilities:
             raise fail("max_block_threads must be >= 1, max_buffers >= 2, "
                        "local_memory_bytes >= 0")
         for name, least in (("max_loop_trips", 64), ("max_name_length", 16),
-                            ("max_buffer_bytes", 1), ("max_scalars", 0)):
+                            ("max_buffer_bytes", 1), ("max_scalars", 0), ("compute_units", 1)):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= least):
                 raise fail(f"{name} must be None (no limit) or an int >= {least}, got {value!r}")
@@ -351,7 +356,7 @@ class Device:
 @dataclass(frozen=True)
 class Backend:
     """What the `portkit.backends` entry point names: a name, how to load the device, and the
-    ABI version the backend implements ("0.8"; portkit refuses to load an incompatible one).
+    ABI version the backend implements ("0.9"; portkit refuses to load an incompatible one).
 
     `load()` returns the Device, or raises BackendUnavailable naming the fix. A backend with
     several devices (ABI 0.7) gives `devices`, which returns how many there are here, and a

@@ -255,7 +255,7 @@ class Lowerer:
         return [b.alu(op, *operands) for operands in zip(*srcs)]
 
     def view(self, node: Lazy, idxs: list[list[Lin]], gates: list[int | None]) -> list[int]:
-        src, zero = node.src[0], self.const(_zero(node.dtype), node.dtype)
+        src, zero = node.src[0], self.const(0, node.dtype)
         out = [zero] * len(idxs)
         inner: list[tuple[int, list[Lin], int | None]] = []   # (element, source index, gate)
         for e, (idx, gate) in enumerate(zip(idxs, gates)):
@@ -473,10 +473,6 @@ def _block(trips: list[int]) -> int | None:
     return block if prod(trips) > _BLOCK and trips[0] >= 2 * block else None
 
 
-def _zero(dtype: DType):
-    return False if dtype == dtypes.bool_ else (0.0 if dtype.is_float else 0)
-
-
 def check_dtypes(nodes: list[Lazy], caps: Capabilities, device: str) -> None:
     """Raises UnsupportedDType naming the first dtype the device lacks."""
     for node in nodes:
@@ -492,28 +488,29 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     and the graph constants `scalars` as VARs s0, s1... (see SCALAR_VAR_DTYPES); `slots` maps
     id() of every constant read through a VAR to its index (default: `scalars` in order).
     A matmul on a device with workgroup memory is LOCAL-tiled (codegen/tiles.py) as `local`
-    says (a tiles.Tiling), else as the tuner stored for this device, else by default; on one
-    whose threads are loops it copies B into panels instead (codegen/pack.py). A matmul that
-    fits a matrix unit the device declares runs on it instead (codegen/mma.py)."""
+    says (a tiles.Tiling), else as the tuner stored, else by default; on one whose threads are
+    loops it copies B into panels (codegen/pack.py); on a matrix unit it declares, MMA nodes
+    (codegen/mma.py). A short reduce of long rows takes a group per row (codegen/groups.py)."""
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    from portkit.codegen import mma as matrix  # these build on this module
+    from portkit.codegen import groups, tune  # these build on this module
+    from portkit.codegen import mma as matrix
     from portkit.codegen import pack as packing
     from portkit.codegen import tiles as staging
-    from portkit.codegen import tune
     on_unit = matrix.find(root, inputs, caps)
     contraction = None if on_unit else tune.contraction(root, inputs, caps)
     chosen = None if contraction is None else staging.choose(
         contraction, caps, local or tune.stored(caps, contraction))
     packed = None if chosen or on_unit else packing.find(root, inputs, caps)
+    grouped = None if chosen or packed or on_unit else groups.find(root, inputs, caps)
     limits, given = THREADED, root
     if serial(caps):
         limits = replace(SERIAL, registers=register_block(caps).accumulators
                          if caps.vector_registers else 0)
         if not (chosen or packed or on_unit):
             root = split(rows.merged(root, inputs), inputs)
-    tiling = Plan() if chosen or packed or on_unit else plan(root, inputs, limits)
+    tiling = Plan() if chosen or packed or on_unit or grouped else plan(root, inputs, limits)
     lowerer = Lowerer(name, inputs, tiling)
     lowerer.ranges = dtypes.uint32 in caps.dtypes
     lowerer.epilogue_loop = serial(caps) and caps.local_memory_bytes > 0
@@ -540,6 +537,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         return staging.emit(lowerer, root, contraction, chosen, out)
     if packed:
         return packing.emit(lowerer, root, *packed, caps, out)
+    if grouped:
+        return groups.emit(lowerer, root, grouped, caps, out)
     flags = [n.src[2] for n in toposort([root], stop=lambda n: id(n) in lowerer.params)
              if n.op is GraphOp.GATHER and n.arg.code]
     if flags:

@@ -91,6 +91,12 @@ CANDIDATES = (
     Tiling(8, 8, 8, 8, 16), Tiling(8, 8, 4, 4, 16), Tiling(16, 16, 2, 2, 16),
 )
 UNTILED = Tiling(0, 0, 0, 0, 0)   # a tuner's verdict: LOCAL tiling does not pay here
+# On a device that states its compute units, a default tiling of fewer groups than FILL per
+# unit gives way to the next candidate that makes that many: BERT's 3072-to-768 projection
+# (M = 128) made 48 groups of 32 threads in the default's 32 x 64 tiles, 0.4 ms on an H200's
+# 132 multiprocessors (1.2 TFLOP/s), where 16 x 16 tiles make 384 groups of 64. On lavapipe
+# (no units stated) the smaller tiles ran 2.5x slower.
+FILL = 2
 
 
 @dataclass(frozen=True)
@@ -190,15 +196,18 @@ def match(root: Lazy, steps, rows: int = 0, depths: bool = False) -> Contraction
 
 def choose(found: Contraction, caps: Capabilities, tuned: Tiling | None = None
            ) -> Tiling | None:
-    """The tiling to use (None: none): `tuned` if it fits, else the first candidate that fits
-    and wastes at most a third of its tile on padding (or, failing that, the least)."""
+    """The tiling to use (None: none): `tuned` if it fits, else the first candidate that fits,
+    wastes at most a third of its tile on padding (or, failing that, the least) and, where the
+    device states its compute units, makes FILL groups per unit (or, failing that, the most)."""
     itemsize = found.accumulate.itemsize
     m, n, k = found.sizes
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
 
+    def groups(t: Tiling) -> int:
+        return batch * ceil(m / t.block_m) * ceil(n / t.block_n)
+
     def fits(t: Tiling) -> bool:
-        groups = batch * ceil(m / t.block_m) * ceil(n / t.block_n)
-        return t.fits(caps, itemsize) and groups <= caps.max_grid[0]
+        return t.fits(caps, itemsize) and groups(t) <= caps.max_grid[0]
 
     if tuned == UNTILED:
         return None
@@ -211,8 +220,11 @@ def choose(found: Contraction, caps: Capabilities, tuned: Tiling | None = None
     def waste(t: Tiling) -> float:
         return ceil(m / t.block_m) * t.block_m * ceil(n / t.block_n) * t.block_n / (m * n)
 
-    good = [t for t in fitting if waste(t) <= 1.34]
-    return good[0] if good else min(fitting, key=waste)
+    good = [t for t in fitting if waste(t) <= 1.34] or [min(fitting, key=waste)]
+    if caps.compute_units is None:
+        return good[0]
+    return next((t for t in good if groups(t) >= FILL * caps.compute_units),
+                max(good, key=groups))
 
 
 def emit(lowerer, root: Lazy, found: Contraction, tiling: Tiling, out: int) -> Kernel:

@@ -235,7 +235,7 @@ def _device_info(kind: str) -> SimpleNamespace:
         extensions="cl_khr_fp64", double_fp_config=1, max_work_group_size=4096,
         single_fp_config=cl.device_fp_config.DENORM, max_work_item_sizes=[4096] * 3,
         local_mem_size=65536, max_parameter_size=1024, address_bits=64, name="fake",
-        max_mem_alloc_size=1 << 30,
+        max_mem_alloc_size=1 << 30, max_compute_units=20,
         platform=SimpleNamespace(name="fake platform"), type=getattr(cl.device_type, kind))
 
 
@@ -245,6 +245,7 @@ def test_a_cpu_device_runs_work_items_as_loops_and_a_gpu_as_lanes():
     assert capabilities(_device_info("CPU")).threads_are_loops
     assert not capabilities(_device_info("GPU")).threads_are_loops
     assert not capabilities(_device_info("ACCELERATOR")).threads_are_loops
+    assert capabilities(_device_info("GPU")).compute_units == 20   # codegen fills them
 
 
 def test_a_register_block_is_held_in_opencl_vectors():

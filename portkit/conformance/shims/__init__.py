@@ -265,4 +265,5 @@ def shim_capabilities(language: str) -> Capabilities:
     return Capabilities(dtypes=frozenset(dtypes.ALL), ops=frozenset(COMPUTE),
                         max_block_threads=1024, max_block=(1024, 1024, 64),
                         max_grid=(2**31 - 1, 65535, 65535), local_memory_bytes=48 * 1024,
-                        max_buffers=256, device_name="CUDA C host shim (clang++)")
+                        max_buffers=256, compute_units=108,   # an A100's multiprocessors
+                        device_name="CUDA C host shim (clang++)")

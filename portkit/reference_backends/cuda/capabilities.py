@@ -25,6 +25,7 @@ def capabilities(context: CUDAContext, compiler: CUDACompiler) -> Capabilities:
         max_buffers=256,   # 8-byte pointers in the 4 KiB of kernel parameters, with room
         denormals="preserve",   # -ftz=false
         threads_are_loops=False,   # threads are hardware lanes
+        compute_units=a("MULTIPROCESSOR_COUNT"),
         # NVRTC compiles names of 100,000 characters; the driver's limit is not measured yet,
         # so names stay at the 64-character function names ("k_" + 62) known to load.
         max_name_length=62,

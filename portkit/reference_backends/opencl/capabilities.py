@@ -41,6 +41,7 @@ def capabilities(device) -> Capabilities:
         # A CPU device (PoCL's) runs a workgroup's work-items as loops: codegen then lays out
         # work as for the cpu backend (one work-item per group, packed matmuls in LOCAL).
         threads_are_loops=bool(device.type & cl.device_type.CPU),
+        compute_units=device.max_compute_units,
         # PoCL 3.1 aborts the process (SIGABRT in its kernel cache) on a function name of
         # more than 252 characters; the C-style renderer puts "k_" before the kernel's name.
         max_name_length=250,

@@ -39,6 +39,7 @@ CASES = [
     ("sum over two axes", lambda x: x.sum((1, 2)), (5, 30, 40), np.float32),
     ("float16 rows", lambda x: x.sum(-1), (4, 600), np.float16),
     ("one row of 768", lambda x: (x * x).sum(-1), (1, 1, 768), np.float32),
+    ("12 rows of 129", lambda x: x.exp().sum(-1), (12, 129), np.float32),
 ]
 
 
@@ -48,7 +49,7 @@ def test_a_reduce_of_few_long_rows_takes_a_group_per_output(name, fn, shape, dty
     kernel, got = _run(fn, x)
     ops = [n.op for n in kernel.nodes]
     outputs = int(np.prod(got.shape))
-    assert kernel.grid == (outputs, 1, 1) and kernel.block[0] >= 64
+    assert kernel.grid == (outputs, 1, 1) and kernel.block[0] >= 32
     assert Op.BARRIER in ops and Op.LOCAL in ops
     want = fn(Tensor(x.astype(np.float32), device="cpu")).numpy()
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3 if dtype == np.float16
@@ -63,7 +64,7 @@ def test_devices_that_state_no_units_or_run_threads_as_loops_keep_a_thread_per_o
 
 
 def test_many_outputs_and_short_rows_keep_a_thread_per_output():
-    for shape in ((GPU.compute_units * 128, 300), (64, 100)):
+    for shape in ((GPU.compute_units * 128, 300), (64, 40)):
         kernel, _ = _run(lambda x: x.sum(-1), np.ones(shape, np.float32))
         assert Op.BARRIER not in [n.op for n in kernel.nodes], shape
 

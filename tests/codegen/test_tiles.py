@@ -11,6 +11,7 @@ from portkit import runtime, schedule
 from portkit.abi.ops import Op
 from portkit.codegen import tiles
 from portkit.codegen.lower import lower
+from portkit.codegen.plan import load_steps
 from portkit.reference_backends.cuda.renderer import CUDARenderer
 from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.reference_backends.metal.renderer import MetalRenderer
@@ -116,6 +117,32 @@ def test_tiled_matmuls_agree_with_torch(backend, case):
     assert Op.LOCAL in _ops(schedule.lower_item(item)), "the case must exercise the tiling"
     expected = fn(torch.from_numpy(x), torch.from_numpy(w)).numpy()
     np.testing.assert_allclose(fn(a, b).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+CONVS = {   # (x shape, weight shape, stride, padding)
+    "3x3 on a 7 x 7 map": ((1, 32, 7, 7), (48, 32, 3, 3), 1, 1),
+    "strided, odd map": ((2, 8, 9, 11), (24, 8, 3, 3), 2, 1),
+    "5x5 on 13 x 13, batch 3": ((3, 4, 13, 13), (40, 4, 5, 5), 1, 2),
+}
+
+
+@pytest.mark.parametrize("backend", _gpu_backends())
+@pytest.mark.parametrize("case", CONVS)
+def test_a_convolution_is_tiled_with_its_rows_folded_onto_its_columns(backend, case):
+    # a 7-wide map (m = 7) was not tiled at all; folded, m is the map's 49 positions
+    xs, ws, stride, padding = CONVS[case]
+    x, w = (RNG.standard_normal(s).astype(np.float32) for s in (xs, ws))
+    a, b = Tensor(x, device=backend), Tensor(w, device=backend)
+    item, = schedule.create_schedule([a.conv2d(b, stride=stride, padding=padding).lazy])
+    kernel = schedule.lower_item(item)
+    assert Op.LOCAL in _ops(kernel)
+    found = tiles.find(item.root, item.inputs, runtime.get(backend).capabilities,
+                       lambda node, name: load_steps(node, item.inputs, name))
+    assert found is not None and found.fold
+    expected = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w),
+                                          stride=stride, padding=padding).numpy()
+    got = a.conv2d(b, stride=stride, padding=padding).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("backend", _gpu_backends())

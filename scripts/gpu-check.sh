@@ -6,7 +6,8 @@
 #   bash scripts/gpu-check.sh [OUTPUT-FOLDER [CONFORM-OPTIONS...]]   # default: reports/gpu-<date>
 #
 # CONFORM-OPTIONS go to `portkit conform` (e.g. --quick, or --tier 6 alone).
-# Then the inference zoo (benchmarks/models.py) runs on cuda beside torch on the GPU.
+# Then real models' shapes (benchmarks/gpu_shapes.py) and the inference zoo (benchmarks/models.py)
+# run on cuda beside torch on the GPU.
 # It installs into .venv-gpu (PORTKIT_VENV names another), seeing the machine's own packages, so
 # a torch with CUDA already there is used; a venv where portkit already imports is used as it is.
 # Offline machines: point pip at a folder of wheels (PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR), as pip
@@ -92,6 +93,8 @@ step conform-cuda portkit conform --backend cuda --json "$OUT/cuda.json" \
 step tests-cuda python -m pytest -q -p no:cacheprovider tests/reference_backends/test_cuda.py \
     tests/reference_backends/test_cuda_gpu.py
 step bench-cuda python benchmarks/bench.py --device cuda --repeat 7 --json "$OUT/bench-cuda.json"
+# Real models' matmul and convolution shapes one by one, and the zoo's kernels by time
+step shapes-cuda python benchmarks/gpu_shapes.py --device cuda
 # The inference zoo beside torch on the same GPU (and onnxruntime on the host); GPU_ZOO names
 # a subset of its models.
 step zoo-cuda python benchmarks/models.py --backend cuda --repeat 5 --timeout 300 \

@@ -6,7 +6,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 APT_PACKAGES=(clang pocl-opencl-icd ocl-icd-opencl-dev clinfo mesa-vulkan-drivers libvulkan1
-              libegl1 libgl1-mesa-dri libomp-dev glslang-tools)
+              libegl1 libgl1-mesa-dri glslang-tools)
 EXTRAS="opencl,cuda,webgpu,onnx,test,examples,bench"
 
 missing_apt_packages() {

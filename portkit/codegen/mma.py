@@ -25,7 +25,6 @@ from portkit.abi.kernel import Kernel
 from portkit.abi.matrix import Fragment, MatrixUnit
 from portkit.abi.ops import Op
 from portkit.codegen import tiles
-from portkit.codegen.plan import load_steps
 from portkit.graph import Lazy
 from portkit.symbolic import Bound, Lin, const, ravel, unravel
 
@@ -36,7 +35,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities
     None on a device that declares no unit)."""
     if not caps.matrix_units:
         return None
-    found = tiles.match(root, lambda node, name: load_steps(node, inputs, name))
+    found = tiles.match(root, inputs)
     if found is None or found.fold or found.k_fold:
         return None
     factors = (found.left.dtype, found.right.dtype)

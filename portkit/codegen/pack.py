@@ -103,15 +103,10 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     if not serial(caps) or caps.local_memory_bytes <= 0:
         return None
     limits = limits or register_block(caps)
-    params = {id(x) for x in inputs}
-    reduce = under_epilogue(root, params)
-    if reduce is not None and id(reduce.src[0]) in params:
-        return None     # a sum of a buffer, however it was computed, is no product here
+    reduce = under_epilogue(root, {id(x) for x in inputs})
     # a conv's output rows fold into m where its row is short (7 wide at ResNet's last stage):
     # 49 rows give 7 x 32 register blocks, 7 of them sharing each B panel
-    def steps(node: Lazy, name: str) -> list[int | None]:
-        return load_steps(node, inputs, name)
-    found = None if reduce is None else match(reduce, steps, rows=limits.vector, depths=True)
+    found = None if reduce is None else match(reduce, inputs, rows=limits.vector, depths=True)
     if reduce is None or found is None:
         return None
     if folds.taps(found, inputs, DEPTH) and reduce.src[0].shape[found.m] % limits.reuse == 0:
@@ -119,7 +114,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         # B's panel copy costs about 32 rows' multiply-adds (one thread, AVX-512: a 56-wide
         # row a group ran 64 -> 128 channels at 70 GFLOP/s, four rows at 87); where the
         # register rows do not divide the row (AVX2's 3 on 56) it keeps its remainder block
-        found = match(reduce, steps, rows=limits.reuse * _BLOCKS, depths=True) or found
+        found = match(reduce, inputs, rows=limits.reuse * _BLOCKS, depths=True) or found
     found, flat = folds.flatten(found, inputs, limits.vector)
     m, n, k = found.sizes
     if m * n * k < _MIN_WORK or n < limits.vector // 4:

@@ -35,6 +35,7 @@ from portkit.abi.backend import Capabilities
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
+from portkit.codegen.plan import load_steps
 from portkit.graph import GraphOp, Lazy
 from portkit.symbolic import Bound, Lin, const, ravel, unravel
 
@@ -149,22 +150,22 @@ class Contraction:
                 f"{self.reduce.dtype.name}")
 
 
-def find(root: Lazy, inputs: list[Lazy], caps: Capabilities, steps) -> Contraction | None:
-    """The contraction `root` computes if it can be LOCAL-tiled on `caps`, else None.
-    `steps(node, name)` gives the step along index variable `name` of each of node's loads
-    (portkit.codegen.plan.load_steps)."""
+def find(root: Lazy, inputs: list[Lazy], caps: Capabilities) -> Contraction | None:
+    """The contraction `root` computes from kernel `inputs` if it can be LOCAL-tiled on
+    `caps`, else None."""
     if caps.threads_are_loops or caps.max_block_threads == 1 or caps.local_memory_bytes <= 0:
         return None
-    return match(root, steps, rows=FOLD_ROWS)
+    return match(root, inputs, rows=FOLD_ROWS)
 
 
-def match(root: Lazy, steps, rows: int = 0, depths: bool = False) -> Contraction | None:
-    """The contraction `root` computes (a float sum of one product over one axis, outputs
-    along m and n at least _MIN_SIDE wide), on any device; None if it is not one. With `rows`,
-    m-like output axes just before m are folded into it until m has at least `rows` elements
-    (a convolution's output rows onto its 7-wide columns). With `depths`, a sum over several
-    axes is one too, k their row-major flattening (a conv's weight gradient sums over the
-    batch and the output positions)."""
+def match(root: Lazy, inputs: list[Lazy], rows: int = 0, depths: bool = False
+          ) -> Contraction | None:
+    """The contraction `root` computes from kernel `inputs` (a float sum of one product over
+    one axis, outputs along m and n at least _MIN_SIDE wide), on any device; None if it is not
+    one. With `rows`, m-like output axes just before m are folded into it until m has at least
+    `rows` elements (a convolution's output rows onto its 7-wide columns). With `depths`, a
+    sum over several axes is one too, k their row-major flattening (a conv's weight gradient
+    sums over the batch and the output positions)."""
     node = root
     if (node.op is GraphOp.VIEW and node.arg.is_contiguous
             and prod(node.shape) == prod(node.src[0].shape)):
@@ -175,12 +176,17 @@ def match(root: Lazy, steps, rows: int = 0, depths: bool = False) -> Contraction
     src = node.src[0]
     if op is not Op.ADD or not (len(axes) == 1 or depths) or src.op is not Op.MUL:
         return None
+    if any(src is x for x in inputs):
+        # a sum of a buffer, however it was computed: its factors lie outside the kernel, where
+        # analysing their loads walks the whole unrealized graph before it (0.7 s for one
+        # gradient's sum in an LSTM's first training step on webgpu)
+        return None
     *k_fold, k = sorted(axes)
     left, right = src.src
     outputs = [a for a, s in enumerate(src.shape) if s > 1 and a not in axes]
 
     def ignores(factor: Lazy, axis: int) -> bool:
-        return all(s == 0 for s in steps(factor, f"o{axis}"))
+        return all(s == 0 for s in load_steps(factor, inputs, f"o{axis}"))
 
     ms = [a for a in outputs if ignores(right, a) and not ignores(left, a)]
     ns = [a for a in outputs if ignores(left, a) and not ignores(right, a)]
@@ -194,7 +200,7 @@ def match(root: Lazy, steps, rows: int = 0, depths: bool = False) -> Contraction
     if min(prod(src.shape[a] for a in (*fold, m)), src.shape[n], depth) < _MIN_SIDE:
         return None
     wide = dtypes.float32 if node.dtype.itemsize == 2 else node.dtype
-    along_k = (1 in steps(left, f"o{k}"), 1 in steps(right, f"o{k}"))
+    along_k = (1 in load_steps(left, inputs, f"o{k}"), 1 in load_steps(right, inputs, f"o{k}"))
     return Contraction(node, left, right, m, n, k, wide, along_k, fold, tuple(k_fold))
 
 

@@ -12,13 +12,12 @@ from dataclasses import fields
 from portkit import cache
 from portkit.abi.backend import Capabilities
 from portkit.codegen import tiles
-from portkit.codegen.plan import load_steps
 from portkit.graph import Lazy
 
 
 def contraction(root: Lazy, inputs: list[Lazy], caps: Capabilities) -> tiles.Contraction | None:
     """The LOCAL-tileable matmul `root` computes on `caps`, or None."""
-    return tiles.find(root, inputs, caps, lambda node, name: load_steps(node, inputs, name))
+    return tiles.find(root, inputs, caps)
 
 
 def stored(caps: Capabilities, found: tiles.Contraction) -> tiles.Tiling | None:

@@ -31,13 +31,13 @@ def cut_deep(order: list[Lazy], realize: set[int]) -> None:
 # short expression, but a recurrence (an LSTM's cell state, c = f * c + i * g, read by the next
 # step and by the output) would recompute every earlier step in every later kernel: O(steps^2)
 # work in ever-larger kernels, each compiled anew. Past this many fused ops deep (views and
-# constants do not count; one exp or tanh is about 20), such a value gets its own buffer: an
-# LSTM step then runs as three kernels of one structure at any sequence length. At 20 each
-# exponential of an LSTM's gate gradients runs once (its jitted training step took 89 ms of
-# CPU, 128 at 32), but at 24 or less EfficientNet-B0's first call took 22.9 s of CPU, not
-# 6.4: the lowering's analysis of its deeper fused factors (tiles.match, plan._accesses);
-# docs/performance.md has the figures.
-MAX_SHARED_DEPTH = 32
+# constants do not count; an exp is 17, a sigmoid 25, a tanh 29), such a value gets its own
+# buffer: an LSTM step then runs as three kernels of one structure at any sequence length. At
+# 20 a sigmoid or a tanh that several kernels read is stored, and each exponential of an
+# LSTM's gate gradients runs once: its jitted training step took 90 ms of CPU, not 127 at 32,
+# and compiled 64 distinct kernels, not 155; the inference zoo's first calls and warm calls
+# and the other training steps took the same time at both; docs/performance.md has the figures.
+MAX_SHARED_DEPTH = 20
 # Buffers a shared value's fused expression reads, at most, before it gets its own buffer: a
 # transformer's residual stream (x + attention + bias + MLP + bias, block after block) is a
 # few ops per block, so by depth alone it went unstored for 8 blocks, and each block's layer

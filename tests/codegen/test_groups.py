@@ -13,7 +13,6 @@ from portkit.abi.interpreter import run as interpret
 from portkit.abi.ops import Op
 from portkit.codegen import tiles
 from portkit.codegen.lower import lower
-from portkit.codegen.plan import load_steps
 from portkit.reference_backends.interpreter.capabilities import capabilities
 from portkit.tensor import Tensor
 
@@ -81,7 +80,7 @@ def _tiling(m: int, k: int, n: int, caps) -> tiles.Tiling | None:
     a = Tensor(np.ones((m, k), np.float32), device="interpreter")
     b = Tensor(np.ones((k, n), np.float32), device="interpreter")
     item, = schedule.create_schedule([(a @ b).lazy])
-    found = tiles.match(item.root, lambda node, name: load_steps(node, item.inputs, name))
+    found = tiles.match(item.root, item.inputs)
     return tiles.choose(found, caps)
 
 

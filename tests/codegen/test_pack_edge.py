@@ -9,7 +9,7 @@ import torch
 
 from portkit import schedule
 from portkit.abi.ops import Op
-from portkit.codegen import pack
+from portkit.codegen import pack, tiles
 from portkit.codegen.lower import lower
 from portkit.tensor import Tensor
 from tests.codegen.test_conv_tiles import loop_bodies
@@ -77,8 +77,8 @@ def test_a_sum_of_a_stored_product_is_no_contraction(monkeypatch):
     product = a * b.reshape(1, 64, 64)
     total = product.sum(axis=2)
     analysed = []
-    real = pack.load_steps
-    monkeypatch.setattr(pack, "load_steps", lambda node, *args: analysed.append(node) or real(
+    real = tiles.load_steps
+    monkeypatch.setattr(tiles, "load_steps", lambda node, *args: analysed.append(node) or real(
         node, *args))
     caps = runtime.get("cpu").capabilities
     assert pack.find(total.lazy, [product.lazy], caps) is None

@@ -160,11 +160,17 @@ class _Replay(NamedTuple):
 
 
 def _run(items: list[ScheduleItem], keyed: list[tuple[tuple, Scalars] | None],
-         nodes: list[Lazy], number: dict[int, int]) -> tuple[_Replay | None, list[int]]:
+         nodes: list[Lazy], number: dict[int, int], split: set[int] = frozenset()
+         ) -> tuple[_Replay | None, list[int]]:
     """Runs the items, launching by their keys and scalars from `_compile_ahead` (`keyed`);
     returns what replays them on another graph of the same structure, whose walk finds
     `nodes` (numbered as `number`, id -> position, does; None if nothing can), and the
-    positions of the numbers its steps hold as code."""
+    positions of the numbers its steps hold as code. `split`: the ids of the graph's reduces
+    the scheduler split (stages.split_reduce), each now a reshape of its last stage."""
+    # a replay realizes such a reduce with its last stage's buffer, as this realize leaves it a
+    # view of that stage: other tensors of the step (a loss beside its gradients) read it
+    finals = {id(n.src[0]): number[id(n)] for n in nodes if id(n) in split
+              and n.op is GraphOp.VIEW and n.dtype == n.src[0].dtype and n.arg.is_contiguous}
     flags, recorder = settings.launch(), recording()
     start = time.perf_counter()
     steps: list[Step] | None = []
@@ -226,7 +232,7 @@ def _run(items: list[ScheduleItem], keyed: list[tuple[tuple, Scalars] | None],
                     traced=tuple((slot, *_reader(node, number[id(node)]))
                                  for slot, node in enumerate(scalars.nodes))))
                 made[id(root)] = len(steps) - 1
-                roots.append(number.get(id(root)))
+                roots.append(number.get(id(root), finals.get(id(root))))
         root.realize_as(buffer)
     _report(flags.debug, start, launched, {item.root.device for item in items})
     if steps is None:
@@ -331,12 +337,14 @@ def _realize(outs: list[Lazy]) -> None:
     if steps is not None:
         _replay(steps, nodes)
         return
+    reduces = [n for n in nodes if n.op is GraphOp.REDUCE]
     items = schedule(outs)
     limits.check_sizes([i.root for i in items],
                        lambda name: runtime.get(name).capabilities.max_buffer_bytes)
     number = {id(n): k for k, n in enumerate(nodes)}
     keyed = _compile_ahead(items, number)
-    steps, code = _run(items, keyed, nodes, number)
+    split = {id(n) for n in reduces if n.op is not GraphOp.REDUCE}
+    steps, code = _run(items, keyed, nodes, number, split)
     if steps is not None and code:
         code = list(dict.fromkeys(code))
         _replays[structure_key] = _ByValue(tuple(code))

@@ -19,10 +19,12 @@ from portkit import runtime, settings
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
+from portkit.abi.ops import Op
 from portkit.codegen.lower import check_dtypes, lower
+from portkit.codegen.plan import serial
 from portkit.graph import GraphOp, Lazy, gc_paused
-from portkit.schedule import limits, replay, search
-from portkit.schedule.fusion import ScheduleItem, schedule
+from portkit.schedule import limits, replay, search, stages
+from portkit.schedule.fusion import ScheduleItem, device_limits, schedule
 from portkit.schedule.keys import (
     Scalars,
     graph_key,
@@ -155,8 +157,9 @@ class _Replay(NamedTuple):
 
     steps: list[Step]
     loads: list[int]
-    roots: list[int | None]
+    roots: list[int | tuple[int, int] | None]    # (position, stage): a stage of a split reduce
     queue: Queue
+    chunk: int = stages.CHUNK       # the longest reduce stage, as the first realize split them
 
 
 def _run(items: list[ScheduleItem], keyed: list[tuple[tuple, Scalars] | None],
@@ -167,16 +170,17 @@ def _run(items: list[ScheduleItem], keyed: list[tuple[tuple, Scalars] | None],
     `nodes` (numbered as `number`, id -> position, does; None if nothing can), and the
     positions of the numbers its steps hold as code. `split`: the ids of the graph's reduces
     the scheduler split (stages.split_reduce), each now a reshape of its last stage."""
-    # a replay realizes such a reduce with its last stage's buffer, as this realize leaves it a
-    # view of that stage: other tensors of the step (a loss beside its gradients) read it
-    finals = {id(n.src[0]): number[id(n)] for n in nodes if id(n) in split
-              and n.op is GraphOp.VIEW and n.dtype == n.src[0].dtype and n.arg.is_contiguous}
+    # a replay splits such a reduce of its own graph the same way and realizes its stages with
+    # the buffers this realize stores for them: other tensors of the step (a loss beside its
+    # gradients) read them, as they read this realize's
+    parts = {id(stage): (number[id(n)], k) for n in nodes if id(n) in split
+             for k, stage in enumerate(_stages(n))}
     flags, recorder = settings.launch(), recording()
     start = time.perf_counter()
     steps: list[Step] | None = []
     made: dict[int, int] = {}       # id(root) -> its step
     loads: dict[int, int] = {}      # position of a realized input -> its index in table ARGS
-    roots: list[int | None] = []
+    roots: list[int | tuple[int, int] | None] = []
     code: list[int] = []
     launched = 0
     for item, found in zip(items, keyed):
@@ -232,14 +236,27 @@ def _run(items: list[ScheduleItem], keyed: list[tuple[tuple, Scalars] | None],
                     traced=tuple((slot, *_reader(node, number[id(node)]))
                                  for slot, node in enumerate(scalars.nodes))))
                 made[id(root)] = len(steps) - 1
-                roots.append(number.get(id(root), finals.get(id(root))))
+                roots.append(number.get(id(root), parts.get(id(root))))
         root.realize_as(buffer)
     _report(flags.debug, start, launched, {item.root.device for item in items})
     if steps is None:
         return None, code
     for step in steps:
         step.prepare()
-    return _Replay(steps, list(loads), roots, Queue()), code
+    chunk = stages.chunk(device_limits([item.root for item in items])[1])
+    return _Replay(steps, list(loads), roots, Queue(), chunk), code
+
+
+def _stages(node: Lazy) -> list[Lazy]:
+    """The reduces a reduce split by the scheduler became, its last stage first: a reshape
+    (and for a 16-bit sum a cast) of the last stage, which sums the first."""
+    while node.op is GraphOp.VIEW or node.op is Op.CAST:
+        node = node.src[0]
+    found = []
+    while node.op is GraphOp.REDUCE and len(found) < 2:
+        found.append(node)
+        node = node.src[0]
+    return found
 
 
 def _report(debug: int, start: float, launched: int, devices: set[str]) -> None:
@@ -309,8 +326,19 @@ def _replay(found: _Replay, nodes: list[Lazy]) -> None:
             recorder.launch(step.runtime.name, step.compiled, buffers, scalars, [])
     made = replay.run(found.steps, ([nodes[p].buffer for p in found.loads], (), None, ()), nodes,
                       report, flags, found.queue)
+    split: set[int] = set()
     for root, buffer in zip(found.roots, made):
-        if root is not None:
+        if isinstance(root, tuple):
+            position, stage = root
+            node = nodes[position]
+            if position not in split:
+                split.add(position)
+                stages.split_reduce(node, found.chunk,
+                                    not serial(runtime.get(node.device).capabilities))
+            found_stages = _stages(node)
+            if stage < len(found_stages):
+                found_stages[stage].realize_as(buffer)
+        elif root is not None:
             nodes[root].realize_as(buffer)
     if debug:
         _report(debug, start, sum(s.compiled is not None for s in found.steps),

@@ -114,3 +114,13 @@ def test_a_replay_realizes_a_split_reduce_that_other_tensors_read():
         exact = x.numpy().astype(np.float64).sum(-1)
         np.testing.assert_allclose(total.numpy(), exact, rtol=1e-5, atol=1e-3)
         np.testing.assert_allclose(doubled.numpy(), 2 * exact, rtol=1e-5, atol=2e-3)
+    for _ in range(3):      # a last stage fused into its one reader: the partial sums stay
+        x = Tensor(rng.standard_normal((4, 40_000)).astype(np.float32))
+        total = x.sum(-1)
+        (total * 2.0).realize()
+        left = [n for n in toposort([total.lazy], stop=lambda n: n.realized)
+                if n.op is GraphOp.REDUCE]
+        assert all(n.src[0].realized and np.prod([n.src[0].shape[a] for a in n.arg[1]]) < 100
+                   for n in left), "the whole row is summed again"
+        exact = x.numpy().astype(np.float64).sum(-1)
+        np.testing.assert_allclose(total.numpy(), exact, rtol=1e-5, atol=1e-3)

@@ -14,15 +14,18 @@ tested against. The pass shows at PORTKIT_DEBUG=3 as a LOCAL of T elements and B
 from __future__ import annotations
 
 from math import ceil, prod
+from typing import TYPE_CHECKING
 
 from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.lower import Lowerer, reduce_identity
-from portkit.codegen.plan import serial
+from portkit.codegen.plan import reduce_identity, serial
 from portkit.graph import GraphOp, Lazy, walk
-from portkit.symbolic import Bound, unravel
+from portkit.symbolic import unravel
+
+if TYPE_CHECKING:
+    from portkit.codegen.lower import Lowerer
 
 # A reduce of at least LEAST_TERMS terms per output into fewer outputs than UNIT_THREADS per
 # compute unit the device states (Capabilities.compute_units): more outputs fill the device with
@@ -92,11 +95,12 @@ def emit(lowerer: Lowerer, root: Lazy, reduce: Lazy, caps: Capabilities, out: in
     position = lowerer.new_var("r", 0, trips - 1, counter) * threads + lane
     inside = None
     if trips * threads != terms:
-        inside = b.add(Op.IF, None, (lowerer.condition((Bound(position, 0, terms),), None),))
+        inside = b.add(Op.IF, None, (b.alu(Op.CMPLT, lowerer.index(position),
+                                           lowerer.const(terms)),))
         lowerer.scopes.append({})
     at = unravel(group, reduce.shape)
-    for axis, value in zip(axes, unravel(position, sizes)):
-        at[axis] = value
+    for axis, along in zip(axes, unravel(position, sizes)):
+        at[axis] = along
     term, = (lowerer.terms(src, [at], [None], op is Op.ADD) if wide
              else lowerer.lower(src, [at], [None]))
     b.assign(acc, b.alu(op, acc, term))

@@ -49,6 +49,7 @@ from portkit.codegen.plan import (
     Plan,
     launch_shape,
     plan,
+    reduce_identity,
     register_block,
     serial,
     split,
@@ -88,13 +89,6 @@ SCALAR_VAR_DTYPES: dict[DType, DType] = {
     dtypes.int8: dtypes.int32, dtypes.int16: dtypes.int32, dtypes.uint8: dtypes.int32,
     dtypes.uint16: dtypes.int32}
 MAX_SCALARS = 16    # VARs per kernel; constants past these stay code
-
-
-def reduce_identity(op: Op, dtype: DType) -> float | int | bool:
-    """The value a reduction starts from: 0 for sums, 1 for products, the minimum for max."""
-    if op in (Op.ADD, Op.MUL):
-        return int(op is Op.MUL)
-    return float("-inf") if dtype.is_float else dtype.min
 
 
 class Lowerer:
@@ -494,16 +488,17 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if len(inputs) + 1 > caps.max_buffers:
         raise CapabilityError(f"kernel {name!r} needs {len(inputs) + 1} buffers but the device "
                               f"allows {caps.max_buffers}; the scheduler splits kernels to fit")
-    from portkit.codegen import groups, tune  # these build on this module
-    from portkit.codegen import mma as matrix
+    from portkit.codegen import groups as grouping
+    from portkit.codegen import mma as matrix  # these build on this module
     from portkit.codegen import pack as packing
     from portkit.codegen import tiles as staging
+    from portkit.codegen import tune
     on_unit = matrix.find(root, inputs, caps)
     contraction = None if on_unit else tune.contraction(root, inputs, caps)
     chosen = None if contraction is None else staging.choose(
         contraction, caps, local or tune.stored(caps, contraction))
     packed = None if chosen or on_unit else packing.find(root, inputs, caps)
-    grouped = None if chosen or packed or on_unit else groups.find(root, inputs, caps)
+    grouped = None if chosen or packed or on_unit else grouping.find(root, inputs, caps)
     limits, given = THREADED, root
     if serial(caps):
         limits = replace(SERIAL, registers=register_block(caps).accumulators
@@ -538,7 +533,7 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
     if packed:
         return packing.emit(lowerer, root, *packed, caps, out)
     if grouped:
-        return groups.emit(lowerer, root, grouped, caps, out)
+        return grouping.emit(lowerer, root, grouped, caps, out)
     flags = [n.src[2] for n in toposort([root], stop=lambda n: id(n) in lowerer.params)
              if n.op is GraphOp.GATHER and n.arg.code]
     if flags:

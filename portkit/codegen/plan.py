@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from math import ceil, isqrt, prod
 
 from portkit.abi.backend import Capabilities
+from portkit.abi.dtypes import DType
 from portkit.abi.ops import Op
 from portkit.graph import GraphOp, Lazy, walk
 from portkit.symbolic import Bound, Div, Lin, Mod, Var, bounds, const, ravel, unravel, var
@@ -89,6 +90,14 @@ _SHORT_ROW = 16
 # Fewer lanes than this along a row's vector axis (as many as divide the row's length) give
 # way to full-width tiles, the last one shifted back to end at the row's end (`Plan.shifted`).
 _FEW_LANES = 8
+
+
+def reduce_identity(op: Op, dtype: DType) -> float | int | bool:
+    """The value a reduction starts from: 0 for sums, 1 for products, the minimum for max."""
+    if op in (Op.ADD, Op.MUL):
+        return int(op is Op.MUL)
+    return float("-inf") if dtype.is_float else dtype.min
+
 
 def serial(caps: Capabilities) -> bool:
     """True for a device that runs one thread per workgroup best: its threads are loops."""

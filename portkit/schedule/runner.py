@@ -163,7 +163,7 @@ class _Replay(NamedTuple):
 
 
 def _run(items: list[ScheduleItem], keyed: list[tuple[tuple, Scalars] | None],
-         nodes: list[Lazy], number: dict[int, int], split: set[int] = frozenset()
+         nodes: list[Lazy], number: dict[int, int], split: frozenset[int] = frozenset()
          ) -> tuple[_Replay | None, list[int]]:
     """Runs the items, launching by their keys and scalars from `_compile_ahead` (`keyed`);
     returns what replays them on another graph of the same structure, whose walk finds
@@ -252,7 +252,7 @@ def _stages(node: Lazy) -> list[Lazy]:
     (and for a 16-bit sum a cast) of the last stage, which sums the first."""
     while node.op is GraphOp.VIEW or node.op is Op.CAST:
         node = node.src[0]
-    found = []
+    found: list[Lazy] = []
     while node.op is GraphOp.REDUCE and len(found) < 2:
         found.append(node)
         node = node.src[0]
@@ -371,7 +371,7 @@ def _realize(outs: list[Lazy]) -> None:
                        lambda name: runtime.get(name).capabilities.max_buffer_bytes)
     number = {id(n): k for k, n in enumerate(nodes)}
     keyed = _compile_ahead(items, number)
-    split = {id(n) for n in reduces if n.op is not GraphOp.REDUCE}
+    split = frozenset(id(n) for n in reduces if n.op is not GraphOp.REDUCE)
     steps, code = _run(items, keyed, nodes, number, split)
     if steps is not None and code:
         code = list(dict.fromkeys(code))

@@ -8,7 +8,7 @@ from math import ceil, prod
 from portkit import graph
 from portkit.abi import dtypes
 from portkit.abi.ops import Op
-from portkit.codegen.lower import reduce_identity
+from portkit.codegen.plan import reduce_identity
 from portkit.graph import GraphOp, Lazy
 
 # A reduce of at least _SPLIT_FROM elements per output, into fewer than _SPLIT_OUTPUTS outputs,

@@ -55,7 +55,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities) -> Lazy | None:
     reduce = reduces[0]
     src = reduce.src[0]
     if (prod(src.shape[a] for a in reduce.arg[1]) < LEAST_TERMS
-            or prod(root.shape) >= caps.compute_units * UNIT_THREADS or not _elementwise(root, reduce, params)):
+            or prod(root.shape) >= caps.compute_units * UNIT_THREADS
+            or not _elementwise(root, reduce, params)):
         return None
     return reduce
 

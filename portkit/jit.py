@@ -549,8 +549,8 @@ def _difference(before: Plan, after: Plan) -> str:
                "value, a loop count, a new tensor per call); jit only the part that does the "
                "same work every call")
     if len(before.steps) != len(after.steps):
-        return (f"{len(before.steps)} kernels, then {len(after.steps)} "
-                f"({_names(before)} / {_names(after)}): {control}")
+        return (f"{len(before.steps)} kernels, then {len(after.steps)}, "
+                f"{_parting(before, after)}: {control}")
     for k, (a, b) in enumerate(zip(before.steps, after.steps)):
         if (a.compiled is not b.compiled or a.copy_from is not b.copy_from
                 or a.sources != b.sources):
@@ -577,9 +577,15 @@ def _step_name(step: Step) -> str:
     return step.compiled.kernel.name
 
 
-def _names(plan: Plan) -> str:
-    names = [_step_name(s) for s in plan.steps]
-    return ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+def _parting(before: Plan, after: Plan) -> str:
+    """Where two calls' launches part: the launch that differs first, with the kernels each
+    call ran there (a few, then '...')."""
+    names = [[_step_name(s) for s in plan.steps] for plan in (before, after)]
+    k = next((k for k, (a, b) in enumerate(zip(*names)) if a != b), min(map(len, names)))
+    ran = [", ".join(n[k:k + 3]) + (", ..." if len(n) > k + 3 else "") or "nothing"
+           for n in names]
+    last = ", ".join(names[0][max(0, k - 2):k]) or "none"
+    return f"parting at launch {k} (after {last}): {ran[0]} / {ran[1]}"
 
 
 def jit(fn: Callable) -> Jit:

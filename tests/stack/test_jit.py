@@ -165,6 +165,24 @@ def test_a_graph_that_depends_on_the_data_is_refused():
         jitted(x)
 
 
+def test_calls_that_launch_more_kernels_are_refused_naming_where_they_part():
+    # a loop count kept in Python: one more kernel each call. The message names the first
+    # launch that differs (the two calls' first kernels were the same, and all it showed)
+    counts = iter(range(1, 10))
+
+    def f(x):
+        for _ in range(next(counts)):
+            x = (x * 2).realize()
+        return x.exp()
+    jitted = portkit.jit(f)
+    x = Tensor(np.ones(4, np.float32))
+    jitted(x)
+    jitted(x)
+    with pytest.raises(JitError, match=r"3 kernels, then 4, parting at launch 3 \(after "
+                                       r"e_4, e_4\): nothing / e_4"):
+        jitted(x)
+
+
 def test_a_number_kept_in_python_is_refused():
     count = [0]
 

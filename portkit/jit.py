@@ -549,8 +549,14 @@ def _difference(before: Plan, after: Plan) -> str:
                "value, a loop count, a new tensor per call); jit only the part that does the "
                "same work every call")
     if len(before.steps) != len(after.steps):
-        return (f"{len(before.steps)} kernels, then {len(after.steps)}, "
-                f"{_parting(before, after)}: {control}")
+        # where they part: the first launch that differs, and what each call ran there
+        names = [[_step_name(s) for s in plan.steps] for plan in (before, after)]
+        k = next((k for k, (a, b) in enumerate(zip(*names)) if a != b), min(map(len, names)))
+        ran = [", ".join(n[k:k + 3]) + (", ..." if len(n) > k + 3 else "") or "nothing"
+               for n in names]
+        last = ", ".join(names[0][max(0, k - 2):k]) or "none"
+        return (f"{len(before.steps)} kernels, then {len(after.steps)}, parting at launch {k} "
+                f"(after {last}): {ran[0]} / {ran[1]}: {control}")
     for k, (a, b) in enumerate(zip(before.steps, after.steps)):
         if (a.compiled is not b.compiled or a.copy_from is not b.copy_from
                 or a.sources != b.sources):
@@ -575,17 +581,6 @@ def _step_name(step: Step) -> str:
     if step.compiled is None:
         return f"copy {step.copy_from.name if step.copy_from else ''} -> {step.runtime.name}"
     return step.compiled.kernel.name
-
-
-def _parting(before: Plan, after: Plan) -> str:
-    """Where two calls' launches part: the launch that differs first, with the kernels each
-    call ran there (a few, then '...')."""
-    names = [[_step_name(s) for s in plan.steps] for plan in (before, after)]
-    k = next((k for k, (a, b) in enumerate(zip(*names)) if a != b), min(map(len, names)))
-    ran = [", ".join(n[k:k + 3]) + (", ..." if len(n) > k + 3 else "") or "nothing"
-           for n in names]
-    last = ", ".join(names[0][max(0, k - 2):k]) or "none"
-    return f"parting at launch {k} (after {last}): {ran[0]} / {ran[1]}"
 
 
 def jit(fn: Callable) -> Jit:

@@ -23,4 +23,5 @@ def capabilities() -> Capabilities:
         max_loop_trips=None,       # iterations a thread's loops may run in all, if limited
         max_name_length=62,        # longest kernel name your compiler and driver take
         max_scalars=None,          # scalar arguments one launch takes, if limited (Vulkan: 32)
+        compute_units=None,        # workgroups run at once (cores, SMs): codegen fills them
         device_name="{{ cookiecutter.name }} (blank starter: nothing implemented yet)")

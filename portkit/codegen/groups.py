@@ -20,7 +20,7 @@ from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
-from portkit.codegen.plan import reduce_identity, serial
+from portkit.codegen.plan import reduce_identity, serial, under_epilogue
 from portkit.graph import GraphOp, Lazy, walk
 from portkit.symbolic import unravel
 
@@ -40,7 +40,7 @@ MOST_THREADS = 256
 def find(root: Lazy, inputs: list[Lazy], caps: Capabilities) -> Lazy | None:
     """The one reduce of the kernel storing `root` where it takes a group per output: a device
     whose threads are lanes, with workgroup memory, that states its compute units; the reduce
-    the only one in the kernel, with only elementwise ops and reshapes between it and `root`, no
+    the only one in the kernel, `root` an elementwise function of it (plan.under_epilogue), no
     gather's fault flag, LEAST_TERMS terms or more per output and fewer outputs than
     UNIT_THREADS per unit. Else None."""
     if (serial(caps) or caps.compute_units is None or caps.max_block_threads < 32
@@ -49,30 +49,13 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities) -> Lazy | None:
     params = {id(x) for x in inputs}
     nodes = walk([root], stop=lambda n: id(n) in params).order
     reduces = [n for n in nodes if n.op is GraphOp.REDUCE]
-    if (len(reduces) != 1 or prod(reduces[0].shape) != prod(root.shape)
-            or any(n.op is GraphOp.GATHER and n.arg.code for n in nodes)):
-        return None
-    reduce = reduces[0]
-    src = reduce.src[0]
-    if (prod(src.shape[a] for a in reduce.arg[1]) < LEAST_TERMS
-            or prod(root.shape) >= caps.compute_units * UNIT_THREADS
-            or not _elementwise(root, reduce, params)):
+    reduce = under_epilogue(root, params)
+    if (len(reduces) != 1 or reduce is not reduces[0]
+            or any(n.op is GraphOp.GATHER and n.arg.code for n in nodes)
+            or prod(reduce.src[0].shape[a] for a in reduce.arg[1]) < LEAST_TERMS
+            or prod(root.shape) >= caps.compute_units * UNIT_THREADS):
         return None
     return reduce
-
-
-def _elementwise(root: Lazy, reduce: Lazy, params: set[int]) -> bool:
-    """Whether every path from `root` down to `reduce` passes elementwise ops and reshapes
-    alone, so that the epilogue reads the reduce at its own output's position."""
-    reaching = {id(reduce)}
-    for node in walk([root], stop=lambda n: id(n) in params or n is reduce).order:
-        if any(id(s) in reaching for s in node.src):
-            if node.op in (GraphOp.GATHER, GraphOp.REDUCE) or node.op is GraphOp.VIEW and not (
-                    len(node.arg.views) == 1 and node.arg.views[0].is_contiguous
-                    and prod(node.shape) == prod(node.src[0].shape)):
-                return False
-            reaching.add(id(node))
-    return True
 
 
 def emit(lowerer: Lowerer, root: Lazy, reduce: Lazy, caps: Capabilities, out: int) -> Kernel:

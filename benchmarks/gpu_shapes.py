@@ -12,13 +12,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import io
-import os
-import re
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,36 +23,19 @@ from portkit import runtime
 from portkit.tensor import Tensor
 
 sys.path.insert(0, str(Path(__file__).parent))
-LAUNCH = re.compile(r"portkit: (\S+)\s+grid (\(.*?\)) block (\(.*?\))\s+([\d.]+) ms")
+from bench import median_seconds  # beside this file
+from models import debug_launches
+
 RNG = np.random.default_rng(0)
 
 
-def kernels(fn) -> list[tuple[str, str, str, float]]:
-    """(name, grid, block, ms) of every launch of one call of `fn`."""
-    lines = io.StringIO()
-    os.environ["PORTKIT_DEBUG"] = "2"
-    try:
-        with contextlib.redirect_stderr(lines):
-            fn()
-    finally:
-        del os.environ["PORTKIT_DEBUG"]
-    return [(n, g, b, float(ms)) for n, g, b, ms in LAUNCH.findall(lines.getvalue())]
-
-
 def median_ms(fn, wait, repeat: int = 20) -> float:
-    fn()
-    wait()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        wait()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    """Median milliseconds of fn() and the wait for its device, as bench.py times a call."""
+    return median_seconds(lambda: (fn(), wait()), repeat) * 1e3
 
 
 def line(label: str, ours, theirs, flops: float, sync, tsync) -> None:
-    wall, launches = median_ms(ours, sync), kernels(ours)
+    wall, launches = median_ms(ours, sync), debug_launches(ours)
     kernel_ms = sum(k[3] for k in launches)
     print(f"{label}: {wall:.3f} | {kernel_ms:.3f} | {median_ms(theirs, tsync):.3f} | "
           f"{flops / kernel_ms / 1e6:,.0f} GFLOP/s  {launches}", flush=True)
@@ -121,7 +99,7 @@ def zoo_kernels(device: str, models: list[str], sync) -> None:
             return model(**feeds)
         call()
         print(f"{name}: call {median_ms(call, sync, 7):.2f} ms")
-        runs = [kernels(call) for _ in range(3)]
+        runs = [debug_launches(call) for _ in range(3)]
         shapes = {n: (g, b) for n, g, b, _ in runs[0]}
         counts = collections.Counter(n for n, *_ in runs[0])
         totals = collections.defaultdict(list)

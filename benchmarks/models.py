@@ -41,7 +41,21 @@ import zoo
 # the cores from the next peer's threads: right after onnxruntime, portkit's call took twice
 # the CPU time. Each call starts this long after the last one stopped (bench.py's SETTLE).
 SETTLE = 0.3
-_LAUNCH = re.compile(r"portkit: (\S+)\s+grid (\(.*?\)) block \(.*?\)\s+([\d.]+) ms")
+_LAUNCH = re.compile(r"portkit: (\S+)\s+grid (\(.*?\)) block (\(.*?\))\s+([\d.]+) ms")
+
+
+def debug_launches(fn) -> list[tuple[str, str, str, float]]:
+    """(kernel, grid, block, ms) of every launch that fn() makes, read from PORTKIT_DEBUG=2's
+    lines."""
+    lines = io.StringIO()
+    os.environ["PORTKIT_DEBUG"] = "2"
+    try:
+        with contextlib.redirect_stderr(lines):
+            fn()
+    finally:
+        del os.environ["PORTKIT_DEBUG"]
+    return [(name, grid, block, float(ms))
+            for name, grid, block, ms in _LAUNCH.findall(lines.getvalue())]
 
 
 def exports() -> Path:
@@ -76,19 +90,15 @@ def slowest_kernels(model, feeds: dict, backend: str, count: int = 5) -> list[di
     from portkit import schedule
     from portkit.tensor import Tensor
 
-    lines = io.StringIO()
-    os.environ["PORTKIT_DEBUG"] = "2"
-    try:
-        with contextlib.redirect_stderr(lines):
-            outs = list(model(**{k: Tensor(v, device=backend) for k, v in feeds.items()})
-                        .values())
-            items = [i for i in schedule.schedule([o.lazy for o in outs])
-                     if not i.is_copy and i.root.size > 0]
-            planned = [(schedule.lower_item(i).name, kernel_flops(i)) for i in items]
-            schedule.realize([o.lazy for o in outs])
-    finally:
-        del os.environ["PORTKIT_DEBUG"]
-    launches = [(name, grid, float(ms)) for name, grid, ms in _LAUNCH.findall(lines.getvalue())]
+    planned: list[tuple[str, int | None]] = []
+
+    def call() -> None:
+        outs = list(model(**{k: Tensor(v, device=backend) for k, v in feeds.items()}).values())
+        items = [i for i in schedule.schedule([o.lazy for o in outs])
+                 if not i.is_copy and i.root.size > 0]
+        planned.extend((schedule.lower_item(i).name, kernel_flops(i)) for i in items)
+        schedule.realize([o.lazy for o in outs])
+    launches = [(name, grid, ms) for name, grid, _, ms in debug_launches(call)]
     flops: list[int | None] = [None] * len(launches)
     tail = launches[len(launches) - len(planned):] if planned else []
     if [name for name, _, _ in tail] == [name for name, _ in planned]:

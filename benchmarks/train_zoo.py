@@ -22,7 +22,6 @@ name, the top five with their share of the step's kernel time.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import multiprocessing
 import os
@@ -32,7 +31,6 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from contextlib import redirect_stderr
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,18 +46,11 @@ def _wait(loss) -> float:
 def kernel_profile(step, count: int = 5) -> list[dict]:
     """One call of `step` under PORTKIT_DEBUG=2: launch times summed per kernel name, the
     `count` largest with their share of all the step's kernel time."""
-    from models import _LAUNCH  # the inference zoo's parser of PORTKIT_DEBUG=2 lines
+    from models import debug_launches  # the inference zoo's reader of PORTKIT_DEBUG=2 lines
 
-    lines = io.StringIO()
-    os.environ["PORTKIT_DEBUG"] = "2"
-    try:
-        with redirect_stderr(lines):
-            _wait(step())
-    finally:
-        del os.environ["PORTKIT_DEBUG"]
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for name, _, ms in _LAUNCH.findall(lines.getvalue()):
-        totals[name][0] += float(ms)
+    for name, _, _, ms in debug_launches(lambda: _wait(step())):
+        totals[name][0] += ms
         totals[name][1] += 1
     whole = sum(ms for ms, _ in totals.values()) or 1.0
     top = sorted(totals.items(), key=lambda item: -item[1][0])[:count]

@@ -44,13 +44,21 @@ def _pragma_loops(source: str) -> list[str]:
     return re.findall(re.escape(PRAGMA) + r"\n\s*(for \(.*)", source)
 
 
-def test_a_padded_silu_row_is_vectorized_with_its_tail_masked():
-    x, bias = _floats(1, 24, 14, 14), _floats(1, 24, 1, 1, seed=1)
+def _check_padded_row_masked(channels: int, side: int) -> np.ndarray:
+    """SiLU(x + bias) on a side x side map, padded by PADS: its loop over a row's unpadded
+    columns (2 to side + 2) is asked for vectors with its tail masked, and the values are
+    right; returns the bias."""
+    x, bias = _floats(1, channels, side, side), _floats(1, channels, 1, 1, seed=1)
     ours, expected = _silu(x, bias)
     padded = ours.pad(PADS)
     headers = _pragma_loops(_source(padded))
-    assert any(re.search(r"= 2; \w+ < 16;", h) for h in headers), headers
+    assert any(re.search(rf"= 2; \w+ < {side + 2};", h) for h in headers), headers
     np.testing.assert_allclose(padded.numpy(), np.pad(expected, PADS), rtol=2e-6, atol=1e-7)
+    return bias
+
+
+def test_a_padded_silu_row_is_vectorized_with_its_tail_masked():
+    _check_padded_row_masked(24, 14)
 
 
 def _mean_kernel(channels: int):
@@ -107,12 +115,7 @@ def test_a_short_loop_of_strided_loads_is_left_to_the_compiler():
 def test_a_row_with_a_tail_is_vectorized_with_its_tail_masked():
     # a 28-wide row of SiLU: one 16-lane step and a masked one, not 12 scalar exponentials;
     # rows that 16 lanes divide are left to the compiler
-    x, bias = _floats(1, 8, 28, 28), _floats(1, 8, 1, 1, seed=1)
-    ours, expected = _silu(x, bias)
-    padded = ours.pad(PADS)
-    headers = _pragma_loops(_source(padded))
-    assert any(re.search(r"= 2; \w+ < 30;", h) for h in headers), headers
-    np.testing.assert_allclose(padded.numpy(), np.pad(expected, PADS), rtol=2e-6, atol=1e-7)
+    bias = _check_padded_row_masked(8, 28)
     wide, _ = _silu(_floats(1, 8, 28, 32), bias)
     assert _pragma_loops(_source(wide)) == []
 

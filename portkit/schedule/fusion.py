@@ -54,6 +54,11 @@ def _unrealized(outs: list[Lazy]) -> list[Lazy]:
     return graph.toposort(outs, stop=lambda node: node.realized)
 
 
+def split_reduce(node: Lazy, chunk: int) -> bool:
+    """stages.split_reduce for `node`'s device: its partial sums interleave on hardware lanes."""
+    return stages.split_reduce(node, chunk, not serial(runtime.get(node.device).capabilities))
+
+
 def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
                     max_loop_trips: int | None = None) -> list[ScheduleItem]:
     """The kernels that realize `outs`, in the order they must run, on devices that allow
@@ -61,8 +66,7 @@ def create_schedule(outs: list[Lazy], max_buffers: int | None = None,
     order = _unrealized(outs)
     chunk = stages.chunk(max_loop_trips)
     # every long reduce is split first (its parts may split again), then the graph is sorted
-    while [n for n in order if n.op is GraphOp.REDUCE and stages.split_reduce(
-            n, chunk, not serial(runtime.get(n.device).capabilities))]:
+    while [n for n in order if n.op is GraphOp.REDUCE and split_reduce(n, chunk)]:
         order = _unrealized(outs)
     # on a device whose threads are loops, a convolution reads a padded copy (codegen/pads.py)
     copies = {id(p) for n in order if n.op is GraphOp.VIEW and serial(

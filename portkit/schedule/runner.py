@@ -21,10 +21,9 @@ from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.codegen.lower import check_dtypes, lower
-from portkit.codegen.plan import serial
 from portkit.graph import GraphOp, Lazy, gc_paused
 from portkit.schedule import limits, replay, search, stages
-from portkit.schedule.fusion import ScheduleItem, device_limits, schedule
+from portkit.schedule.fusion import ScheduleItem, device_limits, schedule, split_reduce
 from portkit.schedule.keys import (
     Scalars,
     graph_key,
@@ -326,15 +325,14 @@ def _replay(found: _Replay, nodes: list[Lazy]) -> None:
             recorder.launch(step.runtime.name, step.compiled, buffers, scalars, [])
     made = replay.run(found.steps, ([nodes[p].buffer for p in found.loads], (), None, ()), nodes,
                       report, flags, found.queue)
-    split: set[int] = set()
+    resplit: set[int] = set()
     for root, buffer in zip(found.roots, made):
         if isinstance(root, tuple):
             position, stage = root
             node = nodes[position]
-            if position not in split:
-                split.add(position)
-                stages.split_reduce(node, found.chunk,
-                                    not serial(runtime.get(node.device).capabilities))
+            if position not in resplit:
+                resplit.add(position)
+                split_reduce(node, found.chunk)
             found_stages = _stages(node)
             if stage < len(found_stages):
                 found_stages[stage].realize_as(buffer)

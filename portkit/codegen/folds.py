@@ -96,3 +96,16 @@ def continued(reader: Lazy, other: Lazy, axis: int, inputs: list[Lazy], outputs:
         folded.insert(0, before)
         span *= reader.shape[before]
     return tuple(folded)
+
+
+def batch_rows(found: Contraction, inputs: list[Lazy], rows: int) -> Contraction:
+    """`found` with the batch axes B ignores folded into m, outermost, where m already folds
+    short output rows and is shorter than `rows`: a conv over a batch of small maps."""
+    shape = found.reduce.src[0].shape
+    if found.sizes[0] >= rows or not found.fold or found.k_fold:
+        return found
+    taken = {*found.m_axes, *found.n_axes, *found.k_axes}
+    batch = [a for a, size in enumerate(shape) if size > 1 and a not in taken]
+    if not batch or any(any(load_steps(found.right, inputs, f"o{a}")) for a in batch):
+        return found
+    return replace(found, fold=(*batch, *found.fold))

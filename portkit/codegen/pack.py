@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from itertools import product
 from math import ceil, prod
 
@@ -48,7 +47,17 @@ from portkit.abi.backend import Capabilities
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
 from portkit.codegen import folds
+from portkit.codegen.blocking import (
+    BLOCKS,
+    Packing,
+    blocks_per_group,
+    evaluation_cost,
+    one_block,
+    rows_per_block,
+    spanned,
+)
 from portkit.codegen.plan import (
+    HOT_BYTES,
     SERIAL,
     Limits,
     load_steps,
@@ -63,36 +72,10 @@ from portkit.symbolic import Bound, Lin, const, ravel, unravel
 # K elements per panel, at most: 256 x 32 float32 is 32 KiB, which stays in L1 (48 KiB on the
 # 2-core AVX-512 Xeon measured, where 256 ran matmul 1024 at 1.2x the speed of 128).
 DEPTH = 256
-# Register blocks per workgroup along m, at most: more reuse one B panel more often (copying
-# the panels cost a quarter of matmul 1024's time at 8; 32 ran it at 1.5-2x the speed of 8),
-# fewer give more workgroups to share among cores.
-_BLOCKS = 32
 _MIN_GROUPS = 16     # enough workgroups to keep a few cores busy and balanced
 _MIN_WORK = 1 << 15  # smaller matmuls (m * n * k) keep the untiled lowering
 _GROUP_WORK = 1 << 17   # multiply-adds worth a workgroup of their own (tens of microseconds)
 _L1_WAY = 4096          # bytes: addresses this far apart share an L1 set (x86's 32-48 KiB)
-
-
-@dataclass(frozen=True)
-class Packing:
-    """The blocking of one packed matmul: register rows and columns, register blocks per
-    workgroup along m, and K elements per panel."""
-
-    rows: int
-    width: int
-    blocks: int
-    depth: int
-    spans: int = 1          # panels along n per workgroup (one depth block only)
-    packed_a: bool = False  # A's block computed once per group and depth block into LOCAL
-    summed: bool = True     # several depth blocks: running sums in LOCAL
-    along_k: bool = False   # the staged A is [row][k] (A steps by 1 along k), else [k][row]
-    taps: tuple[int, ...] = ()  # k's inner sizes, each walked as a loop (a conv's kh, kw)
-
-    def local_bytes(self, itemsize: int) -> int:
-        staged = self.depth * self.rows * self.blocks if self.packed_a else 0
-        # running sums for every block, or one register block's sums (one depth block)
-        sums = self.rows * (self.blocks if self.summed else 1) * self.width
-        return (self.depth * self.width + staged + sums) * itemsize
 
 
 def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
@@ -110,12 +93,13 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     if reduce is None or found is None:
         return None
     if folds.taps(found, inputs, DEPTH) and reduce.src[0].shape[found.m] % limits.reuse == 0:
-        # a conv walked by taps folds rows until a group can take _BLOCKS register blocks, as
+        # a conv walked by taps folds rows until a group can take BLOCKS register blocks, as
         # B's panel copy costs about 32 rows' multiply-adds (one thread, AVX-512: a 56-wide
         # row a group ran 64 -> 128 channels at 70 GFLOP/s, four rows at 87); where the
         # register rows do not divide the row (AVX2's 3 on 56) it keeps its remainder block
-        found = match(reduce, inputs, rows=limits.reuse * _BLOCKS, depths=True) or found
+        found = match(reduce, inputs, rows=limits.reuse * BLOCKS, depths=True) or found
     found, flat = folds.flatten(found, inputs, limits.vector)
+    found = folds.batch_rows(found, inputs, limits.reuse * BLOCKS)
     m, n, k = found.sizes
     if m * n * k < _MIN_WORK or n < limits.vector // 4:
         return None
@@ -136,7 +120,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # ran at 1.3-1.4x its 8 x 32 on AVX2.
     # (an m that A reads as one axis, `flat`, has no short rows)
     short_rows = found.fold and not found.k_fold and not flat
-    rows = _rows(found, max(limits.reuse, SERIAL.reuse) if short_rows else limits.reuse, m,
+    rows = rows_per_block(found, max(limits.reuse, SERIAL.reuse) if short_rows else limits.reuse, m,
                  flat)
     taps = folds.taps(found, inputs, DEPTH)
     if short_rows and taps:
@@ -144,7 +128,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         # win (AVX2, one thread: 2 x 32 ran a 3x3 conv on 28 x 28 at 1.4x 7 x 32's speed, one
         # of stride 2 onto 28 x 28 at 1.5x), with SERIAL's rows in narrower blocks where few
         # of the registers' rows divide the row (7 x 8 ran a 7 x 7 map at 1.6x 7 x 32's)
-        fitting = _rows(found, limits.reuse, m)
+        fitting = rows_per_block(found, limits.reuse, m)
         if 2 * fitting > limits.reuse:
             rows = fitting
         while rows * width > limits.accumulators and width > limits.vector // 4:
@@ -162,32 +146,31 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # takes all of m's blocks, and panels narrow to half the block's width (16 float32) where
     # that leaves fewer groups than wanted (16-wide ran as fast as 32-wide, 8-wide 1.2-1.3x
     # slower: AVX-512, one thread)
-    need = _evaluation_cost(found.right, {id(x) for x in inputs})
+    need = evaluation_cost(found.right, {id(x) for x in inputs})
     costly = need > 1 or bool(found.n_fold) and n % width != 0
-    whole = max(_blocks(tiles, rows, m, True))  # all of m's blocks, up to 32
+    whole = max(blocks_per_group(tiles, rows, m, True))  # all of m's blocks, up to 32
     while costly and width > limits.vector // 2 and \
             batch * ceil(n / width) * (tiles // whole) < wanted:
         width //= 2
     panels = ceil(n / width)
     itemsize = found.accumulate.itemsize
     if k <= DEPTH:
-        packing = _one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k, taps=taps),
+        packing = one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k, taps=taps),
                              tiles, panels, batch, (need, costly), folded_k)
         return None if packing is None else (found, packing)
     # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
     # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
     # then register blocks come first (the staged block repays more rows), depth second
-    staged = folded_k or _evaluation_cost(found.left, {id(x) for x in inputs}) > 1
+    staged = folded_k or evaluation_cost(found.left, {id(x) for x in inputs}) > 1
     choices = [(most, blocks) for most in (DEPTH, DEPTH // 2, DEPTH // 4)
-               for blocks in sorted(_blocks(tiles, rows, m, staged), reverse=True)]
+               for blocks in sorted(blocks_per_group(tiles, rows, m, staged), reverse=True)]
     if staged:
         choices.sort(key=lambda choice: -choice[1])
     # where no blocking leaves `wanted` groups, the fallback is the fewest blocks per group,
     # as many groups as there are: one block, unless B's copy is costly (above)
     counts = sorted({blocks for _, blocks in choices})
     fallback = counts[-1] if costly else 1
-    # else the deepest panel, then the most register blocks per group that divide m's,
-    # leave enough groups, and fit the device's workgroup memory
+    packings = []
     for most, blocks in choices:
         # with taps, a depth block holds whole windows: `per` channels times every tap, a
         # divisor of the channels where one fills half the block (64 channels of 3x3 taps:
@@ -196,92 +179,18 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         fit = max(1, most // unit)
         per = max(d for d in range(1, fit + 1) if channels % d == 0) if taps else 0
         per = per if 2 * per >= fit else ceil(channels / ceil(channels / fit))
-        packing = Packing(rows, width, blocks, per * unit, packed_a=staged,
-                          along_k=found.contiguous_k[0] or folded_k, taps=taps)
-        enough = batch * panels * (tiles // blocks) >= wanted or blocks in (fallback, 1)
-        if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
-            return found, packing
-    return None
-
-
-def _rows(found: Contraction, reuse: int, m: int, flat: bool = False) -> int:
-    """Register rows per block: the most, up to `reuse`, that divide m's last axis (A is read
-    in place, ungated, and a block of a folded m stays within one output row), or all of m for
-    a sum over several axes (its staged A is read flat) or an m that A reads as one axis
-    (`flat`, folds.py `flatten`); or `reuse` with a remainder block
-    where m is one axis that no more than reuse // 2 rows divide (ViT's 197 tokens: 8-row
-    blocks, the last group shifted back to end at m, instead of 1-row blocks), or whose
-    blocks fit one group and recompute at most a sixteenth of its rows (a 56-wide conv row in
-    3-row blocks: 19 blocks, one row twice, instead of 28 2-row blocks, at 1.5x the speed on
-    AVX2)."""
-    row = m if found.k_fold or flat else found.reduce.src[0].shape[found.m]
-    rows = max(d for d in range(1, reuse + 1) if row % d == 0)
-    if (found.fold and not flat) or found.k_fold or not rows < reuse <= row:
-        return rows
-    # a longer m is split among groups by the divisors of its block count, which a remainder
-    # leaves few of (256 rows in 3s: 86 blocks, 2 per group at most, where 2 x 32 blocks ran
-    # matmul 256 at 1.7x the speed)
-    few = 16 * (reuse - row % reuse) <= row and ceil(row / reuse) <= _BLOCKS
-    return reuse if 2 * rows <= reuse or few else rows
-
-
-def _blocks(tiles: int, rows: int, m: int, staged: bool) -> list[int]:
-    """Register blocks per workgroup along m: those that divide the blocks m needs; with A
-    staged per group (whose last group is shifted back whole), those that span no more
-    than m."""
-    return [d for d in range(1, _BLOCKS + 1) if tiles % d == 0 and (
-        not staged or m % rows == 0 or d * rows <= m)]
-
-
-def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
-               wanted: int, base: Packing, tiles: int, panels: int, batch: int,
-               copy: tuple[int, bool] = (1, False), staged: bool = False) -> Packing | None:
-    """The packing of a reduce that fits one depth block (a weight gradient: K is the batch).
-    Its A block is worth computing once per group into LOCAL when A is more than a load (the
-    MLP's relu gradient, a softmax's): a group then spans several panels along n. The blocking
-    minimizes the operands' evaluations, each weighted by its ops, A's once per group along
-    n, B's once per group along m, over those that fit and leave `wanted` groups or, where
-    B's copy is costly, span one panel; `copy`: B's ops and whether its copy is costly;
-    `staged`: A is staged whatever it costs."""
-    m, n = found.sizes[:2]
-    need, costly = copy
-    cost = max(_evaluation_cost(found.left, {id(x) for x in inputs}), 2 if staged else 1)
-    itemsize = found.accumulate.itemsize
-    best: Packing | None = None
-    best_cost: tuple[int, int, int] | None = None
-    for blocks in _blocks(tiles, base.rows, m, cost > 1):
-        # a plain load of A is read in place, as in the deeper matmuls: one panel per group
-        for spans in (d for d in range(1, panels + 1) if panels % d == 0 and cost > 1 or d == 1):
-            packed_a = cost > 1
-            packing = Packing(base.rows, base.width, blocks, base.depth, spans, packed_a,
-                              summed=False, along_k=found.contiguous_k[0] or staged,
-                              taps=base.taps)
-            groups = batch * (tiles // blocks) * (panels // spans)
-            if groups < wanted and (blocks, spans) != (1, 1) and (not costly or spans > 1):
-                continue
-            if packing.local_bytes(itemsize) > caps.local_memory_bytes:
-                continue
-            total = cost * (panels // spans) * m + need * (tiles // blocks) * n
-            # ties: more groups (cores), then more blocks per group (fewer loops)
-            if best_cost is None or (total, -groups, -blocks) < best_cost:
-                best, best_cost = packing, (total, -groups, -blocks)
-    return best
-
-
-def _evaluation_cost(node: Lazy, params: set[int]) -> int:
-    """What computing one element of `node` costs, roughly: its loads and ops."""
-    seen: set[int] = set()
-    stack, cost = [node], 0
-    while stack:
-        x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if id(x) in params or x.op is GraphOp.LOAD or isinstance(x.op, Op):
-            cost += 1
-        if id(x) not in params:
-            stack.extend(x.src)
-    return max(cost, 1)
+        packings.append(Packing(rows, width, blocks, per * unit, packed_a=staged,
+                                along_k=found.contiguous_k[0] or folded_k, taps=taps))
+    # the deepest panel, then the most register blocks per group that divide m's, leave
+    # enough groups, and fit the device's workgroup memory (at most HOT_BYTES of it)
+    chosen = next((packing for packing in packings if (
+        batch * panels * (tiles // packing.blocks) >= wanted or packing.blocks in (fallback, 1))
+        and packing.local_bytes(itemsize) <= min(caps.local_memory_bytes, HOT_BYTES)), None)
+    if folded_k:
+        # or, for a weight gradient, groups of several panels where they evaluate less
+        chosen = spanned(packings, found, inputs, caps, wanted, (tiles, panels, batch), need,
+                         chosen) or chosen
+    return None if chosen is None else (found, chosen)
 
 
 def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabilities,
@@ -304,7 +213,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     group_node = b.alu(Op.MOD, b.special("group", 0), lowerer.const(groups))
     group = lowerer.new_var("g", 0, groups - 1, group_node)
     *batch_idx, tile_m, tile_n = unravel(group, grid_shape)
-    # Where `rows` does not divide m (a remainder block, `_rows`), the last block starts at
+    # Where `rows` does not divide m (a remainder block, `rows_per_block`), the last block starts at
     # m - rows instead, so that A's rows stay in place and ungated, and stores only the rows
     # the block before it did not; with A staged per group, the last group is shifted so.
     remainder = m_size % p.rows != 0
@@ -374,9 +283,9 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     # unrolled, each with its own copy of the epilogue, were most of a 1x1 conv's C and 40%
     # of its compile
     single = k_size <= p.depth
-    sums = b.local(wide, (p.rows if single else across) * p.width)
+    sums = b.local(wide, (p.rows if single else across * p.spans) * p.width)
     if not single:
-        with _loop(lowerer, "z", across * p.width) as z:
+        with _loop(lowerer, "z", across * p.spans * p.width) as z:
             b.store(sums, lowerer.index(z), zero)
     # a sum over several axes walks a depth block as (runs, run) loops, a run being the last
     # k axis (an output row), where runs fit the block whole: an operand's position is then
@@ -479,6 +388,13 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 accs = [b.acc(zero) for _ in range(p.rows * p.width)]
                 first = first_row(t)
                 row0 = first[0]
+                if found.fold and not p.packed_a:
+                    # the rows' places along a folded m (an image, an output row) are worked
+                    # out once per block, outside its multiply-add loop
+                    for r in range(p.rows):
+                        for axis, value in enumerate(at(row0 + r, const(0), const(0))):
+                            if axis in found.m_axes:
+                                lowerer.index(value)
                 for kk, k in walk("kk"):
                     if p.packed_a:
                         lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, kk)))
@@ -501,8 +417,8 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                         b.store(sums, lowerer.index(z), zero)
                 for acc, (r, col) in zip(accs, product(range(p.rows), range(p.width))):
                     # this register block's sums, or the running sums of every block
-                    where = lowerer.index(const(r * p.width + col) if single
-                                          else (t * p.rows + r) * p.width + col)
+                    where = lowerer.index(const(r * p.width + col) if single else
+                                          ((span * p.blocks + t) * p.rows + r) * p.width + col)
                     b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
                 if single:
                     with _loop(lowerer, "mr", p.rows) as row, \
@@ -513,11 +429,11 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         # the sums are in LOCAL, not registers: a loop over rows and columns stores them (one
         # store per element of the block, unrolled, was 40 kB of a 3x3 conv's C and half its
         # compile time)
-        column0 = tile_n * p.width
-        with _loop(lowerer, "mo", p.blocks) as t:
+        with _spans(lowerer, p.spans) as span, _loop(lowerer, "mo", p.blocks) as t:
+            column0 = (tile_n * p.spans + span) * p.width
             first = first_row(t)
             with _loop(lowerer, "mr", p.rows) as row, _loop(lowerer, "mc", p.width) as column:
-                where = lowerer.index((t * p.rows + row) * p.width + column)
+                where = lowerer.index(((span * p.blocks + t) * p.rows + row) * p.width + column)
                 write(t, row, column0 + column, b.load(sums, where), first)
     return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
 

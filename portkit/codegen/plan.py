@@ -48,6 +48,11 @@ class Limits:
 
 SERIAL = Limits(vector=32, reuse=8, unroll=16, accumulators=256, gather=16, compiler_lanes=True)
 THREADED = Limits(vector=4, reuse=4, unroll=4, accumulators=16)
+# A lowering on a device whose threads are loops (a CPU) keeps the blocks it stages in LOCAL
+# (packed panels, a staged operand, running sums; codegen/pack.py and stages.py) within this
+# many bytes, about an L1 data cache, whatever more the device allows; only a weight
+# gradient's running sums for the several panels a group spans take more (an L2's worth).
+HOT_BYTES = 64 * 1024
 # A packed matmul's register block (codegen/pack.py) takes all of a device's vector registers
 # but these: B's vectors and A's broadcast value use the rest (an x86 FMA also reads one
 # operand from memory) ...

@@ -51,9 +51,9 @@ def test_a_conv_on_a_device_whose_threads_are_loops_is_a_packed_matmul():
     assert found is not None, "the conv's sum is not seen as a matmul"
     contraction, _ = found
     shape = contraction.reduce.src[0].shape
-    # M runs along the output row (and, the row being under 32 wide, over the 12 rows), N
-    # over the output channels, K over 16 channels x 3 x 3
-    assert contraction.sizes == (12 * 16, 32, 16 * 9) and shape[contraction.m] == 16
+    # M runs along the output row (and, the row being under 32 wide, over the 12 rows and,
+    # those being few, the 2 images), N over the output channels, K over 16 channels x 3 x 3
+    assert contraction.sizes == (2 * 12 * 16, 32, 16 * 9) and shape[contraction.m] == 16
     ops = [n.op for n in lower(item.root, item.inputs, LOOPS).nodes]
     assert Op.LOCAL in ops and Op.MULACC in ops
 

@@ -2,7 +2,9 @@
 
 C has every compute op, and float16 and bfloat16 are emulated in float (renderer.py), so every
 dtype and op is native. The limits are generous rather than hardware facts: a workgroup's
-threads are a loop (split at each barrier), and workgroup memory is a stack array. The vector
+threads are a loop (split at each barrier), and workgroup memory is a stack array of up to
+1 MiB (an L2's worth: codegen keeps its hot blocks within 64 KiB of it, and only a weight
+gradient's running sums take more; codegen/plan.py HOT_BYTES). The vector
 registers are the host's, read from its feature flags: codegen sizes its register blocks to them.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ def capabilities(compiler: CPUCompiler, index: int = 0) -> Capabilities:
     return Capabilities(
         dtypes=frozenset(dtypes.ALL), ops=frozenset(COMPUTE), max_block_threads=1024,
         max_block=(1024, 1024, 64), max_grid=(2**31 - 1, 65535, 65535),
-        local_memory_bytes=64 * 1024, max_buffers=64, denormals="preserve",
+        local_memory_bytes=1024 * 1024, max_buffers=64, denormals="preserve",
         threads_are_loops=True,
         max_loop_trips=None, max_name_length=None,   # C compilers limit neither
         vector_registers=vector_registers(cpu_flags()),

@@ -241,11 +241,17 @@ void pk_pool_start(int32_t threads) {
   if (atomic_flag_test_and_set(&started))
     return;
   pthread_atfork(NULL, NULL, forget_workers);
+  /* a workgroup's LOCAL memory is an array on its thread's stack (up to 1 MiB): 8 MiB each,
+     as Linux's main thread has, where macOS gives a new thread 512 KiB */
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 8 << 20);
   for (int32_t i = 1; i < threads; i++) {
     pthread_t thread;
-    if (pthread_create(&thread, NULL, worker, NULL) == 0 && pthread_detach(thread) == 0)
+    if (pthread_create(&thread, &attr, worker, NULL) == 0 && pthread_detach(thread) == 0)
       pool.workers++;
   }
+  pthread_attr_destroy(&attr);
 }
 
 /* chunk(context, i) for every i in [0, count), on the pool's threads and this one. */

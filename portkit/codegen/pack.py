@@ -73,6 +73,7 @@ from portkit.symbolic import Bound, Lin, const, ravel, unravel
 # 2-core AVX-512 Xeon measured, where 256 ran matmul 1024 at 1.2x the speed of 128).
 DEPTH = 256
 _MIN_GROUPS = 16     # enough workgroups to keep a few cores busy and balanced
+_PER_UNIT = 4        # a weight gradient's workgroups per compute unit the device states
 _MIN_WORK = 1 << 15  # smaller matmuls (m * n * k) keep the untiled lowering
 _GROUP_WORK = 1 << 17   # multiply-adds worth a workgroup of their own (tens of microseconds)
 _L1_WAY = 4096          # bytes: addresses this far apart share an L1 set (x86's 32-48 KiB)
@@ -137,6 +138,11 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     batch = prod(found.reduce.src[0].shape) // (m * n * k)
     # enough groups for a few cores, but no more than the work is worth splitting into
     wanted = max(1, min(_MIN_GROUPS, m * n * k // _GROUP_WORK))
+    if folded_k and caps.compute_units:
+        # a weight gradient's groups, fewer where the device states few units, take more
+        # blocks and panels each, and stage their operands less (2 units: 8 groups, which ran
+        # a 64 -> 128 3x3 conv's on 16 x 16 at 1.13x the speed of 16 groups, one thread)
+        wanted = min(wanted, _PER_UNIT * caps.compute_units)
     # B's panel is copied by each group along m, in a loop of its own that costs more than
     # the multiply-adds where B is more than a load (a projection's input, hardswish(x + b)
     # times the squeeze-excite gate) or a 1x1 conv's positions ending part way into a panel

@@ -76,3 +76,18 @@ def test_a_spanned_weight_gradient_computes_in_the_interpreter():
                                              *inputs)
     np.testing.assert_allclose(out.reshape(expected.shape), expected, rtol=0,
                                atol=1e-5 * np.abs(expected).max())
+
+
+def test_a_weight_gradient_takes_fewer_groups_on_a_device_of_few_units():
+    item, _, _ = _weight_gradient((32, 64, 16, 16), (128, 64, 3, 3), padding=1)
+    grids = {}
+    for units in (None, 1, 2):
+        caps = dataclasses.replace(ROOMY, compute_units=units)
+        grids[units] = lower(item.root, item.inputs, caps).grid[0]
+    # 16 groups where no units are stated; 4 per unit stated
+    assert grids[None] >= 16 and grids[1] <= 4 and grids[2] <= 8, grids
+
+
+def test_the_cpu_backend_states_a_unit_per_thread():
+    from portkit.reference_backends.cpu.runtime import threads
+    assert runtime.get("cpu").capabilities.compute_units == threads()

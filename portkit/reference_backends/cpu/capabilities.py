@@ -29,6 +29,7 @@ def capabilities(compiler: CPUCompiler, index: int = 0) -> Capabilities:
         threads_are_loops=True,
         max_loop_trips=None, max_name_length=None,   # C compilers limit neither
         vector_registers=vector_registers(cpu_flags()),
+        compute_units=count,     # each launch's workgroups are shared among these threads
         # No peak_gflops / peak_bandwidth_gbs: the peaks are the host's, and tier 6's plain
         # kernels reach a small fraction of them here (docs/conformance.md, Performance).
         device_name=f"{cpu_model()} ({cores}; {compiler.version}){logical}")

@@ -71,7 +71,7 @@ def merged(root: Lazy, inputs: list[Lazy]) -> Lazy:
         return root
     along = cast("list[int]", steps)
     first, span = len(shape) - 1, shape[-1]
-    while first > 0 and span < SHORT_ROW and span * shape[first - 1] <= MERGED_ROW:
+    while first > 0 and span < SHORT_ROW:
         steps = load_steps(root, inputs, f"o{first - 1}")
         if any(step != each * span for step, each in zip(steps, along)):
             break
@@ -79,7 +79,18 @@ def merged(root: Lazy, inputs: list[Lazy]) -> Lazy:
         span *= shape[first]
     if first == len(shape) - 1:
         return root
-    return root.view("reshape", (*shape[:first], span))
+    if span <= MERGED_ROW:
+        return root.view("reshape", (*shape[:first], span))
+    # past MERGED_ROW, the merged axes are cut into rows of a divisor of their size (a conv
+    # weight's 512 x 3 x 3 into 8 rows of 576: its optimizer update ran in rows of 9)
+    inner = prod(shape[first + 1:])     # a row holds whole runs of the inner axes
+    row = max((d for d in range(SHORT_ROW, MERGED_ROW + 1)
+               if span % d == 0 and d % inner == 0), default=0)
+    if row:
+        return root.view("reshape", (*shape[:first], span // row, row))
+    first += 1
+    return root.view("reshape", (*shape[:first], prod(shape[first:]))) \
+        if first < len(shape) - 1 else root
 
 
 def row_length(tile_shape: tuple[int, ...], elementwise_on_loops: bool) -> tuple[int, int]:

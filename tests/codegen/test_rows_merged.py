@@ -97,3 +97,17 @@ def test_fills_of_short_rows_keep_their_values():
     empty = Tensor(np.zeros((2, 0, 4), np.float32), device="cpu")
     np.testing.assert_array_equal(empty.prod(1, keepdim=True).numpy(), np.ones((2, 1, 4)))
     np.testing.assert_array_equal(empty.sum(1, keepdim=True).numpy(), np.zeros((2, 1, 4)))
+
+
+@pytest.mark.parametrize("shape, row", [((512, 512, 3, 3), 576), ((64, 200, 3, 3), 900)])
+def test_a_conv_weights_update_runs_in_rows_of_whole_windows(shape, row):
+    # 512 x 3 x 3 is past MERGED_ROW: cut into rows of a divisor of it that holds whole 3 x 3
+    # windows, not left in rows of 9
+    w, g = _floats(*shape), _floats(*shape, seed=1)
+    ours = Tensor(w, device="cpu") - Tensor(g, device="cpu") * 0.1
+    item, = schedule.create_schedule([ours.lazy])
+    loops = _innermost(lower(item.root, item.inputs, LOOPS))
+    assert [trips for trips, _ in loops] == [row]
+    for _, body in loops:
+        assert not [n for n in body if n.op in (Op.IDIV, Op.MOD)], "div/mod per element"
+    np.testing.assert_array_equal(ours.numpy(), w - g * np.float32(0.1))

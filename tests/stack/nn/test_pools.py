@@ -4,6 +4,7 @@ block gradient kernel with no div or mod per element."""
 import numpy as np
 import pytest
 
+import portkit as pk
 from portkit import runtime, schedule
 from portkit.abi.ops import Op
 from portkit.codegen.lower import lower
@@ -46,6 +47,56 @@ def test_a_tie_sends_the_gradient_to_the_first_maximum():
     (F.max_pool2d(x, 2) * Tensor(np.array([3, 7], np.float32).reshape(1, 2, 1, 1))).sum() \
         .backward()
     np.testing.assert_array_equal(x.grad.numpy(), [[[[0, 3], [0, 0]], [[7, 0], [0, 0]]]])
+
+
+@pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize("name,args,kwargs,shape", [
+    ("max_pool2d", (2,), {}, (2, 3, 8, 6)),
+    ("max_pool2d", (2, 2, 1), {}, (2, 3, 7, 6)),
+    ("max_pool2d", (2,), {"ceil_mode": True}, (2, 3, 7, 5)),
+    ("max_pool2d", (3, 2, 1), {}, (2, 3, 9, 8)),
+    ("max_pool1d", (3, 2, 1), {}, (2, 3, 9)),
+    ("max_pool3d", (2,), {}, (1, 2, 4, 4, 6)),
+])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_max_pool_gradient_is_torchs_with_nan_and_infinities(name, args, kwargs, shape, dtype,
+                                                                capabilities, same_call):
+    # torch's kernels keep the first maximum and move on a greater value or a NaN: a window
+    # with NaNs sends its gradient to the last one, a window whose real elements are all -inf
+    # to the first of them (never to padding); small integers make ties and exact sums
+    if getattr(pk, dtype) not in capabilities.dtypes:
+        pytest.skip(f"no {dtype} here")
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 3, shape).astype(np.float32)
+    x[rng.random(shape) < 0.1] = np.nan
+    x[rng.random(shape) < 0.2] = -np.inf
+    x[..., 0, :] = -np.inf
+    expected = torch.tensor(x, dtype=getattr(torch, dtype), requires_grad=True)
+    want = same_call(name, *args, **kwargs)(expected)
+    g = rng.integers(1, 4, want.shape).astype(np.float32)
+    (want * torch.tensor(g, dtype=want.dtype)).sum().backward()
+    ours = Tensor(x, dtype=dtype, requires_grad=True)
+    got = same_call(name, *args, **kwargs)(ours)
+    (got * Tensor(g, dtype=dtype)).sum().backward()
+    np.testing.assert_array_equal(got.numpy().astype(np.float32), want.detach().float().numpy())
+    np.testing.assert_array_equal(ours.grad.numpy().astype(np.float32),
+                                  expected.grad.float().numpy())
+
+
+def test_a_max_pool_gradient_in_blocks_reads_the_input_in_one_reduce():
+    # the gradient kernel reads each window's first maximum (one int per window, found once by
+    # a reduce over the window) and g: the old one reloaded the window for each of its terms
+    x = Tensor(np.random.default_rng(0).standard_normal((2, 4, 16, 32)).astype(np.float32),
+               requires_grad=True, device="cpu")
+    y = F.max_pool2d(x, 2)
+    (y * Tensor(np.ones(y.shape, np.float32), device="cpu")).sum().backward()
+    items = schedule.create_schedule([x.grad.lazy])
+    blocks, = (it for it in items if it.root.shape == (2, 4, 8, 2, 16, 2, 1))
+    first, = (it for it in items if it.root.dtype == pk.int32)
+    assert any(i is x.lazy for i in first.inputs)
+    assert not any(i is x.lazy for i in blocks.inputs)
+    kernel = lower(blocks.root, blocks.inputs, runtime.get("cpu").capabilities)
+    assert sum(node.op is Op.LOAD for node in kernel.nodes) == 2
 
 
 def _range_dependent_divisions(kernel) -> list:

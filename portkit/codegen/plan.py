@@ -271,11 +271,13 @@ def _divisions(flat: Lin) -> list[Div | Mod]:
 
 def _window(root: Lazy, loads: list[Lin], gated: set[str]) -> bool:
     """Whether a short reduce is better written out along the output row: every load steps by
-    a constant along the row, one moves, the row is not gated, each load that moves reads a
-    window that reaches past the next output's first term (a conv's or a pool's, not a plain
-    sum's, whose rows of terms follow one another), and no other output axis is ignored by a
-    load that moves along the row (where one is, as in a conv's weight gradient or a conv with
-    many channels, `plan`'s register blocks reuse that load's vectors)."""
+    a constant along the row, one that reads terms moves, the row is not gated, each load
+    that moves reads a window that reaches past the next output's first term (a conv's or a
+    pool's, not a plain sum's, whose rows of terms follow one another), and no other output
+    axis is ignored by a load that moves along the row (where one is, as in a conv's weight
+    gradient or a conv with many channels, `plan`'s register blocks reuse that load's
+    vectors). A load of one value per output (the window's maximum that a max pool's gradient
+    compares its window with) moves along the row as an elementwise kernel's loads do."""
     outputs = [a for a, s in enumerate(root.shape) if s > 1]
     if not outputs or f"o{outputs[-1]}" in gated:
         return False
@@ -283,9 +285,10 @@ def _window(root: Lazy, loads: list[Lin], gated: set[str]) -> bool:
     steps = [_step(flat, row) for flat in loads]
     if None in steps or not any(steps):
         return False
-    moving = [flat for flat, step in zip(loads, steps) if step]
-    if any(abs(step) > _reach(flat) for flat, step in zip(loads, steps) if step):
+    windowed = [(flat, step) for flat, step in zip(loads, steps) if step and _reach(flat)]
+    if not windowed or any(abs(step) > _reach(flat) for flat, step in windowed):
         return False
+    moving = [flat for flat, _ in windowed]
     return not any(_step(flat, f"o{a}") == 0 for flat in moving for a in outputs[:-1])
 
 

@@ -137,3 +137,14 @@ def test_a_pool_gradient_in_blocks_has_no_div_or_mod_per_element(pool):
     expected = torch.tensor(x.numpy(), requires_grad=True)
     (TF.max_pool2d if pool == "max" else TF.avg_pool2d)(expected, 2).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), expected.grad.numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("size", [16, 24])
+def test_a_max_pool_row_of_strided_windows_is_a_loop(size):
+    # rows of 8 and 12 outputs, each reading a stride-2 window: written out whole (as a
+    # depthwise conv's short rows are) clang left the lanes scalar, at 4-5x the loop's time
+    x = Tensor(np.random.default_rng(0).standard_normal((2, 4, size, size)).astype(np.float32),
+               device="cpu")
+    item = schedule.create_schedule([F.max_pool2d(x, 2).lazy])[-1]
+    tiling = plan(item.root, item.inputs)
+    assert tiling.inline is not None and tiling.upcast == ()

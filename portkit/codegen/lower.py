@@ -543,13 +543,12 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         stages.emit(lowerer, *vector)
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(ceil(s / n) for s, n in zip(root.shape, amounts))
-    tiles = prod(tile_shape)
     row, tail = row_length(tile_shape, serial(caps) and (tiling.work == 1 or
                                                         tiling.inline is not None))
     if tail:        # each step of the row computes the short trailing axes whole
         amounts[-tail:] = [n * t for n, t in zip(amounts[-tail:], tile_shape[-tail:])]
         tile_shape = tile_shape[:-tail] + (1,) * tail
-    items = tiles // row            # what a thread's loop counts: tiles, or rows of tiles
+    items = prod(tile_shape) // row     # what a thread's loop counts: tiles, or rows of tiles
     groups, block, per_thread = launch_shape(items, caps, row * prod(amounts) * tiling.work)
     thread = b.special("group", 0)
     if block == 1:

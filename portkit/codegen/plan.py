@@ -90,7 +90,12 @@ _INLINE = 64
 # A written-out row shorter than this is one straight run of code per row instead of a loop:
 # clang declines to vectorize a loop of 14 trips (a 14x14 map) whose store may alias its loads
 # (a runtime check per row costs more than it gains), and left the row scalar; written out,
-# every load comes before the first store and the lanes are one block of code.
+# every load comes before the first store and the lanes are one block of code. Not a row of
+# windows read at a stride and no weights held across it (a max pool's, a bias beside it): the
+# written-out lanes of a stride-2 window stayed scalar, and as a loop clang vectorizes them
+# with interleaved loads (a 2x2 max pool of 32x128x16x16, one thread: 1.1 -> 0.21 ms; of
+# 32x64x24x24 1.3 -> 0.26; a stride-2 depthwise conv, 28x28 -> 14x14, stays written out: 0.96
+# as such, 1.35 as a loop).
 _SHORT_ROW = 16
 # Fewer lanes than this along a row's vector axis (as many as divide the row's length) give
 # way to full-width tiles, the last one shifted back to end at the row's end (`Plan.shifted`).
@@ -151,7 +156,10 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
     work = prod(src.shape[a] for a in axes)
     if limits.compiler_lanes and 0 < work <= _INLINE and _window(root, loads, gated):
         row = [a for a, s in enumerate(root.shape) if s > 1][-1]
-        short = root.shape[row] < _SHORT_ROW
+        steps = [_step(flat, f"o{row}") for flat in loads]
+        weights = any(step == 0 and _reach(flat) for flat, step in zip(loads, steps))
+        short = root.shape[row] < _SHORT_ROW and (weights or
+                                                 all(abs(step or 0) <= 1 for step in steps))
         return Plan(upcast=((row, root.shape[row]),) if short else (), work=work,
                     inline=id(node))
     if work < _MIN_REDUCE:
@@ -276,11 +284,13 @@ def _divisions(flat: Lin) -> list[Div | Mod]:
 
 def _window(root: Lazy, loads: list[Lin], gated: set[str]) -> bool:
     """Whether a short reduce is better written out along the output row: every load steps by
-    a constant along the row, one moves, the row is not gated, each load that moves reads a
-    window that reaches past the next output's first term (a conv's or a pool's, not a plain
-    sum's, whose rows of terms follow one another), and no other output axis is ignored by a
-    load that moves along the row (where one is, as in a conv's weight gradient or a conv with
-    many channels, `plan`'s register blocks reuse that load's vectors)."""
+    a constant along the row, one that reads terms moves, the row is not gated, each load
+    that moves reads a window that reaches past the next output's first term (a conv's or a
+    pool's, not a plain sum's, whose rows of terms follow one another), and no other output
+    axis is ignored by a load that moves along the row (where one is, as in a conv's weight
+    gradient or a conv with many channels, `plan`'s register blocks reuse that load's
+    vectors). A load of one value per output (the window's maximum that a max pool's gradient
+    compares its window with) moves along the row as an elementwise kernel's loads do."""
     outputs = [a for a, s in enumerate(root.shape) if s > 1]
     if not outputs or f"o{outputs[-1]}" in gated:
         return False
@@ -288,9 +298,10 @@ def _window(root: Lazy, loads: list[Lin], gated: set[str]) -> bool:
     steps = [_step(flat, row) for flat in loads]
     if None in steps or not any(steps):
         return False
-    moving = [flat for flat, step in zip(loads, steps) if step]
-    if any(abs(step) > _reach(flat) for flat, step in zip(loads, steps) if step):
+    windowed = [(flat, step) for flat, step in zip(loads, steps) if step and _reach(flat)]
+    if not windowed or any(abs(step) > _reach(flat) for flat, step in windowed):
         return False
+    moving = [flat for flat, _ in windowed]
     return not any(_step(flat, f"o{a}") == 0 for flat in moving for a in outputs[:-1])
 
 

@@ -5,10 +5,13 @@ A pool is a reduce over windows of the (padded) input. Where the windows tile it
 kernel, no dilation: a 2x2 stride-2 pool), they are blocks of a reshape, (N, C, H / k, k, W / k,
 k), so the forward and its gradient read with plain strides. The gradient is given (autograd's
 "given_vjp"), not derived from the views: derived, the gradient of overlapping views is a sum of
-shifted copies, a gather with a div and a mod per term. A max pool's gradient reaches the first
-maximum of each window in row-major order, as torch's; it is a sum over one element, a reduce,
-so that the scheduler gives it a kernel of its own rather than recompute it inside every kernel
-that reads it (a convolution's weight gradient, once for each of its terms).
+shifted copies, a gather with a div and a mod per term. A max pool's gradient reaches the
+element of each window that torch's does (the first maximum in row-major order, or the last
+NaN), found once per window by a reduce that stores its position; the gradient then compares
+each element's position with it, a compare and a select per element. It is a sum over one
+element, a reduce, so that the scheduler gives it a kernel of its own rather than recompute it
+inside every kernel that reads it (a convolution's weight gradient, once for each of its
+terms).
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ def _max_pool(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None, pad
         if not input.requires_grad:
             return out
         return out._prim("given_vjp", input, arg=lambda g: (
-            _max_phases_grad(padded, out, g, kernel, stride, pads),))
+            _max_phases_grad(input, padded, out, g, kernel, stride, pads),))
     views = windows(input.pad(keep + pads, lowest), kernel, stride, dilation)
     if not return_indices:
         return views.amax(last)
@@ -147,7 +150,11 @@ def _max_blocks(input: Tensor, kernel: tuple[int, ...], pads: tuple[tuple[int, i
 
     def grad(g: Tensor) -> tuple[Tensor]:
         top = out.reshape(_kept(blocks.shape, axes))
-        return (_unblock(_first_max_grad(blocks, top, g.reshape(top.shape), axes), input.shape,
+        real = _real(input, pads)
+        position = _positions(blocks, axes, kernel)
+        first = _first_max(blocks, top, position, None if real is None else
+                           _blocks(real, kernel), axes)
+        return (_unblock((position == first)._where(g.reshape(top.shape), 0.0), input.shape,
                          pads),)
     return out._prim("given_vjp", input, arg=grad)
 
@@ -200,30 +207,47 @@ def _unblock(grad: Tensor, shape: tuple[int, ...], pads: tuple[tuple[int, int], 
                                                     zip(shape[-d:], pads)])
 
 
-def _first_max_grad(blocks: Tensor, top: Tensor, g: Tensor, axes: tuple[int, ...]) -> Tensor:
-    """g at the first element of each block equal to its maximum `top`, in row-major order
-    over `axes` (torch's max pools send a tie's gradient to the first maximum), 0 elsewhere: a
-    sum of one term per window position, each a strided read of the blocks padded back into
-    place (a gate on a window axis, which the kernel unrolls)."""
-    total, earlier = None, None
-    for position in product(*(range(blocks.shape[a]) for a in axes)):
-        at = dict(zip(axes, position))
-        hit = blocks.shrink([(at[a], at[a] + 1) if a in at else None
-                             for a in range(blocks.ndim)]) == top
-        first = hit if earlier is None else hit & earlier.logical_not()
-        earlier = hit if earlier is None else earlier | hit
-        term = first._where(g, 0.0).pad(tuple((at[a], blocks.shape[a] - at[a] - 1) if a in at
-                                             else (0, 0) for a in range(blocks.ndim)))
-        total = term if total is None else total + term
-    assert total is not None    # a window has at least one position
-    return total
+def _real(input: Tensor, pads: tuple[tuple[int, int], ...]) -> Tensor | None:
+    """True at the input's spatial positions, False at the padding around them (None where
+    there is none): a constant, for the padded input's views to read beside it."""
+    if all(p == (0, 0) for p in pads):
+        return None
+    return type(input).full(input.shape[-len(pads):], True, device=input.device).pad(pads, False)
 
 
-def _max_phases_grad(padded: Tensor, out: Tensor, g: Tensor, kernel: tuple[int, ...],
-                     stride: tuple[int, ...], pads: tuple[tuple[int, int], ...]) -> Tensor:
+def _positions(windows: Tensor, axes: tuple[int, ...], kernel: tuple[int, ...]) -> Tensor:
+    """Each element's row-major position in its window, i * kw + j for a 2-d one: an int32
+    constant with the dims of `windows`, spanning `axes` (the window's) and 1 elsewhere."""
+    shape = [1] * windows.ndim
+    for a, k in zip(axes, kernel):
+        shape[a] = k
+    return type(windows).arange(math.prod(kernel), device=windows.device).reshape(shape)
+
+
+def _first_max(x: Tensor, top: Tensor, position: Tensor, real: Tensor | None,
+               axes: tuple[int, ...]) -> Tensor:
+    """The position of the element of each window of `x` that torch's max pools send the
+    gradient to: the first equal to the window's maximum `top` in row-major order, or the last
+    NaN where the window has one (its kernels keep a maximum and move on a greater value or a
+    NaN); never padding, where `real` is False. One reduce over the window axes."""
+    count = math.prod(x.shape[a] for a in axes)
+    # a score that the maximum decides: count - 1 - position for the first maximum, count +
+    # position for the last NaN, which outranks any maximum
+    score = (x == top)._where(count - 1 - position, -1)
+    if x.dtype.is_float:
+        score = x.isnan()._where(count + position, score)
+    if real is not None:
+        score = real._where(score, -1)
+    best = score.amax(axes, keepdim=True)
+    return (best < count)._where(count - 1 - best, best - count)
+
+
+def _max_phases_grad(input: Tensor, padded: Tensor, out: Tensor, g: Tensor,
+                     kernel: tuple[int, ...], stride: tuple[int, ...],
+                     pads: tuple[tuple[int, int], ...]) -> Tensor:
     """The input gradient of a max pool whose windows overlap (ResNet's 3x3 stride-2): for
-    each window position, g where that position holds the window's first maximum, placed at
-    the input elements it read. The input is laid out in phases, (..., H / s, s, W / s, s):
+    each window position, g where `_first_max` found that position, placed at the input
+    elements it read. The input is laid out in phases, (..., H / s, s, W / s, s):
     position i of window o reads element o * s + i, block o + i // s, phase i % s, so each
     term is a strided read padded into place, with no div or mod; a sum of one element gives
     the sum its own kernel, looping over that layout."""
@@ -231,34 +255,24 @@ def _max_phases_grad(padded: Tensor, out: Tensor, g: Tensor, kernel: tuple[int, 
     lead = out.shape[:-d]
     outs = out.shape[-d:]
     blocks = [-(-size // s) for size, s in zip(padded.shape[-d:], stride)]
-    total, earlier = None, None
-    for position in product(*(range(k) for k in kernel)):
-        hit = _strided(padded, position, stride, outs) == out
-        first = hit if earlier is None else hit & earlier.logical_not()
-        earlier = hit if earlier is None else earlier | hit
-        term = first._where(g, 0.0).reshape(*lead, *(n for o in outs for n in (o, 1)))
+    ones = (1,) * d
+    views = windows(padded, kernel, stride, ones)
+    axes = tuple(range(views.ndim - d, views.ndim))
+    real = _real(input, pads)
+    first = _first_max(views, out.reshape(*out.shape, *ones), _positions(views, axes, kernel),
+                       None if real is None else windows(real, kernel, stride, ones), axes)
+    first = first.reshape(out.shape)
+    total = None
+    for k, at in enumerate(product(*(range(n) for n in kernel))):
+        term = (first == k)._where(g, 0.0).reshape(*lead, *(n for o in outs for n in (o, 1)))
         places = [((i // s, b - o - i // s), (i % s, s - 1 - i % s))
-                  for i, s, o, b in zip(position, stride, outs, blocks)]
+                  for i, s, o, b in zip(at, stride, outs, blocks)]
         term = term.pad(((0, 0),) * len(lead) + tuple(p for place in places for p in place))
         total = term if total is None else total + term
     assert total is not None    # a window has at least one position
     total = total.unsqueeze(-1).sum(-1).reshape(*lead, *(b * s for b, s in zip(blocks, stride)))
     sizes = [size - lo - hi for size, (lo, hi) in zip(padded.shape[-d:], pads)]
     return total.shrink([None] * len(lead) + [(lo, lo + n) for (lo, _), n in zip(pads, sizes)])
-
-
-def _strided(x: Tensor, position: tuple[int, ...], stride: tuple[int, ...],
-             outs: tuple[int, ...]) -> Tensor:
-    """x[..., i + o * s] for o < outs along each of the last dims: window position `position`
-    of every window, a strided view."""
-    d = len(position)
-    lead = [None] * (x.ndim - d)
-    x = x.pad(((0, 0),) * (x.ndim - d) + tuple(
-        (0, max(0, i + o * s - n)) for i, o, s, n in zip(position, outs, stride, x.shape[-d:])))
-    x = x.shrink(lead + [(i, i + o * s) for i, o, s in zip(position, outs, stride)])
-    x = x.reshape(*x.shape[:-d], *(n for o, s in zip(outs, stride) for n in (o, s)))
-    x = x.shrink(lead + [r for o in outs for r in ((0, o), (0, 1))])
-    return x.reshape(*x.shape[:x.ndim - 2 * d], *outs)
 
 
 def _pool_args(input: Tensor, kernel_size: IntTuple, stride: IntTuple | None,

@@ -111,3 +111,17 @@ def test_a_conv_weights_update_runs_in_rows_of_whole_windows(shape, row):
     for _, body in loops:
         assert not [n for n in body if n.op in (Op.IDIV, Op.MOD)], "div/mod per element"
     np.testing.assert_array_equal(ours.numpy(), w - g * np.float32(0.1))
+
+
+def test_a_row_whose_steps_take_the_short_trailing_axes_is_counted_once():
+    # a 2x2 pool's blocks, (2, 4, 8, 2, 16, 2, 1): rows of 16 whose steps take the trailing
+    # (2, 1) whole; the thread loop counts 2 * 4 * 8 * 2 rows, not twice as many (which ran
+    # and stored every row twice)
+    x = Tensor(_floats(2, 4, 8, 2, 16, 2), device="cpu")
+    items = schedule.create_schedule([(x * 2).unsqueeze(-1).sum(-1).lazy])
+    item, = (it for it in items if it.root.shape == (2, 4, 8, 2, 16, 2, 1))
+    kernel = lower(item.root, item.inputs, LOOPS)
+    nodes = kernel.nodes
+    thread = next(n for n in nodes if n.op is Op.RANGE)
+    end = nodes[thread.src[1]]
+    assert end.op is Op.WHERE and nodes[end.src[2]].arg == 2 * 4 * 8 * 2

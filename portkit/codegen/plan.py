@@ -178,7 +178,7 @@ def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:
         # tenth of a plain sum's speed)
         steps = [_step(flat, name) for flat in loads]
         return None not in steps and not lanes_gated(name) and any(
-            step == 0 and any(_step(flat, f"r{a}") for a in axes)
+            step == 0 and any(_step(flat, f"r{a}") != 0 for a in axes)
             for flat, step in zip(loads, steps))
 
     def lanes_gated(name: str) -> bool:

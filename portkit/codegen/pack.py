@@ -126,8 +126,13 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # once per multiply-add; its register rows divide all of m, as the staged A is read flat.
     # It is staged row by row ([row][k]), so that a row's position in a folded m (a channel
     # and a kernel tap) is worked out once per row: per element, it cost a stride-2 conv's
-    # weight gradient 2.8x its forward's time
+    # weight gradient 2.8x its forward's time. Where m is one axis along which A steps by 1
+    # and k is not (a linear layer's weight gradient over batch and time, dy.T @ x with dy
+    # [b, t, 1024]), it is staged k by k ([k][row]): row by row, each row read its k terms
+    # 4 KiB apart, all in one L1 set, and the copy cost more than the multiply-adds
     folded_k = bool(found.k_fold)
+    along_m = not found.fold and 1 in load_steps(found.left, inputs, f"o{found.m}")
+    along_k = found.contiguous_k[0] or folded_k and not along_m
     # a folded m read in place (a conv's short rows) with k walked flat (a 1x1 conv's) keeps
     # SERIAL's rows however few the registers: while a 3x3 conv's A cost divisions per k,
     # paid once per block, a block that spilled still outran a small one (AVX2, 7 x 32
@@ -171,7 +176,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     panels = ceil(n / width)
     itemsize = found.accumulate.itemsize
     if k <= DEPTH:
-        packing = _one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k, taps=taps),
+        packing = _one_block(found, inputs, caps, wanted,
+                             Packing(rows, width, 1, k, along_k=along_k, taps=taps),
                              tiles, panels, batch, (need, costly), folded_k)
         return None if packing is None else (found, packing)
     # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
@@ -197,7 +203,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         per = max(d for d in range(1, fit + 1) if channels % d == 0) if taps else 0
         per = per if 2 * per >= fit else ceil(channels / ceil(channels / fit))
         packing = Packing(rows, width, blocks, per * unit, packed_a=staged,
-                          along_k=found.contiguous_k[0] or folded_k, taps=taps)
+                          along_k=along_k, taps=taps)
         enough = batch * panels * (tiles // blocks) >= wanted or blocks in (fallback, 1)
         if enough and packing.local_bytes(itemsize) <= caps.local_memory_bytes:
             return found, packing
@@ -254,7 +260,7 @@ def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
         for spans in (d for d in range(1, panels + 1) if panels % d == 0 and cost > 1 or d == 1):
             packed_a = cost > 1
             packing = Packing(base.rows, base.width, blocks, base.depth, spans, packed_a,
-                              summed=False, along_k=found.contiguous_k[0] or staged,
+                              summed=False, along_k=base.along_k,
                               taps=base.taps)
             groups = batch * (tiles // blocks) * (panels // spans)
             if groups < wanted and (blocks, spans) != (1, 1) and (not costly or spans > 1):

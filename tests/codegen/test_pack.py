@@ -378,3 +378,17 @@ def test_a_transposed_conv_of_stride_kernel_is_a_packed_matmul_and_a_permute(kwa
     expected = torch.nn.functional.conv_transpose2d(
         *map(torch.from_numpy, (x, w, b)), stride=2, **kwargs).numpy()
     _close(y.numpy(), expected, 64)
+
+
+@pytest.mark.parametrize("steps", [6, 70])      # one depth block, and two
+def test_a_weight_gradient_over_batch_and_time_stages_a_k_by_k(steps):
+    # dy [b, t, m] steps by 1 along m and by m along the flat k = (b, t): staged [k][row],
+    # its copy streams dy's rows, where row by row it read each row's k terms m floats apart
+    x, w, r = _floats(4, steps, 48), _floats(64, 48), _floats(4, steps, 64)
+    tw = Tensor(w, device="cpu", requires_grad=True)
+    (F.linear(Tensor(x, device="cpu"), tw) * Tensor(r, device="cpu")).sum().backward()
+    item = schedule.create_schedule([tw.grad.lazy])[-1]
+    found, packing = pack.find(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert found.k_fold and packing.packed_a and not packing.along_k
+    expected = r.reshape(-1, 64).T.astype(np.float64) @ x.reshape(-1, 48)
+    _close(tw.grad.numpy(), expected, 4 * steps)

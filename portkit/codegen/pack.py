@@ -116,6 +116,11 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         # register rows do not divide the row (AVX2's 3 on 56) it keeps its remainder block
         found = match(reduce, inputs, rows=limits.reuse * _BLOCKS, depths=True) or found
     found, flat = folds.flatten(found, inputs, limits.vector)
+    few = folds.few_rows(found, inputs, limits.vector)
+    # traded, the few rows are one vector of lanes, and W's rows take all the accumulators
+    # (16 x 16 ran h @ W.T 16 x 256 by 1024 x 256 at 1.2x the speed of 8 x 16)
+    reuse = limits.accumulators // (limits.vector // 2) if few is not found else limits.reuse
+    found = few
     m, n, k = found.sizes
     if m * n * k < _MIN_WORK or n < limits.vector // 4:
         return None
@@ -141,7 +146,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # ran at 1.3-1.4x its 8 x 32 on AVX2.
     # (an m that A reads as one axis, `flat`, has no short rows)
     short_rows = found.fold and not found.k_fold and not flat
-    rows = _rows(found, max(limits.reuse, SERIAL.reuse) if short_rows else limits.reuse, m,
+    rows = _rows(found, max(limits.reuse, SERIAL.reuse) if short_rows else reuse, m,
                  flat)
     taps = folds.taps(found, inputs, DEPTH)
     if short_rows and taps:

@@ -14,6 +14,7 @@ from portkit.abi import dtypes
 from portkit.abi.ops import Op
 from portkit.codegen import pack
 from portkit.codegen.lower import lower
+from portkit.codegen.plan import register_block
 from portkit.graph import GraphOp
 from portkit.nn import functional as F
 from portkit.reference_backends.cpu.renderer import CPURenderer
@@ -392,3 +393,19 @@ def test_a_weight_gradient_over_batch_and_time_stages_a_k_by_k(steps):
     assert found.k_fold and packing.packed_a and not packing.along_k
     expected = r.reshape(-1, 64).T.astype(np.float64) @ x.reshape(-1, 48)
     _close(tw.grad.numpy(), expected, 4 * steps)
+
+
+@pytest.mark.parametrize("rows", [16, 12])
+def test_few_rows_times_w_transposed_trade_places(rows):
+    # h @ W.T with a recurrent step's 16 rows: W's rows are m, read in place, and the few rows
+    # are n, one vector of lanes, so no group copies a panel of W.T (a gather of W's rows)
+    x, w = _floats(rows, 256), _floats(1024, 256)
+    item = _item(x, w, "cpu", transposed=True)
+    found, packing = pack.find(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert found.sizes == (1024, rows, 256)
+    assert found.reduce.src[0].shape[found.m] == 1024
+    block = register_block(runtime.get("cpu").capabilities)
+    assert packing.width == block.vector // 2
+    assert packing.rows * packing.width == block.accumulators
+    out = (Tensor(x, device="cpu") @ Tensor(w, device="cpu").T).numpy()
+    _close(out, x.astype(np.float64) @ w.T, 256)

@@ -358,8 +358,10 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         """Stores register block t's output (r, column), rounded to the output's dtype; `first`
         is first_row(t)."""
         row = first[0] + r
-        idx = at(row, column, const(0))
         conds: tuple[Bound, ...] = (Bound(column, 0, n_size),) if edge else ()
+        if edge:    # stored only before N: its position needs no modulo by N (one per output)
+            column = lowerer.new_var("sc", 0, n_size - 1, lowerer.index(column))
+        idx = at(row, column, const(0))
         if remainder:               # rows the block before stored already are not stored
             conds += (Bound(row + first[1] * -1, 0, m_size),)
         gate = lowerer.condition(conds, None) if conds else None

@@ -181,9 +181,14 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     panels = ceil(n / width)
     itemsize = found.accumulate.itemsize
     if k <= DEPTH:
+        # a matmul whose m A reads as one axis keeps one register block's sums in LOCAL here,
+        # so more blocks cost no LOCAL: 35 blocks of 8 rows (two groups along m, each copying
+        # W.T's panels) ran the LSTM's head, 560 x 256 by 2000 x 256, at 1.1x the speed of 14
+        plain = flat and not (found.k_fold or found.n_fold or taps)
         packing = _one_block(found, inputs, caps, wanted,
                              Packing(rows, width, 1, k, along_k=along_k, taps=taps),
-                             tiles, panels, batch, (need, costly), folded_k)
+                             tiles, panels, batch, (need, costly), folded_k,
+                             2 * _BLOCKS if plain else _BLOCKS)
         return None if packing is None else (found, packing)
     # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
     # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
@@ -236,31 +241,32 @@ def _rows(found: Contraction, reuse: int, m: int, flat: bool = False) -> int:
     return reuse if 2 * rows <= reuse or few else rows
 
 
-def _blocks(tiles: int, rows: int, m: int, staged: bool) -> list[int]:
-    """Register blocks per workgroup along m: those that divide the blocks m needs; with A
-    staged per group (whose last group is shifted back whole), those that span no more
-    than m."""
-    return [d for d in range(1, _BLOCKS + 1) if tiles % d == 0 and (
+def _blocks(tiles: int, rows: int, m: int, staged: bool, most: int = _BLOCKS) -> list[int]:
+    """Register blocks per workgroup along m, up to `most`: those that divide the blocks m
+    needs; with A staged per group (whose last group is shifted back whole), those that span
+    no more than m."""
+    return [d for d in range(1, most + 1) if tiles % d == 0 and (
         not staged or m % rows == 0 or d * rows <= m)]
 
 
 def _one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
                wanted: int, base: Packing, tiles: int, panels: int, batch: int,
-               copy: tuple[int, bool] = (1, False), staged: bool = False) -> Packing | None:
+               copy: tuple[int, bool] = (1, False), staged: bool = False,
+               most: int = _BLOCKS) -> Packing | None:
     """The packing of a reduce that fits one depth block (a weight gradient: K is the batch).
     Its A block is worth computing once per group into LOCAL when A is more than a load (the
     MLP's relu gradient, a softmax's): a group then spans several panels along n. The blocking
     minimizes the operands' evaluations, each weighted by its ops, A's once per group along
     n, B's once per group along m, over those that fit and leave `wanted` groups or, where
     B's copy is costly, span one panel; `copy`: B's ops and whether its copy is costly;
-    `staged`: A is staged whatever it costs."""
+    `staged`: A is staged whatever it costs; `most`: register blocks per group, at most."""
     m, n = found.sizes[:2]
     need, costly = copy
     cost = max(_evaluation_cost(found.left, {id(x) for x in inputs}), 2 if staged else 1)
     itemsize = found.accumulate.itemsize
     best: Packing | None = None
     best_cost: tuple[int, int, int] | None = None
-    for blocks in _blocks(tiles, base.rows, m, cost > 1):
+    for blocks in _blocks(tiles, base.rows, m, cost > 1, most):
         # a plain load of A is read in place, as in the deeper matmuls: one panel per group
         for spans in (d for d in range(1, panels + 1) if panels % d == 0 and cost > 1 or d == 1):
             packed_a = cost > 1

@@ -409,3 +409,16 @@ def test_few_rows_times_w_transposed_trade_places(rows):
     assert packing.rows * packing.width == block.accumulators
     out = (Tensor(x, device="cpu") @ Tensor(w, device="cpu").T).numpy()
     _close(out, x.astype(np.float64) @ w.T, 256)
+
+
+@pytest.mark.parametrize("rows", [(560,), (16, 35)])
+def test_a_plain_matmul_of_one_depth_block_takes_more_blocks_per_group(rows):
+    # one register block's sums in LOCAL whatever the blocks: the LSTM's head (560 x 256 by
+    # 2000 x 256, its rows batch by time) copies each panel of W.T in two groups along m, not
+    # five
+    x, w = _floats(*rows, 256), _floats(2000, 256)
+    item = _item(x, w, "cpu", transposed=True)
+    _, packing = pack.find(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert packing.rows * packing.blocks >= 280 and not packing.summed
+    out = (Tensor(x, device="cpu") @ Tensor(w, device="cpu").T).numpy()
+    _close(out, x.astype(np.float64) @ w.T, 256)

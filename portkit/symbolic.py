@@ -134,8 +134,10 @@ class Lin:
         self // (g*d) == x // d: a lane of an aligned tile, a row of a tile grid; else
         (1, self, 0)."""
         for g in sorted({gcd(divisor, c) for _, c in self.terms}, reverse=True):
-            big = Lin(tuple((a, c // g) for a, c in self.terms if c % g == 0))
-            small = Lin(tuple((a, c) for a, c in self.terms if c % g), self.const)
+            # the constant's multiple of g goes with x: (16000*r + 2000 + 16*c) // 70000 is
+            # (8*r + 1) // 35 for 16*c < 2000 (a row of a (16, 35) grid of 2000-long rows)
+            big = Lin(tuple((a, c // g) for a, c in self.terms if c % g == 0), self.const // g)
+            small = Lin(tuple((a, c) for a, c in self.terms if c % g), self.const % g)
             if g > 1 and big.terms and 0 <= small.min and small.max < g:
                 return g, big, small
         return 1, self, Lin()

@@ -66,3 +66,16 @@ def test_bounds_keep_only_what_range_analysis_cannot_decide():
     assert bounds([always, maybe]) == (maybe,)
     assert bounds([maybe, never]) is None
     assert bounds([Bound(i, 3, 3)]) is None
+
+
+def test_a_row_of_a_grid_of_rows_divides_without_its_columns():
+    # row 8*r + 1 of a (16, 35) grid of 2000-long rows, at column 16*c: the constant's
+    # multiple of 2000 goes with the row, so the column drops out of the row's quotient and
+    # the flat index recombines to 2000 * row + column (a cross-entropy over 560 x 2000
+    # logits divided every element's position by 70000)
+    r, c = var("r", 0, 69), var("c", 0, 124)
+    flat = r * 16000 + c * 16 + 2000
+    row = r * 8 + 1
+    assert flat // 70000 == row // 35 and flat // 2000 % 35 == row % 35
+    back = recombine(flat // 70000 * 70000 + flat // 2000 % 35 * 2000 + flat % 2000)
+    assert (dict(back.terms), back.const) == (dict(flat.terms), flat.const)

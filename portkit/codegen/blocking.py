@@ -99,36 +99,38 @@ def rows_per_block(found: Contraction, reuse: int, m: int, flat: bool = False) -
     return reuse if 2 * rows <= reuse or few else rows
 
 
-def blocks_per_group(tiles: int, rows: int, m: int, staged: bool) -> list[int]:
-    """Register blocks per workgroup along m: those that divide the blocks m needs; with A
-    staged per group (whose last group is shifted back whole), those that span no more
-    than m."""
-    return [d for d in range(1, BLOCKS + 1) if tiles % d == 0 and (
+def blocks_per_group(tiles: int, rows: int, m: int, staged: bool, most: int = BLOCKS
+                     ) -> list[int]:
+    """Register blocks per workgroup along m, up to `most`: those that divide the blocks m
+    needs; with A staged per group (whose last group is shifted back whole), those that span
+    no more than m."""
+    return [d for d in range(1, most + 1) if tiles % d == 0 and (
         not staged or m % rows == 0 or d * rows <= m)]
 
 
 def one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
                wanted: int, base: Packing, tiles: int, panels: int, batch: int,
-               copy: tuple[int, bool] = (1, False), staged: bool = False) -> Packing | None:
+               copy: tuple[int, bool] = (1, False), staged: bool = False,
+              most: int = BLOCKS) -> Packing | None:
     """The packing of a reduce that fits one depth block (a weight gradient: K is the batch).
     Its A block is worth computing once per group into LOCAL when A is more than a load (the
     MLP's relu gradient, a softmax's): a group then spans several panels along n. The blocking
     minimizes the operands' evaluations, each weighted by its ops, A's once per group along
     n, B's once per group along m, over those that fit and leave `wanted` groups or, where
     B's copy is costly, span one panel; `copy`: B's ops and whether its copy is costly;
-    `staged`: A is staged whatever it costs."""
+    `staged`: A is staged whatever it costs; `most`: register blocks per group, at most."""
     m, n = found.sizes[:2]
     need, costly = copy
     cost = max(evaluation_cost(found.left, {id(x) for x in inputs}), 2 if staged else 1)
     itemsize = found.accumulate.itemsize
     best: Packing | None = None
     best_cost: tuple[int, int, int] | None = None
-    for blocks in blocks_per_group(tiles, base.rows, m, cost > 1):
+    for blocks in blocks_per_group(tiles, base.rows, m, cost > 1, most):
         # a plain load of A is read in place, as in the deeper matmuls: one panel per group
         for spans in (d for d in range(1, panels + 1) if panels % d == 0 and cost > 1 or d == 1):
             packed_a = cost > 1
             packing = Packing(base.rows, base.width, blocks, base.depth, spans, packed_a,
-                              summed=False, along_k=found.contiguous_k[0] or staged,
+                              summed=False, along_k=base.along_k,
                               taps=base.taps)
             groups = batch * (tiles // blocks) * (panels // spans)
             if groups < wanted and (blocks, spans) != (1, 1) and (not costly or spans > 1):

@@ -101,6 +101,11 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         found = match(reduce, inputs, rows=limits.reuse * BLOCKS, depths=True) or found
     found, flat = folds.flatten(found, inputs, limits.vector)
     found = folds.batch_rows(found, inputs, limits.reuse * BLOCKS)
+    few = folds.few_rows(found, inputs, limits.vector)
+    # traded, the few rows are one vector of lanes, and W's rows take all the accumulators
+    # (16 x 16 ran h @ W.T 16 x 256 by 1024 x 256 at 1.2x the speed of 8 x 16)
+    reuse = limits.accumulators // (limits.vector // 2) if few is not found else limits.reuse
+    found = few
     m, n, k = found.sizes
     if m * n * k < _MIN_WORK or n < limits.vector // 4:
         return None
@@ -111,8 +116,13 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # once per multiply-add; its register rows divide all of m, as the staged A is read flat.
     # It is staged row by row ([row][k]), so that a row's position in a folded m (a channel
     # and a kernel tap) is worked out once per row: per element, it cost a stride-2 conv's
-    # weight gradient 2.8x its forward's time
+    # weight gradient 2.8x its forward's time. Where m is one axis along which A steps by 1
+    # and k is not (a linear layer's weight gradient over batch and time, dy.T @ x with dy
+    # [b, t, 1024]), it is staged k by k ([k][row]): row by row, each row read its k terms
+    # 4 KiB apart, all in one L1 set, and the copy cost more than the multiply-adds
     folded_k = bool(found.k_fold)
+    along_m = not found.fold and 1 in load_steps(found.left, inputs, f"o{found.m}")
+    along_k = found.contiguous_k[0] or folded_k and not along_m
     # a folded m read in place (a conv's short rows) with k walked flat (a 1x1 conv's) keeps
     # SERIAL's rows however few the registers: while a 3x3 conv's A cost divisions per k,
     # paid once per block, a block that spilled still outran a small one (AVX2, 7 x 32
@@ -121,8 +131,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     # ran at 1.3-1.4x its 8 x 32 on AVX2.
     # (an m that A reads as one axis, `flat`, has no short rows)
     short_rows = found.fold and not found.k_fold and not flat
-    rows = rows_per_block(found, max(limits.reuse, SERIAL.reuse) if short_rows else limits.reuse, m,
-                 flat)
+    rows = rows_per_block(found, max(limits.reuse, SERIAL.reuse) if short_rows else reuse, m,
+                          flat)
     taps = folds.taps(found, inputs, DEPTH)
     if short_rows and taps:
         # walked by taps, A's position costs no division: the blocks that fit the registers
@@ -161,8 +171,14 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     panels = ceil(n / width)
     itemsize = found.accumulate.itemsize
     if k <= DEPTH:
-        packing = one_block(found, inputs, caps, wanted, Packing(rows, width, 1, k, taps=taps),
-                             tiles, panels, batch, (need, costly), folded_k)
+        # a matmul whose m A reads as one axis keeps one register block's sums in LOCAL here,
+        # so more blocks cost no LOCAL: 35 blocks of 8 rows (two groups along m, each copying
+        # W.T's panels) ran the LSTM's head, 560 x 256 by 2000 x 256, at 1.1x the speed of 14
+        plain = flat and not (found.k_fold or found.n_fold or taps)
+        packing = one_block(found, inputs, caps, wanted,
+                            Packing(rows, width, 1, k, along_k=along_k, taps=taps),
+                            tiles, panels, batch, (need, costly), folded_k,
+                            2 * BLOCKS if plain else BLOCKS)
         return None if packing is None else (found, packing)
     # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
     # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
@@ -186,7 +202,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         per = max(d for d in range(1, fit + 1) if channels % d == 0) if taps else 0
         per = per if 2 * per >= fit else ceil(channels / ceil(channels / fit))
         packings.append(Packing(rows, width, blocks, per * unit, packed_a=staged,
-                                along_k=found.contiguous_k[0] or folded_k, taps=taps))
+                                along_k=along_k, taps=taps))
     # the deepest panel, then the most register blocks per group that divide m's, leave
     # enough groups, and fit the device's workgroup memory (at most HOT_BYTES of it)
     chosen = next((packing for packing in packings if (
@@ -219,9 +235,10 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     group_node = b.alu(Op.MOD, b.special("group", 0), lowerer.const(groups))
     group = lowerer.new_var("g", 0, groups - 1, group_node)
     *batch_idx, tile_m, tile_n = unravel(group, grid_shape)
-    # Where `rows` does not divide m (a remainder block, `rows_per_block`), the last block starts at
-    # m - rows instead, so that A's rows stay in place and ungated, and stores only the rows
-    # the block before it did not; with A staged per group, the last group is shifted so.
+    # Where `rows` does not divide m (a remainder block, `rows_per_block`), the last block
+    # starts at m - rows instead, so that A's rows stay in place and ungated, and stores only
+    # the rows the block before it did not; with A staged per group, the last group is
+    # shifted so.
     remainder = m_size % p.rows != 0
 
     def first_row(t: Lin) -> tuple[Lin, Lin]:
@@ -262,8 +279,10 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         """Stores register block t's output (r, column), rounded to the output's dtype; `first`
         is first_row(t)."""
         row = first[0] + r
-        idx = at(row, column, const(0))
         conds: tuple[Bound, ...] = (Bound(column, 0, n_size),) if edge else ()
+        if edge:    # stored only before N: its position needs no modulo by N (one per output)
+            column = lowerer.new_var("sc", 0, n_size - 1, lowerer.index(column))
+        idx = at(row, column, const(0))
         if remainder:               # rows the block before stored already are not stored
             conds += (Bound(row + first[1] * -1, 0, m_size),)
         gate = lowerer.condition(conds, None) if conds else None

@@ -24,7 +24,7 @@ would pay a div and a mod.
 from __future__ import annotations
 
 from functools import partial
-from itertools import product
+from itertools import pairwise, product
 from math import prod
 from typing import TYPE_CHECKING, cast
 
@@ -48,6 +48,8 @@ MAX_TAIL = 8
 # MERGED_ROW elements: the rows left are shared among the cores.
 SHORT_ROW = 32
 MERGED_ROW = 1024
+# loops a row splits into, at most, where gates mark pieces side by side along it (`pieces`)
+MAX_PIECES = 16
 
 
 def merged(root: Lazy, inputs: list[Lazy]) -> Lazy:
@@ -119,11 +121,18 @@ def pieces(conds: list[Bound], column: Lin, outer: set[str]
     A padded copy's row reads its source through a gate per element (`c - 1 < 112`), and clang
     leaves a loop of gated loads scalar: a loop over the columns inside the padding loads with
     no gate, which vectorizes, and the gate of the row's position, tested once outside it,
-    drops the gate of the whole row."""
+    drops the gate of the whole row.
+
+    Where no column passes every gate, the gates mark pieces side by side along the row (the
+    gradient of `chunk` along the last axis: an LSTM's four gates, each a padded piece of a
+    sum), and the row splits at every span's edge, up to `MAX_PIECES` loops: each loop's
+    columns lie inside or outside each piece, so it computes only its own piece, ungated.
+    Unsplit, every column computed all four gates' gradients behind gated loads."""
     (atom, _), = column.terms
     assert isinstance(atom, Var)
     first, end = atom.min, atom.max + 1
     hoisted: list[Bound] = []
+    edges: set[int] = set()
     for cond in conds:
         names = _names(cond.expr)
         if atom.name not in names:
@@ -135,13 +144,18 @@ def pieces(conds: list[Bound], column: Lin, outer: set[str]
         if not coef or atom.name in _names(rest):
             continue                    # inside a div or a mod: the gate stays
         if coef > 0:    # lo <= coef * c + rest < hi for every rest in [rest.min, rest.max]
-            first = max(first, -((rest.min - cond.lo) // coef))
-            end = min(end, (cond.hi - 1 - rest.max) // coef + 1)
+            span = -((rest.min - cond.lo) // coef), (cond.hi - 1 - rest.max) // coef + 1
         else:
-            first = max(first, -((cond.hi - 1 - rest.max) // -coef))
-            end = min(end, (cond.lo - rest.min) // coef + 1)
+            span = -((cond.hi - 1 - rest.max) // -coef), (cond.lo - rest.min) // coef + 1
+        first, end = max(first, span[0]), min(end, span[1])
+        edges.update(span)
     low, high = atom.min, atom.max + 1
-    if first >= end or (first, end) == (low, high):
+    if first >= end:
+        cuts = sorted({low, high} | {e for e in edges if low < e < high})
+        if len(cuts) - 1 > MAX_PIECES:
+            return [(low, high)], tuple(hoisted)
+        return list(pairwise(cuts)), tuple(hoisted)
+    if (first, end) == (low, high):
         return [(low, high)], tuple(hoisted)
     spans = [(low, first), (first, end), (end, high)]
     return [(a, b) for a, b in spans if a < b], tuple(hoisted)

@@ -9,7 +9,8 @@ float sum would be reordered, which the ABI's rounding forbids, and whose loads 
 step one element at a time (else gathers). Loops with a tail that 16 lanes leave (17 to 255
 trips) are asked too. `strided_loops` names the rows whose loads step two elements (a stride-2
 depthwise conv's), which the renderer's `strided_loop_pragma` asks for without a mask: masked,
-such loads are gathers.
+such loads are gathers. It names too the loops that read more buffers than clang checks for
+overlap with their stores before it vectorizes (ALIAS_CHECKS).
 
 For the same reason a loop that adds each trip's term to a float accumulator (a mean over the
 14 or 28 columns of a SiLU's row, as in a squeeze-excite pool) stays scalar at any length.
@@ -33,6 +34,10 @@ SHORT_LOOP = 16
 # (an exponential each), or, where clang's cost model weighed its alias checks against two
 # steps, 28 scalar ones.
 TAILED_LOOP = 256
+# clang checks at most this many pointers against a loop's stores at run time (LLVM's
+# runtime-memory-check-threshold) and otherwise leaves the loop scalar, unless asked: an
+# LSTM's gate gradients read 9 buffers a row and ran at 17 cycles an element.
+ALIAS_CHECKS = 8
 # The longest loop split: its terms' LOCAL array is 4 KiB of float32.
 MOST_TERMS = 1024
 # Ops of a term that cost enough per element for vectors of them to pay for the LOCAL array.
@@ -104,9 +109,19 @@ def short_loops(kernel: Kernel) -> set[int]:
 def strided_loops(kernel: Kernel) -> set[int]:
     """The RANGE nodes of innermost loops with constant bounds, SHORT_LOOP trips or more, no
     ASSIGN inside, stores that step 0 or 1 element per trip and loads 0, 1 or 2, some 2 (a
-    stride-2 depthwise conv's row, which clang's cost model may leave scalar)."""
+    stride-2 depthwise conv's row, which clang's cost model may leave scalar); or loads 0 or
+    1 from more than ALIAS_CHECKS buffers (`_buffers`), which clang leaves scalar rather than
+    check that many for overlap with the stores."""
     return {i for i, trips, loads, stores in _plain_loops(kernel)
-            if trips >= SHORT_LOOP and 2 in loads and loads <= {0, 1, 2} and stores <= {0, 1}}
+            if trips >= SHORT_LOOP and stores <= {0, 1} and (
+                2 in loads and loads <= {0, 1, 2}
+                or loads <= {0, 1} and _buffers(kernel.nodes, i) > ALIAS_CHECKS)}
+
+
+def _buffers(nodes: tuple[Node, ...], i: int) -> int:
+    """How many kernel buffers (PARAMs) the loads of loop `i` read."""
+    return len({nodes[k].src[0] for k in range(i + 1, _end(nodes, i))
+                if nodes[k].op is Op.LOAD and nodes[nodes[k].src[0]].op is Op.PARAM})
 
 
 def _plain_loops(kernel: Kernel) -> list[tuple[int, int, set[int | None], set[int | None]]]:

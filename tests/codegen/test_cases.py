@@ -82,3 +82,22 @@ def test_sums_of_padded_pieces_that_are_not_a_join_keep_their_sum(case):
     else:       # the pieces' sum stays (their padded rows' gates may be tested once per row)
         assert sums
     np.testing.assert_array_equal(out.numpy(), expected)
+
+
+def test_pieces_side_by_side_along_a_row_run_one_loop_each():
+    # the gradient of chunk(4, -1) (an LSTM's gates): four padded pieces along the row's own
+    # axis; each loop computes one piece, ungated, where one loop computed all four per column
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal((16, 40), np.float32) for _ in range(4)]
+    ts = [Tensor(p, device="cpu") for p in parts]
+    out = cat([ts[0].sigmoid(), ts[1] * ts[2], ts[2].tanh(), ts[3].exp()], 1)
+    item, = schedule.create_schedule([out.lazy])
+    bodies = loop_bodies(lower(item.root, item.inputs, SERIAL_CAPS))
+    assert len(bodies) == 4, len(bodies)
+    for body in bodies:
+        loads = [n for n in body if n.op is Op.LOAD]
+        assert 1 <= len(loads) <= 2 and all(len(n.src) == 2 for n in loads), loads
+        assert [n.op for n in body].count(Op.EXP2) <= 1
+    expected = np.concatenate([1 / (1 + np.exp(-parts[0])), parts[1] * parts[2],
+                               np.tanh(parts[2]), np.exp(parts[3])], 1)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)

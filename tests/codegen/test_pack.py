@@ -14,6 +14,7 @@ from portkit.abi import dtypes
 from portkit.abi.ops import Op
 from portkit.codegen import pack
 from portkit.codegen.lower import lower
+from portkit.codegen.plan import register_block
 from portkit.graph import GraphOp
 from portkit.nn import functional as F
 from portkit.reference_backends.cpu.renderer import CPURenderer
@@ -378,3 +379,46 @@ def test_a_transposed_conv_of_stride_kernel_is_a_packed_matmul_and_a_permute(kwa
     expected = torch.nn.functional.conv_transpose2d(
         *map(torch.from_numpy, (x, w, b)), stride=2, **kwargs).numpy()
     _close(y.numpy(), expected, 64)
+
+
+@pytest.mark.parametrize("steps", [6, 70])      # one depth block, and two
+def test_a_weight_gradient_over_batch_and_time_stages_a_k_by_k(steps):
+    # dy [b, t, m] steps by 1 along m and by m along the flat k = (b, t): staged [k][row],
+    # its copy streams dy's rows, where row by row it read each row's k terms m floats apart
+    x, w, r = _floats(4, steps, 48), _floats(64, 48), _floats(4, steps, 64)
+    tw = Tensor(w, device="cpu", requires_grad=True)
+    (F.linear(Tensor(x, device="cpu"), tw) * Tensor(r, device="cpu")).sum().backward()
+    item = schedule.create_schedule([tw.grad.lazy])[-1]
+    found, packing = pack.find(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert found.k_fold and packing.packed_a and not packing.along_k
+    expected = r.reshape(-1, 64).T.astype(np.float64) @ x.reshape(-1, 48)
+    _close(tw.grad.numpy(), expected, 4 * steps)
+
+
+@pytest.mark.parametrize("rows", [16, 12])
+def test_few_rows_times_w_transposed_trade_places(rows):
+    # h @ W.T with a recurrent step's 16 rows: W's rows are m, read in place, and the few rows
+    # are n, one vector of lanes, so no group copies a panel of W.T (a gather of W's rows)
+    x, w = _floats(rows, 256), _floats(1024, 256)
+    item = _item(x, w, "cpu", transposed=True)
+    found, packing = pack.find(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert found.sizes == (1024, rows, 256)
+    assert found.reduce.src[0].shape[found.m] == 1024
+    block = register_block(runtime.get("cpu").capabilities)
+    assert packing.width == block.vector // 2
+    assert packing.rows * packing.width == block.accumulators
+    out = (Tensor(x, device="cpu") @ Tensor(w, device="cpu").T).numpy()
+    _close(out, x.astype(np.float64) @ w.T, 256)
+
+
+@pytest.mark.parametrize("rows", [(560,), (16, 35)])
+def test_a_plain_matmul_of_one_depth_block_takes_more_blocks_per_group(rows):
+    # one register block's sums in LOCAL whatever the blocks: the LSTM's head (560 x 256 by
+    # 2000 x 256, its rows batch by time) copies each panel of W.T in two groups along m, not
+    # five
+    x, w = _floats(*rows, 256), _floats(2000, 256)
+    item = _item(x, w, "cpu", transposed=True)
+    _, packing = pack.find(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert packing.rows * packing.blocks >= 280 and not packing.summed
+    out = (Tensor(x, device="cpu") @ Tensor(w, device="cpu").T).numpy()
+    _close(out, x.astype(np.float64) @ w.T, 256)

@@ -54,8 +54,9 @@ def test_a_panel_of_w_transposed_with_rows_4_kib_apart_is_copied_along_k_innermo
                                                   device="interpreter")).lazy])
     # W is [k][n]: read along n innermost, as it lies
     assert _innermost_range_at_panel_store(lower(item.root, item.inputs, LOOPS)) == 32
-    # rows 3 KiB apart fall in different L1 sets: the copy whose stores are contiguous
-    x, w = Tensor(_floats(16, 768), device="interpreter"), Tensor(_floats(256, 768),
+    # rows 3 KiB apart fall in different L1 sets: the copy whose stores are contiguous (20
+    # rows: 16 or fewer trade places with W's, folds.few_rows, and the panel is x's)
+    x, w = Tensor(_floats(20, 768), device="interpreter"), Tensor(_floats(256, 768),
                                                                  device="interpreter")
     item, = schedule.create_schedule([(x @ w.T).lazy])
     assert _innermost_range_at_panel_store(lower(item.root, item.inputs, LOOPS)) == 32

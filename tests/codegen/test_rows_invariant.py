@@ -11,29 +11,11 @@ from portkit.abi.ops import Op
 from portkit.codegen.lower import lower
 from portkit.nn import functional as F
 from portkit.tensor import Tensor
+from tests.codegen.test_rows_merged import _innermost
 
 
 def _data(*shape: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def _innermost_loads(kernel) -> list[int]:
-    """The buffers (PARAM args) that LOAD nodes inside an innermost loop read."""
-    nodes, loads, stack = kernel.nodes, [], []
-    for i, node in enumerate(nodes):
-        if node.op is Op.RANGE:
-            if stack:
-                stack[-1].append(i)
-            stack.append([])
-        elif node.op is Op.END and stack:
-            body = stack.pop()
-            if not any(nodes[j].op is Op.RANGE for j in body):
-                loads += [nodes[nodes[j].src[0]].arg for j in body if nodes[j].op is Op.LOAD]
-            if stack:
-                stack[-1] += body + [i]
-        elif stack:
-            stack[-1].append(i)
-    return loads
 
 
 def _batch_norm_grad(x, g, weight):
@@ -50,7 +32,8 @@ def test_a_batch_norm_gradient_loads_its_statistics_outside_the_row_loop():
     kernel = lower(item.root, item.inputs, runtime.get("cpu").capabilities)
     per_channel = {k + 1 for k, node in enumerate(item.inputs) if node.shape[-1] == 1}
     assert per_channel, "no per-channel input: the gradient's last kernel changed shape"
-    inner = _innermost_loads(kernel)
+    inner = [kernel.nodes[n.src[0]].arg for _, body in _innermost(kernel) for n in body
+             if n.op is Op.LOAD]
     assert inner and not per_channel & set(inner), (per_channel, inner)
     tx = torch.from_numpy(x).double().requires_grad_()
     ty = torch.nn.functional.batch_norm(tx, None, None, torch.from_numpy(weight).double(),

@@ -37,6 +37,7 @@ the reduce's factors at the panel's positions, as codegen/tiles.py does for GPU-
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import product
@@ -77,6 +78,8 @@ _PER_UNIT = 4        # a weight gradient's workgroups per compute unit the devic
 _MIN_WORK = 1 << 15  # smaller matmuls (m * n * k) keep the untiled lowering
 _GROUP_WORK = 1 << 17   # multiply-adds worth a workgroup of their own (tens of microseconds)
 _L1_WAY = 4096          # bytes: addresses this far apart share an L1 set (x86's 32-48 KiB)
+_L1_WAYS = 8            # lines an L1 set holds (32 KiB, 8-way: Zen 4, Skylake)
+_LINE = 64              # bytes in a cache line
 
 
 def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
@@ -268,12 +271,17 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         return idx
 
     edge = n_size % p.width != 0        # the last panel is partly past N: staged as zeros
-    # B's rows along n lie a multiple of an L1 way (4 KiB on x86) apart: all in one L1 set.
+    # B's rows along n crowd an L1 set: more of the panel's rows map to one set than it has
+    # ways (rows 4 KiB apart all share one; 2 KiB apart, 16 of 32 rows share each of two).
     # Otherwise its k-outer copy, whose panel stores are contiguous, ran faster (one thread,
-    # AVX2: x @ W.T for 16 x 256 x 1024 and 16 x 768 x 3072 at 1.3-1.6x the row-wise copy's)
+    # AVX2: x @ W.T for 16 x 256 x 1024 and 16 x 768 x 3072 at 1.3-1.6x the row-wise copy's;
+    # AVX-512 EPYC: 20 x 768 x 256 at 1.07x), and row by row where they crowd (64 x 512 x
+    # 512: 1.3x the k-outer copy's, whose 32 rows at each k were a gather)
     row_bytes = [step * found.right.dtype.itemsize
                  for step in load_steps(found.right, lowerer.inputs, f"o{found.n}") if step]
-    aliased = any(size % _L1_WAY == 0 for size in row_bytes)
+    crowded = any(max(Counter(j * size // _LINE % (_L1_WAY // _LINE)
+                              for j in range(p.width)).values()) > _L1_WAYS
+                  for size in row_bytes)
 
     def write(t: Lin, r: Lin | int, column: Lin, value: int, first: tuple[Lin, Lin]) -> None:
         """Stores register block t's output (r, column), rounded to the output's dtype; `first`
@@ -392,11 +400,11 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 value, = lowerer.lower(found.right, [at(const(0), column, k)], [None])
                 value = value if b.dtype(value) == wide else b.cast(value, wide)
                 b.store(panel, lowerer.index(kk * p.width + j), value)
-            if found.contiguous_k[1] and (found.k_fold or aliased):
+            if found.contiguous_k[1] and (found.k_fold or crowded):
                 # B read along its rows (a conv's output gradient along the output positions,
                 # x @ W.T's W): across n its `width` rows lie a plane or a row apart, 4 KiB on
                 # a 32 x 32 map or for K = 1024, and walking them all at each k evicts each
-                # other from one L1 set
+                # other from their L1 sets
                 with _loop(lowerer, "pn", p.width, end) as j:
                     for kk, k in walk("pk"):
                         copy(kk, k, j)

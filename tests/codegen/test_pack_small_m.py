@@ -41,15 +41,18 @@ def _innermost_range_at_panel_store(kernel) -> int:
     raise AssertionError("no store into LOCAL")
 
 
-def test_a_panel_of_w_transposed_with_rows_4_kib_apart_is_copied_along_k_innermost():
+def test_a_panel_of_w_transposed_whose_rows_crowd_an_l1_set_is_copied_along_k_innermost():
     # W is [n][k]: the copy reads each of the panel's 32 rows along k, not 32 rows K apart at
-    # each k (4 KiB apart for K = 1024, which evict each other from one L1 set)
-    x, w = Tensor(_floats(16, 1024), device="interpreter"), Tensor(_floats(256, 1024),
-                                                                  device="interpreter")
-    item, = schedule.create_schedule([(x @ w.T).lazy])
-    kernel = lower(item.root, item.inputs, LOOPS)
-    assert Op.LOCAL in [n.op for n in kernel.nodes]
-    assert _innermost_range_at_panel_store(kernel) == 256       # the depth block, not 32
+    # each k (4 KiB apart for K = 1024, which evict each other from one L1 set; 2 KiB apart
+    # for K = 512, 16 rows in each of two 8-way sets)
+    for rows, depth in ((16, 1024), (64, 512)):
+        a, w = Tensor(_floats(rows, depth), device="interpreter"), Tensor(
+            _floats(256, depth), device="interpreter")
+        item, = schedule.create_schedule([(a @ w.T).lazy])
+        kernel = lower(item.root, item.inputs, LOOPS)
+        assert Op.LOCAL in [n.op for n in kernel.nodes]
+        assert _innermost_range_at_panel_store(kernel) == 256    # the depth block, not 32
+    x = Tensor(_floats(16, 1024), device="interpreter")
     item, = schedule.create_schedule([(x @ Tensor(_floats(1024, 256),
                                                   device="interpreter")).lazy])
     # W is [k][n]: read along n innermost, as it lies

@@ -107,36 +107,42 @@ def short_loops(kernel: Kernel) -> set[int]:
 
 
 def strided_loops(kernel: Kernel) -> set[int]:
-    """The RANGE nodes of innermost loops with constant bounds, SHORT_LOOP trips or more, no
-    ASSIGN inside, stores that step 0 or 1 element per trip and loads 0, 1 or 2, some 2 (a
-    stride-2 depthwise conv's row, which clang's cost model may leave scalar); or loads 0 or
-    1 from more than ALIAS_CHECKS buffers (`_buffers`), which clang leaves scalar rather than
-    check that many for overlap with the stores."""
-    return {i for i, trips, loads, stores in _plain_loops(kernel)
-            if trips >= SHORT_LOOP and stores <= {0, 1} and (
-                2 in loads and loads <= {0, 1, 2}
-                or loads <= {0, 1} and _buffers(kernel.nodes, i) > ALIAS_CHECKS)}
+    """The RANGE nodes of innermost loops with no ASSIGN inside and stores that step 0 or 1
+    element per trip whose loads, with constant bounds and SHORT_LOOP trips or more, step 0,
+    1 or 2, some 2 (a stride-2 depthwise conv's row, which clang's cost model may leave
+    scalar); or, with any bounds but not known to be short, step 0 or 1 from more than
+    ALIAS_CHECKS places in buffers (`_streams`), which clang leaves scalar rather than check
+    that many for overlap with the stores."""
+    return {i for i, trips, loads, stores in _plain_loops(kernel, bounded=False)
+            if stores <= {0, 1} and (trips is None or trips >= SHORT_LOOP) and (
+                trips is not None and 2 in loads and loads <= {0, 1, 2}
+                or loads <= {0, 1} and _streams(kernel.nodes, i) > ALIAS_CHECKS)}
 
 
-def _buffers(nodes: tuple[Node, ...], i: int) -> int:
-    """How many kernel buffers (PARAMs) the loads of loop `i` read."""
-    return len({nodes[k].src[0] for k in range(i + 1, _end(nodes, i))
-                if nodes[k].op is Op.LOAD and nodes[nodes[k].src[0]].op is Op.PARAM})
+def _streams(nodes: tuple[Node, ...], i: int) -> int:
+    """How many loads from kernel buffers (PARAMs) loop `i` makes: 9 buffers read by an
+    LSTM's gate gradients, or the 64 rows of a bias gradient's column sum unrolled (128
+    loads of 2 buffers a column, scalar at 28x the vector loop's time)."""
+    return sum(nodes[k].op is Op.LOAD and nodes[nodes[k].src[0]].op is Op.PARAM
+               for k in range(i + 1, _end(nodes, i)))
 
 
-def _plain_loops(kernel: Kernel) -> list[tuple[int, int, set[int | None], set[int | None]]]:
-    """(RANGE node, trips, load steps, store steps: `_steps`) of each innermost loop with
-    constant bounds and no ASSIGN inside."""
+def _plain_loops(kernel: Kernel, bounded: bool = True
+                 ) -> list[tuple[int, int | None, set[int | None], set[int | None]]]:
+    """(RANGE node, trips, load steps, store steps: `_steps`) of each innermost loop with no
+    ASSIGN inside and constant bounds; with `bounded` False, any bounds too (trips None)."""
     nodes, found = kernel.nodes, []
     for i, node in enumerate(nodes):
         if node.op is not Op.RANGE:
             continue
         start, stop = (nodes[s] for s in node.src)
-        if start.op is not Op.CONST or stop.op is not Op.CONST:
+        constant = start.op is Op.CONST and stop.op is Op.CONST
+        if bounded and not constant:
             continue
         end = _end(nodes, i)
         if not any(n.op in (Op.RANGE, Op.ASSIGN) for n in nodes[i + 1:end]):
-            found.append((i, stop.arg - start.arg, *_steps(nodes, i, end)))
+            found.append((i, stop.arg - start.arg if constant else None,
+                          *_steps(nodes, i, end)))
     return found
 
 

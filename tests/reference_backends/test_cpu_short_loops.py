@@ -154,3 +154,15 @@ def test_a_row_reading_many_buffers_is_asked_for_vectors_unmasked():
                           source)
     assert any(re.search(r"= 0; \w+ < 64;", h) for h in asked(10))
     assert asked(3) == []
+
+
+def test_a_column_sum_unrolled_over_many_rows_is_asked_for_vectors():
+    # a bias gradient: 64 rows of a ReLU-masked gradient summed per column, unrolled, make 128
+    # loads a column from two buffers; clang would check each for overlap with the store, more
+    # than it will, and left the loop over columns scalar
+    dy, h = _floats(64, 512), _floats(64, 512, seed=1)
+    out = (Tensor(dy, device="cpu") * (Tensor(h, device="cpu") > 0)).sum(0)
+    strided = re.findall(re.escape(CPURenderer.strided_loop_pragma or "") + r"\n\s*(for \(.*)",
+                         _source(out))
+    assert len(strided) == 1, strided
+    np.testing.assert_allclose(out.numpy(), (dy * (h > 0)).sum(0), rtol=1e-5, atol=1e-5)

@@ -100,6 +100,7 @@ def short_loops(kernel: Kernel) -> set[int]:
     that each step 0 or 1 element per trip (`_steps`)."""
     found = set()
     for i, trips, loads, stores in _plain_loops(kernel):
+        assert trips is not None            # constant bounds
         tailed = SHORT_LOOP <= trips < TAILED_LOOP and trips % SHORT_LOOP != 0
         if (1 < trips < SHORT_LOOP or tailed) and loads | stores <= {0, 1}:
             found.add(i)

@@ -34,7 +34,7 @@ from portkit.onnx import (
     training,
     validate,
 )
-from portkit.onnx.ops import Context, NodeArgs
+from portkit.onnx.ops import Context, NodeArgs, Uploads
 from portkit.onnx.validate import InvalidModel
 from portkit.tensor import Tensor
 
@@ -95,7 +95,7 @@ class Model:
     replays: bool = True
     _host: dict[int, Any] = field(default_factory=dict, repr=False)
     _jits: dict[tuple, Any] = field(default_factory=dict, repr=False)
-    _uploaded: dict[int, Tensor] = field(default_factory=dict, repr=False)
+    _uploaded: Uploads = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
         """A summary, not the weights: opset, inputs, outputs, node counts by op, weights."""

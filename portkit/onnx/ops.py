@@ -23,6 +23,10 @@ from portkit.tensor import Tensor, cat
 Value = Any   # a Tensor, a numpy array (a host value) or None
 
 
+# a model's constants on the device: by id, and by id and axis order (Context.laid_out)
+Uploads = dict[int | tuple[int, tuple[int, ...]], Tensor]
+
+
 @dataclass
 class Context:
     """What every op may need: the device, the model's opset, and the model's constants (by
@@ -30,7 +34,7 @@ class Context:
 
     device: str | None
     opset: int
-    uploaded: dict[int, Tensor]
+    uploaded: Uploads
     constants: dict[int, np.ndarray] = field(default_factory=dict)
     scope: dict[str, Any] = field(default_factory=dict)     # the running graph's values
 
@@ -46,6 +50,21 @@ class Context:
         if key not in self.uploaded:
             self.uploaded[key] = self._upload(np.asarray(value))
         return self.uploaded[key]
+
+    def laid_out(self, value: Value, order: tuple[int, ...]) -> Tensor:
+        """`value` as `tensor` gives it, but a model constant is uploaded once with its axes
+        in `order` (contiguous so) and given back as a view in its own order: a conv's weights
+        [cout][cin][kh][kw] laid out [cin][kh][kw][cout] are read along the output channels
+        the way a packed kernel's panel holds them, a contiguous copy instead of a
+        transposing one."""
+        key = id(value)
+        if isinstance(value, Tensor) or self.constants.get(key) is not value:
+            return self.tensor(value)
+        if (key, order) not in self.uploaded:
+            array = np.ascontiguousarray(np.asarray(value).transpose(order))
+            self.uploaded[(key, order)] = self._upload(array).permute(
+                *(int(axis) for axis in np.argsort(order)))
+        return self.uploaded[(key, order)]
 
     def _upload(self, array: np.ndarray) -> Tensor:
         array = self._narrowed(array)      # still int64: values beyond int32, kept as int64

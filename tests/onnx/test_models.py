@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from portkit import backends
+from portkit import backends, schedule
+from portkit.graph import GraphOp
 from portkit.onnx import UnsupportedModel, load
 from portkit.tensor import Tensor
 
@@ -240,8 +241,6 @@ def test_a_loaded_model_prints_a_summary_not_its_weights():
 @pytest.mark.parametrize("pads", [[0, 0, 0, 0], [1, 0, 1, 1]])
 def test_a_conv_transpose_of_stride_kernel_is_a_matmul_and_a_permute(pads):
     # a U-Net decoder's 2x2 stride-2 upsampling, as the spread conv it ran at 0.2 GFLOP/s
-    from portkit import schedule
-    from portkit.graph import GraphOp
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 8, 5, 6), np.float32)
     w, b = rng.standard_normal((8, 4, 2, 2), np.float32), rng.standard_normal(4, np.float32)
@@ -252,4 +251,20 @@ def test_a_conv_transpose_of_stride_kernel_is_a_matmul_and_a_permute(pads):
     y = model.run(model.bind((Tensor(x),), {}))["y"]
     matmul, permute = schedule.create_schedule([y.lazy])
     assert matmul.root.op is GraphOp.REDUCE and matmul.root in permute.inputs
+    np.testing.assert_allclose(y.numpy(), onnxruntime(proto, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_convs_constant_weights_lie_along_the_output_channels():
+    # a conv's weights [cout][cin][kh][kw] are uploaded [cin][kh][kw][cout], the way a packed
+    # kernel's panel holds them: its copy is contiguous, not a transpose of the weights
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 8, 10, 10), np.float32)
+    w = rng.standard_normal((16, 8, 3, 3), np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    proto = graph([node], {"x": list(x.shape)}, ["y"],
+                  initializers=[helper.make_tensor("w", F32, w.shape, w.ravel())])
+    model = load(proto, device="cpu")
+    y = model.run(model.bind((Tensor(x),), {}))["y"]
+    conv = schedule.create_schedule([y.lazy])[-1]
+    assert (8, 3, 3, 16) in [i.shape for i in conv.inputs if i.op is GraphOp.LOAD]
     np.testing.assert_allclose(y.numpy(), onnxruntime(proto, {"x": x})[0], rtol=1e-5, atol=1e-5)

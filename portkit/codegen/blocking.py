@@ -27,7 +27,7 @@ class Packing:
     width: int
     blocks: int
     depth: int
-    spans: int = 1          # panels along n per workgroup (one depth block, or a weight gradient)
+    spans: int = 1          # panels along n per workgroup (one depth block, or a staged A)
     packed_a: bool = False  # A's block computed once per group and depth block into LOCAL
     summed: bool = True     # several depth blocks: running sums in LOCAL
     along_k: bool = False   # the staged A is [row][k] (A steps by 1 along k), else [k][row]
@@ -43,10 +43,11 @@ class Packing:
 def spanned(packings: list[Packing], found: Contraction, inputs: list[Lazy],
             caps: Capabilities, wanted: int, counts: tuple[int, int, int], need: int,
             unspanned: Packing | None) -> Packing | None:
-    """The packing of a weight gradient (a sum over the batch and the output positions, its
-    A staged per group and depth block) whose groups span several panels along n, if one
-    leaves `wanted` groups, fits the device's workgroup memory and evaluates the operands
-    less than `unspanned` (the packing of one panel a group, if any): each group stages its A
+    """The packing of a contraction whose A is staged per group and depth block (a weight
+    gradient's sum over the batch and the output positions, or an A that is more than a
+    load) whose groups span several panels along n, if one leaves `wanted` groups, fits the
+    device's workgroup memory and evaluates the operands less than `unspanned` (the packing
+    of one panel a group, if any): each group stages its A
     block once for all its panels and copies each B panel once for all its register blocks,
     and keeps their running sums in LOCAL. Of those, the one that evaluates the operands
     least (A's staging weighted as 2 ops, B's copy as `need`), then the deepest."""

@@ -14,7 +14,7 @@ import torch
 from portkit import runtime, schedule
 from portkit.codegen import pack
 from portkit.codegen.lower import lower
-from portkit.tensor import Tensor
+from portkit.tensor import Tensor, cat
 from tests.codegen.test_conv_taps import LOOPS, _data
 
 TF = torch.nn.functional
@@ -91,3 +91,17 @@ def test_a_weight_gradient_takes_fewer_groups_on_a_device_of_few_units():
 def test_the_cpu_backend_states_a_unit_per_thread():
     from portkit.reference_backends.cpu.runtime import threads
     assert runtime.get("cpu").capabilities.compute_units == threads()
+
+
+def test_a_staged_a_that_is_more_than_a_load_spans_panels():
+    # attention's q, k and v input gradients concatenated, times the projection's weights: A
+    # is three gated loads per element, staged once for all of a group's panels, not once a panel
+    parts = [_data(256, 128, seed=s) for s in range(3)]
+    w = _data(384, 256, seed=3)
+    out = cat([Tensor(p, device="cpu") for p in parts], dim=1) @ Tensor(w, device="cpu")
+    item, = [it for it in schedule.create_schedule([out.lazy])
+             if pack.find(it.root, it.inputs, ROOMY)]
+    packing = pack.find(item.root, item.inputs, ROOMY)[1]
+    assert packing.packed_a and packing.spans > 1, packing
+    expected = np.concatenate(parts, 1).astype(np.float64) @ w
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-4)

@@ -41,3 +41,24 @@ def test_a_bad_value_names_the_setting(monkeypatch):
     monkeypatch.setenv("PORTKIT_PROGRESS", "soon")
     with pytest.raises(ValueError, match="PORTKIT_PROGRESS='soon'.*off"):
         settings.read("PORTKIT_PROGRESS")
+
+
+def test_compile_all_ends_at_the_count_it_was_given():
+    # a caller's count includes kernels that turn out the same as another, or compiled
+    # already: progress ends at count of count, not short of it
+    from portkit import runtime, schedule
+    from portkit.codegen.lower import lower
+    device = runtime.get("cpu")
+    size = int(np.random.default_rng().integers(1000, 100_000))   # kernels no run has seen
+
+    def kernel(n: int):
+        item, = schedule.create_schedule([(Tensor(np.ones(n, np.float32), device="cpu")
+                                           * 2).lazy])
+        return lower(item.root, item.inputs, device.capabilities)
+    compiled = kernel(size + 2)
+    device.compile(compiled)
+    kernels = [kernel(size), kernel(size), kernel(size + 1), compiled]
+    seen: list[tuple[int, int]] = []
+    with progress.reporting(lambda done, total: seen.append((done, total))):
+        device.compile_all(iter(kernels), count=len(kernels))
+    assert seen and seen[-1] == (4, 4), seen

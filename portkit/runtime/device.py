@@ -337,6 +337,9 @@ class Runtime:
         is full. Within `progress.reporting(report)`, `report(done, total)` follows each
         batch; without it, progress shows on stderr once the compile has taken
         PORTKIT_PROGRESS seconds."""
+        # a caller's `count` includes kernels that turn out compiled already or the same as
+        # another: they count as done, so that progress ends at count of count
+        given = count is not None
         if count is None:
             kernels = list(kernels)
             keys = [kernel.to_json() for kernel in kernels]   # as `compile` keys them
@@ -357,16 +360,18 @@ class Runtime:
         places: dict[str, list[int]] = {}     # each kernel to compile: where it goes
         group: list[tuple[str, Kernel]] = []
         started: list[tuple[list[str], Future]] = []
-        size = next(sizes, 1)
+        size, skipped = next(sizes, 1), 0
         with shown, ThreadPoolExecutor(jobs) as pool:
             for kernel, key in pairs:
                 results.append(None)
                 if key in places:
                     places[key].append(len(results) - 1)
+                    skipped += given
                     continue
                 with self._lock:
                     results[-1] = self._compiled.get(key)
                 if results[-1] is not None:
+                    skipped += given
                     continue
                 places[key] = [len(results) - 1]
                 group.append((key, kernel))
@@ -385,7 +390,7 @@ class Runtime:
                         results[i] = compiled
                 done += len(keys)
                 if report is not None:
-                    report(done, len(places))
+                    report(done + skipped, len(places) + skipped)
         return cast(list[Compiled | Exception], results)
 
     def _start(self, pool: ThreadPoolExecutor, group: list[tuple[str, Kernel]], batched: bool

@@ -56,3 +56,16 @@ def test_zoo_model_agrees_with_onnxruntime(exported, name, device):
         error = float(np.abs(got.astype(np.float64) - want).max(initial=0))
         bound = 2e-4 * float(np.abs(want).max(initial=0)) + 1e-5
         assert error <= bound, f"{name} output {k} on {device}: max error {error:.3g} > {bound:.3g}"
+
+
+def test_the_benchmark_gives_the_slowest_kernels_their_rate(exported):
+    # the device numbers a kernel whose name another already has (`r_1_1_128_4_4_1_2`); the
+    # benchmark matches its launches to the kernels it scheduled through those numbers, and a
+    # replayed call (no graph) is not what it counts
+    import models  # benchmarks/models.py
+    path, feeds, _ = exported("resnet18")
+    model = load(path, device="cpu")
+    model(**feeds)
+    rows = models.slowest_kernels(model, feeds, "cpu", count=40)
+    assert any(row["kernel"][-2:] == "_2" for row in rows)
+    assert all(row["gflops"] is not None for row in rows), rows

@@ -56,7 +56,7 @@ def spanned(packings: list[Packing], found: Contraction, inputs: list[Lazy],
     cost = max(evaluation_cost(found.left, {id(x) for x in inputs}), 2)
 
     def evaluations(p: Packing) -> int:
-        return cost * (panels // p.spans) * m + need * (tiles // p.blocks) * n
+        return operand_evaluations(cost, need, (m, n), (tiles, panels), p)
     best: tuple[tuple[int, int], Packing] | None = None
     for packing in packings:
         for spans in (d for d in range(2, panels + 1) if panels % d == 0):
@@ -138,11 +138,20 @@ def one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
                 continue
             if packing.local_bytes(itemsize) > min(caps.local_memory_bytes, HOT_BYTES):
                 continue
-            total = cost * (panels // spans) * m + need * (tiles // blocks) * n
+            total = operand_evaluations(cost, need, (m, n), (tiles, panels), packing)
             # ties: more groups (cores), then more blocks per group (fewer loops)
             if best_cost is None or (total, -groups, -blocks) < best_cost:
                 best, best_cost = packing, (total, -groups, -blocks)
     return best
+
+
+def operand_evaluations(cost: int, need: int, sizes: tuple[int, int],
+                        counts: tuple[int, int], packing: Packing) -> int:
+    """How many ops a packing spends evaluating its operands: A's `cost` per element once
+    per group along n, B's `need` once per group along m (`counts`: register blocks along m,
+    panels along n)."""
+    (m, n), (tiles, panels) = sizes, counts
+    return cost * (panels // packing.spans) * m + need * (tiles // packing.blocks) * n
 
 
 def evaluation_cost(node: Lazy, params: set[int]) -> int:

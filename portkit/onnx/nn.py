@@ -123,9 +123,10 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, strides, dilations,
 
 @op("Conv")
 def _conv_op(ctx: Context, node: NodeArgs) -> list[Value]:
-    x, weight = ctx.tensor(node.inputs[0]), ctx.tensor(node.inputs[1])
-    if weight.ndim == 4 and node.attr("group", 1) == 1:
-        weight = ctx.laid_out(node.inputs[1], (1, 2, 3, 0))
+    x, w = ctx.tensor(node.inputs[0]), node.inputs[1]
+    # uploaded in one layout only: a constant is kept on the device in each it is asked for
+    weight = (ctx.laid_out(w, (1, 2, 3, 0)) if len(w.shape) == 4 and node.attr("group", 1) == 1
+              else ctx.tensor(w))
     bias = None if node.input(2) is None else ctx.tensor(node.inputs[2])
     strides, dilations, pads = _window(node, x, weight.shape[2:])
     return [conv(x.pad(((0, 0), (0, 0), *pads)), weight, bias, strides, dilations,

@@ -8,7 +8,7 @@ from math import ceil
 
 from portkit.abi.backend import Capabilities
 from portkit.abi.ops import Op
-from portkit.codegen.plan import HOT_BYTES
+from portkit.codegen.plan import hot_bytes
 from portkit.codegen.tiles import Contraction
 from portkit.graph import GraphOp, Lazy
 
@@ -47,10 +47,10 @@ def spanned(packings: list[Packing], found: Contraction, inputs: list[Lazy],
     gradient's sum over the batch and the output positions, or an A that is more than a
     load) whose groups span several panels along n, if one leaves `wanted` groups, fits the
     device's workgroup memory and evaluates the operands less than `unspanned` (the packing
-    of one panel a group, if any): each group stages its A
-    block once for all its panels and copies each B panel once for all its register blocks,
-    and keeps their running sums in LOCAL. Of those, the one that evaluates the operands
-    least (A's staging weighted as 2 ops, B's copy as `need`), then the deepest."""
+    of one panel a group, if any): each group stages its A block once for all its panels and
+    copies each B panel once for all its register blocks, and keeps their running sums in
+    LOCAL. Of those, the one that evaluates the operands least (A's staging weighted as 2
+    ops, B's copy as `need`), then the deepest."""
     tiles, panels, batch = counts
     m, n = found.sizes[:2]
     cost = max(evaluation_cost(found.left, {id(x) for x in inputs}), 2)
@@ -65,8 +65,9 @@ def spanned(packings: list[Packing], found: Contraction, inputs: list[Lazy],
             if groups < wanted or wider.local_bytes(
                     found.accumulate.itemsize) > caps.local_memory_bytes:
                 continue
-            if best is None or (evaluations(wider), -packing.depth) < best[0]:
-                best = (evaluations(wider), -packing.depth), wider
+            key = (evaluations(wider), -packing.depth)
+            if best is None or key < best[0]:
+                best = key, wider
     if best is None or unspanned is not None and evaluations(unspanned) <= best[0][0]:
         return None
     return best[1]
@@ -110,8 +111,8 @@ def blocks_per_group(tiles: int, rows: int, m: int, staged: bool, most: int = BL
 
 
 def one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
-               wanted: int, base: Packing, tiles: int, panels: int, batch: int,
-               copy: tuple[int, bool] = (1, False), staged: bool = False,
+              wanted: int, base: Packing, tiles: int, panels: int, batch: int,
+              copy: tuple[int, bool] = (1, False), staged: bool = False,
               most: int = BLOCKS) -> Packing | None:
     """The packing of a reduce that fits one depth block (a weight gradient: K is the batch).
     Its A block is worth computing once per group into LOCAL when A is more than a load (the
@@ -136,7 +137,7 @@ def one_block(found: Contraction, inputs: list[Lazy], caps: Capabilities,
             groups = batch * (tiles // blocks) * (panels // spans)
             if groups < wanted and (blocks, spans) != (1, 1) and (not costly or spans > 1):
                 continue
-            if packing.local_bytes(itemsize) > min(caps.local_memory_bytes, HOT_BYTES):
+            if packing.local_bytes(itemsize) > hot_bytes(caps):
                 continue
             total = operand_evaluations(cost, need, (m, n), (tiles, panels), packing)
             # ties: more groups (cores), then more blocks per group (fewer loops)

@@ -58,9 +58,9 @@ from portkit.codegen.blocking import (
     spanned,
 )
 from portkit.codegen.plan import (
-    HOT_BYTES,
     SERIAL,
     Limits,
+    hot_bytes,
     load_steps,
     register_block,
     serial,
@@ -207,10 +207,10 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         packings.append(Packing(rows, width, blocks, per * unit, packed_a=staged,
                                 along_k=along_k, taps=taps))
     # the deepest panel, then the most register blocks per group that divide m's, leave
-    # enough groups, and fit the device's workgroup memory (at most HOT_BYTES of it)
+    # enough groups, and fit the device's workgroup memory (at most `hot_bytes` of it)
     chosen = next((packing for packing in packings if (
         batch * panels * (tiles // packing.blocks) >= wanted or packing.blocks in (fallback, 1))
-        and packing.local_bytes(itemsize) <= min(caps.local_memory_bytes, HOT_BYTES)), None)
+        and packing.local_bytes(itemsize) <= hot_bytes(caps)), None)
     if staged:
         # or groups of several panels where they evaluate the operands less: a weight
         # gradient's, or a staged A that is more than a load (attention's q, k and v input
@@ -320,6 +320,10 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     # of its compile
     single = k_size <= p.depth
     sums = b.local(wide, (p.rows if single else across * p.spans) * p.width)
+
+    def running(span: Lin, t: Lin, r: Lin | int, column: Lin | int) -> Lin:
+        """Where the running sums hold panel `span`'s register block t's (r, column)."""
+        return ((span * p.blocks + t) * p.rows + r) * p.width + column
     if not single:
         with _loop(lowerer, "z", across * p.spans * p.width) as z:
             b.store(sums, lowerer.index(z), zero)
@@ -454,7 +458,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 for acc, (r, col) in zip(accs, product(range(p.rows), range(p.width))):
                     # this register block's sums, or the running sums of every block
                     where = lowerer.index(const(r * p.width + col) if single else
-                                          ((span * p.blocks + t) * p.rows + r) * p.width + col)
+                                          running(span, t, r, col))
                     b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
                 if single:
                     with _loop(lowerer, "mr", p.rows) as row, \
@@ -469,7 +473,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             column0 = (tile_n * p.spans + span) * p.width
             first = first_row(t)
             with _loop(lowerer, "mr", p.rows) as row, _loop(lowerer, "mc", p.width) as column:
-                where = lowerer.index(((span * p.blocks + t) * p.rows + row) * p.width + column)
+                where = lowerer.index(running(span, t, row, column))
                 write(t, row, column0 + column, b.load(sums, where), first)
     return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
 

@@ -50,8 +50,8 @@ SERIAL = Limits(vector=32, reuse=8, unroll=16, accumulators=256, gather=16, comp
 THREADED = Limits(vector=4, reuse=4, unroll=4, accumulators=16)
 # A lowering on a device whose threads are loops (a CPU) keeps the blocks it stages in LOCAL
 # (packed panels, a staged operand, running sums; codegen/pack.py and stages.py) within this
-# many bytes, about an L1 data cache, whatever more the device allows; only a weight
-# gradient's running sums for the several panels a group spans take more (an L2's worth).
+# many bytes, about an L1 data cache, whatever more the device allows (`hot_bytes`); only the
+# running sums of the several panels a staged A's group spans take more (an L2's worth).
 HOT_BYTES = 64 * 1024
 # A packed matmul's register block (codegen/pack.py) takes all of a device's vector registers
 # but these: B's vectors and A's broadcast value use the rest (an x86 FMA also reads one
@@ -139,6 +139,12 @@ class Plan:
     def amount(self, axis: int) -> int:
         """Outputs per thread along root axis `axis` (1 where the plan does not upcast it)."""
         return dict(self.upcast).get(axis, 1)
+
+
+def hot_bytes(caps: Capabilities) -> int:
+    """The LOCAL bytes a block a lowering stages may take: HOT_BYTES, or less where the device
+    has less."""
+    return min(caps.local_memory_bytes, HOT_BYTES)
 
 
 def plan(root: Lazy, inputs: list[Lazy], limits: Limits = SERIAL) -> Plan:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.ops import Op
-from portkit.codegen.plan import HOT_BYTES, Plan, gates, load_steps, serial
+from portkit.codegen.plan import Plan, gates, hot_bytes, load_steps, serial
 from portkit.graph import GraphOp, Lazy, walk
 from portkit.symbolic import const, unravel, var
 
@@ -49,7 +49,7 @@ def find(root: Lazy, inputs: list[Lazy], tiling: Plan, caps: Capabilities
     size = prod(src.shape[a] for a in axes)
     index = [var(f"o{a}", 0, n - 1) for a, n in enumerate(src.shape)]
     for factor in src.src:
-        if (size * factor.dtype.itemsize <= min(caps.local_memory_bytes, HOT_BYTES) and _costly(factor, params)
+        if (size * factor.dtype.itemsize <= hot_bytes(caps) and _costly(factor, params)
                 and not gates(factor, inputs, index) and all(
                     step == 0 for a in outputs for step in load_steps(factor, inputs, f"o{a}"))):
             return reduce, factor

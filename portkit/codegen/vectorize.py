@@ -9,8 +9,8 @@ float sum would be reordered, which the ABI's rounding forbids, and whose loads 
 step one element at a time (else gathers). Loops with a tail that 16 lanes leave (17 to 255
 trips) are asked too. `strided_loops` names the rows whose loads step two elements (a stride-2
 depthwise conv's), which the renderer's `strided_loop_pragma` asks for without a mask: masked,
-such loads are gathers. It names too the loops that read more buffers than clang checks for
-overlap with their stores before it vectorizes (ALIAS_CHECKS).
+such loads are gathers. It names too the loops that make more loads from buffers than clang
+checks for overlap with their stores before it vectorizes (ALIAS_CHECKS).
 
 For the same reason a loop that adds each trip's term to a float accumulator (a mean over the
 14 or 28 columns of a SiLU's row, as in a squeeze-excite pool) stays scalar at any length.
@@ -36,7 +36,8 @@ SHORT_LOOP = 16
 TAILED_LOOP = 256
 # clang checks at most this many pointers against a loop's stores at run time (LLVM's
 # runtime-memory-check-threshold) and otherwise leaves the loop scalar, unless asked: an
-# LSTM's gate gradients read 9 buffers a row and ran at 17 cycles an element.
+# LSTM's gate gradients read 9 buffers a row and ran at 17 cycles an element; a bias
+# gradient's unrolled column sum makes 128 loads of 2 buffers.
 ALIAS_CHECKS = 8
 # The longest loop split: its terms' LOCAL array is 4 KiB of float32.
 MOST_TERMS = 1024

@@ -3,8 +3,8 @@
 C has every compute op, and float16 and bfloat16 are emulated in float (renderer.py), so every
 dtype and op is native. The limits are generous rather than hardware facts: a workgroup's
 threads are a loop (split at each barrier), and workgroup memory is a stack array of up to
-1 MiB (an L2's worth: codegen keeps its hot blocks within 64 KiB of it, and only a weight
-gradient's running sums take more; codegen/plan.py HOT_BYTES). The vector
+1 MiB (an L2's worth: codegen keeps its hot blocks within 64 KiB of it, and only the running
+sums of a staged operand's several panels take more; codegen/plan.py HOT_BYTES). The vector
 registers are the host's, read from its feature flags: codegen sizes its register blocks to them.
 """
 from __future__ import annotations

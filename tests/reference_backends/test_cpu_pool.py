@@ -96,3 +96,72 @@ def test_python_threads_launching_at_once_get_their_own_results(tmp_path, monkey
         worker.join(timeout=120)
     assert not any(worker.is_alive() for worker in workers), "a launch never returned"
     assert wrong == [], f"wrong results from the callers seeded {sorted(set(wrong))}"
+
+
+# Records which thread ran each chunk, and in which order the chunks were entered. The first
+# chunk each thread enters waits (up to 2 s) for a second thread to enter one: neither thread
+# can run a second chunk before the other has claimed its first.
+OWNERS = r"""
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+static _Atomic int entered;
+static double seconds(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec + now.tv_nsec * 1e-9;
+}
+void reset(void) { atomic_store(&entered, 0); }
+void chunk(void *context, int64_t index) {
+  uint64_t *record = context;
+  const int order = atomic_fetch_add(&entered, 1);
+  record[2 * index] = (uint64_t)pthread_self();
+  record[2 * index + 1] = (uint64_t)order;
+  const double start = seconds();
+  if (order < 2)
+    while (atomic_load(&entered) < 2 && seconds() - start < 2)
+      sched_yield();
+}
+"""
+
+OWNERS_SCRIPT = """
+import ctypes, sys
+from portkit import cache
+from portkit.reference_backends import cpu
+from portkit.reference_backends.cpu import runtime
+
+device = cpu.backend.load()
+native = runtime._native(device.compiler)[0]
+with cache.file_holding("cpu", device.compiler.compile(sys.argv[1]), ".so") as path:
+    test = ctypes.CDLL(str(path))
+record = (ctypes.c_uint64 * 8)()
+native.pk_pool_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+for _ in range(20):
+    test.reset()
+    native.pk_pool_run(ctypes.cast(test.chunk, ctypes.c_void_p),
+                       ctypes.cast(record, ctypes.c_void_p), 4)
+    print(" ".join(str(r) for r in record))
+"""
+
+
+def test_each_thread_claims_from_its_own_range_first():
+    # A launch's chunks are cut into one range per thread, so chunk k runs on the same core
+    # launch after launch and the data it touched is still in that core's cache: of 4 chunks
+    # on 2 threads the caller's first is chunk 0 and the worker's chunk 2. From one shared
+    # counter, the worker took chunk 1 while the caller was in chunk 0.
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    ran = subprocess.run([sys.executable, "-c", OWNERS_SCRIPT, OWNERS], env=env, check=False,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    launches = [[int(r) for r in line.split()] for line in ran.stdout.splitlines()]
+    assert len(launches) == 20
+    firsts = []
+    for record in launches:
+        owner, order = record[0::2], record[1::2]
+        first_two = [order.index(0), order.index(1)]
+        if owner[first_two[0]] != owner[first_two[1]]:   # else the worker slept past 2 s
+            firsts.append(sorted(first_two))
+    assert len(firsts) >= 5, launches
+    assert all(first == [0, 2] for first in firsts), firsts

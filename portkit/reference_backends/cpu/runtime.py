@@ -133,18 +133,25 @@ class CPUProgram(Program):
 # over cores, and the loop that replays a batch.
 #
 # The pool: a launch (pk_pool_run) publishes a job, a function and a context, and the count of
-# its chunks; the pool's workers and the caller claim chunks one at a time from an atomic
-# counter until none is left. The caller starts at once and then waits only for the chunks a
-# worker has claimed, so a worker that is asleep, or descheduled because other threads share its
-# core, never delays a launch: it finds nothing left to claim. Idle workers poll for SPIN_NS,
-# calling sched_yield between looks so that a poller never keeps a thread that has work (the
-# caller, another library's) off its core, then sleep on a condition variable, which a launch
-# signals without waiting for anyone to wake. The pool runs one job at a time; a launch that
-# finds it busy (another Python thread's) runs its chunks on its own thread.
+# its chunks, cut into one contiguous range per thread (the caller's first, then each worker's).
+# A thread claims chunks of its own range one at a time from the range's atomic counter, then
+# those left in the others' ranges. So a launch's chunk k runs on the same core as chunk k of
+# the launch before whenever every thread is awake: a recurrence's weights (an LSTM step's
+# matrix-vector product) and an elementwise chain's rows stay in that core's L2. The caller
+# starts at once and then waits only for the chunks a worker has claimed, so a worker that is
+# asleep, or descheduled because other threads share its core, never delays a launch: the
+# others claim its range. Idle workers poll for SPIN_NS, calling sched_yield between looks so
+# that a poller never keeps a thread that has work (the caller, another library's) off its
+# core, then sleep on a condition variable, which a launch signals without waiting for anyone
+# to wake. The pool runs one job at a time; a launch that finds it busy (another Python
+# thread's) runs its chunks on its own thread.
 #
-# The counter `claim` holds the job's number in its high 32 bits and the next chunk in the low
-# 32: a worker claims chunk k of job j by a compare-and-swap from (j, k) to (j, k + 1), so a
-# worker still holding job j - 1 never claims a chunk of job j with j - 1's function.
+# Each range's counter holds the job's number in its high 32 bits and the next chunk in the
+# low 32: a thread claims chunk k of job j by a compare-and-swap from (j, k) to (j, k + 1). A
+# launch first moves every counter to its job, then writes the function, context and range
+# ends, then publishes the job's number; a swap that succeeds saw its counter still at job j,
+# so the fields it read before were job j's, and a thread still holding job j - 1 never runs a
+# chunk of job j with j - 1's function.
 _NATIVE = r"""#define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -160,6 +167,7 @@ _NATIVE = r"""#define _GNU_SOURCE
 #define PK_PAUSE() ((void)0)
 #endif
 #define SPIN_NS 100000
+#define MAX_THREADS 256
 
 typedef void (*pk_chunk_fn)(void *context, int64_t index);
 
@@ -167,10 +175,12 @@ static struct {
   pthread_mutex_t busy;              /* held by the launch whose job the pool runs */
   pthread_mutex_t lock;              /* with `wake`: where idle workers sleep */
   pthread_cond_t wake;
-  _Atomic uint64_t claim;            /* job << 32 | next chunk to claim */
+  _Atomic uint64_t job;              /* the running job's number << 32 */
+  _Atomic uint64_t claim[MAX_THREADS];  /* per range: job << 32 | next chunk to claim */
+  _Atomic int64_t end[MAX_THREADS];  /* per range: one past its last chunk */
   _Atomic(pk_chunk_fn) chunk;        /* the job: chunk(context, i) for i in [0, count) */
   _Atomic(void *) context;
-  _Atomic int64_t count, done;       /* done: chunks run to the end, by anyone */
+  _Atomic int64_t done;              /* chunks run to the end, by anyone */
   atomic_int sleeping, held;         /* held: workers claim nothing (pk_pool_hold, a test's) */
   int workers;
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
@@ -181,30 +191,37 @@ static int64_t now_ns(void) {
   return t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* Runs chunks of `job` until none is left; returns at once if the pool has moved past it. */
-static void claim_chunks(uint64_t job) {
-  uint64_t at = atomic_load(&pool.claim);
-  while (at >> 32 == job >> 32) {
-    /* Read before the swap: if the swap succeeds, the job was still `job`, so these are its. */
-    const pk_chunk_fn chunk = atomic_load(&pool.chunk);
-    void *const context = atomic_load(&pool.context);
-    if ((int64_t)(at & 0xffffffff) >= atomic_load(&pool.count))
-      return;
-    if (atomic_compare_exchange_weak(&pool.claim, &at, at + 1)) {
-      chunk(context, (int64_t)(at & 0xffffffff));
-      atomic_fetch_add(&pool.done, 1);
-      at = atomic_load(&pool.claim);
+/* Runs chunks of `job` until none is left, its own range's first (thread 0 is the caller);
+   returns at once if the pool has moved past it. */
+static void claim_chunks(uint64_t job, int self) {
+  const int ranges = pool.workers + 1;
+  for (int step = 0; step < ranges; step++) {
+    const int range = (self + step) % ranges;
+    uint64_t at = atomic_load(&pool.claim[range]);
+    for (;;) {
+      if (at >> 32 != job >> 32)
+        return;
+      /* Read before the swap: if the swap succeeds, the job was still `job`, so these are its. */
+      const pk_chunk_fn chunk = atomic_load(&pool.chunk);
+      void *const context = atomic_load(&pool.context);
+      if ((int64_t)(at & 0xffffffff) >= atomic_load(&pool.end[range]))
+        break;
+      if (atomic_compare_exchange_weak(&pool.claim[range], &at, at + 1)) {
+        chunk(context, (int64_t)(at & 0xffffffff));
+        atomic_fetch_add(&pool.done, 1);
+        at = atomic_load(&pool.claim[range]);
+      }
     }
   }
 }
 
 static int waiting(uint64_t seen) {
-  return atomic_load(&pool.claim) >> 32 == seen >> 32 || atomic_load(&pool.held);
+  return atomic_load(&pool.job) == seen || atomic_load(&pool.held);
 }
 
-static void *worker(void *unused) {
-  (void)unused;
-  uint64_t seen = atomic_load(&pool.claim);
+static void *worker(void *slot) {
+  const int self = (int)(intptr_t)slot;
+  uint64_t seen = atomic_load(&pool.job);
   for (;;) {
     const int64_t until = now_ns() + SPIN_NS;
     while (waiting(seen) && now_ns() < until)
@@ -217,8 +234,8 @@ static void *worker(void *unused) {
       atomic_fetch_sub(&pool.sleeping, 1);
       pthread_mutex_unlock(&pool.lock);
     }
-    seen = atomic_load(&pool.claim);
-    claim_chunks(seen);
+    seen = atomic_load(&pool.job);
+    claim_chunks(seen, self);
   }
   return NULL;
 }
@@ -246,9 +263,11 @@ void pk_pool_start(int32_t threads) {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setstacksize(&attr, 8 << 20);
-  for (int32_t i = 1; i < threads; i++) {
+  for (int32_t i = 1; i < threads && i < MAX_THREADS; i++) {
     pthread_t thread;
-    if (pthread_create(&thread, &attr, worker, NULL) == 0 && pthread_detach(thread) == 0)
+    /* a worker's slot, its range, is fixed before it starts: workers counts those started */
+    if (pthread_create(&thread, &attr, worker, (void *)(intptr_t)(pool.workers + 1)) == 0 &&
+        pthread_detach(thread) == 0)
       pool.workers++;
   }
   pthread_attr_destroy(&attr);
@@ -261,14 +280,18 @@ void pk_pool_run(pk_chunk_fn chunk, void *context, int64_t count) {
       chunk(context, i);
     return;
   }
+  const int ranges = pool.workers + 1;
+  const uint64_t job = atomic_load(&pool.job) + ((uint64_t)1 << 32);
+  for (int range = 0; range < ranges; range++)   /* first: no swap of the last job succeeds */
+    atomic_store(&pool.claim[range], job | (uint64_t)(count * range / ranges));
+  for (int range = 0; range < ranges; range++)
+    atomic_store(&pool.end[range], count * (range + 1) / ranges);
   atomic_store(&pool.chunk, chunk);
   atomic_store(&pool.context, context);
-  atomic_store(&pool.count, count);
   atomic_store(&pool.done, 0);
-  const uint64_t job = ((atomic_load(&pool.claim) >> 32) + 1) << 32;
-  atomic_store(&pool.claim, job);
+  atomic_store(&pool.job, job);
   wake_workers();
-  claim_chunks(job);
+  claim_chunks(job, 0);
   for (int spins = 0; atomic_load(&pool.done) < count; spins++)
     if (spins < 1000)
       PK_PAUSE();

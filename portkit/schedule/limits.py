@@ -9,6 +9,7 @@ from math import prod
 from portkit import graph
 from portkit.abi.ops import Op
 from portkit.graph import GraphOp, Lazy
+from portkit.view import ShapeTracker
 
 # Ops fused into one kernel along any path, at most: a chain of 100,000 adds becomes 100
 # kernels of 1,000, so no walk of one kernel's graph (lowering, rendering, the C compiler's own)
@@ -78,16 +79,48 @@ def _owners(order: list[Lazy], consumers: dict[int, set[int]], realize: set[int]
             cut: Callable[[Lazy], bool]) -> dict[int, int]:
     """The one kernel root (an id) that computes each unrealized node of `order`, or _MANY
     where several do; consumers first, so a shared node for which `cut` holds is added to
-    `realize` before its sources are placed (it is then their one kernel)."""
+    `realize` before its sources are placed (it is then their one kernel). A node that
+    several kernels read only through slices that do not overlap (an LSTM's gates, chunked
+    into i, f, g, o) is computed once per element all the same: its owner is its own mark,
+    -2 - id(node), which its sources inherit, and it is not cut."""
     owner: dict[int, int] = {}
+    by_id = {id(n): n for n in order}
     for node in reversed(order):
         if id(node) in realize:
             continue
         found = {c if c in realize else owner.get(c, _MANY) for c in consumers[id(node)]}
-        owner[id(node)] = found.pop() if len(found) == 1 else _MANY
+        if len(found) == 1:
+            owner[id(node)] = found.pop()
+        elif _MANY not in found and _apart(node, [by_id[c] for c in consumers[id(node)]]):
+            owner[id(node)] = -2 - id(node)
+        else:
+            owner[id(node)] = _MANY
         if owner[id(node)] == _MANY and cut(node):
             realize.add(id(node))
     return owner
+
+
+def _apart(node: Lazy, readers: list[Lazy]) -> bool:
+    """Whether each of `readers` is a slice of `node` (a shrink of its row-major elements),
+    none overlapping another."""
+    boxes = [_box(r, node.shape) for r in readers if r.op is GraphOp.VIEW and r.src[0] is node]
+    if len(boxes) != len(readers) or None in boxes:
+        return False
+    return all(any(a_hi <= b_lo or b_hi <= a_lo for (a_lo, a_hi), (b_lo, b_hi) in zip(a, b))
+               for k, a in enumerate(boxes) for b in boxes[k + 1:])
+
+
+def _box(view: Lazy, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...] | None:
+    """The region of `shape` that `view` reads where it is a shrink of it, else None."""
+    start, rest = [], view.arg.views[-1].offset
+    rows = [prod(shape[k + 1:]) for k in range(len(shape))]
+    for row in rows:
+        start.append(rest // row)
+        rest %= row
+    box = tuple((b, b + size) for b, size in zip(start, view.shape))
+    if len(view.shape) != len(shape) or any(hi > size for (_, hi), size in zip(box, shape)):
+        return None
+    return box if ShapeTracker.contiguous(shape).shrink(box) == view.arg else None
 
 
 # A matmul reads its A operand through an expand (each element once per output column), and

@@ -427,3 +427,36 @@ def test_a_costly_activation_read_by_two_kernels_is_computed_once():
         torch.tensor(x), torch.tensor(w), torch.tensor(b), padding=1, groups=8))
     ref = act_ref * act_ref.mean((2, 3), keepdim=True).sigmoid()
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _gate_kernels(first: slice, second: slice) -> tuple[list, Tensor, Tensor, np.ndarray]:
+    """An LSTM-like step: h @ R.T + b as gates, a sigmoid over them, read through two slices
+    by two kernels (one each), as i, f, o are in a cell's update and its output."""
+    rng = np.random.default_rng(0)
+    hs, rs, bs = (rng.standard_normal(s).astype(np.float32) for s in ((2, 8), (32, 8), (32,)))
+    gates = (Tensor(hs) @ Tensor(rs).transpose(0, 1) + Tensor(bs)).sigmoid()
+    one, two = gates[:, first] * 2, gates[:, second].sum(-1)
+    items = schedule.create_schedule([one.lazy, two.lazy])
+    return items, one, two, 1 / (1 + np.exp(-(hs @ rs.T + bs)))
+
+
+def test_slices_that_do_not_overlap_share_no_work():
+    """Two kernels that read a value through slices that do not overlap compute each element
+    once between them: the value needs no buffer of its own (an LSTM step ran its sigmoid of
+    i, f, o as a kernel of its own, and its gates, and wrote both out)."""
+    from portkit import graph
+    items, one, two, ref = _gate_kernels(slice(0, 16), slice(16, 32))
+    assert len(items) == 3, items      # the matmul, then each reader with its sigmoid fused
+    exps = [sum(n.op is Op.EXP2 for n in graph.toposort(
+        [it.root], stop=lambda n, it=it: n is not it.root and any(n is s for s in it.inputs)))
+        for it in items]
+    assert exps == [0, 1, 1], items
+    np.testing.assert_allclose(one.numpy(), ref[:, :16] * 2, rtol=1e-5)
+    np.testing.assert_allclose(two.numpy(), ref[:, 16:].sum(-1), rtol=1e-5)
+
+
+def test_slices_that_overlap_still_store_the_shared_value():
+    items, one, two, ref = _gate_kernels(slice(0, 20), slice(16, 32))
+    assert len(items) == 4, items      # the sigmoid gets a buffer: both would compute 16:20
+    np.testing.assert_allclose(one.numpy(), ref[:, :20] * 2, rtol=1e-5)
+    np.testing.assert_allclose(two.numpy(), ref[:, 16:].sum(-1), rtol=1e-5)

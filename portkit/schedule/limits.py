@@ -31,14 +31,17 @@ def cut_deep(order: list[Lazy], realize: set[int]) -> None:
 # An elementwise value that several kernels read is computed again in each of them: cheap for a
 # short expression, but a recurrence (an LSTM's cell state, c = f * c + i * g, read by the next
 # step and by the output) would recompute every earlier step in every later kernel: O(steps^2)
-# work in ever-larger kernels, each compiled anew. Past this many fused ops deep (views and
+# work in ever-larger kernels, each compiled anew. From this many fused ops deep (views and
 # constants do not count; an exp is 17, a sigmoid 25, a tanh 29), such a value gets its own
 # buffer: an LSTM step then runs as three kernels of one structure at any sequence length. At
 # 20 a sigmoid or a tanh that several kernels read is stored, and each exponential of an
 # LSTM's gate gradients runs once: its jitted training step took 90 ms of CPU, not 127 at 32,
-# and compiled 64 distinct kernels, not 155; the inference zoo's first calls and warm calls
-# and the other training steps took the same time at both; docs/performance.md has the figures.
-MAX_SHARED_DEPTH = 20
+# and compiled 64 distinct kernels, not 155. At 17 an exp is stored too: softmax's exp(x - max),
+# read by the sum and by the division, ran twice (0.9 ms each over 560 x 2000 on one thread);
+# stored, that softmax took 1.43 ms, not 2.43, and 1024 x 2000 2.99, not 4.36. The inference
+# zoo's kernels and the training steps took the same time at 17 and 20; docs/performance.md
+# has the figures.
+MAX_SHARED_DEPTH = 17
 # Buffers a shared value's fused expression reads, at most, before it gets its own buffer: a
 # transformer's residual stream (x + attention + bias + MLP + bias, block after block) is a
 # few ops per block, so by depth alone it went unstored for 8 blocks, and each block's layer
@@ -55,7 +58,17 @@ def cut_shared(order: list[Lazy], consumers: dict[int, set[int]], realize: set[i
     kernels would compute and whose fused expression is MAX_SHARED_DEPTH ops deep or more, or
     reads MAX_SHARED_READS buffers or more. Consumers are decided first (a cut one is its own
     kernel), so a value feeding only a cut node belongs to that node's kernel and stays fused;
-    reads are counted sources first, so a stored value counts as one buffer downstream."""
+    reads are counted sources first, so a stored value counts as one buffer downstream. Depth
+    is counted again once the values stored for their reads are known: a residual stream
+    stored once per block is no deeper than a block's adds, where counted through every block
+    it reached the bound at the eighth."""
+    realize |= _cut_shared(order, consumers, set(realize))
+    _cut_shared(order, consumers, realize)
+
+
+def _cut_shared(order: list[Lazy], consumers: dict[int, set[int]], realize: set[int]
+                ) -> set[int]:
+    """One pass of cut_shared over `realize`; returns the ids it stored for their reads."""
     depth: dict[int, int] = {}
     for node in order:
         deepest = max((depth.get(id(s), 0) for s in node.src if id(s) not in realize), default=0)
@@ -63,6 +76,7 @@ def cut_shared(order: list[Lazy], consumers: dict[int, set[int]], realize: set[i
     owner = _owners(order, consumers, realize, lambda node: isinstance(node.op, Op)
                     and depth[id(node)] >= MAX_SHARED_DEPTH)
     reads: dict[int, frozenset[int]] = {}   # id(node) -> the buffers its expression reads
+    stored: set[int] = set()
     for node in order:
         read: frozenset[int] = frozenset().union(*(
             {id(s)} if s.realized or id(s) in realize else reads.get(id(s), frozenset())
@@ -73,6 +87,8 @@ def cut_shared(order: list[Lazy], consumers: dict[int, set[int]], realize: set[i
         if (owner.get(id(node)) == _MANY and isinstance(node.op, Op)
                 and len(read) >= MAX_SHARED_READS):
             realize.add(id(node))
+            stored.add(id(node))
+    return stored
 
 
 def _owners(order: list[Lazy], consumers: dict[int, set[int]], realize: set[int],

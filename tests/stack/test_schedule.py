@@ -476,3 +476,27 @@ def test_slices_that_overlap_still_store_the_shared_value():
     assert len(items) == 4, items      # the sigmoid gets a buffer: both would compute 16:20
     np.testing.assert_allclose(one.numpy(), ref[:, :20] * 2, rtol=1e-5)
     np.testing.assert_allclose(two.numpy(), ref[:, 16:].sum(-1), rtol=1e-5)
+
+
+def test_a_cat_that_several_kernels_read_is_stored():
+    """A padded read counts as two toward MAX_SHARED_READS: cat([dq, dk, dv]) of three
+    permuted head-major gradients, read by the qkv weight's and input's gradients and by the
+    bias's column sum, is written once; the sum decoded every piece's index per element."""
+    rng = np.random.default_rng(0)
+    dq, dk, dv = (rng.standard_normal((2, 4, 8, 16)).astype(np.float32) for _ in range(3))
+    xs, ws = rng.standard_normal((2, 8, 32)).astype(np.float32), \
+        rng.standard_normal((192, 32)).astype(np.float32)
+    heads = [Tensor(g).permute(0, 2, 1, 3).reshape(2, 8, 64) for g in (dq, dk, dv)]
+    dqkv = portkit.cat(heads, -1)
+    bias = dqkv.sum(axis=(0, 1))
+    weight = dqkv.reshape(16, 192).transpose(0, 1) @ Tensor(xs).reshape(16, 32)
+    grad_x = dqkv @ Tensor(ws)
+    items = schedule.create_schedule([bias.lazy, weight.lazy, grad_x.lazy])
+    assert [it.root.shape for it in items] == [(2, 8, 192), (192,), (192, 32), (2, 8, 32)]
+    assert all(items[0].root in it.inputs for it in items[1:])
+    assert len(items[1].inputs) == 1, items      # the column sum reads one plain buffer
+    ref = np.concatenate([g.transpose(0, 2, 1, 3).reshape(2, 8, 64) for g in (dq, dk, dv)], -1)
+    np.testing.assert_allclose(bias.numpy(), ref.sum((0, 1)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(weight.numpy(), ref.reshape(16, 192).T @ xs.reshape(16, 32),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(grad_x.numpy(), ref @ ws, rtol=1e-4, atol=1e-4)

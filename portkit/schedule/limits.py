@@ -125,8 +125,9 @@ def _owners(order: list[Lazy], consumers: dict[int, set[int]], realize: set[int]
 def _apart(node: Lazy, readers: list[Lazy]) -> bool:
     """Whether each of `readers` is a slice of `node` (a shrink of its row-major elements),
     none overlapping another."""
-    boxes = [_box(r, node.shape) for r in readers if r.op is GraphOp.VIEW and r.src[0] is node]
-    if len(boxes) != len(readers) or None in boxes:
+    found = [_box(r, node.shape) for r in readers if r.op is GraphOp.VIEW and r.src[0] is node]
+    boxes = [box for box in found if box is not None]
+    if len(boxes) != len(readers):
         return False
     return all(any(a_hi <= b_lo or b_hi <= a_lo for (a_lo, a_hi), (b_lo, b_hi) in zip(a, b))
                for k, a in enumerate(boxes) for b in boxes[k + 1:])

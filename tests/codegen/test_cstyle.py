@@ -44,7 +44,7 @@ def value_of(renderer, op, dtype, arity=1) -> str:
     (Op.MOD, dtypes.uint16, "(uint16_t)(v2 % ((v5 == 0) ? 1 : v5))"),
     (Op.IDIV, dtypes.int64,
      "(v2 / ((v5 == 0 || (v5 == -1 && v2 == (-9223372036854775807ll - 1))) ? 1 : v5))"),
-    (Op.MAX, dtypes.float32, "((v2 > v5 || v2 != v2) ? v2 : v5)"),
+    (Op.MAX, dtypes.float32, "(v2 != v2 ? v2 : (v2 > v5 ? v2 : v5))"),
     (Op.MAX, dtypes.int32, "(v2 > v5 ? v2 : v5)"),
     (Op.CMPLT, dtypes.int8, "(v2 < v5)"),
     (Op.ADD, dtypes.bfloat16, "pk_bf16((v2 + v5))"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -149,6 +150,21 @@ _state = threading.local()
 
 # what backward() leaves in `_ctx` of the tensors it walked: their graph is gone
 FREED = ("freed", None)
+
+
+def note_loss(loss: Lazy) -> None:
+    """Remembers (in this thread) a scalar that backward() ran from: the next optimizer step
+    computes it in the same schedule as the updates (`take_losses`)."""
+    losses = getattr(_state, "losses", None)
+    if losses is None:
+        losses = _state.losses = []
+    losses.append(weakref.ref(loss))
+
+
+def take_losses() -> list[Lazy]:
+    """The scalars `note_loss` remembered since the last call that are still unrealized."""
+    losses, _state.losses = getattr(_state, "losses", None) or [], []
+    return [lazy for ref in losses if (lazy := ref()) is not None and not lazy.realized]
 
 
 def grad_enabled() -> bool:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from portkit import autograd, schedule
 from portkit.jit import Live
-from portkit.tensor import Tensor, realize
+from portkit.tensor import Tensor
 
 
 class Optimizer:
@@ -59,7 +60,9 @@ class Optimizer:
         raise KeyError(f"{type(self).__name__} has no state {name!r}")
 
     def step(self) -> None:
-        """Applies every parameter's gradient, in one schedule."""
+        """Applies every parameter's gradient, in one schedule. The scalars backward() ran
+        from since the last step (the loss the caller reads next) are computed in it too: a
+        loss read afterwards is a copy, not a schedule, compile and launches of its own."""
         updates: list[tuple[Tensor, Tensor]] = []
         for i, p in enumerate(self.params):
             if p.grad is None:
@@ -68,7 +71,7 @@ class Optimizer:
         targets = [t for t, _ in updates]
         for target, value in updates:
             target.assign(value)
-        realize(*targets)
+        schedule.realize([t.lazy for t in targets] + autograd.take_losses())
 
     def _update(self, i: int, p: Tensor, g: Tensor) -> list[tuple[Tensor, Tensor]]:
         raise NotImplementedError

@@ -302,6 +302,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, Movement
                 raise RuntimeError(f"backward() on a non-scalar tensor of shape {self.shape} "
                                    "needs a gradient argument of that shape")
             gradient = self.ones_like()
+            autograd.note_loss(self.lazy)
         elif gradient.shape != self.shape:
             raise ValueError(f"backward: gradient shape {gradient.shape} does not match "
                              f"tensor shape {self.shape}")

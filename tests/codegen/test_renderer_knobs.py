@@ -202,8 +202,8 @@ def test_where_and_special_values(tmp_path):
     source = GLSL450Renderer().render(where_inf())
     for spelling in ["float v5 = (v4 ? data0[v2] : 0.0f);",
                      "float v8 = (v6 ? uintBitsToFloat(0xff800000u) : v5);",
-                     ("float v10 = ((v8 > uintBitsToFloat(0x7f800000u) || v8 != v8) ? v8 : "
-                      "uintBitsToFloat(0x7f800000u));"),
+                     ("float v10 = (v8 != v8 ? v8 : (v8 > uintBitsToFloat(0x7f800000u) ? v8 : "
+                      "uintBitsToFloat(0x7f800000u)));"),
                      "double v15 = (v13 ? double(uintBitsToFloat(0x7fc00000u)) : v12);"]:
         assert spelling in source, spelling
     _validate(source, tmp_path)

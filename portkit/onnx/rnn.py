@@ -127,10 +127,14 @@ def _gru_step(node, fns, xw, h, c, r, rb, p, hidden):
     parts = [slice(i * hidden, (i + 1) * hidden) for i in range(3)]
     # z and r are the first two gates, adjacent: one product and one activation for both
     both = slice(0, 2 * hidden)
-    active = f(_clip(node, xw[:, both] + h @ r[both].transpose(0, 1) + rb[both]))
+    # linear before reset (torch's GRU): the candidate's product reads h too, so one product
+    # of all three gates, sliced: one launch of 3 x hidden rows a step, not two
+    linear = node.attr("linear_before_reset", 0)
+    hr = h @ r.transpose(0, 1) if linear else h @ r[both].transpose(0, 1)
+    active = f(_clip(node, xw[:, both] + hr[:, both] + rb[both]))
     z, reset = active[:, parts[0]], active[:, parts[1]]
-    if node.attr("linear_before_reset", 0):
-        candidate = reset * (h @ r[parts[2]].transpose(0, 1) + rb[parts[2]])
+    if linear:
+        candidate = reset * (hr[:, parts[2]] + rb[parts[2]])
     else:
         candidate = (reset * h) @ r[parts[2]].transpose(0, 1) + rb[parts[2]]
     new = g(_clip(node, xw[:, parts[2]] + candidate))

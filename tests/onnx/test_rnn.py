@@ -2,6 +2,8 @@
 against onnxruntime, and the kernels their time loop compiles."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,17 @@ def test_a_longer_sequence_schedules_no_more_steps(monkeypatch, kind):
     assert counts[0] > 0
     assert counts[0] == counts[1], (
         f"{kind}: the scheduler saw {counts[0]} exponentials at 5 steps, {counts[1]} at 12")
+
+
+@pytest.mark.parametrize("linear_before_reset", [0, 1])
+def test_a_gru_step_linear_before_reset_is_one_product(monkeypatch, linear_before_reset):
+    # torch's GRU (linear before reset) multiplies h by all three gates' weights: one product
+    # of 3 x hidden rows a step, sliced, not one of 2 x hidden and one of hidden; reset
+    # applied to h first needs its own second product
+    model = recurrent("GRU", 6)
+    model.graph.node[0].attribute.append(
+        helper.make_attribute("linear_before_reset", linear_before_reset))
+    x = np.random.default_rng(3).standard_normal((6, 2, 3)).astype(np.float32)
+    names = [json.loads(k)["name"] for k in lowered_kernels(monkeypatch, model, x)]
+    products = sorted(n for n in names if n.startswith("r_2_"))     # (batch, rows, 1)
+    assert products == (["r_2_12_1"] if linear_before_reset else ["r_2_4_1", "r_2_8_1"]), names

@@ -22,6 +22,12 @@ A run whose lanes, after the loop, are each added into consecutive elements of o
 (pack.py's running sums: LOAD buf[base + offset + lane], ADD the lane, STORE it back; or at
 constant positions c + lane) is a `Flush`, which a renderer with `Spelling.add_into` writes as
 one vector add; written lane by lane it was a third of a 3x3 conv's C.
+A run whose lanes are added after its loop by adjacent pairs, level after level (the untiled
+lowering's partial sums end so), is a `Tree`; the trees of runs written together are added
+side by side, two runs' vectors at a time, even lanes plus odd lanes (`Spelling.pairs`), the
+same additions of the same operands. Written lane by lane, the 8 rows' trees of an x @ W.T
+group were 120 scalar adds (with their extracts, a third of an LSTM step's h @ R.T); side by
+side they are 8 vector adds.
 Runs updated one after another in one loop body are written together, at the last one's place,
 in the order that holds fewer operands at once (`together`): by the vector they load (each
 row's shared value stays in a register, one loaded vector at a time) where a block has fewer
@@ -248,6 +254,80 @@ def flush(kernel: Kernel, run: Run) -> Flush | None:
     return Flush(tuple(loads), tuple(adds), tuple(stores), indices, buffer, base, offset)
 
 
+@dataclass(frozen=True)
+class Tree:
+    """A run's lanes summed after its loop by adjacent pairs, level after level: per level
+    its ADD nodes in lane order (the first level adds lanes 0 and 1, 2 and 3...; the last
+    holds the total alone). The untiled lowering's partial sums end so (plan.py)."""
+
+    levels: tuple[tuple[int, ...], ...]
+
+    @property
+    def root(self) -> int:
+        """The ADD of the run's total."""
+        return self.levels[-1][0]
+
+
+def tree(kernel: Kernel, run: Run) -> Tree | None:
+    """The run's `Tree`, where its lanes and every sum on the way are read by that tree
+    alone; else None."""
+    nodes = kernel.nodes
+    users: dict[int, list[int]] = defaultdict(list)
+    for i, node in enumerate(nodes):
+        for s in node.src:
+            users[s].append(i)
+    own = dict(zip(run.accs, zip(run.updates, run.assigns)))
+    level, levels = list(run.accs), []
+    while len(level) > 1:
+        if len(level) % 2:
+            return None
+        above = []
+        for a, b in zip(level[::2], level[1::2]):
+            reads = [[u for u in users[x] if u not in own.get(x, ())] for x in (a, b)]
+            if reads[0] != reads[1] or len(reads[0]) != 1:
+                return None
+            add = reads[0][0]
+            if nodes[add].op is not Op.ADD or sorted(nodes[add].src) != sorted((a, b)):
+                return None
+            above.append(add)
+        levels.append(tuple(above))
+        level = above
+    return Tree(tuple(levels)) if levels else None
+
+
+def tree_lines(kernel: Kernel, runs: list[Run], spelling: Spelling) -> dict:
+    """Name-and-line functions that sum the trees of `runs` (each run's lanes a vector named
+    acc<first ACC>, as `lines` names it) side by side: at each level, the vectors in pairs,
+    even lanes plus odd lanes, so that a level of n trees is n / width vector adds, not n x
+    width / 2 scalar ones; each run's total is then a lane of the last vectors. The same
+    additions of the same operands as the scalar trees. {} where a run has no tree."""
+    found = [tree(kernel, run) for run in runs]
+    if spelling.pairs is None or not runs or any(t is None for t in found):
+        return {}
+    trees = [t for t in found if t is not None]
+    width = len(runs[0].accs)
+    if any(len(run.accs) != width for run in runs):
+        return {}
+    first = min(node for t in trees for level in t.levels for node in level)
+    held = [([k], f"acc{run.accs[0]}") for k, run in enumerate(runs)]  # (runs, vector name)
+    code: list[str] = []
+    for depth in range(len(trees[0].levels)):
+        pairs = [(held[i], held[i + 1] if i + 1 < len(held) else held[i])
+                 for i in range(0, len(held), 2)]
+        held = []
+        for j, ((runs_a, a), (runs_b, b)) in enumerate(pairs):
+            name = f"sums{first}_{depth}_{j}"
+            code.append(spelling.pairs(name, a, b, width))
+            held.append((runs_a + runs_b, name))
+    own: dict[int, Callable[[dict], tuple]] = {
+        node: _named("") for t in trees for level in t.levels for node in level}
+    for k, t in enumerate(trees):
+        at = next((name, row.index(k)) for row, name in held if k in row)
+        own[t.root] = _named(spelling.lane(*at))
+    own[first] = lambda names: ("", "\n".join(code))
+    return own
+
+
 def _split(nodes: tuple[Node, ...], index: int) -> tuple[int, int]:
     """(node, constant) with index = node + constant; (index, 0) if it is not such a sum."""
     node = nodes[index]
@@ -277,6 +357,9 @@ class Spelling:
     # runs stay scalar
     mul_add: Callable[[str, str, str], str] | None = None
     vector: Callable[[str], str] | None = None
+    # `declare lead = (the even lanes of a, then of b) + (the odd lanes of a, then of b)`,
+    # n lanes each: one level of `Tree`s summed side by side. None: trees stay scalar
+    pairs: Callable[[str, str, str, int], str] | None = None
 
     def writes(self, run: Run) -> bool:
         """Whether this spelling can write `run`."""
@@ -386,6 +469,7 @@ def spelled(kernel: Kernel, types: dict[DType, str], vector_bytes: int,
             updates.append(own.pop(run.last))
             own[run.last] = _named("")
         own[max(run.last for run in group)] = _written(updates)
+        own.update(tree_lines(kernel, group, spelled_as(group[0])))
     return own
 
 

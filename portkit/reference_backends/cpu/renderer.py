@@ -172,7 +172,15 @@ def _gnu_vectors(prefix: str, width: int) -> lanes.Spelling:
         add_into=lambda lead, at: f"{vector}_add_into(&{at}, {lead});",
         # a scalar times a vector is a vector (GNU C); -ffp-contract=off keeps two roundings
         mul_add=lambda lead, a, at: f"{lead} = {lead} + {a} * {vector}_load(&{at});",
-        vector=lambda at: f"{vector}_load(&{at})")
+        vector=lambda at: f"{vector}_load(&{at})",
+        pairs=lambda lead, a, b, n: (
+            f"const {vector} {lead} = ({vector}){{{_lanes(a, b, n, 0)}}} + "
+            f"({vector}){{{_lanes(a, b, n, 1)}}};"))
+
+
+def _lanes(a: str, b: str, n: int, odd: int) -> str:
+    """The even (odd = 0) or odd lanes of vector a, then of b, n lanes each."""
+    return ", ".join(f"{v}[{k}]" for v in (a, b) for k in range(odd, n, 2))
 
 
 class CPURenderer(CStyleRenderer):

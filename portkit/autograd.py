@@ -200,6 +200,7 @@ def backward(root, grad) -> None:
         raise RuntimeError("backward() through a graph that an earlier backward() freed; "
                            "compute the result again")
     grads = {id(root): grad}
+    leaves: dict[int, tuple[Any, list]] = {}      # a leaf's gradient terms, in arrival order
     for t in reversed(order):
         g = grads.pop(id(t), None)
         if g is None:
@@ -209,7 +210,69 @@ def backward(root, grad) -> None:
             if pg is None or not parent.requires_grad:
                 continue
             if parent._ctx is None:
-                parent.grad = pg if parent.grad is None else parent.grad + pg
+                leaves.setdefault(id(parent), (parent, []))[1].append(pg)
             else:
                 grads[id(parent)] = pg if id(parent) not in grads else grads[id(parent)] + pg
         t._ctx = FREED
+    for leaf, terms in leaves.values():
+        for term in _contractions_joined(terms):
+            leaf.grad = term if leaf.grad is None else leaf.grad + term
+
+
+def _contractions_joined(terms: list) -> list:
+    """`terms` (Tensors, one gradient's), with those that are the same contraction of
+    different operands over their leading axis made one contraction of the operands joined
+    along it: a weight a recurrence reads at every step gets the product of all the steps'
+    gradients and inputs, sum_t dy_t.T @ x_t = cat(dy).T @ cat(x), one matmul deep in the
+    steps, not one shallow matmul per step and a sum of their outputs. The sum runs over the
+    same terms in another order."""
+    groups: dict[tuple, list] = {}
+    for term in terms:
+        groups.setdefault(_contraction_key(term.lazy) or (id(term),), []).append(term)
+    return [group[0] if len(group) == 1 else _joined(group) for group in groups.values()]
+
+
+def _contraction_key(lazy: Lazy) -> tuple | None:
+    """What must agree for terms to be joined: a view of a sum over one axis of a product of
+    two views, each reading its operand's leading axis along the summed one (and only
+    there: its other axes step within a row); None for any other term."""
+    if lazy.op is not graph.GraphOp.VIEW or lazy.src[0].op is not graph.GraphOp.REDUCE:
+        return None
+    total = lazy.src[0]
+    op, axes = total.arg
+    product = total.src[0]
+    if op is not Op.ADD or len(axes) != 1 or product.op is not Op.MUL:
+        return None
+    key: list = [lazy.arg, lazy.shape, total.arg, product.dtype, lazy.device]
+    for side in product.src:
+        if side.op is not graph.GraphOp.VIEW or len(side.arg.views) != 1:
+            return None
+        view, operand = side.arg.views[0], side.src[0]
+        row = math.prod(operand.shape[1:])
+        if (not operand.shape or view.mask is not None or view.offset or view.shape[axes[0]] != operand.shape[0]
+                or view.strides[axes[0]] != row or any(
+                    step >= row for k, step in enumerate(view.strides) if k != axes[0])):
+            return None
+        key += [view, operand.shape, operand.dtype]
+    return tuple(key)
+
+
+def _joined(terms: list) -> Any:
+    """The one contraction of `terms` (of one `_contraction_key`) over their operands joined
+    along the leading axis."""
+    from portkit.tensor import cat
+    first = terms[0].lazy
+    total = first.src[0]
+    axis = total.arg[1][0]
+    sides = []
+    for k, side in enumerate(total.src[0].src):
+        joined = cat([type(terms[0])(t.lazy.src[0].src[0].src[k].src[0]) for t in terms]).lazy
+        view = side.arg.views[0]
+        shape = tuple(s * len(terms) if a == axis else s for a, s in enumerate(view.shape))
+        tracker = type(side.arg)((view._replace(shape=shape),))
+        sides.append(graph.Lazy(graph.GraphOp.VIEW, side.dtype, shape, (joined,), tracker,
+                                side.device))
+    product = sides[0].alu(Op.MUL, sides[1])
+    summed = product.reduce(total.arg[0], total.arg[1])
+    return type(terms[0])(graph.Lazy(graph.GraphOp.VIEW, first.dtype, first.shape, (summed,),
+                                     first.arg, first.device))

@@ -522,3 +522,34 @@ def test_an_optimizer_step_computes_the_loss_in_its_own_schedule(monkeypatch):
     opt.step()
     assert loss.lazy.realized and len(realized) == 1
     assert loss.item() == pytest.approx(expected, rel=1e-6) and len(realized) == 1
+
+
+def test_a_weight_read_at_every_step_gets_one_contraction_for_its_gradient():
+    """sum_t dz_t.T @ h_t over a recurrence's steps is cat(dz).T @ cat(h), one matmul over
+    all the steps: an LSTM's hidden weight's gradient was 34 products of depth 16, each
+    writing a (1024, 256) buffer, and a sum reading all of them (10.4 ms of a 54 ms step)."""
+    from portkit import graph
+    from portkit.nn import functional
+    rng = np.random.default_rng(0)
+    ws = rng.standard_normal((6, 6)).astype(np.float32) / 3
+    w = Tensor(ws, requires_grad=True)
+    h = Tensor(rng.standard_normal((3, 6)).astype(np.float32))
+    hs, total = [h.numpy()], None
+    for _ in range(5):
+        h = functional.linear(h, w).tanh()
+        hs.append(h.detach().numpy())
+        total = h.sum() if total is None else total + h.sum()
+    total.backward()
+    items = schedule.create_schedule([w.grad.lazy])
+    products = [n for it in items for n in graph.toposort(
+        [it.root], stop=lambda n, it=it: n is not it.root and n in it.inputs)
+        if n.op is GraphOp.REDUCE and n.src[0].op is Op.MUL and n.shape == (1, 6, 6)]
+    assert len(products) == 1, items      # the others are the steps' h gradients, (3, 1, 6)
+    assert products[0].src[0].shape[0] == 5 * 3                   # every step's batch rows
+    # backpropagation by hand: z_t = h_(t-1) @ w.T, h_t = tanh(z_t)
+    grad, dh = np.zeros((6, 6)), np.zeros((3, 6))
+    for t in range(5, 0, -1):
+        dz = (dh + 1) * (1 - hs[t].astype(np.float64) ** 2)
+        grad += dz.T @ hs[t - 1]
+        dh = dz @ ws
+    np.testing.assert_allclose(w.grad.numpy(), grad, rtol=1e-4, atol=1e-5)

@@ -260,13 +260,12 @@ def _contraction_key(lazy: Lazy) -> tuple | None:
 def _joined(terms: list) -> Any:
     """The one contraction of `terms` (of one `_contraction_key`) over their operands joined
     along the leading axis."""
-    from portkit.tensor import cat
     first = terms[0].lazy
     total = first.src[0]
     axis = total.arg[1][0]
     sides = []
     for k, side in enumerate(total.src[0].src):
-        joined = cat([type(terms[0])(t.lazy.src[0].src[0].src[k].src[0]) for t in terms]).lazy
+        joined = _stacked([t.lazy.src[0].src[0].src[k].src[0] for t in terms])
         view = side.arg.views[0]
         shape = tuple(s * len(terms) if a == axis else s for a, s in enumerate(view.shape))
         tracker = type(side.arg)((view._replace(shape=shape),))
@@ -276,3 +275,17 @@ def _joined(terms: list) -> Any:
     summed = product.reduce(total.arg[0], total.arg[1])
     return type(terms[0])(graph.Lazy(graph.GraphOp.VIEW, first.dtype, first.shape, (summed,),
                                      first.arg, first.device))
+
+
+def _stacked(pieces: list[Lazy]) -> Lazy:
+    """`pieces` (of one shape) joined along their leading axis, as Tensor.cat joins: each
+    padded to the whole length, the padded pieces summed as a balanced tree."""
+    rows, total = pieces[0].shape[0], pieces[0].shape[0] * len(pieces)
+    rest = [(0, 0)] * (len(pieces[0].shape) - 1)
+    padded = [p.view("pad", ((k * rows, total - (k + 1) * rows), *rest))
+              for k, p in enumerate(pieces)]
+
+    def summed(part: list[Lazy]) -> Lazy:      # halves, as tensor.movement._join sums them
+        half = (len(part) + 1) // 2
+        return part[0] if len(part) == 1 else summed(part[:half]).alu(Op.ADD, summed(part[half:]))
+    return summed(padded)

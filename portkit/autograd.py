@@ -249,8 +249,8 @@ def _contraction_key(lazy: Lazy) -> tuple | None:
             return None
         view, operand = side.arg.views[0], side.src[0]
         row = math.prod(operand.shape[1:])
-        if (not operand.shape or view.mask is not None or view.offset or view.shape[axes[0]] != operand.shape[0]
-                or view.strides[axes[0]] != row or any(
+        if (not operand.shape or view.mask is not None or view.offset
+                or view.shape[axes[0]] != operand.shape[0] or view.strides[axes[0]] != row or any(
                     step >= row for k, step in enumerate(view.strides) if k != axes[0])):
             return None
         key += [view, operand.shape, operand.dtype]

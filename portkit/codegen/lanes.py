@@ -90,10 +90,7 @@ def find(kernel: Kernel, widths: dict[DType, int]) -> list[Run]:
     """The runs of `kernel` to hold in vectors of widths[dtype] lanes (dtypes not in `widths`
     stay scalar)."""
     nodes = kernel.nodes
-    users: dict[int, list[int]] = defaultdict(list)
-    for i, node in enumerate(nodes):
-        for s in node.src:
-            users[s].append(i)
+    users = _users(nodes)
     loop_of: list[int | None] = []       # per node, the innermost RANGE around it
     end_of: dict[int, int] = {}          # RANGE -> its END
     open_loops: list[int] = []
@@ -212,10 +209,7 @@ def flush(kernel: Kernel, run: Run) -> Flush | None:
     """The run's lanes added into a buffer after its loop, if that is their only other use
     and nothing else reads or writes that buffer among those nodes; else None."""
     nodes = kernel.nodes
-    users: dict[int, list[int]] = defaultdict(list)
-    for i, node in enumerate(nodes):
-        for s in node.src:
-            users[s].append(i)
+    users = _users(nodes)
     loads, adds, stores = [], [], []
     for acc, mulacc, assign in zip(run.accs, run.updates, run.assigns):
         used = [u for u in users[acc] if u not in (mulacc, assign)]
@@ -268,14 +262,11 @@ class Tree:
         return self.levels[-1][0]
 
 
-def tree(kernel: Kernel, run: Run) -> Tree | None:
+def tree(kernel: Kernel, run: Run, users: dict[int, list[int]] | None = None) -> Tree | None:
     """The run's `Tree`, where its lanes and every sum on the way are read by that tree
-    alone; else None."""
+    alone; else None. `users`: `_users` of the kernel's nodes, where the caller has it."""
     nodes = kernel.nodes
-    users: dict[int, list[int]] = defaultdict(list)
-    for i, node in enumerate(nodes):
-        for s in node.src:
-            users[s].append(i)
+    users = _users(nodes) if users is None else users
     own = dict(zip(run.accs, zip(run.updates, run.assigns)))
     level, levels = list(run.accs), []
     while len(level) > 1:
@@ -301,8 +292,11 @@ def tree_lines(kernel: Kernel, runs: list[Run], spelling: Spelling) -> dict:
     even lanes plus odd lanes, so that a level of n trees is n / width vector adds, not n x
     width / 2 scalar ones; each run's total is then a lane of the last vectors. The same
     additions of the same operands as the scalar trees. {} where a run has no tree."""
-    found = [tree(kernel, run) for run in runs]
-    if spelling.pairs is None or not runs or any(t is None for t in found):
+    if spelling.pairs is None or not runs:
+        return {}
+    users = _users(kernel.nodes)
+    found = [tree(kernel, run, users) for run in runs]
+    if any(t is None for t in found):
         return {}
     trees = [t for t in found if t is not None]
     width = len(runs[0].accs)
@@ -326,6 +320,15 @@ def tree_lines(kernel: Kernel, runs: list[Run], spelling: Spelling) -> dict:
         own[t.root] = _named(spelling.lane(*at))
     own[first] = lambda names: ("", "\n".join(code))
     return own
+
+
+def _users(nodes: tuple[Node, ...]) -> dict[int, list[int]]:
+    """Per node, the nodes that read it, in order."""
+    users: dict[int, list[int]] = defaultdict(list)
+    for i, node in enumerate(nodes):
+        for s in node.src:
+            users[s].append(i)
+    return users
 
 
 def _split(nodes: tuple[Node, ...], index: int) -> tuple[int, int]:

@@ -7,9 +7,15 @@ them (it leaves branches and scalar loads). Copying the padded input once into i
 costs one pass over it; the reduce that reads the copy needs no gates, and its output axis along
 the rows becomes vector lanes. The pass rewrites the view in place, as the scheduler's reduce
 split does; the scheduler realizes the copy as a kernel of its own.
+
+A pool pads with a fill (a max pool's -inf): WHERE(padding mask, padded input, fill), which its
+windows read. That WHERE is the copy, realized as it is: read gated through the windows, a
+ResNet stem's 3 x 3 stride-2 max pool (64 x 112 x 112) decoded every element and recomputed
+the bias and ReLU before it at each of its nine terms, scalar.
 """
 from __future__ import annotations
 
+from portkit.abi.ops import Op
 from portkit.graph import GraphOp, Lazy
 from portkit.view import ShapeTracker, View
 
@@ -25,6 +31,10 @@ def pad_apart(node: Lazy) -> Lazy | None:
     if len(views) < 2 or not any(st == 0 and size > 1 for view in views
                                  for size, st in zip(view.shape, view.strides)):
         return None
+    filled = node.src[0]
+    if filled.op is Op.WHERE and not filled.realized and any(
+            s.op is GraphOp.VIEW and s.arg.views[-1].mask is not None for s in filled.src):
+        return filled
     if node.src[0].op is GraphOp.VIEW and not node.src[0].realized:
         return node.src[0]          # rewritten by an earlier schedule of the same graph
     view = views[0]

@@ -95,6 +95,23 @@ def test_a_serial_device_copies_the_padded_input_and_reads_it_without_gates():
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
 
 
+def test_a_padded_max_pool_reads_its_filled_copy_without_gates():
+    # a ResNet stem's pool: relu(x + b) padded with -inf, 3 x 3 windows at stride 2; read gated,
+    # each of the nine terms decoded its element and recomputed the bias and the ReLU
+    rng = np.random.default_rng(5)
+    x, b = rng.standard_normal((1, 8, 18, 18), np.float32), rng.standard_normal(
+        (1, 8, 1, 1), np.float32)
+    out = (Tensor(x, device="cpu") + Tensor(b, device="cpu")).relu().max_pool2d(3, 2, 1)
+    items = schedule.create_schedule([out.lazy])
+    assert len(items) == 2, "the filled, padded input is its own kernel"
+    kernel = lower(items[-1].root, items[-1].inputs, SERIAL_CAPS)
+    assert not [n for n in kernel.nodes if n.op is Op.LOAD and len(n.src) == 3]
+    assert not [n for n in kernel.nodes if n.op in (Op.ADD, Op.CMPLT)
+                and kernel.nodes[n.src[0]].op is Op.LOAD], "the pool recomputes relu(x + b)"
+    expected = torch.nn.functional.max_pool2d(torch.from_numpy(x + b).relu(), 3, 2, 1)
+    np.testing.assert_array_equal(out.numpy(), expected.numpy())
+
+
 def test_a_threaded_device_keeps_one_kernel():
     out, expected = _conv("interpreter", n=1, c=4, size=6)
     assert len(schedule.create_schedule([out.lazy])) == 1

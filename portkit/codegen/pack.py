@@ -282,8 +282,10 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     # 512: 1.3x the k-outer copy's, whose 32 rows at each k were a gather)
     row_bytes = [step * found.right.dtype.itemsize
                  for step in load_steps(found.right, lowerer.inputs, f"o{found.n}") if step]
-    crowded = any(max(Counter(j * size // _LINE % (_L1_WAY // _LINE)
-                              for j in range(p.width)).values()) > _L1_WAYS
+    # (lines, not elements: a B that steps by one element along n, as a 1x1 conv's input
+    # does, fills two lines with its 32 columns, which crowd nothing)
+    crowded = any(max(Counter(line % (_L1_WAY // _LINE) for line in
+                              {j * size // _LINE for j in range(p.width)}).values()) > _L1_WAYS
                   for size in row_bytes)
 
     def write(t: Lin, r: Lin | int, column: Lin, value: int, first: tuple[Lin, Lin]) -> None:

@@ -24,7 +24,8 @@ def _floats(*shape: int) -> np.ndarray:
 
 def _innermost_range_at_panel_store(kernel) -> int:
     """The trip count of the innermost loop around the first store into LOCAL memory of a value
-    loaded from a buffer (the panel copy's; the running sums are stored zeros first)."""
+    loaded from a buffer, or of a product of such (the panel copy's; the running sums are
+    stored zeros first)."""
     nodes = kernel.nodes
     locals_ = {i for i, n in enumerate(nodes) if n.op is Op.LOCAL}
     open_ranges: list[int] = []
@@ -34,7 +35,7 @@ def _innermost_range_at_panel_store(kernel) -> int:
         elif node.op is Op.END and node.src and node.src[0] in open_ranges:
             open_ranges.remove(node.src[0])
         elif (node.op is Op.STORE and node.src[0] in locals_
-              and nodes[node.src[2]].op is Op.LOAD):
+              and nodes[node.src[2]].op in (Op.LOAD, Op.MUL)):
             end = nodes[nodes[open_ranges[-1]].src[1]]
             assert end.op is Op.CONST, end
             return end.arg
@@ -62,6 +63,19 @@ def test_a_panel_of_w_transposed_whose_rows_crowd_an_l1_set_is_copied_along_k_in
     x, w = Tensor(_floats(20, 768), device="interpreter"), Tensor(_floats(256, 768),
                                                                  device="interpreter")
     item, = schedule.create_schedule([(x @ w.T).lazy])
+    assert _innermost_range_at_panel_store(lower(item.root, item.inputs, LOOPS)) == 32
+
+
+def test_a_gated_1x1_conv_copies_its_panel_along_the_positions_innermost():
+    # EfficientNet's projection: x * gate[c] into a 1x1 conv 96 -> 24 on 56 x 56. The gate
+    # steps by 1 along k (the channels), x by one element along n: its 32 columns are two cache
+    # lines, not 32 rows that crowd an L1 set, so the copy runs along them (k innermost it read
+    # x 12 KiB apart at each step and stayed scalar: the conv at 21 GFLOP/s, one thread)
+    x, gate = _floats(1, 96, 56, 56), _floats(1, 96, 1, 1)
+    w = _floats(24, 96, 1, 1)
+    out = (Tensor(x, device="interpreter") * Tensor(gate, device="interpreter")).conv2d(
+        Tensor(w, device="interpreter"))
+    item, = schedule.create_schedule([out.lazy])
     assert _innermost_range_at_panel_store(lower(item.root, item.inputs, LOOPS)) == 32
 
 

@@ -309,6 +309,11 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             del lowerer.fixed[id(red)]
         b.store(out, lowerer.index(flat), value, gate)
 
+    # a block's stores run along the output's contiguous axis: its rows where they are
+    # positions and its columns channels (a stem's 7x7 stride-2 conv, whose 32 channels per
+    # row lie 49 KiB apart), else its columns
+    strides = [prod(red.shape[a + 1:]) for a in range(len(red.shape))]
+    rows_inner = strides[found.n_axes[-1]] != 1 and strides[found.m_axes[-1]] == 1
     panel = b.local(wide, p.depth * p.width)
     staged = b.local(wide, p.depth * across) if p.packed_a else None
 
@@ -463,8 +468,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                                           running(span, t, r, col))
                     b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
                 if single:
-                    with _loop(lowerer, "mr", p.rows) as row, \
-                            _loop(lowerer, "mc", p.width) as column:
+                    with _block(lowerer, p.rows, p.width, rows_inner) as (row, column):
                         value = b.load(sums, lowerer.index(row * p.width + column))
                         write(t, row, column0 + column, value, first)
     if not single:
@@ -474,7 +478,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         with _spans(lowerer, p.spans) as span, _loop(lowerer, "mo", p.blocks) as t:
             column0 = (tile_n * p.spans + span) * p.width
             first = first_row(t)
-            with _loop(lowerer, "mr", p.rows) as row, _loop(lowerer, "mc", p.width) as column:
+            with _block(lowerer, p.rows, p.width, rows_inner) as (row, column):
                 where = lowerer.index(running(span, t, row, column))
                 write(t, row, column0 + column, b.load(sums, where), first)
     return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
@@ -509,6 +513,18 @@ def _loops(lowerer, name: str, loops: list[tuple[int, int | None]]) -> Iterator[
     (trips, end), *inner = loops
     with _loop(lowerer, name, trips, end) as counter, _loops(lowerer, name, inner) as rest:
         yield [counter, *rest]
+
+
+@contextmanager
+def _block(lowerer, rows: int, width: int, rows_inner: bool) -> Iterator[tuple[Lin, Lin]]:
+    """`with _block(lowerer, rows, width, rows_inner) as (row, column)`: loops over a register
+    block's outputs, its rows innermost where `rows_inner`."""
+    if rows_inner:
+        with _loop(lowerer, "mc", width) as column, _loop(lowerer, "mr", rows) as row:
+            yield row, column
+    else:
+        with _loop(lowerer, "mr", rows) as row, _loop(lowerer, "mc", width) as column:
+            yield row, column
 
 
 @contextmanager

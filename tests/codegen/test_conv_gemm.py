@@ -193,3 +193,30 @@ def test_a_folded_conv_computes_in_the_interpreter():
     interpreter.run(kernel, [out, *(by_size[node.size] for node in item.inputs)])
     expected = TF.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), padding=1)
     _close(torch.from_numpy(out.reshape(1, 40, 3, 4)), expected, 72)
+
+
+def _innermost_range_at_output_store(kernel) -> int:
+    """The trip count of the innermost loop around the first store into PARAM 0."""
+    nodes, open_ranges = kernel.nodes, []
+    for node in nodes:
+        if node.op is Op.RANGE:
+            open_ranges.append(node)
+        elif node.op is Op.END and node.src and nodes[node.src[0]] in open_ranges:
+            open_ranges.remove(nodes[node.src[0]])
+        elif node.op is Op.STORE and nodes[node.src[0]].op is Op.PARAM and \
+                nodes[node.src[0]].arg == 0:
+            return nodes[open_ranges[-1].src[1]].arg
+    raise AssertionError("no store into the output")
+
+
+@pytest.mark.parametrize("k", [7, 3])
+def test_a_block_of_positions_by_channels_stores_along_the_positions(k):
+    # a stem (7x7, stride 2: m the positions, n 32 channels) and a 7 x 7 map's 3x3 conv store
+    # their blocks along the output's contiguous axis, the rows, not across 32 channels a
+    # plane apart
+    x, w = _data(1, 3, 56, 56), _data(64, 3, k, k, seed=1)
+    item = _conv_item(x, w, stride=2, padding=k // 2)
+    contraction, packing = pack.find(item.root, item.inputs, LOOPS)
+    assert contraction.sizes[1] == 64 and packing.width == 32
+    assert _innermost_range_at_output_store(lower(item.root, item.inputs, LOOPS)) == \
+        packing.rows

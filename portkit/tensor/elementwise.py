@@ -553,7 +553,8 @@ def _as_bool(like: Tensor, value: Tensor | Scalar) -> Tensor | bool:
 
 def _exp(x: Tensor) -> Tensor:
     """e ** x = 2^k e^r, k = round(x / ln2), r = x - k ln2 with ln2 in two parts: k * high
-    part is exact and r, |r| <= ln2 / 2, loses nothing, so exp2(r log2 e) errs by < 1 ulp."""
+    part is exact and r, |r| <= ln2 / 2, loses nothing, so 2^(r log2 e) errs by < 1 ulp: in
+    float32 EXP2's polynomial on [-1/2, 1/2] (exp2f.py), not EXP2, which reduces again."""
     high, low, limit, bits, mantissa, bias = _EXP_PARTS[x.dtype.name]
     x = x.clip(-limit, limit)           # past these e^x is 0 or inf (NaN stays NaN)
     t = x * (1 / math.log(2))
@@ -564,10 +565,15 @@ def _exp(x: Tensor) -> Tensor:
     # float, so e^r * 2^k rounds once even when the result is subnormal
     half = k >> 1
     scale = [((h + bias) << mantissa).bitcast(x.dtype) for h in (half, k - half)]
-    return (r * (1 / math.log(2))).exp2() * scale[0] * scale[1]
+    f = r * (1 / math.log(2))
+    power = f.exp2() if x.dtype != float32 else functools.reduce(
+        lambda p, c: p * f + c, _EXP2_POLYNOMIAL[2:], f * _EXP2_POLYNOMIAL[0] + _EXP2_POLYNOMIAL[1])
+    return power * scale[0] * scale[1]
 
 
 _EXP = Composition(_exp)
+_EXP2_POLYNOMIAL = (1.5353362e-4, 1.3398874e-3, 9.618437e-3, 5.5503324e-2,  # pk_exp2f's
+                    2.4022648e-1, 6.931472e-1, 1.0)                            # 2^f, |f| <= 1/2
 
 # ln2 as high + low: high has few enough bits (9, 33) that k * high is exact for every k the
 # clipped argument gives (past the limit e^x overflows or is 0); then the float's int type,

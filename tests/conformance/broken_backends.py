@@ -49,8 +49,8 @@ def _sin_off(nodes: list[Node], node: Node) -> int:
     return len(nodes) - 1
 
 
-def _exp2_high(nodes: list[Node], node: Node) -> int:
-    # exp2(x) * 1.002: a table-based exp with a biased coefficient.
+def _quotient_high(nodes: list[Node], node: Node) -> int:
+    # (a / b) * 1.002: a division by a reciprocal estimate, one refinement short.
     nodes.append(node)
     nodes.append(Node(Op.CONST, node.dtype, (), 1.002))
     nodes.append(Node(Op.MUL, node.dtype, (len(nodes) - 2, len(nodes) - 1)))
@@ -112,9 +112,9 @@ def sin_off() -> Device:
     return _device("broken-sin", renderer=RewritingRenderer(Op.SIN, _sin_off))
 
 
-def exp_high() -> Device:
-    """EXP2 is 0.2 % high."""
-    return _device("broken-exp", renderer=RewritingRenderer(Op.EXP2, _exp2_high))
+def division_high() -> Device:
+    """Float division is 0.2 % high."""
+    return _device("broken-division", renderer=RewritingRenderer(Op.FDIV, _quotient_high))
 
 
 def max_nan() -> Device:

@@ -121,3 +121,16 @@ def test_pow_at_zeros_infinities_and_nan_follows_pytorch(exponent, tensor_expone
     want.sum().backward()
     for name, o, t in zip(("d/dx", "d/dy"), ours, theirs[:1 + tensor_exponent]):
         _assert_like_torch(name, o.grad.numpy(), t.grad.numpy())
+
+
+def test_float32_exp_reduces_its_argument_once(capabilities):
+    # after Cody-Waite, 2^f with |f| <= 1/2 is the polynomial EXP2 would evaluate after
+    # reducing f again (a third of a SiLU's arithmetic); float64 keeps EXP2
+    from portkit.abi.ops import Op
+    from portkit.graph import walk
+    x = RNG.uniform(-100, 80, 4096).astype(np.float32)
+    out = Tensor(x).exp()
+    assert Op.EXP2 not in {n.op for n in walk([out.lazy]).order}
+    if float64 in capabilities.dtypes:
+        assert Op.EXP2 in {n.op for n in walk([Tensor(x, dtype=float64).exp().lazy]).order}
+    assert _ulps(out.numpy(), np.exp(x.astype(np.longdouble)), np.float32).max() <= 2

@@ -21,7 +21,9 @@ elements across rows there (a vinsertps each) and ran h @ R.T (1, 256) x (1024, 
 A run whose lanes, after the loop, are each added into consecutive elements of one buffer
 (pack.py's running sums: LOAD buf[base + offset + lane], ADD the lane, STORE it back; or at
 constant positions c + lane) is a `Flush`, which a renderer with `Spelling.add_into` writes as
-one vector add; written lane by lane it was a third of a 3x3 conv's C.
+one vector add; written lane by lane it was a third of a 3x3 conv's C. So is a run whose lanes
+are stored as they are (STORE buf[base + offset + lane] = the lane: pack.py's sums of one
+depth block, stored to the output), which `Spelling.store` writes as one vector store.
 A run whose lanes are added after its loop by adjacent pairs, level after level (the untiled
 lowering's partial sums end so), is a `Tree`; the trees of runs written together are added
 side by side, two runs' vectors at a time, even lanes plus odd lanes (`Spelling.pairs`), the
@@ -74,8 +76,9 @@ class Run:
 
 @dataclass(frozen=True)
 class Flush:
-    """A run's lanes added into a buffer after its loop, lane k into buffer[base + offset + k]:
-    per lane its LOAD, ADD and STORE nodes, and the index nodes only those read."""
+    """A run's lanes added into a buffer after its loop, lane k into buffer[base + offset + k]
+    (or, with no LOADs and ADDs, stored there): per lane its LOAD, ADD and STORE nodes, and
+    the index nodes only those read."""
 
     loads: tuple[int, ...]
     adds: tuple[int, ...]
@@ -206,13 +209,18 @@ def _vector(nodes: tuple[Node, ...], loads: list[int], dtype: DType
 
 
 def flush(kernel: Kernel, run: Run) -> Flush | None:
-    """The run's lanes added into a buffer after its loop, if that is their only other use
-    and nothing else reads or writes that buffer among those nodes; else None."""
+    """The run's lanes added into a buffer after its loop, or stored there, if that is their
+    only other use and nothing else reads or writes that buffer among those nodes; else
+    None."""
     nodes = kernel.nodes
     users = _users(nodes)
     loads, adds, stores = [], [], []
     for acc, mulacc, assign in zip(run.accs, run.updates, run.assigns):
         used = [u for u in users[acc] if u not in (mulacc, assign)]
+        if len(used) == 1 and nodes[used[0]].op is Op.STORE and len(nodes[used[0]].src) == 3 \
+                and nodes[used[0]].src[2] == acc:
+            stores.append(used[0])
+            continue
         if len(used) != 1 or nodes[used[0]].op is not Op.ADD:
             return None
         add = used[0]
@@ -225,25 +233,27 @@ def flush(kernel: Kernel, run: Run) -> Flush | None:
         loads.append(load)
         adds.append(add)
         stores.append(store[0])
-    buffer = nodes[loads[0]].src[0]
-    places = [_split(nodes, nodes[x].src[1]) for x in loads]
+    if loads and len(loads) != len(stores):
+        return None                 # some lanes added, some stored
+    buffer = nodes[stores[0]].src[0]
+    places = [_split(nodes, nodes[x].src[1]) for x in stores]
     base, offset = places[0]
-    if places != [(base, offset + lane) for lane in range(len(loads))]:
+    if places != [(base, offset + lane) for lane in range(len(stores))]:
         # constant positions (pack.py's one register block of sums): lane 0's is the base
         values = [nodes[base].arg if nodes[base].op is Op.CONST else None
                   for base, _ in places]
-        if values[0] is None or values != [values[0] + lane for lane in range(len(loads))]:
+        if values[0] is None or values != [values[0] + lane for lane in range(len(stores))]:
             return None
         base, offset = places[0][0], 0
-    if nodes[buffer].dtype != nodes[run.accs[0]].dtype or min(loads) < run.last:
+    first, last = min(loads or stores), max(stores)
+    if nodes[buffer].dtype != nodes[run.accs[0]].dtype or first < run.last:
         return None
-    first, last = min(loads), max(stores)
     ours = {*loads, *stores}
     if any(nodes[i].op in (Op.STORE, Op.BARRIER, Op.RANGE, Op.END, Op.IF, Op.ENDIF) or (
             nodes[i].op is Op.LOAD and nodes[i].src[0] == buffer)
            for i in range(first, last) if i not in ours):
         return None
-    indices = tuple(nodes[x].src[1] for x in loads if nodes[x].src[1] != base
+    indices = tuple(nodes[x].src[1] for x in stores if nodes[x].src[1] != base
                     and set(users[nodes[x].src[1]]) <= ours)
     return Flush(tuple(loads), tuple(adds), tuple(stores), indices, buffer, base, offset)
 
@@ -355,6 +365,8 @@ class Spelling:
     fma: Callable[[str, str, str], str]
     # `the n values from at += lead`, elementwise (a Flush); None: flushes stay scalar
     add_into: Callable[[str, str], str] | None = None
+    # `the n values from at = lead` (a Flush that stores); None: such flushes stay scalar
+    store: Callable[[str, str], str] | None = None
     # `lead = lead + a * (the n values from at)`, the product rounded, then the sum, where `a`
     # is a scalar or a `vector(...)`; and the n values from `at` as a vector. None: unfused
     # runs stay scalar
@@ -399,23 +411,23 @@ def lines(kernel: Kernel, run: Run, init: int, spelling: Spelling) -> dict:
         return "", spelling.mul_add(lead, other, at)
 
     own[run.last] = update
-    if spelling.add_into is not None:
-        own.update(_flush_lines(lead, flush(kernel, run), spelling.add_into))
+    own.update(_flush_lines(lead, flush(kernel, run), spelling))
     return own
 
 
-def _flush_lines(lead: str, found: Flush | None, add_into: Callable[[str, str], str]) -> dict:
-    """Name-and-line functions that write `found` (if any) as one vector add at its last
-    STORE, and nothing for its other nodes."""
-    if found is None:
+def _flush_lines(lead: str, found: Flush | None, spelling: Spelling) -> dict:
+    """Name-and-line functions that write `found` (if any) as one vector add, or store, at
+    its last STORE, and nothing for its other nodes."""
+    write = spelling.add_into if found is not None and found.loads else spelling.store
+    if found is None or write is None:
         return {}
     own: dict[int, Callable[[dict], tuple]] = {
         node: _named("") for node in (*found.loads, *found.adds, *found.stores, *found.indices)}
 
-    def added(names: dict) -> tuple:
-        return "", add_into(lead, f"{names[found.buffer]}[{names[found.base]} + {found.offset}]")
+    def written(names: dict) -> tuple:
+        return "", write(lead, f"{names[found.buffer]}[{names[found.base]} + {found.offset}]")
 
-    own[max(found.stores)] = added
+    own[max(found.stores)] = written
     return own
 
 

@@ -19,8 +19,8 @@ walks K in blocks of `depth`; the register block is sized to the device's vector
   summed in float32, as torch does).
 Workgroups run along n fastest, so neighbouring groups (on one core, see the launcher) share
 A's rows in the cache. The pass shows at PORTKIT_DEBUG=3 as two LOCALs and no BARRIER. When K
-fits one depth block the registers are the sums: each register block's go through a small
-LOCAL, from which a loop stores them.
+fits one depth block the registers are the sums: stored straight to the output where they are
+stored as they are along its rows, else through a small LOCAL, from which a loop stores them.
 When A is more than a load (a relu mask of dy, relu(h + b), a softmax's gradient, fused in by
 the scheduler), each group computes A's block once per depth block into a second LOCAL, laid
 out in A's own order ([row][k] when A steps by 1 along k, else [k][row]) so the copy loop
@@ -322,16 +322,22 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         return row * p.depth + kk if p.along_k else kk * across + row
     zero = lowerer.const(0.0, wide)
     # one depth block (k <= DEPTH, as in the MLP's weight gradient): the registers are the
-    # sums, and pass through LOCAL for a loop to store them: a 7 x 32 block's 224 stores,
-    # unrolled, each with its own copy of the epilogue, were most of a 1x1 conv's C and 40%
-    # of its compile
+    # sums. Stored as they are, ungated, along the output's rows, they go straight to it, a
+    # vector store per run of lanes (through LOCAL, zeroed, added into and copied out, a 1x1
+    # conv of 16 channels, EfficientNet's 16 -> 96 on 112 x 112, spent a fifth of its time
+    # there); else they pass through LOCAL for a loop to store them: a 7 x 32 block's 224
+    # stores, unrolled, each with its own copy of the epilogue, were most of a 1x1 conv's C
+    # and 40% of its compile
     single = k_size <= p.depth
-    sums = b.local(wide, (p.rows if single else across * p.spans) * p.width)
+    direct = (single and not edge and not remainder and not rows_inner and wide == red.dtype
+              and (root is red or root.op is GraphOp.VIEW and root.src[0] is red))
+    # None where every block is stored from its registers
+    sums = None if direct else b.local(wide, (p.rows if single else across * p.spans) * p.width)
 
     def running(span: Lin, t: Lin, r: Lin | int, column: Lin | int) -> Lin:
         """Where the running sums hold panel `span`'s register block t's (r, column)."""
         return ((span * p.blocks + t) * p.rows + r) * p.width + column
-    if not single:
+    if sums is not None and not single:
         with _loop(lowerer, "z", across * p.spans * p.width) as z:
             b.store(sums, lowerer.index(z), zero)
     # a sum over several axes walks a depth block as (runs, run) loops, a run being the last
@@ -458,20 +464,25 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                             b.assign(acc, b.alu(Op.MULACC, x, y, acc))
                         else:
                             b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
-                if single:
-                    # zeroed, then added into: a run of lanes is one vector add (lanes.Flush)
-                    with _loop(lowerer, "z", p.rows * p.width) as z:
-                        b.store(sums, lowerer.index(z), zero)
-                for acc, (r, col) in zip(accs, product(range(p.rows), range(p.width))):
-                    # this register block's sums, or the running sums of every block
-                    where = lowerer.index(const(r * p.width + col) if single else
-                                          running(span, t, r, col))
-                    b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
-                if single:
+                if sums is None:
+                    # stored as they are: a run of lanes is one vector store (lanes.Flush)
+                    for acc, (r, col) in zip(accs, product(range(p.rows), range(p.width))):
+                        write(t, r, column0 + col, acc, first)
+                else:
+                    if single:
+                        # zeroed, then added into: a run of lanes is one vector add (a Flush)
+                        with _loop(lowerer, "z", p.rows * p.width) as z:
+                            b.store(sums, lowerer.index(z), zero)
+                    for acc, (r, col) in zip(accs, product(range(p.rows), range(p.width))):
+                        # this register block's sums, or the running sums of every block
+                        where = lowerer.index(const(r * p.width + col) if single else
+                                              running(span, t, r, col))
+                        b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
+                if sums is not None and single:
                     with _block(lowerer, p.rows, p.width, rows_inner) as (row, column):
                         value = b.load(sums, lowerer.index(row * p.width + column))
                         write(t, row, column0 + column, value, first)
-    if not single:
+    if sums is not None and not single:
         # the sums are in LOCAL, not registers: a loop over rows and columns stores them (one
         # store per element of the block, unrolled, was 40 kB of a 3x3 conv's C and half its
         # compile time)

@@ -220,3 +220,17 @@ def test_a_block_of_positions_by_channels_stores_along_the_positions(k):
     assert contraction.sizes[1] == 64 and packing.width == 32
     assert _innermost_range_at_output_store(lower(item.root, item.inputs, LOOPS)) == \
         packing.rows
+
+
+def test_a_one_block_conv_stores_its_registers_to_the_output():
+    # EfficientNet's 16 -> 96 1x1 conv: K fits one depth block, so the block's sums go from
+    # the registers to the output; through LOCAL (zeroed, added into, copied out) was a fifth
+    # of its time. Only B's panel is in LOCAL, and the stores are vector stores.
+    x, w = _data(1, 16, 16, 16), _data(96, 16, 1, 1, seed=1)
+    item = _conv_item(x, w)
+    kernel = lower(item.root, item.inputs, runtime.get("cpu").capabilities)
+    assert [n.op for n in kernel.nodes].count(Op.LOCAL) == 1
+    from portkit.reference_backends.cpu.renderer import CPURenderer
+    assert "pk_f32x16_store(&data0[" in CPURenderer().render(kernel)
+    out = F.conv2d(Tensor(x, device="cpu"), Tensor(w, device="cpu"))
+    _close(out, TF.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double()), 16)

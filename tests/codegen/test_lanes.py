@@ -26,10 +26,11 @@ WIDTHS = {F32: 16}
 
 
 def _kernel(offsets=tuple(range(16)), shared=True, store_inside=False, read_inside=False,
-            flushed=None):
+            flushed=None, stored=tuple(range(16))):
     """16 float32 accumulators, acc[j] += a[i] * b[16 i + offsets[j]] over 8 iterations, then
-    stored: a run of lanes unless a change says otherwise. With `flushed`, acc[j] is added into
-    out[16 + flushed[j]] after the loop (the running sums of a packed matmul) instead."""
+    stored into out[stored[j]]: a run of lanes unless a change says otherwise. With `flushed`,
+    acc[j] is added into out[16 + flushed[j]] after the loop (the running sums of a packed
+    matmul) instead."""
     k = KernelBuilder("lanes")
     out, a, b = k.param(F32), k.param(F32), k.param(F32)
     zero = k.const(0.0, F32)
@@ -48,7 +49,7 @@ def _kernel(offsets=tuple(range(16)), shared=True, store_inside=False, read_insi
             k.assign(acc, k.alu(Op.MULACC, mine, y, acc))
     if flushed is None:
         for lane, acc in enumerate(accs):
-            k.store(out, k.const(lane), acc)
+            k.store(out, k.const(stored[lane]), acc)
         return k.build()
     start = k.alu(Op.ADD, k.special("group", 0), k.const(16))     # not a constant: group 0
     for lane, acc in enumerate(accs):
@@ -88,7 +89,25 @@ def test_the_c_holds_a_run_in_one_vector_with_one_update_per_iteration():
     source = CPURenderer().render(_kernel())
     assert "typedef float pk_f32x16 __attribute__((vector_size(64)));" in source
     assert source.count("pk_f32x16_fma(") == 2          # the helper, and the one update
-    assert "acc4[15]" in source and " fma(" not in source  # lanes stored as elements
+    assert " fma(" not in source
+
+
+def test_lanes_stored_to_consecutive_elements_after_the_loop_are_one_vector_store():
+    # a packed matmul's sums of one depth block, stored from its registers to the output
+    source = CPURenderer().render(_kernel())
+    assert source.count("pk_f32x16_store(&data0[") == 1 and "acc4[15]" not in source
+    swapped = _kernel(stored=(1, 0, *range(2, 16)))
+    run, = lanes.find(swapped, WIDTHS)
+    assert lanes.flush(swapped, run) is None
+    source = CPURenderer().render(swapped)
+    assert "pk_f32x16_store(&data0[" not in source and "acc4[15]" in source    # as elements
+    rng = np.random.default_rng(0)
+    arrays = (np.zeros(16, np.float32), rng.standard_normal(9).astype(np.float32),
+              rng.standard_normal(8 * 16).astype(np.float32))
+    for kernel in (_kernel(), swapped):
+        expected, *_ = runtime.get("interpreter").run(kernel, *arrays)
+        actual, *_ = runtime.get("cpu").run(kernel, *arrays)
+        np.testing.assert_allclose(actual, expected, rtol=1e-6)
 
 
 def test_lanes_added_into_consecutive_elements_after_the_loop_are_one_vector_add():

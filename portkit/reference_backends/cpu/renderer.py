@@ -57,7 +57,7 @@ struct pk_grid {
 {{ exp2f_source }}{% endif %}
 {% if vectors %}
 /* Accumulators held in vectors (portkit.codegen.lanes): lanes += a * b[0..n), one rounding;
-   at[0..n) += lanes; the n values from at. */
+   at[0..n) += lanes; at[0..n) = lanes; the n values from at. */
 {% for type, element, lanes in vectors %}
 #ifndef PK_ONCE_{{ type }}
 #define PK_ONCE_{{ type }}
@@ -78,6 +78,9 @@ static inline void {{ type }}_add_into({{ element }} *at, {{ type }} v) {
   memcpy(&sum, at, sizeof sum);
   sum += v;
   memcpy(at, &sum, sizeof sum);
+}
+static inline void {{ type }}_store({{ element }} *at, {{ type }} v) {
+  memcpy(at, &v, sizeof v);
 }
 #endif
 {% endfor %}
@@ -163,13 +166,15 @@ _IDS = ["gid0", "gid1", "gid2", "lid0", "lid1", "lid2", "pk_local"]
 
 def _gnu_vectors(prefix: str, width: int) -> lanes.Spelling:
     """GNU C vectors of `width` lanes, named <prefix>x<width> (pk_f32x8): {a, a, ...} literals,
-    v[k] lanes, and the template's <vector>_fma, <vector>_add_into and <vector>_load."""
+    v[k] lanes, and the template's <vector>_fma, <vector>_add_into, <vector>_store and
+    <vector>_load."""
     vector = f"{prefix}x{width}"
     return lanes.Spelling(
         declare=lambda lead, init, n: f"{vector} {lead} = {{{', '.join([init] * n)}}};",
         lane=lambda lead, k: f"{lead}[{k}]",
         fma=lambda lead, a, at: f"{lead} = {vector}_fma({a}, &{at}, {lead});",
         add_into=lambda lead, at: f"{vector}_add_into(&{at}, {lead});",
+        store=lambda lead, at: f"{vector}_store(&{at}, {lead});",
         # a scalar times a vector is a vector (GNU C); -ffp-contract=off keeps two roundings
         mul_add=lambda lead, a, at: f"{lead} = {lead} + {a} * {vector}_load(&{at});",
         vector=lambda at: f"{vector}_load(&{at})",

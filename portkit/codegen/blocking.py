@@ -1,12 +1,14 @@
 """How a packed contraction (codegen/pack.py) is blocked: register rows and columns, register
 blocks and panels per workgroup, K per depth block, chosen from its sizes, what its operands
-cost to evaluate and the device's workgroup memory."""
+cost to evaluate and the device's workgroup memory; and the matrix unit, if the device declares
+one that runs its register block."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from math import ceil
 
 from portkit.abi.backend import Capabilities
+from portkit.abi.matrix import MatrixUnit, fragment
 from portkit.abi.ops import Op
 from portkit.codegen.plan import hot_bytes
 from portkit.codegen.tiles import Contraction
@@ -32,6 +34,7 @@ class Packing:
     summed: bool = True     # several depth blocks: running sums in LOCAL
     along_k: bool = False   # the staged A is [row][k] (A steps by 1 along k), else [k][row]
     taps: tuple[int, ...] = ()  # k's inner sizes, each walked as a loop (a conv's kh, kw)
+    unit: MatrixUnit | None = None  # the matrix unit the block's multiply-adds run on (pack.py)
 
     def local_bytes(self, itemsize: int) -> int:
         staged = self.depth * self.rows * self.blocks if self.packed_a else 0
@@ -169,3 +172,30 @@ def evaluation_cost(node: Lazy, params: set[int]) -> int:
         if id(x) not in params:
             stack.extend(x.src)
     return max(cost, 1)
+
+
+def on_unit(found: Contraction, caps: Capabilities, packing: Packing) -> Packing:
+    """`packing` with the first matrix unit the device declares that runs its register block
+    (`runs_block`), if any."""
+    unit = next((u for u in caps.matrix_units if runs_block(u, found, packing)), None)
+    if unit is None:
+        return packing
+    # depth blocks of whole groups of the unit's k terms (a block of 129 terms takes 130)
+    return replace(packing, unit=unit, depth=ceil(packing.depth / unit.k) * unit.k)
+
+
+def runs_block(unit: MatrixUnit, found: Contraction, packing: Packing) -> bool:
+    """Whether `unit` runs the register block of `packing`: the contraction's dtypes; one
+    thread's 1 x n tile, n dividing the block's width; A's k terms, in order, one row's
+    (broadcast); B's n columns of k terms each, interleaved by k (the panel's layout). Not
+    with a staged A, a conv's taps or a k folded from several axes, whose walks step one k
+    at a time."""
+    k, n = unit.k, unit.n
+    layout = (fragment(1, k, lambda t, e: (0, e)),
+              fragment(1, k * n, lambda t, e: (e % k, e // k)),
+              fragment(1, n, lambda t, e: (0, e)))
+    return ((unit.m, unit.threads, unit.a, unit.b, unit.c) == (1, 1, *layout)
+            and (unit.a_dtype, unit.b_dtype, unit.acc_dtype) == (
+                found.left.dtype, found.right.dtype, found.accumulate)
+            and packing.width % n == 0
+            and not (packing.packed_a or packing.taps or found.k_fold))

@@ -168,10 +168,10 @@ def _run(nodes: tuple[Node, ...], accs: list[int], updates, users, loop_of, end_
         shared, loads = right[0], left
     else:       # both operands vectors: only a MUL and an ADD, which every renderer spells
         loads, others = right, left
-        paired = _vector(nodes, others, nodes[accs[0]].value_dtype)
+        paired = vector(nodes, others, nodes[accs[0]].value_dtype)
         if paired is None or not products:
             return None
-    place = _vector(nodes, loads, nodes[accs[0]].value_dtype)
+    place = vector(nodes, loads, nodes[accs[0]].value_dtype)
     if place is None:
         return None
     buffer, base, offset = place
@@ -188,7 +188,7 @@ def _run(nodes: tuple[Node, ...], accs: list[int], updates, users, loop_of, end_
                paired, not products, tuple(products))
 
 
-def _vector(nodes: tuple[Node, ...], loads: list[int], dtype: DType
+def vector(nodes: tuple[Node, ...], loads: list[int], dtype: DType
             ) -> tuple[int, int, int] | None:
     """(buffer, base, offset) where `loads` are ungated LOADs of buffer[base + offset + lane]
     in lane order, from a buffer of `dtype`; else None."""
@@ -208,11 +208,19 @@ def _vector(nodes: tuple[Node, ...], loads: list[int], dtype: DType
 def flush(kernel: Kernel, run: Run) -> Flush | None:
     """The run's lanes added into a buffer after its loop, if that is their only other use
     and nothing else reads or writes that buffer among those nodes; else None."""
+    return added_into(kernel, run.accs, {*run.updates, *run.assigns}, run.last)
+
+
+def added_into(kernel: Kernel, accs: tuple[int, ...], updates: set[int], last: int
+               ) -> Flush | None:
+    """The `Flush` of accumulators `accs` (lane order) held in one vector, which the nodes
+    `updates` update up to node `last` (an MMA node's C registers: that node), if adding them
+    into a buffer is their only other use; else None."""
     nodes = kernel.nodes
     users = _users(nodes)
     loads, adds, stores = [], [], []
-    for acc, mulacc, assign in zip(run.accs, run.updates, run.assigns):
-        used = [u for u in users[acc] if u not in (mulacc, assign)]
+    for acc in accs:
+        used = [u for u in users[acc] if u not in updates]
         if len(used) != 1 or nodes[used[0]].op is not Op.ADD:
             return None
         add = used[0]
@@ -235,13 +243,12 @@ def flush(kernel: Kernel, run: Run) -> Flush | None:
         if values[0] is None or values != [values[0] + lane for lane in range(len(loads))]:
             return None
         base, offset = places[0][0], 0
-    if nodes[buffer].dtype != nodes[run.accs[0]].dtype or min(loads) < run.last:
+    if nodes[buffer].dtype != nodes[accs[0]].dtype or min(loads) < last:
         return None
-    first, last = min(loads), max(stores)
     ours = {*loads, *stores}
     if any(nodes[i].op in (Op.STORE, Op.BARRIER, Op.RANGE, Op.END, Op.IF, Op.ENDIF) or (
             nodes[i].op is Op.LOAD and nodes[i].src[0] == buffer)
-           for i in range(first, last) if i not in ours):
+           for i in range(min(loads), max(stores)) if i not in ours):
         return None
     indices = tuple(nodes[x].src[1] for x in loads if nodes[x].src[1] != base
                     and set(users[nodes[x].src[1]]) <= ours)
@@ -400,11 +407,11 @@ def lines(kernel: Kernel, run: Run, init: int, spelling: Spelling) -> dict:
 
     own[run.last] = update
     if spelling.add_into is not None:
-        own.update(_flush_lines(lead, flush(kernel, run), spelling.add_into))
+        own.update(flush_lines(lead, flush(kernel, run), spelling.add_into))
     return own
 
 
-def _flush_lines(lead: str, found: Flush | None, add_into: Callable[[str, str], str]) -> dict:
+def flush_lines(lead: str, found: Flush | None, add_into: Callable[[str, str], str]) -> dict:
     """Name-and-line functions that write `found` (if any) as one vector add at its last
     STORE, and nothing for its other nodes."""
     if found is None:

@@ -53,6 +53,7 @@ from portkit.codegen.blocking import (
     Packing,
     blocks_per_group,
     evaluation_cost,
+    on_unit,
     one_block,
     rows_per_block,
     spanned,
@@ -182,7 +183,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
                             Packing(rows, width, 1, k, along_k=along_k, taps=taps),
                             tiles, panels, batch, (need, costly), folded_k,
                             2 * BLOCKS if plain else BLOCKS)
-        return None if packing is None else (found, packing)
+        return None if packing is None else (found, on_unit(found, caps, packing))
     # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
     # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
     # then register blocks come first (the staged block repays more rows), depth second
@@ -218,7 +219,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         # 768 by 768 x 256 at 2x the speed, one thread)
         chosen = spanned(packings, found, inputs, caps, wanted, (tiles, panels, batch), need,
                          chosen) or chosen
-    return None if chosen is None else (found, chosen)
+    return None if chosen is None else (found, on_unit(found, caps, chosen))
 
 
 def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabilities,
@@ -307,7 +308,26 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             del lowerer.fixed[id(red)]
         b.store(out, lowerer.index(flat), value, gate)
 
-    panel = b.local(wide, p.depth * p.width)
+    # on a matrix unit, B's panel holds the unit's input dtype, [depth / k][width][k]: the
+    # unit's k terms of a column side by side, as its B operand reads them
+    unit = p.unit
+    group = 1 if unit is None else unit.k
+    panel = b.local(wide if unit is None else unit.b_dtype, p.depth * p.width)
+
+    def slot(kk: Lin, j: Lin | int, h: int = 0) -> Lin:
+        """Where the panel holds column j of k step kk (group kk, term h on a unit)."""
+        return kk * p.width + j if unit is None else (kk * p.width + j) * group + h
+    # K's last terms, where it ends part way into a group of the unit's: their group, in the
+    # last depth block
+    tail = k_size % group
+    blocks_k = ceil(k_size / p.depth)
+    last_group = const((k_size - tail - (blocks_k - 1) * p.depth) // group)
+
+    def in_last_block(name: str) -> _loop:
+        """A loop of one trip in the last depth block and none in the others (an MMA node
+        may not sit in an IF)."""
+        last = b.alu(Op.CMPLT, lowerer.const(blocks_k - 2), lowerer.index(block))
+        return _loop(lowerer, name, 1, b.alu(Op.WHERE, last, lowerer.const(1), lowerer.const(0)))
     staged = b.local(wide, p.depth * across) if p.packed_a else None
 
     def at_a(row: Lin, kk: Lin) -> Lin:
@@ -338,7 +358,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     # divisions per k ran the multiply-add loop of a 3x3 conv at half the matmul's rate. The
     # loop with the most trips is innermost (the channels of a 3x3 conv, the stem's 7 columns)
     taps = prod(p.taps)
-    unit = run if run > 1 else taps
+    unit_step = run if run > 1 else taps
 
     def walk(name: str) -> Iterator[tuple[Lin, Lin]]:
         """The depth block's position (in the panel and the staged A) and k there: one loop,
@@ -364,10 +384,11 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         with _loop(lowerer, name + "r", p.depth // run, ends[1]) as runs, \
                 _loop(lowerer, name, run) as kk:
             yield runs * run + kk, k0 + runs * run + kk
-    with _loop(lowerer, "kb", ceil(k_size / p.depth)) as block:
+    with _loop(lowerer, "kb", blocks_k) as block:
         k0 = block * p.depth
         ends = []
-        for step in (1, unit):   # the block's end, in terms and in runs or windows
+        # the block's end, in terms, in runs or windows, and in a unit's groups of k terms
+        for step in (1, unit_step) + (() if unit is None else (group,)):
             end = lowerer.const(p.depth // step)
             if k_size % p.depth:
                 left = b.alu(Op.ADD, lowerer.const(k_size // step), b.alu(
@@ -401,29 +422,51 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                     Op.WHERE, b.alu(Op.CMPLT, left, width), left, width))
                 end = lowerer.index(valid)
 
-            def copy(kk: Lin, k: Lin, j: Lin) -> None:
+            def copy(where: Lin, k: Lin, j: Lin) -> None:
                 column = lowerer.new_var("pc", 0, n_size - 1, lowerer.index(column0 + j)) \
                     if edge else column0 + j
                 value, = lowerer.lower(found.right, [at(const(0), column, k)], [None])
-                value = value if b.dtype(value) == wide else b.cast(value, wide)
-                b.store(panel, lowerer.index(kk * p.width + j), value)
-            if found.contiguous_k[1] and (found.k_fold or crowded):
-                # B read along its rows (a conv's output gradient along the output positions,
-                # x @ W.T's W): across n its `width` rows lie a plane or a row apart, 4 KiB on
-                # a 32 x 32 map or for K = 1024, and walking them all at each k evicts each
-                # other from their L1 sets
+                value = value if b.dtype(value) == b.dtype(panel) else b.cast(value, wide)
+                b.store(panel, lowerer.index(where), value)
+
+            def copy_group(g: Lin, j: Lin) -> None:
+                for h in range(group):
+                    copy(slot(g, j, h), k0 + g * group + h, j)
+            # B read along its rows (a conv's output gradient along the output positions,
+            # x @ W.T's W): across n its `width` rows lie a plane or a row apart, 4 KiB on a
+            # 32 x 32 map or for K = 1024, and walking them all at each k evicts each other
+            # from their L1 sets
+            along_rows = found.contiguous_k[1] and (found.k_fold or crowded)
+            if unit is not None and along_rows:
+                with _loop(lowerer, "pn", p.width, end) as j, \
+                        _loop(lowerer, "pk", p.depth // group, ends[-1]) as g:
+                    copy_group(g, j)
+            elif unit is not None:
+                with _loop(lowerer, "pk", p.depth // group, ends[-1]) as g, \
+                        _loop(lowerer, "pn", p.width, end) as j:
+                    copy_group(g, j)
+            elif along_rows:
                 with _loop(lowerer, "pn", p.width, end) as j:
                     for kk, k in walk("pk"):
-                        copy(kk, k, j)
+                        copy(slot(kk, j), k, j)
             else:
                 for kk, k in walk("pk"):
                     with _loop(lowerer, "pn", p.width, end) as j:
-                        copy(kk, k, j)
+                        copy(slot(kk, j), k, j)
+            panel_zero = lowerer.const(0.0, b.dtype(panel))
+            if tail:
+                # the last group of k terms, where K ends part way into it: zeros past K
+                with in_last_block("pl"), _loop(lowerer, "pt", p.width, end) as j:
+                    for h in range(group):
+                        if h < tail:
+                            copy(slot(last_group, j, h), const(k_size - tail + h), j)
+                        else:
+                            b.store(panel, lowerer.index(slot(last_group, j, h)), panel_zero)
             if edge:
-                rest = lowerer.index(valid * -1 + p.width)
-                with _loop(lowerer, "pz", p.depth) as kk, \
-                        _loop(lowerer, "pzn", p.width, rest) as j:
-                    b.store(panel, lowerer.index(kk * p.width + valid + j), zero)
+                rest = lowerer.index((valid * -1 + p.width) * group)
+                with _loop(lowerer, "pz", p.depth // group) as kk, \
+                        _loop(lowerer, "pzn", p.width * group, rest) as j:
+                    b.store(panel, lowerer.index(slot(kk, valid) + j), panel_zero)
             with _loop(lowerer, "mb", p.blocks) as t:
                 accs = [b.acc(zero) for _ in range(p.rows * p.width)]
                 first = first_row(t)
@@ -435,7 +478,28 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                         for axis, value in enumerate(at(row0 + r, const(0), const(0))):
                             if axis in found.m_axes:
                                 lowerer.index(value)
-                for kk, k in walk("kk"):
+                def multiply(g: Lin, ks: list[Lin]) -> None:
+                    """One MMA node per register row and vector of the block, on k group g
+                    of the panel (its terms past K are zeros; A's are `ks`)."""
+                    assert unit is not None
+                    n = unit.n
+                    rights = [[b.load(panel, lowerer.index(slot(g, v * n) + e))
+                               for e in range(n * group)] for v in range(p.width // n)]
+                    lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k)
+                                                       for r in range(p.rows) for k in ks],
+                                          [None] * (p.rows * len(ks)))
+                    pad = [lowerer.const(0.0, unit.a_dtype)] * (group - len(ks))
+                    for r, right in product(range(p.rows), range(len(rights))):
+                        left = [*lefts[r * len(ks):(r + 1) * len(ks)], *pad]
+                        own = accs[r * p.width + right * n:][:n]
+                        b.add(Op.MMA, None, (*left, *rights[right], *own), unit)
+                if unit is not None:
+                    with _loop(lowerer, "kk", p.depth // group, ends[-1]) as g:
+                        multiply(g, [k0 + g * group + h for h in range(group)])
+                    if tail:
+                        with in_last_block("kl"):
+                            multiply(last_group, [const(k_size - tail + h) for h in range(tail)])
+                for kk, k in ([] if unit is not None else walk("kk")):
                     if p.packed_a:
                         lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, kk)))
                                  for r in range(p.rows)]

@@ -10,10 +10,12 @@ portkit.codegen.loops first: its threads become loops between the barriers, insi
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from portkit.abi import dtypes
 from portkit.abi.kernel import Kernel
+from portkit.abi.matrix import MatrixUnit, fragment
 from portkit.abi.ops import Op
 from portkit.codegen import exp2f, lanes
 from portkit.codegen.cstyle import CStyleRenderer, Spelling, function_name, local_bytes
@@ -25,6 +27,9 @@ _TEMPLATE = """\
 #include <stdint.h>
 #include <string.h>
 #include <tgmath.h>  /* sqrt, exp2, fma...: the float or the double function, by argument */
+{% if matrix %}
+#include <immintrin.h>
+{% endif %}
 
 {# Helpers are guarded: a batch (codegen.cstyle.compile_joined) is many kernels in one file #}
 #ifndef PK_ONCE_POOL
@@ -183,6 +188,16 @@ def _lanes(a: str, b: str, n: int, odd: int) -> str:
     return ", ".join(f"{v}[{k}]" for v in (a, b) for k in range(odd, n, 2))
 
 
+# vdpbf16ps on one thread: A's row holds k = 0, 1; B's element 2j + h is (k = h, column j);
+# C's element j is column j. Lane j of the instruction adds A[1]·B[1][j], then A[0]·B[0][j],
+# each product exact and each sum rounded to nearest, with denormal inputs and results flushed.
+DPBF16 = MatrixUnit(1, 16, 2, 1, dtypes.bfloat16, dtypes.bfloat16, dtypes.float32,
+                    fragment(1, 2, lambda t, e: (0, e)),
+                    fragment(1, 32, lambda t, e: (e % 2, e // 2)),
+                    fragment(1, 16, lambda t, e: (0, e)))
+MMA_UNITS = (DPBF16,)
+
+
 class CPURenderer(CStyleRenderer):
     """Plain C11 (GNU dialect) for gcc or clang, one shared object per kernel."""
 
@@ -225,12 +240,70 @@ class CPURenderer(CStyleRenderer):
         four B registers beside its twelve accumulators and spilled one every step."""
         self.vector_bytes = vector_bytes
 
+    def render_mma(self, unit: MatrixUnit, src: list[str]) -> str:
+        if unit != DPBF16:
+            return super().render_mma(unit, src)
+        bits = [self.emulated[dtypes.bfloat16].store.format(x) for x in src[:34]]
+        c = src[34:]
+        # C's registers copied into a vector and back out
+        return ("{ float pk_c[16] = {" + ", ".join(c) + "}; "
+                "_mm512_storeu_ps(pk_c, " + _dpbf16("_mm512_loadu_ps(pk_c)", bits[:2],
+                                                    _words(bits[2:])) + "); "
+                + " ".join(f"{x} = pk_c[{i}];" for i, x in enumerate(c)) + " }")
+
+    def rendered_together(self, kernel: Kernel) -> dict[int, Callable[[dict], tuple]]:
+        own = super().rendered_together(kernel)
+        nodes = kernel.nodes
+        held: dict[tuple[int, ...], list[int]] = {}      # C's ACCs in one __m512 -> MMA nodes
+        for i, node in enumerate(nodes):
+            accs = node.src[34:]
+            if node.op is Op.MMA and node.arg == DPBF16 and all(
+                    nodes[a].op is Op.ACC and nodes[a].src == nodes[accs[0]].src and
+                    a == accs[0] + lane for lane, a in enumerate(accs)):
+                held.setdefault(accs, []).append(i)
+        for accs, users in held.items():
+            own.update(self._held(kernel, accs, users))
+        return own
+
+    def _held(self, kernel: Kernel, accs: tuple[int, ...], users: list[int]) -> dict:
+        """Name-and-line functions for MMA nodes `users` on DPBF16 whose C registers are the
+        consecutive ACCs `accs`: one __m512, each node one instruction on it, B loaded as one
+        vector where it is 32 loads in a row, and the sums added into a buffer afterwards (a
+        lanes.Flush) as one vector add."""
+        nodes = kernel.nodes
+        lead = f"acc{accs[0]}"
+        init = nodes[accs[0]].src[0]
+        own: dict[int, Callable[[dict], tuple]] = {
+            accs[0]: lambda names: (f"{lead}[0]",
+                                    f"__m512 {lead} = _mm512_set1_ps({names[init]});")}
+        for lane, acc in enumerate(accs[1:], 1):
+            own[acc] = _named(f"{lead}[{lane}]")
+        store = self.emulated[dtypes.bfloat16].store
+        for i in users:
+            src = nodes[i].src
+            place = lanes.vector(nodes, list(src[2:34]), dtypes.bfloat16)
+
+            def update(names: dict, src=src, place=place) -> tuple:
+                a = [store.format(names[x]) for x in src[:2]]
+                if place is None:
+                    b = _words([store.format(names[x]) for x in src[2:34]])
+                else:
+                    buffer, base, offset = place
+                    b = f"_mm512_loadu_si512(&{names[buffer]}[{names[base]} + {offset}])"
+                return "", f"{lead} = {_dpbf16(lead, a, b)};"
+            own[i] = update
+        found = lanes.added_into(kernel, accs, set(users), max(users))
+        own.update(lanes.flush_lines(lead, found, lambda lead, at: (
+            f"_mm512_storeu_ps(&{at}, _mm512_add_ps(_mm512_loadu_ps(&{at}), {lead}));")))
+        return own
+
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
         used = {n.dtype for n in kernel.nodes}
         types, names = [self.storage_type(p.value_dtype) for p in kernel.params], kernel.vars
         return {**super().template_context(kernel, body),
                 "looped": kernel.block == (1, 1, 1),
                 "small_floats": bool(used & set(self.emulated)),
+                "matrix": any(n.op is Op.MMA for n in kernel.nodes),
                 "exp2f": exp2f.needed(kernel),
                 "float16_helpers": FLOAT16_HELPERS, "exp2f_source": exp2f.EXP2F,
                 "entry": entry_point(kernel.name), "types": types,
@@ -244,6 +317,24 @@ class CPURenderer(CStyleRenderer):
                              self.vector_bytes // d.itemsize)
                             for d, name in self.vector_types.items()
                             if any(n.op is Op.ACC and n.dtype == d for n in kernel.nodes)]}
+
+
+def _dpbf16(c: str, a: list[str], b: str) -> str:
+    """C + A·B on DPBF16: `c` an __m512, `a` A's two elements as 16-bit words (broadcast as
+    one 32-bit pair, k = 0 in the low half), `b` B's 32 elements as an __m512i."""
+    pair = f"(int)((uint32_t){a[0]} | (uint32_t){a[1]} << 16)"
+    return f"_mm512_dpbf16_ps({c}, (__m512bh)_mm512_set1_epi32({pair}), (__m512bh){b})"
+
+
+def _named(name: str) -> Callable[[dict], tuple]:
+    """A name-and-line function (CStyleRenderer.rendered_together) naming its node `name`,
+    with no line of its own."""
+    return lambda names: (name, None)
+
+
+def _words(values: list[str]) -> str:
+    """32 16-bit words as an __m512i, the first in the lowest lanes."""
+    return "_mm512_loadu_si512((const uint16_t[32]){" + ", ".join(values) + "})"
 
 
 def entry_point(name: str) -> str:

@@ -1,0 +1,97 @@
+"""The CPU backend's matrix unit: vdpbf16ps, declared where the host has AVX-512 BF16 and absent
+elsewhere; bfloat16 matmuls on it (packed panels, codegen/pack.py) within the MMA error bound
+of the exact product, as one `_mm512_dpbf16_ps` per register row and vector."""
+from __future__ import annotations
+
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from portkit.abi import Op, spec
+from portkit.abi.dtypes import bfloat16, float32
+from portkit.reference_backends.cpu import capabilities as cpu_capabilities
+from portkit.reference_backends.cpu import runtime as cpu_runtime
+from portkit.reference_backends.cpu.renderer import DPBF16, CPURenderer
+from portkit.tensor import Tensor
+
+HAS_BF16 = "avx512_bf16" in cpu_runtime.cpu_flags()
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="the host has no AVX-512 BF16")
+
+
+def test_the_unit_is_well_formed_and_declared_with_avx512_bf16():
+    assert DPBF16.problems() == []
+    assert (DPBF16.m, DPBF16.n, DPBF16.k, DPBF16.threads) == (1, 16, 2, 1)
+    assert cpu_capabilities.matrix_units({"avx512f", "avx512_bf16"}) == (DPBF16,)
+    assert cpu_capabilities.matrix_units({"avx512f", "avx2"}) == ()
+
+
+def test_the_device_declares_the_unit_only_where_the_host_has_it(monkeypatch):
+    compiler = cpu_runtime.CPUCompiler(cpu_runtime.find_compiler())
+    monkeypatch.setattr(cpu_capabilities, "cpu_flags", lambda: {"avx512f", "avx2", "sse2"})
+    assert cpu_capabilities.capabilities(compiler).matrix_units == ()
+    monkeypatch.setattr(cpu_capabilities, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert cpu_capabilities.capabilities(compiler).matrix_units == (DPBF16,)
+
+
+def _bf16(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+
+
+# (name, A's shape, B's shape as stored, B transposed in the product): edges in m, n and k
+# (an odd K ends part way into a k pair), several depth blocks, a batch, and x @ W.T
+CASES = [("37x45 @ 45x29", (37, 45), (45, 29), False),
+         ("batched 3x20x33 @ 3x33x50", (3, 20, 33), (3, 33, 50), False),
+         ("x @ W.T 40x70 @ (50x70).T", (40, 70), (50, 70), True),
+         ("deep 24x515 @ 515x40", (24, 515), (515, 40), False)]
+
+
+@needs_bf16
+@pytest.mark.parametrize("name, a_shape, b_shape, transposed", CASES,
+                         ids=[case[0] for case in CASES])
+def test_a_bfloat16_matmul_runs_on_the_unit_within_the_mma_bound(name, a_shape, b_shape,
+                                                                  transposed):
+    rng = np.random.default_rng(len(name))
+    a, b = _bf16(rng, a_shape), _bf16(rng, b_shape)
+    right = Tensor(b, device="cpu")
+    result = Tensor(a, device="cpu") @ (right.transpose(-1, -2) if transposed else right)
+    (kernel,) = result.schedule()
+    assert any(n.op is Op.MMA and n.arg == DPBF16 for n in kernel.nodes), kernel.name
+    factor = np.swapaxes(b, -1, -2) if transposed else b
+    zeros = np.zeros(result.shape, np.float32)
+    exact = spec.mma(a, factor, zeros, float32).astype(np.float64)
+    # the float32 sums within MMA's bound, then rounded once to bfloat16 (half an ULP)
+    bound = spec.mma_bound(a, factor, zeros, float32)
+    bound = bound + (np.abs(exact) + bound) * float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps) / 2
+    got = result.numpy().astype(np.float64)
+    assert result.dtype == bfloat16
+    error = np.abs(got - exact)
+    worst = np.unravel_index(np.argmax(error - bound), error.shape)
+    assert (error <= bound).all(), (f"{name}: worst at {worst}: got {got[worst]}, exact "
+                                    f"{exact[worst]}, |error| {error[worst]:.3g} > bound "
+                                    f"{bound[worst]:.3g}")
+
+
+@needs_bf16
+def test_the_kernel_is_one_dpbf16_per_register_row_and_vector():
+    rng = np.random.default_rng(0)
+    result = Tensor(_bf16(rng, (64, 96)), device="cpu") @ Tensor(_bf16(rng, (96, 64)),
+                                                                  device="cpu")
+    (kernel,) = result.schedule()
+    source = CPURenderer().render(kernel)
+    assert "#include <immintrin.h>" in source
+    # the register block's sums in __m512 vectors, B's k pairs read from the panel as vectors
+    assert "= _mm512_dpbf16_ps(acc" in source and "_mm512_loadu_si512(&local" in source
+    command = [*cpu_runtime.find_compiler(), *(f for f in cpu_runtime.FLAGS if f != "-shared"),
+               "-S", "-x", "c", "-", "-o", "-"]
+    assembly = subprocess.run(command, input=source, capture_output=True, text=True, check=True)
+    assert "vdpbf16ps" in assembly.stdout
+
+
+def test_a_float32_matmul_keeps_its_fused_multiply_adds():
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal((64, 96)).astype(np.float32) for _ in range(2))
+    (kernel,) = (Tensor(x, device="cpu") @ Tensor(w.T.copy(), device="cpu")).schedule()
+    assert not any(n.op is Op.MMA for n in kernel.nodes)
+    assert "immintrin" not in CPURenderer().render(kernel)

@@ -1,6 +1,7 @@
 """The CPU backend's matrix unit: vdpbf16ps, declared where the host has AVX-512 BF16 and absent
 elsewhere; bfloat16 matmuls on it (packed panels, codegen/pack.py) within the MMA error bound
-of the exact product, as one `_mm512_dpbf16_ps` per register row and vector."""
+of the exact product, as one `_mm512_dpbf16_ps` per register row and vector; conformance's MMA
+cases on it, denormal edges included (the unit declares that it flushes them)."""
 from __future__ import annotations
 
 import subprocess
@@ -11,6 +12,10 @@ import pytest
 
 from portkit.abi import Op, spec
 from portkit.abi.dtypes import bfloat16, float32
+from portkit.conformance import runner, suite
+from portkit.conformance.case import Status
+from portkit.conformance.matrix_cases import KINDS, case_id
+from portkit.conformance.target import Target
 from portkit.reference_backends.cpu import capabilities as cpu_capabilities
 from portkit.reference_backends.cpu import runtime as cpu_runtime
 from portkit.reference_backends.cpu.renderer import DPBF16, CPURenderer
@@ -21,7 +26,7 @@ needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="the host has no AVX-512 BF
 
 
 def test_the_unit_is_well_formed_and_declared_with_avx512_bf16():
-    assert DPBF16.problems() == []
+    assert DPBF16.problems() == [] and DPBF16.denormals == "flush"
     assert (DPBF16.m, DPBF16.n, DPBF16.k, DPBF16.threads) == (1, 16, 2, 1)
     assert cpu_capabilities.matrix_units({"avx512f", "avx512_bf16"}) == (DPBF16,)
     assert cpu_capabilities.matrix_units({"avx512f", "avx2"}) == ()
@@ -95,3 +100,12 @@ def test_a_float32_matmul_keeps_its_fused_multiply_adds():
     (kernel,) = (Tensor(x, device="cpu") @ Tensor(w.T.copy(), device="cpu")).schedule()
     assert not any(n.op is Op.MMA for n in kernel.nodes)
     assert "immintrin" not in CPURenderer().render(kernel)
+
+
+@needs_bf16
+def test_conformance_runs_the_unit_and_it_passes(tmp_path):
+    options = suite.Options(tiers=(2, 3), pattern="*[Mm][Mm][Aa]*", timeout=120,
+                            repro_dir=str(tmp_path))
+    statuses = {r.case.id: r.status for r in runner.run(Target.load("cpu"), options).results}
+    assert statuses == {**{case_id(DPBF16, kind): Status.PASSED for kind in KINDS},
+                        f"kernels/mma/{DPBF16.name}": Status.PASSED}

@@ -194,7 +194,7 @@ def _lanes(a: str, b: str, n: int, odd: int) -> str:
 DPBF16 = MatrixUnit(1, 16, 2, 1, dtypes.bfloat16, dtypes.bfloat16, dtypes.float32,
                     fragment(1, 2, lambda t, e: (0, e)),
                     fragment(1, 32, lambda t, e: (e % 2, e // 2)),
-                    fragment(1, 16, lambda t, e: (0, e)))
+                    fragment(1, 16, lambda t, e: (0, e)), denormals="flush")
 MMA_UNITS = (DPBF16,)
 
 

@@ -499,22 +499,23 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                     if tail:
                         with in_last_block("kl"):
                             multiply(last_group, [const(k_size - tail + h) for h in range(tail)])
-                for kk, k in ([] if unit is not None else walk("kk")):
-                    if p.packed_a:
-                        lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, kk)))
-                                 for r in range(p.rows)]
-                    else:
-                        lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k)
-                                                           for r in range(p.rows)],
-                                              [None] * p.rows)
-                    rights = [b.load(panel, lowerer.index(kk * p.width + j))
-                              for j in range(p.width)]
-                    for acc, (x, y) in zip(accs, product(lefts, rights)):
-                        x = x if b.dtype(x) == wide else b.cast(x, wide)
-                        if Op.MULACC in caps.ops:
-                            b.assign(acc, b.alu(Op.MULACC, x, y, acc))
+                else:
+                    for kk, k in walk("kk"):
+                        if p.packed_a:
+                            lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, kk)))
+                                     for r in range(p.rows)]
                         else:
-                            b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
+                            lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k)
+                                                               for r in range(p.rows)],
+                                                  [None] * p.rows)
+                        rights = [b.load(panel, lowerer.index(kk * p.width + j))
+                                  for j in range(p.width)]
+                        for acc, (x, y) in zip(accs, product(lefts, rights)):
+                            x = x if b.dtype(x) == wide else b.cast(x, wide)
+                            if Op.MULACC in caps.ops:
+                                b.assign(acc, b.alu(Op.MULACC, x, y, acc))
+                            else:
+                                b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
                 if single:
                     # zeroed, then added into: a run of lanes is one vector add (lanes.Flush)
                     with _loop(lowerer, "z", p.rows * p.width) as z:

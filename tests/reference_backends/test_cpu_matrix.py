@@ -11,24 +11,28 @@ import numpy as np
 import pytest
 
 from portkit.abi import Op, spec
-from portkit.abi.dtypes import bfloat16, float32
+from portkit.abi.dtypes import bfloat16, float32, int8, int32, uint8
 from portkit.conformance import runner, suite
 from portkit.conformance.case import Status
 from portkit.conformance.matrix_cases import KINDS, case_id
 from portkit.conformance.target import Target
 from portkit.reference_backends.cpu import capabilities as cpu_capabilities
 from portkit.reference_backends.cpu import runtime as cpu_runtime
-from portkit.reference_backends.cpu.renderer import DPBF16, CPURenderer
+from portkit.reference_backends.cpu.renderer import DPBF16, DPBUSD, CPURenderer
 from portkit.tensor import Tensor
 
 HAS_BF16 = "avx512_bf16" in cpu_runtime.cpu_flags()
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="the host has no AVX-512 BF16")
 
 
-def test_the_unit_is_well_formed_and_declared_with_avx512_bf16():
+def test_the_units_are_well_formed_and_declared_with_their_flags():
     assert DPBF16.problems() == [] and DPBF16.denormals == "flush"
     assert (DPBF16.m, DPBF16.n, DPBF16.k, DPBF16.threads) == (1, 16, 2, 1)
+    assert DPBUSD.problems() == [] and (DPBUSD.m, DPBUSD.n, DPBUSD.k) == (1, 16, 4)
+    assert (DPBUSD.a_dtype, DPBUSD.b_dtype, DPBUSD.acc_dtype) == (uint8, int8, int32)
     assert cpu_capabilities.matrix_units({"avx512f", "avx512_bf16"}) == (DPBF16,)
+    assert cpu_capabilities.matrix_units({"avx512f", "avx512_vnni"}) == (DPBUSD,)
+    assert cpu_capabilities.matrix_units({"avx512_vnni", "avx512_bf16"}) == (DPBF16, DPBUSD)
     assert cpu_capabilities.matrix_units({"avx512f", "avx2"}) == ()
 
 
@@ -38,6 +42,8 @@ def test_the_device_declares_the_unit_only_where_the_host_has_it(monkeypatch):
     assert cpu_capabilities.capabilities(compiler).matrix_units == ()
     monkeypatch.setattr(cpu_capabilities, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
     assert cpu_capabilities.capabilities(compiler).matrix_units == (DPBF16,)
+    monkeypatch.setattr(cpu_capabilities, "cpu_flags", lambda: {"avx512f", "avx512_vnni"})
+    assert cpu_capabilities.capabilities(compiler).matrix_units == (DPBUSD,)
 
 
 def _bf16(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -103,9 +109,12 @@ def test_a_float32_matmul_keeps_its_fused_multiply_adds():
 
 
 @needs_bf16
-def test_conformance_runs_the_unit_and_it_passes(tmp_path):
+def test_conformance_runs_the_units_and_they_pass(tmp_path):
     options = suite.Options(tiers=(2, 3), pattern="*[Mm][Mm][Aa]*", timeout=120,
                             repro_dir=str(tmp_path))
-    statuses = {r.case.id: r.status for r in runner.run(Target.load("cpu"), options).results}
-    assert statuses == {**{case_id(DPBF16, kind): Status.PASSED for kind in KINDS},
-                        f"kernels/mma/{DPBF16.name}": Status.PASSED}
+    target = Target.load("cpu")
+    statuses = {r.case.id: r.status for r in runner.run(target, options).results}
+    units = target.capabilities.matrix_units
+    assert DPBF16 in units
+    assert statuses == {**{case_id(u, kind): Status.PASSED for u in units for kind in KINDS},
+                        **{f"kernels/mma/{u.name}": Status.PASSED for u in units}}

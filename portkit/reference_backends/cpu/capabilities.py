@@ -6,8 +6,9 @@ threads are a loop (split at each barrier), and workgroup memory is a stack arra
 1 MiB (an L2's worth: codegen keeps its hot blocks within 64 KiB of it, and only the running
 sums of a staged operand's several panels take more; codegen/plan.py HOT_BYTES). The vector
 registers are the host's, read from its feature flags: codegen sizes its register blocks to them.
-So is the matrix unit: a CPU with AVX-512 BF16 declares vdpbf16ps (renderer.DPBF16), which
-codegen/pack.py runs bfloat16 matmuls on; elsewhere the CPU declares none.
+So are the matrix units: a CPU with AVX-512 BF16 declares vdpbf16ps (renderer.DPBF16), which
+codegen/pack.py runs bfloat16 matmuls on, and one with AVX-512 VNNI vpdpbusd (renderer.DPBUSD,
+uint8 x int8 -> int32); elsewhere the CPU declares none.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.matrix import MatrixUnit
 from portkit.abi.ops import COMPUTE
-from portkit.reference_backends.cpu.renderer import DPBF16
+from portkit.reference_backends.cpu.renderer import DPBF16, DPBUSD
 from portkit.reference_backends.cpu.runtime import CPUCompiler, cpu_flags, cpu_model, threads
 
 
@@ -54,7 +55,11 @@ def vector_registers(flags: set[str]) -> tuple[int, int] | None:
     return None
 
 
+# (flag, unit): the instructions renderer.py writes as matrix units, by the flag that has them
+_MATRIX_UNITS = (("avx512_bf16", DPBF16), ("avx512_vnni", DPBUSD))
+
+
 def matrix_units(flags: set[str]) -> tuple[MatrixUnit, ...]:
-    """The matrix units the CPU `flags` name: vdpbf16ps with AVX-512 BF16 (the compiler's
-    -march=native then has it too), else none."""
-    return (DPBF16,) if "avx512_bf16" in flags else ()
+    """The matrix units the CPU `flags` name (the compiler's -march=native then has them too):
+    vdpbf16ps with AVX-512 BF16, vpdpbusd with AVX-512 VNNI."""
+    return tuple(unit for flag, unit in _MATRIX_UNITS if flag in flags)

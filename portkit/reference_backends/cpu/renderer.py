@@ -29,6 +29,10 @@ _TEMPLATE = """\
 #include <tgmath.h>  /* sqrt, exp2, fma...: the float or the double function, by argument */
 {% if matrix %}
 #include <immintrin.h>
+#ifndef PK_ONCE_I32X16
+#define PK_ONCE_I32X16
+typedef int32_t pk_i32x16 __attribute__((vector_size(64)));  /* an int32 matrix unit's C */
+#endif
 {% endif %}
 
 {# Helpers are guarded: a batch (codegen.cstyle.compile_joined) is many kernels in one file #}
@@ -195,7 +199,20 @@ DPBF16 = MatrixUnit(1, 16, 2, 1, dtypes.bfloat16, dtypes.bfloat16, dtypes.float3
                     fragment(1, 2, lambda t, e: (0, e)),
                     fragment(1, 32, lambda t, e: (e % 2, e // 2)),
                     fragment(1, 16, lambda t, e: (0, e)), denormals="flush")
-MMA_UNITS = (DPBF16,)
+# vpdpbusd (AVX-512 VNNI) the same way with k = 4: lane j adds the four products of A's
+# unsigned bytes and column j's signed bytes to its int32, wrapping.
+DPBUSD = MatrixUnit(1, 16, 4, 1, dtypes.uint8, dtypes.int8, dtypes.int32,
+                    fragment(1, 4, lambda t, e: (0, e)),
+                    fragment(1, 64, lambda t, e: (e % 4, e // 4)),
+                    fragment(1, 16, lambda t, e: (0, e)))
+MMA_UNITS = (DPBF16, DPBUSD)
+# Per unit: C's 16 lanes as a GNU C vector type, and the instruction as a function of C (that
+# type), A's k elements broadcast and B's elements, both __m512i. A and B's elements are
+# words of their bits, k of them to each 32-bit lane, the lowest k first.
+_INSTRUCTIONS = {
+    DPBF16: ("__m512", "_mm512_dpbf16_ps({c}, (__m512bh){a}, (__m512bh){b})"),
+    DPBUSD: ("pk_i32x16", "(pk_i32x16)_mm512_dpbusd_epi32((__m512i){c}, {a}, {b})"),
+}
 
 
 class CPURenderer(CStyleRenderer):
@@ -241,60 +258,73 @@ class CPURenderer(CStyleRenderer):
         self.vector_bytes = vector_bytes
 
     def render_mma(self, unit: MatrixUnit, src: list[str]) -> str:
-        if unit != DPBF16:
+        if unit not in _INSTRUCTIONS:
             return super().render_mma(unit, src)
-        bits = [self.emulated[dtypes.bfloat16].store.format(x) for x in src[:34]]
-        c = src[34:]
+        a, b = unit.k, unit.k * unit.n
+        words = [self._word(unit, x) for x in src[:a + b]]
+        c = src[a + b:]
         # C's registers copied into a vector and back out
-        return ("{ float pk_c[16] = {" + ", ".join(c) + "}; "
-                "_mm512_storeu_ps(pk_c, " + _dpbf16("_mm512_loadu_ps(pk_c)", bits[:2],
-                                                    _words(bits[2:])) + "); "
+        vector = _INSTRUCTIONS[unit][0]
+        return ("{ " + f"{vector} pk_c = {{{', '.join(c)}}}; pk_c = "
+                + _instruction(unit, "pk_c", words[:a], _words(unit, words[a:])) + "; "
                 + " ".join(f"{x} = pk_c[{i}];" for i, x in enumerate(c)) + " }")
+
+    def _word(self, unit: MatrixUnit, value: str) -> str:
+        """An A or B element of `unit` as an unsigned word of its bits."""
+        dtype = unit.a_dtype
+        if dtype in self.emulated:
+            return self.emulated[dtype].store.format(value)
+        return f"(uint{dtype.bits}_t)({value})"
 
     def rendered_together(self, kernel: Kernel) -> dict[int, Callable[[dict], tuple]]:
         own = super().rendered_together(kernel)
         nodes = kernel.nodes
-        held: dict[tuple[int, ...], list[int]] = {}      # C's ACCs in one __m512 -> MMA nodes
+        held: dict[tuple[int, ...], list[int]] = {}      # C's ACCs in one vector -> MMA nodes
         for i, node in enumerate(nodes):
-            accs = node.src[34:]
-            if node.op is Op.MMA and node.arg == DPBF16 and all(
-                    nodes[a].op is Op.ACC and nodes[a].src == nodes[accs[0]].src and
-                    a == accs[0] + lane for lane, a in enumerate(accs)):
+            if node.op is not Op.MMA or node.arg not in _INSTRUCTIONS:
+                continue
+            accs = node.src[node.arg.k * (node.arg.n + 1):]
+            if all(nodes[a].op is Op.ACC and nodes[a].src == nodes[accs[0]].src and
+                   a == accs[0] + lane for lane, a in enumerate(accs)):
                 held.setdefault(accs, []).append(i)
         for accs, users in held.items():
             own.update(self._held(kernel, accs, users))
         return own
 
     def _held(self, kernel: Kernel, accs: tuple[int, ...], users: list[int]) -> dict:
-        """Name-and-line functions for MMA nodes `users` on DPBF16 whose C registers are the
-        consecutive ACCs `accs`: one __m512, each node one instruction on it, B loaded as one
-        vector where it is 32 loads in a row, and the sums added into a buffer afterwards (a
-        lanes.Flush) as one vector add."""
+        """Name-and-line functions for MMA nodes `users` on one of MMA_UNITS whose C registers
+        are the consecutive ACCs `accs`: one vector, each node one instruction on it, B loaded
+        as one vector where its elements are loads in a row, and the sums added into a buffer
+        afterwards (a lanes.Flush) as one vector add."""
         nodes = kernel.nodes
+        unit = nodes[users[0]].arg
+        vector = _INSTRUCTIONS[unit][0]
         lead = f"acc{accs[0]}"
         init = nodes[accs[0]].src[0]
-        own: dict[int, Callable[[dict], tuple]] = {
-            accs[0]: lambda names: (f"{lead}[0]",
-                                    f"__m512 {lead} = _mm512_set1_ps({names[init]});")}
+
+        def declare(names: dict) -> tuple:
+            return f"{lead}[0]", f"{vector} {lead} = {{{', '.join([names[init]] * len(accs))}}};"
+        own: dict[int, Callable[[dict], tuple]] = {accs[0]: declare}
         for lane, acc in enumerate(accs[1:], 1):
             own[acc] = _named(f"{lead}[{lane}]")
-        store = self.emulated[dtypes.bfloat16].store
+        a, b = unit.k, unit.k * unit.n
         for i in users:
             src = nodes[i].src
-            place = lanes.vector(nodes, list(src[2:34]), dtypes.bfloat16)
+            place = lanes.vector(nodes, list(src[a:a + b]), unit.b_dtype)
 
             def update(names: dict, src=src, place=place) -> tuple:
-                a = [store.format(names[x]) for x in src[:2]]
+                words = [self._word(unit, names[x]) for x in src[:a + b]]
                 if place is None:
-                    b = _words([store.format(names[x]) for x in src[2:34]])
+                    right = _words(unit, words[a:])
                 else:
                     buffer, base, offset = place
-                    b = f"_mm512_loadu_si512(&{names[buffer]}[{names[base]} + {offset}])"
-                return "", f"{lead} = {_dpbf16(lead, a, b)};"
+                    right = f"_mm512_loadu_si512(&{names[buffer]}[{names[base]} + {offset}])"
+                return "", f"{lead} = {_instruction(unit, lead, words[:a], right)};"
             own[i] = update
         found = lanes.added_into(kernel, accs, set(users), max(users))
         own.update(lanes.flush_lines(lead, found, lambda lead, at: (
-            f"_mm512_storeu_ps(&{at}, _mm512_add_ps(_mm512_loadu_ps(&{at}), {lead}));")))
+            f"{{ {vector} pk_s; memcpy(&pk_s, &{at}, sizeof pk_s); pk_s += {lead}; "
+            f"memcpy(&{at}, &pk_s, sizeof pk_s); }}")))
         return own
 
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
@@ -319,11 +349,13 @@ class CPURenderer(CStyleRenderer):
                             if any(n.op is Op.ACC and n.dtype == d for n in kernel.nodes)]}
 
 
-def _dpbf16(c: str, a: list[str], b: str) -> str:
-    """C + A·B on DPBF16: `c` an __m512, `a` A's two elements as 16-bit words (broadcast as
-    one 32-bit pair, k = 0 in the low half), `b` B's 32 elements as an __m512i."""
-    pair = f"(int)((uint32_t){a[0]} | (uint32_t){a[1]} << 16)"
-    return f"_mm512_dpbf16_ps({c}, (__m512bh)_mm512_set1_epi32({pair}), (__m512bh){b})"
+def _instruction(unit: MatrixUnit, c: str, a: list[str], b: str) -> str:
+    """D = C + A·B on `unit`: `c` its C vector, `a` A's k elements as words (broadcast as one
+    32-bit lane, the first in its lowest bits), `b` B's elements as an __m512i."""
+    bits = unit.a_dtype.bits
+    lane = " | ".join(f"(uint32_t){word} << {bits * e}" if e else f"(uint32_t){word}"
+                      for e, word in enumerate(a))
+    return _INSTRUCTIONS[unit][1].format(c=c, a=f"_mm512_set1_epi32((int)({lane}))", b=b)
 
 
 def _named(name: str) -> Callable[[dict], tuple]:
@@ -332,9 +364,11 @@ def _named(name: str) -> Callable[[dict], tuple]:
     return lambda names: (name, None)
 
 
-def _words(values: list[str]) -> str:
-    """32 16-bit words as an __m512i, the first in the lowest lanes."""
-    return "_mm512_loadu_si512((const uint16_t[32]){" + ", ".join(values) + "})"
+def _words(unit: MatrixUnit, values: list[str]) -> str:
+    """B's elements of `unit` (words of its bits) as an __m512i, the first in the lowest bits."""
+    bits = unit.b_dtype.bits
+    return (f"_mm512_loadu_si512((const uint{bits}_t[{len(values)}]){{"
+            + ", ".join(values) + "})")
 
 
 def entry_point(name: str) -> str:

@@ -92,9 +92,12 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         return None
     limits = limits or register_block(caps)
     reduce = under_epilogue(root, {id(x) for x in inputs})
+    # integer sums only where a matrix unit may run them (`packed`)
+    ints = any(unit.acc_dtype.is_int for unit in caps.matrix_units)
     # a conv's output rows fold into m where its row is short (7 wide at ResNet's last stage):
     # 49 rows give 7 x 32 register blocks, 7 of them sharing each B panel
-    found = None if reduce is None else match(reduce, inputs, rows=limits.vector, depths=True)
+    found = None if reduce is None else match(reduce, inputs, rows=limits.vector, depths=True,
+                                              ints=ints)
     if reduce is None or found is None:
         return None
     if folds.taps(found, inputs, DEPTH) and reduce.src[0].shape[found.m] % limits.reuse == 0:
@@ -102,7 +105,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         # B's panel copy costs about 32 rows' multiply-adds (one thread, AVX-512: a 56-wide
         # row a group ran 64 -> 128 channels at 70 GFLOP/s, four rows at 87); where the
         # register rows do not divide the row (AVX2's 3 on 56) it keeps its remainder block
-        found = match(reduce, inputs, rows=limits.reuse * BLOCKS, depths=True) or found
+        found = match(reduce, inputs, rows=limits.reuse * BLOCKS, depths=True,
+                      ints=ints) or found
     found, flat = folds.flatten(found, inputs, limits.vector)
     found = folds.batch_rows(found, inputs, limits.reuse * BLOCKS)
     few = folds.few_rows(found, inputs, limits.vector)
@@ -183,7 +187,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
                             Packing(rows, width, 1, k, along_k=along_k, taps=taps),
                             tiles, panels, batch, (need, costly), folded_k,
                             2 * BLOCKS if plain else BLOCKS)
-        return None if packing is None else (found, on_unit(found, caps, packing))
+        packing = on_unit(found, caps, packing)
+        return None if packing is None else (found, packing)
     # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
     # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
     # then register blocks come first (the staged block repays more rows), depth second
@@ -219,7 +224,9 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         # 768 by 768 x 256 at 2x the speed, one thread)
         chosen = spanned(packings, found, inputs, caps, wanted, (tiles, panels, batch), need,
                          chosen) or chosen
-    return None if chosen is None else (found, on_unit(found, caps, chosen))
+    chosen = on_unit(found, caps, chosen)
+    return None if chosen is None else (found, chosen)
+
 
 
 def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabilities,
@@ -426,7 +433,8 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 column = lowerer.new_var("pc", 0, n_size - 1, lowerer.index(column0 + j)) \
                     if edge else column0 + j
                 value, = lowerer.lower(found.right, [at(const(0), column, k)], [None])
-                value = value if b.dtype(value) == b.dtype(panel) else b.cast(value, wide)
+                value = value if b.dtype(value) == b.dtype(panel) else b.cast(
+                    value, b.dtype(panel))
                 b.store(panel, lowerer.index(where), value)
 
             def copy_group(g: Lin, j: Lin) -> None:
@@ -485,9 +493,12 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                     n = unit.n
                     rights = [[b.load(panel, lowerer.index(slot(g, v * n) + e))
                                for e in range(n * group)] for v in range(p.width // n)]
-                    lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k)
-                                                       for r in range(p.rows) for k in ks],
-                                          [None] * (p.rows * len(ks)))
+                    # a factor widened from the unit's input dtype (`widened_from`) is cast
+                    # back to it, which keeps every value
+                    lefts = [x if b.dtype(x) == unit.a_dtype else b.cast(x, unit.a_dtype)
+                             for x in lowerer.lower(found.left, [
+                                 at(row0 + r, const(0), k) for r in range(p.rows) for k in ks],
+                                 [None] * (p.rows * len(ks)))]
                     pad = [lowerer.const(0.0, unit.a_dtype)] * (group - len(ks))
                     for r, right in product(range(p.rows), range(len(rights))):
                         left = [*lefts[r * len(ks):(r + 1) * len(ks)], *pad]

@@ -1,7 +1,8 @@
-"""The CPU backend's matrix unit: vdpbf16ps, declared where the host has AVX-512 BF16 and absent
-elsewhere; bfloat16 matmuls on it (packed panels, codegen/pack.py) within the MMA error bound
-of the exact product, as one `_mm512_dpbf16_ps` per register row and vector; conformance's MMA
-cases on it, denormal edges included (the unit declares that it flushes them)."""
+"""The CPU backend's matrix units: vdpbf16ps and vpdpbusd, declared where the host has AVX-512
+BF16 and VNNI and absent elsewhere; bfloat16 matmuls on the first (packed panels,
+codegen/pack.py) within the MMA error bound of the exact product, uint8 @ int8 on the second
+exactly, each as one instruction per register row and vector; conformance's MMA cases on them,
+denormal edges included (vdpbf16ps declares that it flushes them)."""
 from __future__ import annotations
 
 import subprocess
@@ -84,6 +85,41 @@ def test_a_bfloat16_matmul_runs_on_the_unit_within_the_mma_bound(name, a_shape, 
                                     f"{bound[worst]:.3g}")
 
 
+HAS_VNNI = "avx512_vnni" in cpu_runtime.cpu_flags()
+needs_vnni = pytest.mark.skipif(not HAS_VNNI, reason="the host has no AVX-512 VNNI")
+
+
+@needs_vnni
+@pytest.mark.parametrize("name, a_shape, b_shape, transposed", CASES,
+                         ids=[case[0] for case in CASES])
+def test_a_uint8_by_int8_matmul_runs_on_the_unit_exactly(name, a_shape, b_shape, transposed):
+    rng = np.random.default_rng(len(name))
+    a = rng.integers(0, 256, a_shape).astype(np.uint8)
+    b = rng.integers(-128, 128, b_shape).astype(np.int8)
+    right = Tensor(b, device="cpu")
+    result = Tensor(a, device="cpu") @ (right.transpose(-1, -2) if transposed else right)
+    (kernel,) = result.schedule()
+    assert any(n.op is Op.MMA and n.arg == DPBUSD for n in kernel.nodes), kernel.name
+    factor = np.swapaxes(b, -1, -2) if transposed else b
+    exact = a.astype(np.int64) @ factor.astype(np.int64)
+    assert result.dtype == int32
+    np.testing.assert_array_equal(result.numpy(), exact, err_msg=name)
+
+
+@pytest.mark.parametrize("a_dtype, b_dtype", [(np.uint8, np.uint8), (np.int16, np.int16)])
+def test_integer_matmuls_no_unit_takes_keep_their_kernels(a_dtype, b_dtype):
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 100, (40, 70)).astype(a_dtype)
+    b = rng.integers(0, 100, (70, 50)).astype(b_dtype)
+    result = Tensor(a, device="cpu") @ Tensor(b, device="cpu")
+    (kernel,) = result.schedule()
+    assert not any(n.op in (Op.MMA, Op.LOCAL) for n in kernel.nodes)
+    # the products in the factors' dtype (uint8's wrap), summed in the result's
+    products = a[:, :, None] * b[None, :, :]
+    expected = products.astype(np.int64).sum(axis=1).astype(result.dtype.np)
+    np.testing.assert_array_equal(result.numpy(), expected)
+
+
 @needs_bf16
 def test_the_kernel_is_one_dpbf16_per_register_row_and_vector():
     rng = np.random.default_rng(0)
@@ -98,6 +134,20 @@ def test_the_kernel_is_one_dpbf16_per_register_row_and_vector():
                "-S", "-x", "c", "-", "-o", "-"]
     assembly = subprocess.run(command, input=source, capture_output=True, text=True, check=True)
     assert "vdpbf16ps" in assembly.stdout
+
+
+@needs_vnni
+def test_the_integer_kernel_is_one_vpdpbusd_per_register_row_and_vector():
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (64, 96)).astype(np.uint8)
+    b = rng.integers(-128, 128, (96, 64)).astype(np.int8)
+    (kernel,) = (Tensor(a, device="cpu") @ Tensor(b, device="cpu")).schedule()
+    source = CPURenderer().render(kernel)
+    assert "= (pk_i32x16)_mm512_dpbusd_epi32((__m512i)acc" in source
+    command = [*cpu_runtime.find_compiler(), *(f for f in cpu_runtime.FLAGS if f != "-shared"),
+               "-S", "-x", "c", "-", "-o", "-"]
+    assembly = subprocess.run(command, input=source, capture_output=True, text=True, check=True)
+    assert "vpdpbusd" in assembly.stdout
 
 
 def test_a_float32_matmul_keeps_its_fused_multiply_adds():

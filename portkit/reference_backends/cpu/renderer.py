@@ -260,8 +260,8 @@ class CPURenderer(CStyleRenderer):
     def render_mma(self, unit: MatrixUnit, src: list[str]) -> str:
         if unit not in _INSTRUCTIONS:
             return super().render_mma(unit, src)
-        a, b = unit.k, unit.k * unit.n
-        words = [self._word(unit, x) for x in src[:a + b]]
+        a, b, _ = unit.operand_counts
+        words = self._words_of(unit, src[:a + b])
         c = src[a + b:]
         # C's registers copied into a vector and back out
         vector = _INSTRUCTIONS[unit][0]
@@ -269,9 +269,13 @@ class CPURenderer(CStyleRenderer):
                 + _instruction(unit, "pk_c", words[:a], _words(unit, words[a:])) + "; "
                 + " ".join(f"{x} = pk_c[{i}];" for i, x in enumerate(c)) + " }")
 
-    def _word(self, unit: MatrixUnit, value: str) -> str:
-        """An A or B element of `unit` as an unsigned word of its bits."""
-        dtype = unit.a_dtype
+    def _words_of(self, unit: MatrixUnit, values: list[str]) -> list[str]:
+        """A's, then B's elements of `unit` as unsigned words of their bits."""
+        a = unit.operand_counts[0]
+        return [self._word(unit.a_dtype if i < a else unit.b_dtype, x)
+                for i, x in enumerate(values)]
+
+    def _word(self, dtype: dtypes.DType, value: str) -> str:
         if dtype in self.emulated:
             return self.emulated[dtype].store.format(value)
         return f"(uint{dtype.bits}_t)({value})"
@@ -283,7 +287,7 @@ class CPURenderer(CStyleRenderer):
         for i, node in enumerate(nodes):
             if node.op is not Op.MMA or node.arg not in _INSTRUCTIONS:
                 continue
-            accs = node.src[node.arg.k * (node.arg.n + 1):]
+            accs = node.src[sum(node.arg.operand_counts[:2]):]
             if all(nodes[a].op is Op.ACC and nodes[a].src == nodes[accs[0]].src and
                    a == accs[0] + lane for lane, a in enumerate(accs)):
                 held.setdefault(accs, []).append(i)
@@ -307,13 +311,13 @@ class CPURenderer(CStyleRenderer):
         own: dict[int, Callable[[dict], tuple]] = {accs[0]: declare}
         for lane, acc in enumerate(accs[1:], 1):
             own[acc] = _named(f"{lead}[{lane}]")
-        a, b = unit.k, unit.k * unit.n
+        a, b, _ = unit.operand_counts
         for i in users:
             src = nodes[i].src
             place = lanes.vector(nodes, list(src[a:a + b]), unit.b_dtype)
 
             def update(names: dict, src=src, place=place) -> tuple:
-                words = [self._word(unit, names[x]) for x in src[:a + b]]
+                words = self._words_of(unit, [names[x] for x in src[:a + b]])
                 if place is None:
                     right = _words(unit, words[a:])
                 else:

@@ -196,8 +196,7 @@ def runs_block(unit: MatrixUnit, found: Contraction, packing: Packing) -> bool:
     factors' values those of the unit's inputs, `widened_from`); one
     thread's 1 x n tile, n dividing the block's width; A's k terms, in order, one row's
     (broadcast); B's n columns of k terms each, interleaved by k (the panel's layout). Not
-    with a staged A, a conv's taps or a k folded from several axes, whose walks step one k
-    at a time."""
+    with a conv's taps or a k folded from several axes, whose walks step one k at a time."""
     k, n = unit.k, unit.n
     layout = (fragment(1, k, lambda t, e: (0, e)),
               fragment(1, k * n, lambda t, e: (e % k, e // k)),
@@ -206,7 +205,7 @@ def runs_block(unit: MatrixUnit, found: Contraction, packing: Packing) -> bool:
             and (unit.a_dtype, unit.b_dtype, unit.acc_dtype) == (
                 widened_from(found.left), widened_from(found.right), found.accumulate)
             and packing.width % n == 0
-            and not (packing.packed_a or packing.taps or found.k_fold))
+            and not (packing.taps or found.k_fold))
 
 
 def widened_from(node: Lazy) -> DType:

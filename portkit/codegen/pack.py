@@ -335,7 +335,9 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         may not sit in an IF)."""
         last = b.alu(Op.CMPLT, lowerer.const(blocks_k - 2), lowerer.index(block))
         return _loop(lowerer, name, 1, b.alu(Op.WHERE, last, lowerer.const(1), lowerer.const(0)))
-    staged = b.local(wide, p.depth * across) if p.packed_a else None
+    # a staged A holds the unit's input dtype on a unit, else the sums'
+    staged = b.local(wide if unit is None else unit.a_dtype, p.depth * across) \
+        if p.packed_a else None
 
     def at_a(row: Lin, kk: Lin) -> Lin:
         """Where the staged A holds (row, kk)."""
@@ -407,7 +409,8 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             # A's block, computed once for every panel the group spans, in A's order
             def stage(kk: Lin, k: Lin, i: Lin) -> None:
                 value, = lowerer.lower(found.left, [at(group_row + i, const(0), k)], [None])
-                value = value if b.dtype(value) == wide else b.cast(value, wide)
+                value = value if b.dtype(value) == b.dtype(staged) else b.cast(
+                    value, b.dtype(staged))
                 b.store(staged, lowerer.index(at_a(i, kk)), value)
             if p.along_k:
                 with _loop(lowerer, "am", across) as i:
@@ -445,14 +448,10 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             # 32 x 32 map or for K = 1024, and walking them all at each k evicts each other
             # from their L1 sets
             along_rows = found.contiguous_k[1] and (found.k_fold or crowded)
-            if unit is not None and along_rows:
-                with _loop(lowerer, "pn", p.width, end) as j, \
-                        _loop(lowerer, "pk", p.depth // group, ends[-1]) as g:
-                    copy_group(g, j)
-            elif unit is not None:
-                with _loop(lowerer, "pk", p.depth // group, ends[-1]) as g, \
-                        _loop(lowerer, "pn", p.width, end) as j:
-                    copy_group(g, j)
+            if unit is not None:     # k groups outer, or columns where B is read along its rows
+                loops = [(p.depth // group, ends[-1]), (p.width, end)]
+                with _loops(lowerer, "pk", loops[::-1] if along_rows else loops) as (outer, inner):
+                    copy_group(*((inner, outer) if along_rows else (outer, inner)))
             elif along_rows:
                 with _loop(lowerer, "pn", p.width, end) as j:
                     for kk, k in walk("pk"):
@@ -493,12 +492,17 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                     n = unit.n
                     rights = [[b.load(panel, lowerer.index(slot(g, v * n) + e))
                                for e in range(n * group)] for v in range(p.width // n)]
+                    if p.packed_a:
+                        lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, g * group + h)))
+                                 for r in range(p.rows) for h in range(len(ks))]
+                    else:
+                        lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k)
+                                                           for r in range(p.rows) for k in ks],
+                                              [None] * (p.rows * len(ks)))
                     # a factor widened from the unit's input dtype (`widened_from`) is cast
                     # back to it, which keeps every value
                     lefts = [x if b.dtype(x) == unit.a_dtype else b.cast(x, unit.a_dtype)
-                             for x in lowerer.lower(found.left, [
-                                 at(row0 + r, const(0), k) for r in range(p.rows) for k in ks],
-                                 [None] * (p.rows * len(ks)))]
+                             for x in lefts]
                     pad = [lowerer.const(0.0, unit.a_dtype)] * (group - len(ks))
                     for r, right in product(range(p.rows), range(len(rights))):
                         left = [*lefts[r * len(ks):(r + 1) * len(ks)], *pad]

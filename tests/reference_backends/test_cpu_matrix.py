@@ -106,6 +106,33 @@ def test_a_uint8_by_int8_matmul_runs_on_the_unit_exactly(name, a_shape, b_shape,
     np.testing.assert_array_equal(result.numpy(), exact, err_msg=name)
 
 
+@needs_bf16
+@needs_vnni
+def test_a_computed_a_is_staged_in_the_units_dtype_and_runs_on_it():
+    """relu(x) @ W and max(a, 7) @ b: A is computed once per group and depth block into LOCAL
+    (K = 517: several depth blocks, the last ending part way into a k group)."""
+    rng = np.random.default_rng(1)
+    x, w = _bf16(rng, (30, 517)), _bf16(rng, (517, 40))
+    result = Tensor(x, device="cpu").relu() @ Tensor(w, device="cpu")
+    (kernel,) = result.schedule()
+    assert any(n.op is Op.MMA and n.arg == DPBF16 for n in kernel.nodes)
+    assert sum(n.op is Op.LOCAL and n.dtype == bfloat16 for n in kernel.nodes) == 2
+    left, zeros = np.maximum(x, 0), np.zeros(result.shape, np.float32)
+    exact = spec.mma(left, w, zeros, float32).astype(np.float64)
+    # MMA's bound on the float32 sums, then half an ULP of bfloat16 on the result
+    bound = spec.mma_bound(left, w, zeros, float32)
+    bound = bound + (np.abs(exact) + bound) * float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps) / 2
+    assert (np.abs(result.numpy().astype(np.float64) - exact) <= bound).all()
+    a = rng.integers(0, 256, (30, 517)).astype(np.uint8)
+    b = rng.integers(-128, 128, (517, 40)).astype(np.int8)
+    sevens = Tensor(np.full(a.shape, 7, np.uint8), device="cpu")
+    result = Tensor(a, device="cpu").maximum(sevens) @ Tensor(b, device="cpu")
+    (kernel,) = result.schedule()
+    assert any(n.op is Op.MMA and n.arg == DPBUSD for n in kernel.nodes)
+    expected = np.maximum(a, 7).astype(np.int64) @ b.astype(np.int64)
+    np.testing.assert_array_equal(result.numpy(), expected)
+
+
 @pytest.mark.parametrize("a_dtype, b_dtype", [(np.uint8, np.uint8), (np.int16, np.int16)])
 def test_integer_matmuls_no_unit_takes_keep_their_kernels(a_dtype, b_dtype):
     rng = np.random.default_rng(0)

@@ -106,6 +106,18 @@ def test_a_uint8_by_int8_matmul_runs_on_the_unit_exactly(name, a_shape, b_shape,
     np.testing.assert_array_equal(result.numpy(), exact, err_msg=name)
 
 
+@needs_vnni
+def test_bytes_cast_to_int32_run_on_the_unit():
+    """ONNX's MatMulInteger without zero points: uint8 and int8 cast to int32, then @."""
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, 256, (64, 96)).astype(np.uint8)
+    b = rng.integers(-128, 128, (96, 64)).astype(np.int8)
+    result = Tensor(a, device="cpu").cast(int32) @ Tensor(b, device="cpu").cast(int32)
+    (kernel,) = result.schedule()
+    assert any(n.op is Op.MMA and n.arg == DPBUSD for n in kernel.nodes)
+    np.testing.assert_array_equal(result.numpy(), a.astype(np.int64) @ b.astype(np.int64))
+
+
 @needs_bf16
 @needs_vnni
 def test_a_computed_a_is_staged_in_the_units_dtype_and_runs_on_it():

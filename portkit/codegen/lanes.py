@@ -189,7 +189,7 @@ def _run(nodes: tuple[Node, ...], accs: list[int], updates, users, loop_of, end_
 
 
 def vector(nodes: tuple[Node, ...], loads: list[int], dtype: DType
-            ) -> tuple[int, int, int] | None:
+           ) -> tuple[int, int, int] | None:
     """(buffer, base, offset) where `loads` are ungated LOADs of buffer[base + offset + lane]
     in lane order, from a buffer of `dtype`; else None."""
     if any(nodes[x].op is not Op.LOAD or len(nodes[x].src) != 2 for x in loads):

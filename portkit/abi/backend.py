@@ -356,7 +356,7 @@ class Device:
 @dataclass(frozen=True)
 class Backend:
     """What the `portkit.backends` entry point names: a name, how to load the device, and the
-    ABI version the backend implements ("0.9"; portkit refuses to load an incompatible one).
+    ABI version the backend implements ("0.10"; portkit refuses to load an incompatible one).
 
     `load()` returns the Device, or raises BackendUnavailable naming the fix. A backend with
     several devices (ABI 0.7) gives `devices`, which returns how many there are here, and a

@@ -134,7 +134,8 @@ def run(kernel: Kernel, buffers: Sequence[np.ndarray], scalars: Sequence[int] = 
 def mma(unit: MatrixUnit, fragments: list[np.ndarray]) -> list[np.ndarray]:
     """The new C fragment of an MMA node: `fragments` are its operands' per-lane values (A's,
     B's, then C's elements), every `unit.threads` consecutive lanes one tile; the result is
-    C's elements per lane, computed by spec.mma."""
+    C's elements per lane, computed by spec.mma (with its denormals flushed, for a unit that
+    flushes them)."""
     na, nb, _ = unit.operand_counts
     tiles = fragments[0].size // unit.threads
 
@@ -148,7 +149,7 @@ def mma(unit: MatrixUnit, fragments: list[np.ndarray]) -> list[np.ndarray]:
     a = gather(unit.a, fragments[:na], (unit.m, unit.k))
     b = gather(unit.b, fragments[na:na + nb], (unit.k, unit.n))
     c = gather(unit.c, fragments[na + nb:], (unit.m, unit.n))
-    d = spec.mma(a, b, c, unit.acc_dtype)
+    d = spec.mma(a, b, c, unit.acc_dtype, unit.denormals == "flush")
     rows, cols = np.array(unit.c).transpose(2, 0, 1)
     owned = d[:, rows, cols]                                    # [tile, thread, element]
     return [owned[:, :, e].reshape(-1) for e in range(owned.shape[-1])]

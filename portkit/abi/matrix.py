@@ -10,12 +10,15 @@ replicates operands across threads, as AMD's WMMA does, lists the copies; each c
 the same value), and every element of C by exactly one.
 
 Kernels use a unit through the MMA node (ops.py); its semantics and error budget are in spec.py.
+A unit that reads denormal inputs as zeros and writes denormal results as zeros (x86's DAZ and
+FTZ, as vdpbf16ps does whatever MXCSR says) declares `denormals="flush"`; the spec's oracle then
+flushes its inputs first.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from portkit.abi import dtypes
 from portkit.abi.dtypes import DType
@@ -38,6 +41,8 @@ class MatrixUnit:
     a: Fragment           # (row in M, col in K) of each thread's A elements
     b: Fragment           # (row in K, col in N) of each thread's B elements
     c: Fragment           # (row in M, col in N) of each thread's C and D elements
+    # "flush": denormal inputs (A, B and C) are read as zeros, denormal results written as zeros
+    denormals: Literal["preserve", "flush"] = "preserve"
 
     @property
     def name(self) -> str:
@@ -60,6 +65,8 @@ class MatrixUnit:
         for name in ("a_dtype", "b_dtype", "acc_dtype"):
             if not isinstance(getattr(self, name), DType):
                 found.append(f"{name} must be a portkit DType, got {getattr(self, name)!r}")
+        if self.denormals not in ("preserve", "flush"):
+            found.append(f"denormals must be 'preserve' or 'flush', got {self.denormals!r}")
         if found:
             return found
         if not (self.acc_dtype.is_float or self.acc_dtype.is_int) or (
@@ -75,7 +82,7 @@ class MatrixUnit:
         """The unit as JSON data (an MMA node's arg in a kernel's JSON)."""
         return {"m": self.m, "n": self.n, "k": self.k, "threads": self.threads,
                 "a_dtype": self.a_dtype.name, "b_dtype": self.b_dtype.name,
-                "acc_dtype": self.acc_dtype.name,
+                "acc_dtype": self.acc_dtype.name, "denormals": self.denormals,
                 **{name: [[list(rc) for rc in row] for row in getattr(self, name)]
                    for name in ("a", "b", "c")}}
 
@@ -88,7 +95,8 @@ class MatrixUnit:
         return MatrixUnit(data["m"], data["n"], data["k"], data["threads"],
                           dtypes.by_name(data["a_dtype"]), dtypes.by_name(data["b_dtype"]),
                           dtypes.by_name(data["acc_dtype"]),
-                          table(data["a"]), table(data["b"]), table(data["c"]))
+                          table(data["a"]), table(data["b"]), table(data["c"]),
+                          data.get("denormals", "preserve"))
 
 
 def fragment(threads: int, elements: int, where: Callable[[int, int], tuple[int, int]]

@@ -320,12 +320,17 @@ MMA_TEXT = ("D = C + A·B on one tile. Each product a·b is exact or rounded onc
             "order and grouping, each addition rounded to nearest or toward zero. So each "
             "element of D is within γ(K+1)·(|c| + Σ|a·b|) of the exact value, γ(n) = n·ε/(1 - "
             "n·ε) with ε the accumulator's machine epsilon. Integer units are exact (wrapping). "
-            "A NaN input gives NaN in the elements it reaches.")
+            "A NaN input gives NaN in the elements it reaches. A unit declared with "
+            "denormals='flush' reads denormal inputs as zeros of their sign (the oracle flushes "
+            "A, B and C first) and may write a denormal result as zero.")
 
 
-def mma(a: Array, b: Array, c: Array, acc: DType) -> Array:
+def mma(a: Array, b: Array, c: Array, acc: DType, flush: bool = False) -> Array:
     """The oracle of MMA: C + A·B on stacked tiles (…×M×K, …×K×N, …×M×N), summed in float64
-    and rounded once to `acc` (integers: exact, wrapped to `acc`)."""
+    and rounded once to `acc` (integers: exact, wrapped to `acc`); with `flush` (a unit that
+    flushes denormals), of A, B and C with their denormals flushed to zero."""
+    if flush:
+        a, b, c = flush_denormals(a), flush_denormals(b), flush_denormals(c)
     if not acc.is_float:
         wide = a.astype(np.int64) @ b.astype(np.int64) + c.astype(np.int64)
         return wide.astype(acc.np)
@@ -334,9 +339,11 @@ def mma(a: Array, b: Array, c: Array, acc: DType) -> Array:
     return _round(exact, acc)
 
 
-def mma_bound(a: Array, b: Array, c: Array, acc: DType) -> Array:
+def mma_bound(a: Array, b: Array, c: Array, acc: DType, flush: bool = False) -> Array:
     """Per element of D, the largest |actual - exact| MMA allows (see MMA_TEXT); 0 for
-    integer units."""
+    integer units. `flush`: as for `mma`."""
+    if flush:
+        a, b, c = flush_denormals(a), flush_denormals(b), flush_denormals(c)
     if not acc.is_float:
         return np.zeros(np.broadcast_shapes(c.shape, a.shape[:-1] + b.shape[-1:]))
     n = a.shape[-1] + 1

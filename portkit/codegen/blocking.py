@@ -1,12 +1,15 @@
 """How a packed contraction (codegen/pack.py) is blocked: register rows and columns, register
 blocks and panels per workgroup, K per depth block, chosen from its sizes, what its operands
-cost to evaluate and the device's workgroup memory."""
+cost to evaluate and the device's workgroup memory; and the matrix unit, if the device declares
+one that runs its register block."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from math import ceil
 
 from portkit.abi.backend import Capabilities
+from portkit.abi.dtypes import DType
+from portkit.abi.matrix import MatrixUnit, fragment
 from portkit.abi.ops import Op
 from portkit.codegen.plan import hot_bytes
 from portkit.codegen.tiles import Contraction
@@ -32,6 +35,7 @@ class Packing:
     summed: bool = True     # several depth blocks: running sums in LOCAL
     along_k: bool = False   # the staged A is [row][k] (A steps by 1 along k), else [k][row]
     taps: tuple[int, ...] = ()  # k's inner sizes, each walked as a loop (a conv's kh, kw)
+    unit: MatrixUnit | None = None  # the matrix unit the block's multiply-adds run on (pack.py)
 
     def local_bytes(self, itemsize: int) -> int:
         staged = self.depth * self.rows * self.blocks if self.packed_a else 0
@@ -156,7 +160,8 @@ def operand_evaluations(cost: int, need: int, sizes: tuple[int, int],
 
 
 def evaluation_cost(node: Lazy, params: set[int]) -> int:
-    """What computing one element of `node` costs, roughly: its loads and ops."""
+    """What computing one element of `node` costs, roughly: its loads and ops, but for integer
+    casts that keep every value (uint8 -> int16: part of the load)."""
     seen: set[int] = set()
     stack, cost = [node], 0
     while stack:
@@ -164,8 +169,57 @@ def evaluation_cost(node: Lazy, params: set[int]) -> int:
         if id(x) in seen:
             continue
         seen.add(id(x))
-        if id(x) in params or x.op is GraphOp.LOAD or isinstance(x.op, Op):
+        widening = x.op is Op.CAST and _keeps(x.src[0].dtype, x.dtype)
+        if id(x) in params or x.op is GraphOp.LOAD or isinstance(x.op, Op) and not widening:
             cost += 1
         if id(x) not in params:
             stack.extend(x.src)
     return max(cost, 1)
+
+
+def on_unit(found: Contraction, caps: Capabilities, packing: Packing | None
+            ) -> Packing | None:
+    """`packing` with the first matrix unit the device declares that runs its register block
+    (`runs_block`), if any; None where `packing` is None, or the contraction is an integer sum
+    that no unit runs (the multiply-adds per element are float's)."""
+    if packing is None:
+        return None
+    unit = next((u for u in caps.matrix_units if runs_block(u, found, packing)), None)
+    if unit is None:
+        return None if found.accumulate.is_int else packing
+    # depth blocks of whole groups of the unit's k terms (a block of 129 terms takes 130)
+    return replace(packing, unit=unit, depth=ceil(packing.depth / unit.k) * unit.k)
+
+
+def runs_block(unit: MatrixUnit, found: Contraction, packing: Packing) -> bool:
+    """Whether `unit` runs the register block of `packing`: the contraction's dtypes (its
+    factors' values those of the unit's inputs, `widened_from`); one
+    thread's 1 x n tile, n dividing the block's width; A's k terms, in order, one row's
+    (broadcast); B's n columns of k terms each, interleaved by k (the panel's layout). Not
+    with a conv's taps or a k folded from several axes, whose walks step one k at a time."""
+    k, n = unit.k, unit.n
+    layout = (fragment(1, k, lambda t, e: (0, e)),
+              fragment(1, k * n, lambda t, e: (e % k, e // k)),
+              fragment(1, n, lambda t, e: (0, e)))
+    return ((unit.m, unit.threads, unit.a, unit.b, unit.c) == (1, 1, *layout)
+            and (unit.a_dtype, unit.b_dtype, unit.acc_dtype) == (
+                widened_from(found.left), widened_from(found.right), found.accumulate)
+            and packing.width % n == 0
+            and not (packing.taps or found.k_fold))
+
+
+def widened_from(node: Lazy) -> DType:
+    """The dtype whose values `node` holds: through views and integer casts that keep every
+    value (uint8 -> int16, as portkit promotes uint8 @ int8), the narrowest; else its own."""
+    while node.op is GraphOp.VIEW or node.op is Op.CAST and _keeps(node.src[0].dtype, node.dtype):
+        node = node.src[0]
+    return node.dtype
+
+
+def _keeps(narrow: DType, wide: DType) -> bool:
+    """Whether every integer of dtype `narrow` is one of `wide`."""
+    if not (narrow.is_int and wide.is_int):
+        return False
+    if narrow.kind == wide.kind:
+        return wide.bits >= narrow.bits
+    return narrow.kind == "uint" and wide.bits > narrow.bits

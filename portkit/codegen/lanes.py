@@ -171,10 +171,10 @@ def _run(nodes: tuple[Node, ...], accs: list[int], updates, users, loop_of, end_
         shared, loads = right[0], left
     else:       # both operands vectors: only a MUL and an ADD, which every renderer spells
         loads, others = right, left
-        paired = _vector(nodes, others, nodes[accs[0]].value_dtype)
+        paired = vector(nodes, others, nodes[accs[0]].value_dtype)
         if paired is None or not products:
             return None
-    place = _vector(nodes, loads, nodes[accs[0]].value_dtype)
+    place = vector(nodes, loads, nodes[accs[0]].value_dtype)
     if place is None:
         return None
     buffer, base, offset = place
@@ -191,8 +191,8 @@ def _run(nodes: tuple[Node, ...], accs: list[int], updates, users, loop_of, end_
                paired, not products, tuple(products))
 
 
-def _vector(nodes: tuple[Node, ...], loads: list[int], dtype: DType
-            ) -> tuple[int, int, int] | None:
+def vector(nodes: tuple[Node, ...], loads: list[int], dtype: DType
+           ) -> tuple[int, int, int] | None:
     """(buffer, base, offset) where `loads` are ungated LOADs of buffer[base + offset + lane]
     in lane order, from a buffer of `dtype`; else None."""
     if any(nodes[x].op is not Op.LOAD or len(nodes[x].src) != 2 for x in loads):
@@ -212,11 +212,19 @@ def flush(kernel: Kernel, run: Run) -> Flush | None:
     """The run's lanes added into a buffer after its loop, or stored there, if that is their
     only other use and nothing else reads or writes that buffer among those nodes; else
     None."""
+    return added_into(kernel, run.accs, {*run.updates, *run.assigns}, run.last)
+
+
+def added_into(kernel: Kernel, accs: tuple[int, ...], updates: set[int], last: int
+               ) -> Flush | None:
+    """The `Flush` of accumulators `accs` (lane order) held in one vector, which the nodes
+    `updates` update up to node `last` (an MMA node's C registers: that node), if adding them
+    into a buffer, or storing them there, is their only other use; else None."""
     nodes = kernel.nodes
     users = _users(nodes)
     loads, adds, stores = [], [], []
-    for acc, mulacc, assign in zip(run.accs, run.updates, run.assigns):
-        used = [u for u in users[acc] if u not in (mulacc, assign)]
+    for acc in accs:
+        used = [u for u in users[acc] if u not in updates]
         if len(used) == 1 and nodes[used[0]].op is Op.STORE and len(nodes[used[0]].src) == 3 \
                 and nodes[used[0]].src[2] == acc:
             stores.append(used[0])
@@ -245,13 +253,13 @@ def flush(kernel: Kernel, run: Run) -> Flush | None:
         if values[0] is None or values != [values[0] + lane for lane in range(len(stores))]:
             return None
         base, offset = places[0][0], 0
-    first, last = min(loads or stores), max(stores)
-    if nodes[buffer].dtype != nodes[run.accs[0]].dtype or first < run.last:
+    first = min(loads or stores)
+    if nodes[buffer].dtype != nodes[accs[0]].dtype or first < last:
         return None
     ours = {*loads, *stores}
     if any(nodes[i].op in (Op.STORE, Op.BARRIER, Op.RANGE, Op.END, Op.IF, Op.ENDIF) or (
             nodes[i].op is Op.LOAD and nodes[i].src[0] == buffer)
-           for i in range(first, last) if i not in ours):
+           for i in range(first, max(stores)) if i not in ours):
         return None
     indices = tuple(nodes[x].src[1] for x in stores if nodes[x].src[1] != base
                     and set(users[nodes[x].src[1]]) <= ours)
@@ -411,14 +419,16 @@ def lines(kernel: Kernel, run: Run, init: int, spelling: Spelling) -> dict:
         return "", spelling.mul_add(lead, other, at)
 
     own[run.last] = update
-    own.update(_flush_lines(lead, flush(kernel, run), spelling))
+    own.update(flush_lines(lead, flush(kernel, run), spelling.add_into, spelling.store))
     return own
 
 
-def _flush_lines(lead: str, found: Flush | None, spelling: Spelling) -> dict:
-    """Name-and-line functions that write `found` (if any) as one vector add, or store, at
-    its last STORE, and nothing for its other nodes."""
-    write = spelling.add_into if found is not None and found.loads else spelling.store
+def flush_lines(lead: str, found: Flush | None, add_into: Callable[[str, str], str] | None,
+                store: Callable[[str, str], str] | None = None) -> dict:
+    """Name-and-line functions that write `found` (if any) as one vector add (`add_into`), or
+    one vector store where its lanes are stored as they are (`store`), at its last STORE, and
+    nothing for its other nodes; none where that spelling is None."""
+    write = add_into if found is not None and found.loads else store
     if found is None or write is None:
         return {}
     own: dict[int, Callable[[dict], tuple]] = {

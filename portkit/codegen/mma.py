@@ -9,7 +9,9 @@ workgroup is one group of the unit's threads and computes one M×N tile of the o
 - one MMA node adds the tile product into the thread's C registers (ACCs);
 - after the loop each thread stores its C elements, cast to the output dtype.
 Elements past an edge of m, n or k are zeros (their loads gated), and outputs past it are not
-stored, so any size works. A device that declares no unit never reaches this module's `emit`.
+stored, so any size works. A device that declares no unit never reaches this module's `emit`,
+nor does one whose threads are loops (a CPU): a tile per workgroup would leave it a loop of one
+thread a group, and its units run in packed panels instead (codegen/pack.py).
 
 The layout's rows and columns become index expressions in the thread id: a sum of the id's bits
 times weights where the table is linear in those bits (every layout NVIDIA, AMD and the
@@ -25,6 +27,7 @@ from portkit.abi.kernel import Kernel
 from portkit.abi.matrix import Fragment, MatrixUnit
 from portkit.abi.ops import Op
 from portkit.codegen import tiles
+from portkit.codegen.plan import serial
 from portkit.graph import Lazy
 from portkit.symbolic import Bound, Lin, const, ravel, unravel
 
@@ -32,8 +35,8 @@ from portkit.symbolic import Bound, Lin, const, ravel, unravel
 def find(root: Lazy, inputs: list[Lazy], caps: Capabilities
          ) -> tuple[tiles.Contraction, MatrixUnit] | None:
     """The contraction `root` computes and the declared unit that runs it, or None (always
-    None on a device that declares no unit)."""
-    if not caps.matrix_units:
+    None on a device that declares no unit, or whose threads are loops)."""
+    if not caps.matrix_units or serial(caps):
         return None
     found = tiles.match(root, inputs)
     if found is None or found.fold or found.k_fold:

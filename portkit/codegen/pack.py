@@ -39,11 +39,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import product
 from math import ceil, prod
 
-from portkit.abi import dtypes
 from portkit.abi.backend import Capabilities
 from portkit.abi.kernel import Kernel
 from portkit.abi.ops import Op
@@ -53,10 +51,12 @@ from portkit.codegen.blocking import (
     Packing,
     blocks_per_group,
     evaluation_cost,
+    on_unit,
     one_block,
     rows_per_block,
     spanned,
 )
+from portkit.codegen.counted import block_outputs, loop, nested, panel_of
 from portkit.codegen.plan import (
     SERIAL,
     Limits,
@@ -91,9 +91,12 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         return None
     limits = limits or register_block(caps)
     reduce = under_epilogue(root, {id(x) for x in inputs})
+    # integer sums only where a matrix unit may run them (`packed`)
+    ints = any(unit.acc_dtype.is_int for unit in caps.matrix_units)
     # a conv's output rows fold into m where its row is short (7 wide at ResNet's last stage):
     # 49 rows give 7 x 32 register blocks, 7 of them sharing each B panel
-    found = None if reduce is None else match(reduce, inputs, rows=limits.vector, depths=True)
+    found = None if reduce is None else match(reduce, inputs, rows=limits.vector, depths=True,
+                                              ints=ints)
     if reduce is None or found is None:
         return None
     if folds.taps(found, inputs, DEPTH) and reduce.src[0].shape[found.m] % limits.reuse == 0:
@@ -101,7 +104,8 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         # B's panel copy costs about 32 rows' multiply-adds (one thread, AVX-512: a 56-wide
         # row a group ran 64 -> 128 channels at 70 GFLOP/s, four rows at 87); where the
         # register rows do not divide the row (AVX2's 3 on 56) it keeps its remainder block
-        found = match(reduce, inputs, rows=limits.reuse * BLOCKS, depths=True) or found
+        found = match(reduce, inputs, rows=limits.reuse * BLOCKS, depths=True,
+                      ints=ints) or found
     found, flat = folds.flatten(found, inputs, limits.vector)
     found = folds.batch_rows(found, inputs, limits.reuse * BLOCKS)
     few = folds.few_rows(found, inputs, limits.vector)
@@ -182,6 +186,7 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
                             Packing(rows, width, 1, k, along_k=along_k, taps=taps),
                             tiles, panels, batch, (need, costly), folded_k,
                             2 * BLOCKS if plain else BLOCKS)
+        packing = on_unit(found, caps, packing)
         return None if packing is None else (found, packing)
     # an A that is more than a load (layer 2's relu(h + b), a relu mask of dy) is staged per
     # depth block into LOCAL, out of the multiply-add loop, where the compiler vectorizes it;
@@ -218,7 +223,9 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
         # 768 by 768 x 256 at 2x the speed, one thread)
         chosen = spanned(packings, found, inputs, caps, wanted, (tiles, panels, batch), need,
                          chosen) or chosen
+    chosen = on_unit(found, caps, chosen)
     return None if chosen is None else (found, chosen)
+
 
 
 def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabilities,
@@ -314,8 +321,29 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     # row lie 49 KiB apart), else its columns
     strides = [prod(red.shape[a + 1:]) for a in range(len(red.shape))]
     rows_inner = strides[found.n_axes[-1]] != 1 and strides[found.m_axes[-1]] == 1
-    panel = b.local(wide, p.depth * p.width)
-    staged = b.local(wide, p.depth * across) if p.packed_a else None
+    # on a matrix unit, B's panel holds the unit's input dtype, [depth / k][width][k]: the
+    # unit's k terms of a column side by side, as its B operand reads them
+    unit = p.unit
+    group = 1 if unit is None else unit.k
+    panel = b.local(wide if unit is None else unit.b_dtype, p.depth * p.width)
+
+    def slot(kk: Lin, j: Lin | int, h: int = 0) -> Lin:
+        """Where the panel holds column j of k step kk (group kk, term h on a unit)."""
+        return kk * p.width + j if unit is None else (kk * p.width + j) * group + h
+    # K's last terms, where it ends part way into a group of the unit's: their group, in the
+    # last depth block
+    tail = k_size % group
+    blocks_k = ceil(k_size / p.depth)
+    last_group = const((k_size - tail - (blocks_k - 1) * p.depth) // group)
+
+    def in_last_block(name: str) -> loop:
+        """A loop of one trip in the last depth block and none in the others (an MMA node
+        may not sit in an IF)."""
+        last = b.alu(Op.CMPLT, lowerer.const(blocks_k - 2), lowerer.index(block))
+        return loop(lowerer, name, 1, b.alu(Op.WHERE, last, lowerer.const(1), lowerer.const(0)))
+    # a staged A holds the unit's input dtype on a unit, else the sums'
+    staged = b.local(wide if unit is None else unit.a_dtype, p.depth * across) \
+        if p.packed_a else None
 
     def at_a(row: Lin, kk: Lin) -> Lin:
         """Where the staged A holds (row, kk)."""
@@ -338,7 +366,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         """Where the running sums hold panel `span`'s register block t's (r, column)."""
         return ((span * p.blocks + t) * p.rows + r) * p.width + column
     if sums is not None and not single:
-        with _loop(lowerer, "z", across * p.spans * p.width) as z:
+        with loop(lowerer, "z", across * p.spans * p.width) as z:
             b.store(sums, lowerer.index(z), zero)
     # a sum over several axes walks a depth block as (runs, run) loops, a run being the last
     # k axis (an output row), where runs fit the block whole: an operand's position is then
@@ -351,7 +379,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
     # divisions per k ran the multiply-add loop of a 3x3 conv at half the matmul's rate. The
     # loop with the most trips is innermost (the channels of a 3x3 conv, the stem's 7 columns)
     taps = prod(p.taps)
-    unit = run if run > 1 else taps
+    unit_step = run if run > 1 else taps
 
     def walk(name: str) -> Iterator[tuple[Lin, Lin]]:
         """The depth block's position (in the panel and the staged A) and k there: one loop,
@@ -359,7 +387,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         if p.taps:
             trips = [p.depth // taps, *p.taps]
             order = sorted(range(len(trips)), key=lambda i: (i == trips.index(max(trips)), i))
-            with _loops(lowerer, name, [(trips[i], ends[1] if i == 0 else None)
+            with nested(lowerer, name, [(trips[i], ends[1] if i == 0 else None)
                                         for i in order]) as counters:
                 at_loop = dict(zip(order, counters))
                 window = ravel([at_loop[i] for i in range(1, len(trips))], p.taps)
@@ -371,16 +399,17 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 yield ravel(counters, tuple(trips[i] for i in order)), channel * taps + window
             return
         if run == 1:
-            with _loop(lowerer, name, p.depth, ends[0]) as kk:
+            with loop(lowerer, name, p.depth, ends[0]) as kk:
                 yield kk, k0 + kk
             return
-        with _loop(lowerer, name + "r", p.depth // run, ends[1]) as runs, \
-                _loop(lowerer, name, run) as kk:
+        with loop(lowerer, name + "r", p.depth // run, ends[1]) as runs, \
+                loop(lowerer, name, run) as kk:
             yield runs * run + kk, k0 + runs * run + kk
-    with _loop(lowerer, "kb", ceil(k_size / p.depth)) as block:
+    with loop(lowerer, "kb", blocks_k) as block:
         k0 = block * p.depth
         ends = []
-        for step in (1, unit):   # the block's end, in terms and in runs or windows
+        # the block's end, in terms, in runs or windows, and in a unit's groups of k terms
+        for step in (1, unit_step) + (() if unit is None else (group,)):
             end = lowerer.const(p.depth // step)
             if k_size % p.depth:
                 left = b.alu(Op.ADD, lowerer.const(k_size // step), b.alu(
@@ -392,17 +421,18 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
             # A's block, computed once for every panel the group spans, in A's order
             def stage(kk: Lin, k: Lin, i: Lin) -> None:
                 value, = lowerer.lower(found.left, [at(group_row + i, const(0), k)], [None])
-                value = value if b.dtype(value) == wide else b.cast(value, wide)
+                value = value if b.dtype(value) == b.dtype(staged) else b.cast(
+                    value, b.dtype(staged))
                 b.store(staged, lowerer.index(at_a(i, kk)), value)
             if p.along_k:
-                with _loop(lowerer, "am", across) as i:
+                with loop(lowerer, "am", across) as i:
                     for kk, k in walk("ak"):
                         stage(kk, k, i)
             else:
                 for kk, k in walk("ak"):
-                    with _loop(lowerer, "am", across) as i:
+                    with loop(lowerer, "am", across) as i:
                         stage(kk, k, i)
-        with _spans(lowerer, p.spans) as span:
+        with panel_of(lowerer, p.spans) as span:
             column0 = (tile_n * p.spans + span) * p.width
             # the last panel copies its columns before N, whose positions then need no modulo
             # by N and no gate (per element, they kept the copy scalar: a 64 -> 240 3x3 conv
@@ -414,30 +444,49 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                     Op.WHERE, b.alu(Op.CMPLT, left, width), left, width))
                 end = lowerer.index(valid)
 
-            def copy(kk: Lin, k: Lin, j: Lin) -> None:
+            def copy(where: Lin, k: Lin, j: Lin) -> None:
                 column = lowerer.new_var("pc", 0, n_size - 1, lowerer.index(column0 + j)) \
                     if edge else column0 + j
                 value, = lowerer.lower(found.right, [at(const(0), column, k)], [None])
-                value = value if b.dtype(value) == wide else b.cast(value, wide)
-                b.store(panel, lowerer.index(kk * p.width + j), value)
-            if found.contiguous_k[1] and (found.k_fold or crowded):
-                # B read along its rows (a conv's output gradient along the output positions,
-                # x @ W.T's W): across n its `width` rows lie a plane or a row apart, 4 KiB on
-                # a 32 x 32 map or for K = 1024, and walking them all at each k evicts each
-                # other from their L1 sets
-                with _loop(lowerer, "pn", p.width, end) as j:
+                value = value if b.dtype(value) == b.dtype(panel) else b.cast(
+                    value, b.dtype(panel))
+                b.store(panel, lowerer.index(where), value)
+
+            def copy_group(g: Lin, j: Lin) -> None:
+                for h in range(group):
+                    copy(slot(g, j, h), k0 + g * group + h, j)
+            # B read along its rows (a conv's output gradient along the output positions,
+            # x @ W.T's W): across n its `width` rows lie a plane or a row apart, 4 KiB on a
+            # 32 x 32 map or for K = 1024, and walking them all at each k evicts each other
+            # from their L1 sets
+            along_rows = found.contiguous_k[1] and (found.k_fold or crowded)
+            if unit is not None:     # k groups outer, or columns where B is read along its rows
+                loops = [(p.depth // group, ends[-1]), (p.width, end)]
+                with nested(lowerer, "pk", loops[::-1] if along_rows else loops) as (outer, inner):
+                    copy_group(*((inner, outer) if along_rows else (outer, inner)))
+            elif along_rows:
+                with loop(lowerer, "pn", p.width, end) as j:
                     for kk, k in walk("pk"):
-                        copy(kk, k, j)
+                        copy(slot(kk, j), k, j)
             else:
                 for kk, k in walk("pk"):
-                    with _loop(lowerer, "pn", p.width, end) as j:
-                        copy(kk, k, j)
+                    with loop(lowerer, "pn", p.width, end) as j:
+                        copy(slot(kk, j), k, j)
+            panel_zero = lowerer.const(0.0, b.dtype(panel))
+            if tail:
+                # the last group of k terms, where K ends part way into it: zeros past K
+                with in_last_block("pl"), loop(lowerer, "pt", p.width, end) as j:
+                    for h in range(group):
+                        if h < tail:
+                            copy(slot(last_group, j, h), const(k_size - tail + h), j)
+                        else:
+                            b.store(panel, lowerer.index(slot(last_group, j, h)), panel_zero)
             if edge:
-                rest = lowerer.index(valid * -1 + p.width)
-                with _loop(lowerer, "pz", p.depth) as kk, \
-                        _loop(lowerer, "pzn", p.width, rest) as j:
-                    b.store(panel, lowerer.index(kk * p.width + valid + j), zero)
-            with _loop(lowerer, "mb", p.blocks) as t:
+                rest = lowerer.index((valid * -1 + p.width) * group)
+                with loop(lowerer, "pz", p.depth // group) as kk, \
+                        loop(lowerer, "pzn", p.width * group, rest) as j:
+                    b.store(panel, lowerer.index(slot(kk, valid) + j), panel_zero)
+            with loop(lowerer, "mb", p.blocks) as t:
                 accs = [b.acc(zero) for _ in range(p.rows * p.width)]
                 first = first_row(t)
                 row0 = first[0]
@@ -448,22 +497,52 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                         for axis, value in enumerate(at(row0 + r, const(0), const(0))):
                             if axis in found.m_axes:
                                 lowerer.index(value)
-                for kk, k in walk("kk"):
+                def multiply(g: Lin, ks: list[Lin]) -> None:
+                    """One MMA node per register row and vector of the block, on k group g
+                    of the panel (its terms past K are zeros; A's are `ks`)."""
+                    assert unit is not None
+                    n = unit.n
+                    rights = [[b.load(panel, lowerer.index(slot(g, v * n) + e))
+                               for e in range(n * group)] for v in range(p.width // n)]
                     if p.packed_a:
-                        lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, kk)))
-                                 for r in range(p.rows)]
+                        lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, g * group + h)))
+                                 for r in range(p.rows) for h in range(len(ks))]
                     else:
                         lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k)
-                                                           for r in range(p.rows)],
-                                              [None] * p.rows)
-                    rights = [b.load(panel, lowerer.index(kk * p.width + j))
-                              for j in range(p.width)]
-                    for acc, (x, y) in zip(accs, product(lefts, rights)):
-                        x = x if b.dtype(x) == wide else b.cast(x, wide)
-                        if Op.MULACC in caps.ops:
-                            b.assign(acc, b.alu(Op.MULACC, x, y, acc))
+                                                           for r in range(p.rows) for k in ks],
+                                              [None] * (p.rows * len(ks)))
+                    # a factor widened from the unit's input dtype (`widened_from`) is cast
+                    # back to it, which keeps every value
+                    lefts = [x if b.dtype(x) == unit.a_dtype else b.cast(x, unit.a_dtype)
+                             for x in lefts]
+                    pad = [lowerer.const(0.0, unit.a_dtype)] * (group - len(ks))
+                    for r, right in product(range(p.rows), range(len(rights))):
+                        left = [*lefts[r * len(ks):(r + 1) * len(ks)], *pad]
+                        own = accs[r * p.width + right * n:][:n]
+                        b.add(Op.MMA, None, (*left, *rights[right], *own), unit)
+                if unit is not None:
+                    with loop(lowerer, "kk", p.depth // group, ends[-1]) as g:
+                        multiply(g, [k0 + g * group + h for h in range(group)])
+                    if tail:
+                        with in_last_block("kl"):
+                            multiply(last_group, [const(k_size - tail + h) for h in range(tail)])
+                else:
+                    for kk, k in walk("kk"):
+                        if p.packed_a:
+                            lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, kk)))
+                                     for r in range(p.rows)]
                         else:
-                            b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
+                            lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k)
+                                                               for r in range(p.rows)],
+                                                  [None] * p.rows)
+                        rights = [b.load(panel, lowerer.index(kk * p.width + j))
+                                  for j in range(p.width)]
+                        for acc, (x, y) in zip(accs, product(lefts, rights)):
+                            x = x if b.dtype(x) == wide else b.cast(x, wide)
+                            if Op.MULACC in caps.ops:
+                                b.assign(acc, b.alu(Op.MULACC, x, y, acc))
+                            else:
+                                b.assign(acc, b.alu(Op.ADD, acc, b.alu(Op.MUL, x, y)))
                 if sums is None:
                     # stored as they are: a run of lanes is one vector store (lanes.Flush)
                     for acc, (r, col) in zip(accs, product(range(p.rows), range(p.width))):
@@ -471,7 +550,7 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 else:
                     if single:
                         # zeroed, then added into: a run of lanes is one vector add (a Flush)
-                        with _loop(lowerer, "z", p.rows * p.width) as z:
+                        with loop(lowerer, "z", p.rows * p.width) as z:
                             b.store(sums, lowerer.index(z), zero)
                     for acc, (r, col) in zip(accs, product(range(p.rows), range(p.width))):
                         # this register block's sums, or the running sums of every block
@@ -479,70 +558,17 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                                               running(span, t, r, col))
                         b.store(sums, where, b.alu(Op.ADD, b.load(sums, where), acc))
                 if sums is not None and single:
-                    with _block(lowerer, p.rows, p.width, rows_inner) as (row, column):
+                    with block_outputs(lowerer, p.rows, p.width, rows_inner) as (row, column):
                         value = b.load(sums, lowerer.index(row * p.width + column))
                         write(t, row, column0 + column, value, first)
     if sums is not None and not single:
         # the sums are in LOCAL, not registers: a loop over rows and columns stores them (one
         # store per element of the block, unrolled, was 40 kB of a 3x3 conv's C and half its
         # compile time)
-        with _spans(lowerer, p.spans) as span, _loop(lowerer, "mo", p.blocks) as t:
+        with panel_of(lowerer, p.spans) as span, loop(lowerer, "mo", p.blocks) as t:
             column0 = (tile_n * p.spans + span) * p.width
             first = first_row(t)
-            with _block(lowerer, p.rows, p.width, rows_inner) as (row, column):
+            with block_outputs(lowerer, p.rows, p.width, rows_inner) as (row, column):
                 where = lowerer.index(running(span, t, row, column))
                 write(t, row, column0 + column, b.load(sums, where), first)
     return b.build(grid=(groups, 1, 1), block=(1, 1, 1))
-
-
-class _loop:
-    """`with _loop(lowerer, name, trips[, end]) as i`: a RANGE from 0 to `end` (a node; the
-    constant `trips` by default), i its counter as an index variable below `trips`."""
-
-    def __init__(self, lowerer, name: str, trips: int, end: int | None = None):
-        self.lowerer, self.name, self.trips, self.end = lowerer, name, trips, end
-
-    def __enter__(self) -> Lin:
-        low = self.lowerer
-        end = low.const(self.trips) if self.end is None else self.end
-        self.node = low.b.add(Op.RANGE, dtypes.int32, (low.const(0), end))
-        low.scopes.append({})
-        return low.new_var(self.name, 0, self.trips - 1, self.node)
-
-    def __exit__(self, *exc) -> None:
-        self.lowerer.b.add(Op.END, None, (self.node,))
-        self.lowerer.scopes.pop()
-
-
-@contextmanager
-def _loops(lowerer, name: str, loops: list[tuple[int, int | None]]) -> Iterator[list[Lin]]:
-    """`with _loops(lowerer, name, [(trips, end), ...]) as counters`: nested _loops, outer
-    first."""
-    if not loops:
-        yield []
-        return
-    (trips, end), *inner = loops
-    with _loop(lowerer, name, trips, end) as counter, _loops(lowerer, name, inner) as rest:
-        yield [counter, *rest]
-
-
-@contextmanager
-def _block(lowerer, rows: int, width: int, rows_inner: bool) -> Iterator[tuple[Lin, Lin]]:
-    """`with _block(lowerer, rows, width, rows_inner) as (row, column)`: loops over a register
-    block's outputs, its rows innermost where `rows_inner`."""
-    if rows_inner:
-        with _loop(lowerer, "mc", width) as column, _loop(lowerer, "mr", rows) as row:
-            yield row, column
-    else:
-        with _loop(lowerer, "mr", rows) as row, _loop(lowerer, "mc", width) as column:
-            yield row, column
-
-
-@contextmanager
-def _spans(lowerer, spans: int) -> Iterator[Lin]:
-    """The panel a group is at: a loop over its `spans` panels, or panel 0 without a loop."""
-    if spans == 1:
-        yield const(0)
-        return
-    with _loop(lowerer, "ns", spans) as span:
-        yield span

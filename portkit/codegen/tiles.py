@@ -158,22 +158,26 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities) -> Contraction | No
     return match(root, inputs, rows=FOLD_ROWS)
 
 
-def match(root: Lazy, inputs: list[Lazy], rows: int = 0, depths: bool = False
-          ) -> Contraction | None:
+def match(root: Lazy, inputs: list[Lazy], rows: int = 0, depths: bool = False,
+          ints: bool = False) -> Contraction | None:
     """The contraction `root` computes from kernel `inputs` (a float sum of one product over
     one axis, outputs along m and n at least _MIN_SIDE wide), on any device; None if it is not
     one. With `rows`, m-like output axes just before m are folded into it until m has at least
     `rows` elements (a convolution's output rows onto its 7-wide columns). With `depths`, a
     sum over several axes is one too, k their row-major flattening (a conv's weight gradient
-    sums over the batch and the output positions)."""
+    sums over the batch and the output positions). With `ints`, an integer sum is one too, of
+    a product or of a product cast to the sum's dtype (uint8 @ int8: int16 products summed in
+    int32)."""
     node = root
     if (node.op is GraphOp.VIEW and node.arg.is_contiguous
             and prod(node.shape) == prod(node.src[0].shape)):
         node = node.src[0]     # the reshape that drops the reduced axis (not a shrink)
-    if node.op is not GraphOp.REDUCE or not node.dtype.is_float:
+    if node.op is not GraphOp.REDUCE or not (node.dtype.is_float or ints and node.dtype.is_int):
         return None
     op, axes = node.arg
     src = node.src[0]
+    if node.dtype.is_int and src.op is Op.CAST and src.src[0].dtype.is_int:
+        src = src.src[0]
     if op is not Op.ADD or not (len(axes) == 1 or depths) or src.op is not Op.MUL:
         return None
     if any(src is x for x in inputs):
@@ -199,7 +203,7 @@ def match(root: Lazy, inputs: list[Lazy], rows: int = 0, depths: bool = False
     depth = prod(src.shape[a] for a in axes)
     if min(prod(src.shape[a] for a in (*fold, m)), src.shape[n], depth) < _MIN_SIDE:
         return None
-    wide = dtypes.float32 if node.dtype.itemsize == 2 else node.dtype
+    wide = dtypes.float32 if node.dtype.is_float and node.dtype.itemsize == 2 else node.dtype
     along_k = (1 in load_steps(left, inputs, f"o{k}"), 1 in load_steps(right, inputs, f"o{k}"))
     return Contraction(node, left, right, m, n, k, wide, along_k, fold, tuple(k_fold))
 

@@ -1,6 +1,8 @@
 """Conformance of the MMA node: every matrix unit the device declares, on random tiles, edge
 tiles and a tile that tells the accumulator's precision (tier 2), and in a loop over K across
-several workgroups (tier 3), against spec.mma.
+several workgroups (tier 3), against spec.mma (with the inputs' denormals flushed for a unit
+declared to flush them; the edge tiles hold denormals wherever the device's other ops keep
+them, so the declaration is checked).
 
 Each case is one kernel: groups of the unit's threads, each loading its fragments of A, B and C
 from buffers that hold the tiles row-major, running MMA once per K step, and storing its C
@@ -105,8 +107,9 @@ def make(ctx: Context, unit: MatrixUnit, kind: str) -> KernelCase:
     tiles = 2 if ctx.quick else 8
     a, b, c = tiles_of(unit, kind, ctx.rng(case_id(unit, kind)), tiles,
                        ctx.capabilities.denormals == "preserve")
-    expected = spec.mma(a, b, c, unit.acc_dtype).reshape(-1)
-    bound = spec.mma_bound(a, b, c, unit.acc_dtype).reshape(-1)
+    flush = unit.denormals == "flush"
+    expected = spec.mma(a, b, c, unit.acc_dtype, flush).reshape(-1)
+    bound = spec.mma_bound(a, b, c, unit.acc_dtype, flush).reshape(-1)
     check = Check(output=2, kind="bound", expected=(expected,), count=expected.size,
                   dtype=unit.acc_dtype.name, bound=bound)
     return KernelCase(mma_kernel(unit, tiles), [a.reshape(-1), b.reshape(-1), c.reshape(-1),
@@ -123,9 +126,10 @@ def looped(ctx: Context, unit: MatrixUnit) -> KernelCase:
     a_whole = a.reshape(-1, steps, unit.m, unit.k).transpose(0, 2, 1, 3).reshape(
         -1, unit.m, steps * unit.k)
     b_whole = b.reshape(-1, steps * unit.k, unit.n)
-    expected = spec.mma(a_whole, b_whole, c, unit.acc_dtype).reshape(-1)
+    flush = unit.denormals == "flush"
+    expected = spec.mma(a_whole, b_whole, c, unit.acc_dtype, flush).reshape(-1)
     # each step rounds on its own: `steps` times one long dot product's bound covers them
-    bound = steps * spec.mma_bound(a_whole, b_whole, c, unit.acc_dtype).reshape(-1)
+    bound = steps * spec.mma_bound(a_whole, b_whole, c, unit.acc_dtype, flush).reshape(-1)
     check = Check(output=2, kind="bound", expected=(expected,), count=expected.size,
                   dtype=unit.acc_dtype.name, bound=bound)
     return KernelCase(mma_kernel(unit, tiles, steps, groups),

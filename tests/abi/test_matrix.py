@@ -119,3 +119,23 @@ def test_row_per_thread_is_the_layout_it_says():
     assert unit.a[2] == ((2, 0), (2, 1), (2, 2), (2, 3))
     assert unit.b[2] == ((0, 2), (1, 2), (2, 2), (3, 2)) and unit.operand_counts == (4, 4, 4)
     assert unit.name == "m4n4k4_float16_float32" and not unit.problems()
+
+
+def test_a_unit_that_flushes_denormals_says_so_and_is_checked_so():
+    flushing = dataclasses.replace(UNIT, denormals="flush")
+    assert flushing.problems() == [] and MatrixUnit.from_json(flushing.to_json()) == flushing
+    assert UNIT.to_json()["denormals"] == "preserve"
+    assert dataclasses.replace(UNIT, denormals="daz").problems() == [
+        "denormals must be 'preserve' or 'flush', got 'daz'"]
+    # a denormal times a large value: far above the accumulator's error where it is kept
+    a, b = np.zeros((1, 8, 8), np.float32), np.zeros((1, 8, 8), np.float32)
+    c = np.zeros((1, 8, 8), np.float32)
+    a[0, 0, 0], b[0, 0, 0] = 1e-40, 1e30
+    kept, flushed = spec.mma(a, b, c, F32), spec.mma(a, b, c, F32, flush=True)
+    assert kept[0, 0, 0] == np.float32(float(a[0, 0, 0]) * 1e30) and flushed[0, 0, 0] == 0
+    assert spec.mma_bound(a, b, c, F32, flush=True)[0, 0, 0] < 1e-30
+    out = c.reshape(-1).copy()
+    run(mma_kernel(flushing, 1), [a.reshape(-1), b.reshape(-1), out, layout_table(flushing)])
+    assert out[0] == 0      # the interpreter runs the unit as declared
+    run(mma_kernel(UNIT, 1), [a.reshape(-1), b.reshape(-1), c.reshape(-1), layout_table(UNIT)])
+    assert c.reshape(-1)[0] == kept[0, 0, 0]

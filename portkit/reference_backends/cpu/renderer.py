@@ -10,10 +10,12 @@ portkit.codegen.loops first: its threads become loops between the barriers, insi
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from portkit.abi import dtypes
 from portkit.abi.kernel import Kernel
+from portkit.abi.matrix import MatrixUnit, fragment
 from portkit.abi.ops import Op
 from portkit.codegen import exp2f, lanes
 from portkit.codegen.cstyle import CStyleRenderer, Spelling, function_name, local_bytes
@@ -25,6 +27,13 @@ _TEMPLATE = """\
 #include <stdint.h>
 #include <string.h>
 #include <tgmath.h>  /* sqrt, exp2, fma...: the float or the double function, by argument */
+{% if matrix %}
+#include <immintrin.h>
+#ifndef PK_ONCE_I32X16
+#define PK_ONCE_I32X16
+typedef int32_t pk_i32x16 __attribute__((vector_size(64)));  /* an int32 matrix unit's C */
+#endif
+{% endif %}
 
 {# Helpers are guarded: a batch (codegen.cstyle.compile_joined) is many kernels in one file #}
 #ifndef PK_ONCE_POOL
@@ -188,6 +197,29 @@ def _lanes(a: str, b: str, n: int, odd: int) -> str:
     return ", ".join(f"{v}[{k}]" for v in (a, b) for k in range(odd, n, 2))
 
 
+# vdpbf16ps on one thread: A's row holds k = 0, 1; B's element 2j + h is (k = h, column j);
+# C's element j is column j. Lane j of the instruction adds A[1]·B[1][j], then A[0]·B[0][j],
+# each product exact and each sum rounded to nearest, with denormal inputs and results flushed.
+DPBF16 = MatrixUnit(1, 16, 2, 1, dtypes.bfloat16, dtypes.bfloat16, dtypes.float32,
+                    fragment(1, 2, lambda t, e: (0, e)),
+                    fragment(1, 32, lambda t, e: (e % 2, e // 2)),
+                    fragment(1, 16, lambda t, e: (0, e)), denormals="flush")
+# vpdpbusd (AVX-512 VNNI) the same way with k = 4: lane j adds the four products of A's
+# unsigned bytes and column j's signed bytes to its int32, wrapping.
+DPBUSD = MatrixUnit(1, 16, 4, 1, dtypes.uint8, dtypes.int8, dtypes.int32,
+                    fragment(1, 4, lambda t, e: (0, e)),
+                    fragment(1, 64, lambda t, e: (e % 4, e // 4)),
+                    fragment(1, 16, lambda t, e: (0, e)))
+MMA_UNITS = (DPBF16, DPBUSD)
+# Per unit: C's 16 lanes as a GNU C vector type, and the instruction as a function of C (that
+# type), A's k elements broadcast and B's elements, both __m512i. A and B's elements are
+# words of their bits, k of them to each 32-bit lane, the lowest k first.
+_INSTRUCTIONS = {
+    DPBF16: ("__m512", "_mm512_dpbf16_ps({c}, (__m512bh){a}, (__m512bh){b})"),
+    DPBUSD: ("pk_i32x16", "(pk_i32x16)_mm512_dpbusd_epi32((__m512i){c}, {a}, {b})"),
+}
+
+
 class CPURenderer(CStyleRenderer):
     """Plain C11 (GNU dialect) for gcc or clang, one shared object per kernel."""
 
@@ -230,12 +262,88 @@ class CPURenderer(CStyleRenderer):
         four B registers beside its twelve accumulators and spilled one every step."""
         self.vector_bytes = vector_bytes
 
+    def render_mma(self, unit: MatrixUnit, src: list[str]) -> str:
+        if unit not in _INSTRUCTIONS:
+            return super().render_mma(unit, src)
+        a, b, _ = unit.operand_counts
+        words = self._words_of(unit, src[:a + b])
+        c = src[a + b:]
+        # C's registers copied into a vector and back out
+        vector = _INSTRUCTIONS[unit][0]
+        return ("{ " + f"{vector} pk_c = {{{', '.join(c)}}}; pk_c = "
+                + _instruction(unit, "pk_c", words[:a], _words(unit, words[a:])) + "; "
+                + " ".join(f"{x} = pk_c[{i}];" for i, x in enumerate(c)) + " }")
+
+    def _words_of(self, unit: MatrixUnit, values: list[str]) -> list[str]:
+        """A's, then B's elements of `unit` as unsigned words of their bits."""
+        a = unit.operand_counts[0]
+        return [self._word(unit.a_dtype if i < a else unit.b_dtype, x)
+                for i, x in enumerate(values)]
+
+    def _word(self, dtype: dtypes.DType, value: str) -> str:
+        if dtype in self.emulated:
+            return self.emulated[dtype].store.format(value)
+        return f"(uint{dtype.bits}_t)({value})"
+
+    def rendered_together(self, kernel: Kernel) -> dict[int, Callable[[dict], tuple]]:
+        own = super().rendered_together(kernel)
+        nodes = kernel.nodes
+        held: dict[tuple[int, ...], list[int]] = {}      # C's ACCs in one vector -> MMA nodes
+        for i, node in enumerate(nodes):
+            if node.op is not Op.MMA or node.arg not in _INSTRUCTIONS:
+                continue
+            accs = node.src[sum(node.arg.operand_counts[:2]):]
+            if all(nodes[a].op is Op.ACC and nodes[a].src == nodes[accs[0]].src and
+                   a == accs[0] + lane for lane, a in enumerate(accs)):
+                held.setdefault(accs, []).append(i)
+        for accs, users in held.items():
+            own.update(self._held(kernel, accs, users))
+        return own
+
+    def _held(self, kernel: Kernel, accs: tuple[int, ...], users: list[int]) -> dict:
+        """Name-and-line functions for MMA nodes `users` on one of MMA_UNITS whose C registers
+        are the consecutive ACCs `accs`: one vector, each node one instruction on it, B loaded
+        as one vector where its elements are loads in a row, and the sums added into a buffer
+        afterwards (a lanes.Flush) as one vector add."""
+        nodes = kernel.nodes
+        unit = nodes[users[0]].arg
+        vector = _INSTRUCTIONS[unit][0]
+        lead = f"acc{accs[0]}"
+        init = nodes[accs[0]].src[0]
+
+        def declare(names: dict) -> tuple:
+            return f"{lead}[0]", f"{vector} {lead} = {{{', '.join([names[init]] * len(accs))}}};"
+        own: dict[int, Callable[[dict], tuple]] = {accs[0]: declare}
+        for lane, acc in enumerate(accs[1:], 1):
+            own[acc] = _named(f"{lead}[{lane}]")
+        a, b, _ = unit.operand_counts
+        for i in users:
+            src = nodes[i].src
+            place = lanes.vector(nodes, list(src[a:a + b]), unit.b_dtype)
+
+            def update(names: dict, src=src, place=place) -> tuple:
+                words = self._words_of(unit, [names[x] for x in src[:a + b]])
+                if place is None:
+                    right = _words(unit, words[a:])
+                else:
+                    buffer, base, offset = place
+                    right = f"_mm512_loadu_si512(&{names[buffer]}[{names[base]} + {offset}])"
+                return "", f"{lead} = {_instruction(unit, lead, words[:a], right)};"
+            own[i] = update
+        found = lanes.added_into(kernel, accs, set(users), max(users))
+        own.update(lanes.flush_lines(lead, found, lambda lead, at: (
+            f"{{ {vector} pk_s; memcpy(&pk_s, &{at}, sizeof pk_s); pk_s += {lead}; "
+            f"memcpy(&{at}, &pk_s, sizeof pk_s); }}"), lambda lead, at: (
+            f"memcpy(&{at}, &{lead}, sizeof {lead});")))
+        return own
+
     def template_context(self, kernel: Kernel, body: list[str]) -> dict:
         used = {n.dtype for n in kernel.nodes}
         types, names = [self.storage_type(p.value_dtype) for p in kernel.params], kernel.vars
         return {**super().template_context(kernel, body),
                 "looped": kernel.block == (1, 1, 1),
                 "small_floats": bool(used & set(self.emulated)),
+                "matrix": any(n.op is Op.MMA for n in kernel.nodes),
                 "exp2f": exp2f.needed(kernel),
                 "float16_helpers": FLOAT16_HELPERS, "exp2f_source": exp2f.EXP2F,
                 "entry": entry_point(kernel.name), "types": types,
@@ -249,6 +357,28 @@ class CPURenderer(CStyleRenderer):
                              self.vector_bytes // d.itemsize)
                             for d, name in self.vector_types.items()
                             if any(n.op is Op.ACC and n.dtype == d for n in kernel.nodes)]}
+
+
+def _instruction(unit: MatrixUnit, c: str, a: list[str], b: str) -> str:
+    """D = C + A·B on `unit`: `c` its C vector, `a` A's k elements as words (broadcast as one
+    32-bit lane, the first in its lowest bits), `b` B's elements as an __m512i."""
+    bits = unit.a_dtype.bits
+    lane = " | ".join(f"(uint32_t){word} << {bits * e}" if e else f"(uint32_t){word}"
+                      for e, word in enumerate(a))
+    return _INSTRUCTIONS[unit][1].format(c=c, a=f"_mm512_set1_epi32((int)({lane}))", b=b)
+
+
+def _named(name: str) -> Callable[[dict], tuple]:
+    """A name-and-line function (CStyleRenderer.rendered_together) naming its node `name`,
+    with no line of its own."""
+    return lambda names: (name, None)
+
+
+def _words(unit: MatrixUnit, values: list[str]) -> str:
+    """B's elements of `unit` (words of its bits) as an __m512i, the first in the lowest bits."""
+    bits = unit.b_dtype.bits
+    return (f"_mm512_loadu_si512((const uint{bits}_t[{len(values)}]){{"
+            + ", ".join(values) + "})")
 
 
 def entry_point(name: str) -> str:

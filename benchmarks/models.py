@@ -116,7 +116,8 @@ def slowest_kernels(model, feeds: dict, backend: str, count: int = 5) -> list[di
     return sorted(rows, key=lambda row: -row["ms"])[:count]
 
 
-def measure(name: str, size: str, batch: int, backend: str, repeat: int, threads: int) -> dict:
+def measure(name: str, size: str, batch: int, backend: str, repeat: int, threads: int,
+            warm: bool = False) -> dict:
     """One row of the table (run in a child process)."""
     import numpy as np
     import onnxruntime
@@ -158,6 +159,8 @@ def measure(name: str, size: str, batch: int, backend: str, repeat: int, threads
         for _ in range(repeat):          # interleaved, so a busy minute hits every peer
             for peer, call in calls.items():
                 time.sleep(SETTLE)
+                if warm:        # the timed call right after another: no idle before it
+                    call()
                 start = time.perf_counter()
                 call()
                 times[peer].append(time.perf_counter() - start)
@@ -246,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="onnxruntime's and torch's threads")
     parser.add_argument("--cold", action="store_true", help="an empty kernel cache per model")
+    parser.add_argument("--warm", action="store_true", help="time each call right after an "
+                        "untimed one of the same peer, not 0.3 s after the last (both peers "
+                        "pay for that idle: threads asleep, caches cold)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON "
                         "(after every row, so a run stopped midway keeps them)")
     parser.add_argument("--chart", metavar="PATH", help="also draw the ratios (.svg or .png)")
@@ -257,11 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         for backend in args.backend:
             for batch in args.batch:
                 print(f"{name} on {backend}, batch {batch} ...", flush=True)
-                row = run_isolated((name, size, batch, backend, args.repeat, args.threads),
-                                   args.timeout, args.cold)
+                row = run_isolated((name, size, batch, backend, args.repeat, args.threads,
+                                    args.warm), args.timeout, args.cold)
                 rows.append({"model": name, "backend": backend, "batch": batch} | row)
                 # written after every row, so a run stopped midway keeps what it measured
-                results = {"load": os.getloadavg(), "size": size, "rows": rows}
+                results = {"load": os.getloadavg(), "size": size, "warm": args.warm, "rows": rows}
                 if args.json:
                     Path(args.json).write_text(json.dumps(results, indent=1))
     show(rows)

@@ -89,11 +89,12 @@ class Flush:
     offset: int
 
 
-def find(kernel: Kernel, widths: dict[DType, int]) -> list[Run]:
+def find(kernel: Kernel, widths: dict[DType, int],
+         users: dict[int, list[int]] | None = None) -> list[Run]:
     """The runs of `kernel` to hold in vectors of widths[dtype] lanes (dtypes not in `widths`
-    stay scalar)."""
+    stay scalar). `users`: `readers` of the kernel's nodes, where the caller has it."""
     nodes = kernel.nodes
-    users = _users(nodes)
+    users = readers(nodes) if users is None else users
     loop_of: list[int | None] = []       # per node, the innermost RANGE around it
     end_of: dict[int, int] = {}          # RANGE -> its END
     open_loops: list[int] = []
@@ -208,20 +209,22 @@ def vector(nodes: tuple[Node, ...], loads: list[int], dtype: DType
     return buffer, base, offset
 
 
-def flush(kernel: Kernel, run: Run) -> Flush | None:
+def flush(kernel: Kernel, run: Run, users: dict[int, list[int]] | None = None
+          ) -> Flush | None:
     """The run's lanes added into a buffer after its loop, or stored there, if that is their
     only other use and nothing else reads or writes that buffer among those nodes; else
-    None."""
-    return added_into(kernel, run.accs, {*run.updates, *run.assigns}, run.last)
+    None. `users`: `readers` of the kernel's nodes, where the caller has it."""
+    return added_into(kernel, run.accs, {*run.updates, *run.assigns}, run.last, users)
 
 
-def added_into(kernel: Kernel, accs: tuple[int, ...], updates: set[int], last: int
-               ) -> Flush | None:
+def added_into(kernel: Kernel, accs: tuple[int, ...], updates: set[int], last: int,
+               users: dict[int, list[int]] | None = None) -> Flush | None:
     """The `Flush` of accumulators `accs` (lane order) held in one vector, which the nodes
     `updates` update up to node `last` (an MMA node's C registers: that node), if adding them
-    into a buffer, or storing them there, is their only other use; else None."""
+    into a buffer, or storing them there, is their only other use; else None. `users`:
+    `readers` of the kernel's nodes, where the caller has it."""
     nodes = kernel.nodes
-    users = _users(nodes)
+    users = readers(nodes) if users is None else users
     loads, adds, stores = [], [], []
     for acc in accs:
         used = [u for u in users[acc] if u not in updates]
@@ -282,9 +285,9 @@ class Tree:
 
 def tree(kernel: Kernel, run: Run, users: dict[int, list[int]] | None = None) -> Tree | None:
     """The run's `Tree`, where its lanes and every sum on the way are read by that tree
-    alone; else None. `users`: `_users` of the kernel's nodes, where the caller has it."""
+    alone; else None. `users`: `readers` of the kernel's nodes, where the caller has it."""
     nodes = kernel.nodes
-    users = _users(nodes) if users is None else users
+    users = readers(nodes) if users is None else users
     own = dict(zip(run.accs, zip(run.updates, run.assigns)))
     level, levels = list(run.accs), []
     while len(level) > 1:
@@ -304,7 +307,8 @@ def tree(kernel: Kernel, run: Run, users: dict[int, list[int]] | None = None) ->
     return Tree(tuple(levels)) if levels else None
 
 
-def tree_lines(kernel: Kernel, runs: list[Run], spelling: Spelling) -> dict:
+def tree_lines(kernel: Kernel, runs: list[Run], spelling: Spelling,
+               users: dict[int, list[int]] | None = None) -> dict:
     """Name-and-line functions that sum the trees of `runs` (each run's lanes a vector named
     acc<first ACC>, as `lines` names it) side by side: at each level, the vectors in pairs,
     even lanes plus odd lanes, so that a level of n trees is n / width vector adds, not n x
@@ -312,7 +316,7 @@ def tree_lines(kernel: Kernel, runs: list[Run], spelling: Spelling) -> dict:
     additions of the same operands as the scalar trees. {} where a run has no tree."""
     if spelling.pairs is None or not runs:
         return {}
-    users = _users(kernel.nodes)
+    users = readers(kernel.nodes) if users is None else users
     found = [tree(kernel, run, users) for run in runs]
     if any(t is None for t in found):
         return {}
@@ -340,7 +344,7 @@ def tree_lines(kernel: Kernel, runs: list[Run], spelling: Spelling) -> dict:
     return own
 
 
-def _users(nodes: tuple[Node, ...]) -> dict[int, list[int]]:
+def readers(nodes: tuple[Node, ...]) -> dict[int, list[int]]:
     """Per node, the nodes that read it, in order."""
     users: dict[int, list[int]] = defaultdict(list)
     for i, node in enumerate(nodes):
@@ -390,10 +394,12 @@ class Spelling:
             self.mul_add is not None and self.vector is not None)
 
 
-def lines(kernel: Kernel, run: Run, init: int, spelling: Spelling) -> dict:
+def lines(kernel: Kernel, run: Run, init: int, spelling: Spelling,
+          users: dict[int, list[int]] | None = None) -> dict:
     """Name-and-line functions (see CStyleRenderer.rendered_together) for one run whose
     accumulators start at node `init`: the first ACC declares the vector, the other lanes are
-    its elements, and the last update adds every lane's product at once."""
+    its elements, and the last update adds every lane's product at once. `users`: `readers`
+    of the kernel's nodes, where the caller has it."""
     lead = f"acc{run.accs[0]}"
 
     def declare(names: dict) -> tuple:
@@ -419,7 +425,7 @@ def lines(kernel: Kernel, run: Run, init: int, spelling: Spelling) -> dict:
         return "", spelling.mul_add(lead, other, at)
 
     own[run.last] = update
-    own.update(flush_lines(lead, flush(kernel, run), spelling.add_into, spelling.store))
+    own.update(flush_lines(lead, flush(kernel, run, users), spelling.add_into, spelling.store))
     return own
 
 
@@ -485,16 +491,17 @@ def spelled(kernel: Kernel, types: dict[DType, str], vector_bytes: int,
         dtype = kernel.nodes[run.accs[0]].value_dtype
         return spelling(types[dtype], widths[dtype])
 
-    runs = [run for run in find(kernel, widths) if spelled_as(run).writes(run)]
+    users = readers(kernel.nodes)     # one map for every run: a 3x3 conv has 16 of them
+    runs = [run for run in find(kernel, widths, users) if spelled_as(run).writes(run)]
     for group in together(kernel, runs):
         updates = []
         for run in group:
             first = kernel.nodes[run.accs[0]]
-            own.update(lines(kernel, run, first.src[0], spelled_as(run)))
+            own.update(lines(kernel, run, first.src[0], spelled_as(run), users))
             updates.append(own.pop(run.last))
             own[run.last] = _named("")
         own[max(run.last for run in group)] = _written(updates)
-        own.update(tree_lines(kernel, group, spelled_as(group[0])))
+        own.update(tree_lines(kernel, group, spelled_as(group[0]), users))
     return own
 
 

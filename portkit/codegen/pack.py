@@ -227,7 +227,6 @@ def find(root: Lazy, inputs: list[Lazy], caps: Capabilities,
     return None if chosen is None else (found, chosen)
 
 
-
 def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabilities,
          out: int) -> Kernel:
     """The packed kernel storing `root` (the contraction, or an elementwise epilogue of it) into

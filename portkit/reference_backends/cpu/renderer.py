@@ -296,15 +296,17 @@ class CPURenderer(CStyleRenderer):
             if all(nodes[a].op is Op.ACC and nodes[a].src == nodes[accs[0]].src and
                    a == accs[0] + lane for lane, a in enumerate(accs)):
                 held.setdefault(accs, []).append(i)
+        readers = lanes.readers(nodes) if held else {}
         for accs, users in held.items():
-            own.update(self._held(kernel, accs, users))
+            own.update(self._held(kernel, accs, users, readers))
         return own
 
-    def _held(self, kernel: Kernel, accs: tuple[int, ...], users: list[int]) -> dict:
+    def _held(self, kernel: Kernel, accs: tuple[int, ...], users: list[int],
+              readers: dict[int, list[int]]) -> dict:
         """Name-and-line functions for MMA nodes `users` on one of MMA_UNITS whose C registers
         are the consecutive ACCs `accs`: one vector, each node one instruction on it, B loaded
         as one vector where its elements are loads in a row, and the sums added into a buffer
-        afterwards (a lanes.Flush) as one vector add."""
+        afterwards (a lanes.Flush) as one vector add; `readers`: lanes.readers of the nodes."""
         nodes = kernel.nodes
         unit = nodes[users[0]].arg
         vector = _INSTRUCTIONS[unit][0]
@@ -330,7 +332,7 @@ class CPURenderer(CStyleRenderer):
                     right = f"_mm512_loadu_si512(&{names[buffer]}[{names[base]} + {offset}])"
                 return "", f"{lead} = {_instruction(unit, lead, words[:a], right)};"
             own[i] = update
-        found = lanes.added_into(kernel, accs, set(users), max(users))
+        found = lanes.added_into(kernel, accs, set(users), max(users), readers)
         own.update(lanes.flush_lines(lead, found, lambda lead, at: (
             f"{{ {vector} pk_s; memcpy(&pk_s, &{at}, sizeof pk_s); pk_s += {lead}; "
             f"memcpy(&{at}, &pk_s, sizeof pk_s); }}"), lambda lead, at: (

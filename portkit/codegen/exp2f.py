@@ -29,6 +29,9 @@ def needed(kernel: Kernel) -> bool:
     return any(n.op is Op.EXP2 and n.dtype != dtypes.float64 for n in kernel.nodes)
 
 
+# 2^f on |f| <= 1/2, highest power first (a minimax polynomial; Tensor.exp evaluates it too)
+POLYNOMIAL = (1.5353362e-4, 1.3398874e-3, 9.618437e-3, 5.5503324e-2, 2.4022648e-1, 6.931472e-1,
+              1.0)
 # guarded: a batch (codegen.cstyle.compile_joined) is many kernels in one file
 EXP2F = """\
 #ifndef PK_ONCE_EXP2F
@@ -38,13 +41,8 @@ static inline float pk_exp2f(float a) {
   x = x < 128.0f ? x : 128.0f;
   const float n = (x + 0x1.8p23f) - 0x1.8p23f;  /* rounds to nearest even: |x| < 2^22 */
   const float f = x - n;
-  float p = 1.5353362e-4f;
-  p = p * f + 1.3398874e-3f;
-  p = p * f + 9.618437e-3f;
-  p = p * f + 5.5503324e-2f;
-  p = p * f + 2.4022648e-1f;
-  p = p * f + 6.931472e-1f;
-  p = p * f + 1.0f;
+""" + f"  float p = {POLYNOMIAL[0]!r}f;\n" + "".join(
+    f"  p = p * f + {c!r}f;\n" for c in POLYNOMIAL[1:]) + """\
   const int k = (int)n, low = k >> 1;
   const union { int bits; float value; } two_low = {(low + 127) << 23},
                                          two_rest = {(k - low + 127) << 23};

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from portkit import graph
+from portkit.codegen.exp2f import POLYNOMIAL
 from portkit.tensor.broadcast import broadcast, wrapped
 from portkit.tensor.composition import Composition
 from portkit.tensor.dtype import (
@@ -567,13 +568,11 @@ def _exp(x: Tensor) -> Tensor:
     scale = [((h + bias) << mantissa).bitcast(x.dtype) for h in (half, k - half)]
     f = r * (1 / math.log(2))
     power = f.exp2() if x.dtype != float32 else functools.reduce(
-        lambda p, c: p * f + c, _EXP2_POLYNOMIAL[2:], f * _EXP2_POLYNOMIAL[0] + _EXP2_POLYNOMIAL[1])
+        lambda p, c: p * f + c, POLYNOMIAL[2:], f * POLYNOMIAL[0] + POLYNOMIAL[1])
     return power * scale[0] * scale[1]
 
 
 _EXP = Composition(_exp)
-_EXP2_POLYNOMIAL = (1.5353362e-4, 1.3398874e-3, 9.618437e-3, 5.5503324e-2,  # pk_exp2f's
-                    2.4022648e-1, 6.931472e-1, 1.0)                            # 2^f, |f| <= 1/2
 
 # ln2 as high + low: high has few enough bits (9, 33) that k * high is exact for every k the
 # clipped argument gives (past the limit e^x overflows or is 0); then the float's int type,

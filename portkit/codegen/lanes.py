@@ -336,10 +336,10 @@ def tree_lines(kernel: Kernel, runs: list[Run], spelling: Spelling,
             code.append(spelling.pairs(name, a, b, width))
             held.append((runs_a + runs_b, name))
     own: dict[int, Callable[[dict], tuple]] = {
-        node: _named("") for t in trees for level in t.levels for node in level}
+        node: named("") for t in trees for level in t.levels for node in level}
     for k, t in enumerate(trees):
         at = next((name, row.index(k)) for row, name in held if k in row)
-        own[t.root] = _named(spelling.lane(*at))
+        own[t.root] = named(spelling.lane(*at))
     own[first] = lambda names: ("", "\n".join(code))
     return own
 
@@ -407,9 +407,9 @@ def lines(kernel: Kernel, run: Run, init: int, spelling: Spelling,
 
     own: dict[int, Callable[[dict], tuple]] = {run.accs[0]: declare}
     for k, acc in enumerate(run.accs[1:], 1):
-        own[acc] = _named(spelling.lane(lead, k))
+        own[acc] = named(spelling.lane(lead, k))
     for node in (*run.updates, *run.assigns, *run.products):
-        own[node] = _named("")
+        own[node] = named("")
 
     def update(names: dict) -> tuple:
         at = f"{names[run.buffer]}[{names[run.base]} + {run.offset}]"
@@ -438,7 +438,7 @@ def flush_lines(lead: str, found: Flush | None, add_into: Callable[[str, str], s
     if found is None or write is None:
         return {}
     own: dict[int, Callable[[dict], tuple]] = {
-        node: _named("") for node in (*found.loads, *found.adds, *found.stores, *found.indices)}
+        node: named("") for node in (*found.loads, *found.adds, *found.stores, *found.indices)}
 
     def written(names: dict) -> tuple:
         return "", write(lead, f"{names[found.buffer]}[{names[found.base]} + {found.offset}]")
@@ -447,7 +447,7 @@ def flush_lines(lead: str, found: Flush | None, add_into: Callable[[str, str], s
     return own
 
 
-def _named(name: str) -> Callable[[dict], tuple]:
+def named(name: str) -> Callable[[dict], tuple]:
     """A name-and-line function that names its node `name` and writes no line."""
     return lambda names: (name, None)
 
@@ -499,7 +499,7 @@ def spelled(kernel: Kernel, types: dict[DType, str], vector_bytes: int,
             first = kernel.nodes[run.accs[0]]
             own.update(lines(kernel, run, first.src[0], spelled_as(run), users))
             updates.append(own.pop(run.last))
-            own[run.last] = _named("")
+            own[run.last] = named("")
         own[max(run.last for run in group)] = _written(updates)
         own.update(tree_lines(kernel, group, spelled_as(group[0]), users))
     return own

@@ -306,7 +306,8 @@ class CPURenderer(CStyleRenderer):
         """Name-and-line functions for MMA nodes `users` on one of MMA_UNITS whose C registers
         are the consecutive ACCs `accs`: one vector, each node one instruction on it, B loaded
         as one vector where its elements are loads in a row, and the sums added into a buffer
-        afterwards (a lanes.Flush) as one vector add; `readers`: lanes.readers of the nodes."""
+        afterwards, or stored (a lanes.Flush), as one vector add or store; `readers`:
+        lanes.readers of the nodes."""
         nodes = kernel.nodes
         unit = nodes[users[0]].arg
         vector = _INSTRUCTIONS[unit][0]
@@ -317,7 +318,7 @@ class CPURenderer(CStyleRenderer):
             return f"{lead}[0]", f"{vector} {lead} = {{{', '.join([names[init]] * len(accs))}}};"
         own: dict[int, Callable[[dict], tuple]] = {accs[0]: declare}
         for lane, acc in enumerate(accs[1:], 1):
-            own[acc] = _named(f"{lead}[{lane}]")
+            own[acc] = lanes.named(f"{lead}[{lane}]")
         a, b, _ = unit.operand_counts
         for i in users:
             src = nodes[i].src
@@ -370,12 +371,6 @@ def _instruction(unit: MatrixUnit, c: str, a: list[str], b: str) -> str:
     return _INSTRUCTIONS[unit][1].format(c=c, a=f"_mm512_set1_epi32((int)({lane}))", b=b)
 
 
-def _named(name: str) -> Callable[[dict], tuple]:
-    """A name-and-line function (CStyleRenderer.rendered_together) naming its node `name`,
-    with no line of its own."""
-    return lambda names: (name, None)
-
-
 def _words(unit: MatrixUnit, values: list[str]) -> str:
     """B's elements of `unit` (words of its bits) as an __m512i, the first in the lowest bits."""
     bits = unit.b_dtype.bits
@@ -387,5 +382,3 @@ def entry_point(name: str) -> str:
     """The exported C symbol of kernel `name`: unique per name, so that many kernels can share
     one shared object (a batch) and each program finds its own."""
     return "pk_launch_" + function_name(name)
-
-

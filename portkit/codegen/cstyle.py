@@ -36,7 +36,7 @@ from portkit.abi.errors import CapabilityError
 from portkit.abi.kernel import Kernel, Node
 from portkit.abi.matrix import MatrixUnit
 from portkit.abi.ops import COMPARISON, Op
-from portkit.codegen import lanes, vectorize
+from portkit.codegen import lanes, straight, vectorize
 from portkit.codegen.emulated import Emulated
 from portkit.codegen.loops import threads_as_loops
 from portkit.codegen.positions import positions
@@ -353,12 +353,16 @@ class CStyleRenderer(Renderer):
                               "(Capabilities.matrix_units)")
 
     def rendered_together(self, kernel: Kernel) -> dict[int, Callable[[dict], tuple]]:
-        """Nodes a language renders as a group (accumulators held in one vector, say): node ->
-        a function of the names given so far returning (its name, its line or None). None
-        here unless the language has `vector_types`: every node is rendered on its own."""
+        """Nodes a language renders as a group (accumulators held in one vector, a written-out
+        row's lanes: codegen/lanes.py, straight.py): node -> a function of the names given so
+        far returning (its name, its line or None). None here unless the language has
+        `vector_types`: every node is rendered on its own."""
         if not self.vector_types or self.vector_spelling is None:
             return {}
-        return lanes.spelled(kernel, self.vector_types, self.vector_bytes, self.vector_spelling)
+        own = lanes.spelled(kernel, self.vector_types, self.vector_bytes, self.vector_spelling)
+        own.update(straight.spelled(kernel, self.vector_types, self.vector_bytes,
+                                    self.vector_spelling, set(own)))
+        return own
 
     def render_value(self, node: Node, src_nodes: list[Node], src: list[str]) -> str:
         """The expression of a value node: SPECIAL, LOAD or a compute op."""

@@ -387,6 +387,13 @@ class Spelling:
     # `declare lead = (the even lanes of a, then of b) + (the odd lanes of a, then of b)`,
     # n lanes each: one level of `Tree`s summed side by side. None: trees stay scalar
     pairs: Callable[[str, str, str, int], str] | None = None
+    # A written-out row's lanes (codegen/straight.py): n values from `at` as a vector, its
+    # other lanes 0, the values `step` (1 or 2) elements apart; the statement storing the
+    # first n lanes of a vector at `at`; the declaration of a vector `name` = `value`. None:
+    # such rows stay scalar
+    load_lanes: Callable[[str, int, int], str] | None = None
+    store_lanes: Callable[[str, str, int], str] | None = None
+    constant: Callable[[str, str], str] | None = None
 
     def writes(self, run: Run) -> bool:
         """Whether this spelling can write `run`."""

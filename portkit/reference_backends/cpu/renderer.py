@@ -67,7 +67,7 @@ struct pk_grid {
 {% if vectors %}
 /* Accumulators held in vectors (portkit.codegen.lanes): lanes += a * b[0..n), one rounding;
    at[0..n) += lanes; at[0..n) = lanes; the n values from at. */
-{% for type, element, lanes in vectors %}
+{% for type, element, lanes, suffix, mask in vectors %}
 #ifndef PK_ONCE_{{ type }}
 #define PK_ONCE_{{ type }}
 typedef {{ element }} {{ type }} __attribute__((vector_size({{ vector_bytes }})));
@@ -90,6 +90,41 @@ static inline void {{ type }}_add_into({{ element }} *at, {{ type }} v) {
 }
 static inline void {{ type }}_store({{ element }} *at, {{ type }} v) {
   memcpy(at, &v, sizeof v);
+}
+#endif
+{% endfor %}
+{% endif %}
+{% if strips %}
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+/* A written-out row's lanes (portkit.codegen.straight): the first n values from at, the
+   n values at[0], at[2]... at[2n - 2], and the first n lanes stored at at. */
+{% for type, element, lanes, suffix, mask in vectors %}
+#ifndef PK_ONCE_{{ type }}_LANES
+#define PK_ONCE_{{ type }}_LANES
+/* masked moves where AVX-512 has them: a copy of n elements went through the stack */
+static inline {{ type }} {{ type }}_load_lanes(const {{ element }} *at, int n) {
+#if defined(__AVX512F__) && {{ vector_bytes }} == 64
+  return ({{ type }})_mm512_maskz_loadu_{{ suffix }}(({{ mask }})((1u << n) - 1), at);
+#else
+  {{ type }} v = {0};
+  memcpy(&v, at, n * sizeof *at);
+  return v;
+#endif
+}
+static inline {{ type }} {{ type }}_load_even(const {{ element }} *at, int n) {
+  const int count = 2 * n - 1, low_count = count < {{ lanes }} ? count : {{ lanes }};
+  const {{ type }} low = {{ type }}_load_lanes(at, low_count);
+  const {{ type }} high = {{ type }}_load_lanes(at + {{ lanes }}, count - low_count);
+  return __builtin_shufflevector(low, high, {{ range(0, 2 * lanes, 2) | join(", ") }});
+}
+static inline void {{ type }}_store_lanes({{ element }} *at, {{ type }} v, int n) {
+#if defined(__AVX512F__) && {{ vector_bytes }} == 64
+  _mm512_mask_storeu_{{ suffix }}(at, ({{ mask }})((1u << n) - 1), v);
+#else
+  memcpy(at, &v, n * sizeof *at);
+#endif
 }
 #endif
 {% endfor %}
@@ -171,12 +206,15 @@ void {{ entry }}(void **pk_buffers, const int32_t *pk_scalars, const int32_t *pk
 
 
 _IDS = ["gid0", "gid1", "gid2", "lid0", "lid1", "lid2", "pk_local"]
+# AVX-512's masked loads and stores of a vector type's first lanes: their suffix per dtype
+_MASKED = {dtypes.float32: "ps", dtypes.float64: "pd"}
 
 
 def _gnu_vectors(prefix: str, width: int) -> lanes.Spelling:
     """GNU C vectors of `width` lanes, named <prefix>x<width> (pk_f32x8): {a, a, ...} literals,
-    v[k] lanes, and the template's <vector>_fma, <vector>_add_into, <vector>_store and
-    <vector>_load."""
+    v[k] lanes, and the template's <vector>_fma, <vector>_add_into, <vector>_store,
+    <vector>_load, their first n lanes' <vector>_load_lanes and <vector>_store_lanes, and
+    <vector>_load_even of every other element."""
     vector = f"{prefix}x{width}"
     return lanes.Spelling(
         declare=lambda lead, init, n: f"{vector} {lead} = {{{', '.join([init] * n)}}};",
@@ -189,7 +227,13 @@ def _gnu_vectors(prefix: str, width: int) -> lanes.Spelling:
         vector=lambda at: f"{vector}_load(&{at})",
         pairs=lambda lead, a, b, n: (
             f"const {vector} {lead} = ({vector}){{{_lanes(a, b, n, 0)}}} + "
-            f"({vector}){{{_lanes(a, b, n, 1)}}};"))
+            f"({vector}){{{_lanes(a, b, n, 1)}}};"),
+        load_lanes=lambda at, n, step: (
+            f"{vector}_load(&{at})" if n == width and step == 1 else
+            f"{vector}_load_{'lanes' if step == 1 else 'even'}(&{at}, {n})"),
+        store_lanes=lambda at, value, n: (f"{vector}_store(&{at}, {value});" if n == width else
+                                          f"{vector}_store_lanes(&{at}, {value}, {n});"),
+        constant=lambda name, value: f"const {vector} {name} = {value};")
 
 
 def _lanes(a: str, b: str, n: int, odd: int) -> str:
@@ -356,10 +400,13 @@ class CPURenderer(CStyleRenderer):
                 "id_args": [f"const int32_t {i}" for i in _IDS[:6]] + ["char *pk_local"],
                 "loop_args": [f"data{i}" for i in range(len(types))] + [f"var_{v}" for v in names],
                 "local_bytes": local_bytes(kernel), "vector_bytes": self.vector_bytes,
+                # the vector types the body names, with AVX-512's masked moves' suffix and mask
                 "vectors": [(f"{name}x{self.vector_bytes // d.itemsize}", self.type_map[d],
-                             self.vector_bytes // d.itemsize)
+                             self.vector_bytes // d.itemsize, _MASKED[d], f"__mmask{width}")
                             for d, name in self.vector_types.items()
-                            if any(n.op is Op.ACC and n.dtype == d for n in kernel.nodes)]}
+                            for width in [self.vector_bytes // d.itemsize]
+                            if any(f"{name}x{width}" in line for line in body)],
+                "strips": any("_store_lanes(&" in line for line in body)}
 
 
 def _instruction(unit: MatrixUnit, c: str, a: list[str], b: str) -> str:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from portkit.abi.dtypes import DType
 from portkit.abi.kernel import Kernel, Node
-from portkit.abi.ops import Op
-from portkit.codegen.lanes import Spelling, named
+from portkit.abi.ops import COMPUTE, Op
+from portkit.codegen.lanes import Spelling, named, readers
 
 # Ops a vector of any C-like language spells as its scalar does: infix arithmetic.
 _INFIX = {Op.ADD: "({} + {})", Op.SUB: "({} - {})", Op.MUL: "({} * {})", Op.NEG: "(-{})"}
@@ -34,6 +34,8 @@ _INFIX = {Op.ADD: "({} + {})", Op.SUB: "({} - {})", Op.MUL: "({} * {})", Op.NEG:
 _STEPS = (1, 2)
 # Fewer stores than this stay scalar: a vector's loads and stores would cost what it saves.
 MIN_LANES = 4
+# Nodes whose only effect is their value (a LOAD reads, writes nothing)
+_PURE = frozenset(COMPUTE) | {Op.LOAD, Op.CONST}
 # Nodes that close a group: its stores must be in one block, with every value it reads in scope.
 _FENCES = frozenset({Op.RANGE, Op.END, Op.IF, Op.ENDIF, Op.BARRIER})
 
@@ -186,16 +188,38 @@ def spelled(kernel: Kernel, types: dict[DType, str], vector_bytes: int,
     `store_lanes` and `constant`; none where it lacks one)."""
     widths = {d: vector_bytes // d.itemsize for d in types}
     own: dict = {}
+    strips = []
     for strip in find(kernel, widths):
         dtype = kernel.nodes[strip.buffer].value_dtype
         spelled_as = spelling(types[dtype], widths[dtype])
         if taken & set(strip.stores) or None in (spelled_as.load_lanes, spelled_as.store_lanes,
                                                  spelled_as.constant):
             continue
+        strips.append(strip)
         for node in strip.stores:
             own[node] = named("")
         own[strip.stores[-1]] = _written(strip, spelled_as)
+    for node in _unread(kernel.nodes, strips):
+        own[node] = named("")
     return own
+
+
+def _unread(nodes: tuple[Node, ...], strips: list[Strip]) -> set[int]:
+    """The value nodes that only the strips' stores read, through others such: no renderer
+    needs to write them (written, a 28-wide row's scalar terms took clang a second to drop).
+    The nodes the vector steps name (shared scalars, load positions) are kept."""
+    kept = {x for strip in strips for step in strip.steps for x in (
+        (step.buffer, step.base) if isinstance(step, Load) else
+        (o[0] for o in step.operands if isinstance(o, tuple)))}
+    kept |= {x for strip in strips for x in (strip.buffer, strip.base)}
+    stores = {store for strip in strips for store in strip.stores}
+    gone = set(stores)
+    users = readers(nodes)
+    for i in range(len(nodes) - 1, -1, -1):
+        if nodes[i].op in _PURE and i not in kept and users[i] and all(
+                u in gone for u in users[i]):
+            gone.add(i)
+    return gone - stores
 
 
 def _written(strip: Strip, spelling: Spelling) -> Callable[[dict], tuple]:

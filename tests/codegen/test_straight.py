@@ -112,3 +112,21 @@ def test_a_depthwise_conv_on_a_short_row_is_written_as_vectors(stride):
     source = CPURenderer().render(lower(item.root, item.inputs, caps))
     loaded = "pk_f32x16_load_lanes(&" if stride == 1 else "pk_f32x16_load_even(&"
     assert source.count(loaded) == 25 and source.count("pk_f32x16_store_lanes(&") == 1
+
+
+def test_a_depthwise_conv_on_a_row_of_28_is_written_out_as_two_vectors():
+    # EfficientNet's 5 x 5 conv on 28 x 28: as a loop, clang vectorized 16 of the 28 outputs
+    # and computed the other 12 one by one
+    rng = np.random.default_rng(2)
+    x = Tensor(rng.standard_normal((1, 4, 28, 28), dtype=np.float32))
+    w = Tensor(rng.standard_normal((4, 1, 5, 5), dtype=np.float32))
+    y = F.conv2d(x, w, padding=2, groups=4)
+    *_, item = schedule.create_schedule([y.lazy])
+    caps = dataclasses.replace(capabilities(), threads_are_loops=True)
+    kernel = lower(item.root, item.inputs, caps)
+    strips = straight.find(kernel, WIDTHS)
+    assert [len(s.stores) for s in strips] == [16, 12]
+    import torch
+    expected = torch.nn.functional.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()),
+                                          padding=2, groups=4).numpy()
+    np.testing.assert_allclose(y.numpy(), expected, rtol=1e-5, atol=1e-5)

@@ -448,7 +448,7 @@ def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tenso
     """log(1 + exp(beta * x)) / beta, computed without overflow; x itself where
     beta * x > threshold (as torch)."""
     x = input.cast(float_of(input.dtype)) * beta
-    smooth = (x.relu() + (1 + (-x.abs()).exp()).log()) * (1 / beta)
+    smooth = (x.relu() + (1 + (-x.abs())._exp_of_nonpositive()).log()) * (1 / beta)
     return (x > threshold)._where(input.cast(x.dtype), smooth)
 
 
@@ -479,7 +479,7 @@ def elu(input: Tensor, alpha: float = 1.0) -> Tensor:
     """x where x > 0, else alpha * (exp(x) - 1)."""
     x = input.cast(float_of(input.dtype))
     # exp of the negative part only: e^x of a large positive x would overflow the other branch
-    return (x > 0)._where(x, alpha * (x.clip(max=0).exp() - 1))
+    return (x > 0)._where(x, alpha * (x.clip(max=0)._exp_of_nonpositive() - 1))
 
 
 def selu(input: Tensor) -> Tensor:

@@ -160,7 +160,7 @@ class ReduceOps:
         """exp(self) normalized to sum to 1 over `axis`."""
         if not self.numel():
             return self._float().exp()    # nothing to normalize: empty, as torch
-        e = (self - self.amax(axis, keepdim=True).detach()).exp()
+        e = (self - self.amax(axis, keepdim=True).detach())._exp_of_nonpositive()
         return e / e.sum(axis, keepdim=True)
 
     @runs_in_float32

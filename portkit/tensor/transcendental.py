@@ -146,7 +146,7 @@ class TranscendentalOps:
         same = a == b                   # also both -inf or both +inf, where a - b is NaN
         m = a.maximum(b)
         d = same._where(0.0, a - b).abs()
-        return same._where((a + b) * 0.5 + math.log(2), m + (1 + (-d).exp()).log())
+        return same._where((a + b) * 0.5 + math.log(2), m + (1 + (-d)._exp_of_nonpositive()).log())
 
     def fmod(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """The remainder of self / other with self's sign (C's fmod; % takes other's sign)."""

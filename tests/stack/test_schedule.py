@@ -306,11 +306,12 @@ def test_a_recurrence_is_not_recomputed_in_every_later_step():
 
 
 def _exponentials(item) -> int:
-    """The exponentials kernel `item` computes: each builds its 2^k in two halves from
-    exponent bits, two BITCASTs (tensor/elementwise.py `_exp`)."""
+    """The exponentials kernel `item` computes: each rounds x / ln2 to an integer k, a CAST
+    from a float to an int (tensor/elementwise.py `_exp`)."""
     from portkit import graph
-    return sum(n.op is Op.BITCAST for n in graph.toposort(
-        [item.root], stop=lambda n: n is not item.root and any(n is s for s in item.inputs))) // 2
+    return sum(n.op is Op.CAST and n.src[0].dtype.is_float and not n.dtype.is_float
+               for n in graph.toposort([item.root], stop=lambda n: n is not item.root and any(
+                   n is s for s in item.inputs)))
 
 
 def test_a_sigmoid_read_by_two_kernels_is_computed_once():

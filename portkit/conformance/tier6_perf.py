@@ -314,33 +314,15 @@ def _tiny() -> Kernel:
     return b.build()
 
 
-def _latency(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
+def _latency(ctx: Context, repeats: int, batched: int = 0) -> Callable[[Target], Outcome]:
+    """Seconds per launch of a tiny kernel: alone, or inside a replayed batch of `batched`."""
     def seconds_on(target: Target) -> list[float]:
         kernel = target.prepare(_tiny())
-        return list(target.time(kernel, [np.zeros(1, np.float32)], repeats=repeats, wall=True))
+        return list(target.time(kernel, [np.zeros(1, np.float32)], repeats=repeats, wall=True,
+                                batched=batched))
 
-    return _against_reference(ctx, "launch-latency", seconds_on, 1e6, "us")
-
-
-def _batched_latency(ctx: Context, launches: int, repeats: int) -> Callable[[Target], Outcome]:
-    """Seconds per launch of a batch of `launches` launches of the tiny kernel, each replay
-    followed by a synchronize, `repeats` times after one warm-up replay."""
-    def seconds_on(target: Target) -> list[float]:
-        compiled = target.runtime.compile(target.prepare(_tiny()))
-        kernels = [compiled.kernel] * launches
-        times = []
-        with target.buffers([np.zeros(1, np.float32)]) as handles:
-            batch = target.runtime.batch([(compiled, list(handles), [])
-                                          for _ in range(launches)])
-            for i in range(repeats + 1):
-                start = time.perf_counter()
-                target.runtime.run_batch(batch, [], [], kernels)
-                target.runtime.synchronize()
-                if i:
-                    times.append((time.perf_counter() - start) / launches)
-        return times
-
-    return _against_reference(ctx, "launch-latency-batched", seconds_on, 1e6, "us")
+    name = "launch-latency-batched" if batched else "launch-latency"
+    return _against_reference(ctx, name, seconds_on, 1e6, "us")
 
 
 def _compile_time(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
@@ -413,7 +395,7 @@ def cases(ctx: Context) -> list[Case]:
         Case("perf/launch-latency", TIER, None, "float32", ESSENTIAL,
              fn=_latency(ctx, 20 if ctx.quick else 100)),
         Case("perf/launch-latency-batched", TIER, None, "float32", (*ESSENTIAL, "runtime/batch"),
-             fn=_batched_latency(ctx, 20 if ctx.quick else 100, 5 if ctx.quick else 20)),
+             fn=_latency(ctx, 5 if ctx.quick else 20, batched=20 if ctx.quick else 100)),
         Case("perf/compile-time", TIER, None, "float32", ESSENTIAL,
              fn=_compile_time(ctx, 3)),
     ]

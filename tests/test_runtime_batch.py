@@ -129,3 +129,17 @@ def test_a_realize_seen_before_replays_through_a_batch(monkeypatch):
     assert made == [1]      # the second realize of the structure made it, the later reused it
     for v, g in zip(values, got):
         np.testing.assert_array_equal(g, np.sqrt(v * np.float32(3) - np.float32(1)))
+
+
+@pytest.mark.parametrize("device", ["cpu", "opencl"])
+def test_the_timer_times_a_launch_inside_a_batch(device):
+    # out[0] += 1: a warm-up replay and 3 timed ones of a batch of 4 launches add 16
+    k = KernelBuilder("batch_count")
+    out = k.param(dtypes.int32)
+    k.store(out, k.const(0), k.alu(Op.ADD, k.load(out, k.const(0)), k.const(1)))
+    rt = runtime.get(device)
+    compiled = rt.compile(k.build())
+    counter = rt.alloc(dtypes.int32, 1).copyin(np.zeros(1, np.int32))
+    times = rt.time(compiled, [counter.handle], [], repeats=3, batched=4)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    assert counter.numpy().tolist() == [16]

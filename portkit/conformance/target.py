@@ -86,14 +86,16 @@ class Target:
         return host.view(dtype)
 
     def time(self, kernel: Kernel, arrays: Sequence[np.ndarray], scalars: Sequence[int] = (),
-             repeats: int = 5, wall: bool = False, max_seconds: float = 5.0) -> list[float]:
+             repeats: int = 5, wall: bool = False, max_seconds: float = 5.0, batched: int = 0
+             ) -> list[float]:
         """Seconds per launch, `repeats` times after one warm-up launch (fewer, but at least 3,
         once `max_seconds` have passed): the seconds the program reports, or (with `wall`, or
-        when it reports none) the host's clock."""
+        when it reports none) the host's clock; with `batched`, of a launch inside a replayed
+        batch of that many (`Runtime.time`)."""
         compiled = self.runtime.compile(kernel)
         with self.buffers(arrays) as handles:
             return self.runtime.time(compiled, handles, list(scalars), repeats, wall,
-                                     max_seconds)
+                                     max_seconds, batched=batched)
 
 
 class _Buffers:

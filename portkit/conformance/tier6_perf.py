@@ -1,4 +1,5 @@
-"""Tier 6, performance: bandwidth, reduction, matmul, conv, launch latency and compile time.
+"""Tier 6, performance: bandwidth, reduction, matmul, conv, launch latency (a launch alone and
+inside a batch) and compile time.
 
 Each figure is a median over repeats, judged as a fraction of the peak the device declares
 (`Capabilities.peak_bandwidth_gbs`, `peak_gflops`): below its case's band in PEAK_BANDS it
@@ -17,6 +18,10 @@ both: it measures the device's compiler and runtime on a plain tiled kernel, so 
 is that same kernel; against the CPU's packed matmul it read 0.00x on every emulated device.
 A result whose repeats spread over more than half their median (or whose reference's repeats
 do) is flagged noisy: rerun it on a quiet machine before reading the ratio.
+
+Two latencies answer what a launch costs the host: `launch-latency` is one launch waited for,
+`launch-latency-batched` one launch of a batch (Device.batch, ABI 0.7) of many, the batch
+replayed and then waited for, as a jitted step or a realize seen before runs its launches.
 """
 from __future__ import annotations
 
@@ -309,12 +314,15 @@ def _tiny() -> Kernel:
     return b.build()
 
 
-def _latency(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
+def _latency(ctx: Context, repeats: int, batched: int = 0) -> Callable[[Target], Outcome]:
+    """Seconds per launch of a tiny kernel: alone, or inside a replayed batch of `batched`."""
     def seconds_on(target: Target) -> list[float]:
         kernel = target.prepare(_tiny())
-        return list(target.time(kernel, [np.zeros(1, np.float32)], repeats=repeats, wall=True))
+        return list(target.time(kernel, [np.zeros(1, np.float32)], repeats=repeats, wall=True,
+                                batched=batched))
 
-    return _against_reference(ctx, "launch-latency", seconds_on, 1e6, "us")
+    name = "launch-latency-batched" if batched else "launch-latency"
+    return _against_reference(ctx, name, seconds_on, 1e6, "us")
 
 
 def _compile_time(ctx: Context, repeats: int) -> Callable[[Target], Outcome]:
@@ -386,6 +394,8 @@ def cases(ctx: Context) -> list[Case]:
     found += [
         Case("perf/launch-latency", TIER, None, "float32", ESSENTIAL,
              fn=_latency(ctx, 20 if ctx.quick else 100)),
+        Case("perf/launch-latency-batched", TIER, None, "float32", (*ESSENTIAL, "runtime/batch"),
+             fn=_latency(ctx, 5 if ctx.quick else 20, batched=20 if ctx.quick else 100)),
         Case("perf/compile-time", TIER, None, "float32", ESSENTIAL,
              fn=_compile_time(ctx, 3)),
     ]

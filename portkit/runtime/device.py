@@ -304,21 +304,29 @@ class Runtime:
         return [b.numpy().reshape(a.shape) for b, a in zip(buffers, arrays)]
 
     def time(self, compiled: Compiled, handles: list, words: list, repeats: int = 5,
-             wall: bool = False, max_seconds: float = 5.0, give_up: float = float("inf")
-             ) -> list[float]:
+             wall: bool = False, max_seconds: float = 5.0, give_up: float = float("inf"),
+             batched: int = 0) -> list[float]:
         """The one kernel timer: seconds per launch of `compiled`, `repeats` times after one
         warm-up launch: the seconds the program reports, or (with `wall`, or when it reports
         none) the host's clock. It stops early, after at least min(3, repeats) launches, once
-        `max_seconds` have passed, and after the first when that one took over `give_up`."""
+        `max_seconds` have passed, and after the first when that one took over `give_up`.
+        With `batched` launches, each repeat is a replay of one batch of that many launches
+        of `compiled` (`batch`, `run_batch`), by the host's clock, divided by `batched`."""
         level = settings.read("PORTKIT_DEBUG")
+        batch = self.batch([(compiled, list(handles), list(words))
+                            for _ in range(batched)]) if batched else None
         times: list[float] = []
         for i in range(repeats + 1):
             if len(times) >= min(3, repeats) and sum(times) > max_seconds:
                 break
             start = time.perf_counter()
-            reported = self.run_program(compiled, handles, words, True, level)
+            if batch is None:
+                reported = self.run_program(compiled, handles, words, True, level)
+            else:
+                self.run_batch(batch, [], [], [compiled.kernel] * batched)
+                reported = None
             self.synchronize()
-            elapsed = time.perf_counter() - start
+            elapsed = (time.perf_counter() - start) / max(batched, 1)
             if i:
                 times.append(reported if reported and not wall else elapsed)
                 if times[0] > give_up:

@@ -52,7 +52,7 @@ def test_json_report_has_the_versioned_schema(broken_report, tmp_path):
                 "message"} <= set(case)
     names = {p["name"] for p in data["perf"]}
     assert names == {"copy", "fused-elementwise", "reduce", "matmul-handwritten", "matmul-codegen", "conv",
-                     "launch-latency", "compile-time"}
+                     "launch-latency", "launch-latency-batched", "compile-time"}
     for p in data["perf"]:
         assert p["seconds"] > 0 and p["reference_seconds"] > 0 and p["ratio"] > 0
         assert 0 < p["min_seconds"] <= p["seconds"] <= p["max_seconds"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -136,3 +137,22 @@ def test_a_device_without_a_declared_peak_is_reported_never_failed():
     assert outcome.status is Status.PASSED
     assert outcome.perf["peak_fraction"] is None and outcome.perf["peak_band"] is None
     assert "no declared peak" in outcome.message
+
+
+def test_the_batched_launch_latency_is_a_batch_replay_divided_by_its_launches(cpu, monkeypatch):
+    """One batch of 20 launches (--quick), replayed once to warm up and 5 times timed; each
+    figure is a replay's seconds over its launches."""
+    made, replays = [], []
+    runtime = type(cpu.runtime)
+    real = runtime.batch
+    monkeypatch.setattr(runtime, "batch", lambda self, launches: made.append(len(launches))
+                        or real(self, launches))
+    monkeypatch.setattr(runtime, "run_batch", lambda self, batch, buffers, scalars, kernels:
+                        replays.append(len(kernels)) or time.sleep(0.02))
+    ctx = Context(cpu.capabilities, quick=True, reference=cpu)
+    case, = [c for c in tier6_perf.cases(ctx) if c.id == "perf/launch-latency-batched"]
+    assert "runtime/batch" in case.requires
+    outcome = case.fn(cpu)
+    assert made == [20] and replays == [20] * 6
+    assert outcome.status is Status.PASSED and outcome.perf["unit"] == "us"
+    assert 1e-3 <= outcome.perf["min_seconds"] < 2e-3      # 20 ms a replay, over 20 launches

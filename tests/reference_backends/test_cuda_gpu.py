@@ -1,4 +1,4 @@
-"""The CUDA backend on a real GPU: memory, launches, timing, threads and exit.
+"""The CUDA backend on a real GPU: memory, launches, batches, timing, threads and exit.
 
 These run only where `portkit backends` shows cuda available (an NVIDIA GPU and its driver);
 elsewhere the module is skipped with the reason. `scripts/gpu-check.sh` runs them on a GPU
@@ -15,6 +15,7 @@ import pytest
 
 from portkit import runtime
 from portkit.abi import BackendUnavailable, KernelBuilder, Op, dtypes
+from portkit.reference_backends.cuda.runtime import CUDAGraph
 from portkit.tensor import Tensor
 
 try:
@@ -52,6 +53,26 @@ def test_wait_times_the_kernel_on_the_gpu():
     seconds = DEVICE.launch(compiled, [source, result], wait=True)
     assert 0 < seconds < 1
     np.testing.assert_array_equal(result.numpy(), 2 * np.arange(1 << 20, dtype=np.float32))
+
+
+def test_a_batch_runs_as_one_graph():
+    # out = x * a + b, the second launch reading the first's output; then a replay that
+    # replaces the second launch's output buffer and scalars.
+    k = KernelBuilder("batch_axpb")
+    out, x = k.param(dtypes.int32), k.param(dtypes.int32)
+    i = k.special("group", 0)
+    k.store(out, i, k.alu(Op.ADD, k.alu(Op.MUL, k.load(x, i), k.var("a")), k.var("b")))
+    compiled = DEVICE.compile(k.build(grid=(4, 1, 1)))
+    x0 = np.array([1, -2, 3, 40], np.int32)
+    source, middle, last, other = (DEVICE.alloc(dtypes.int32, 4) for _ in range(4))
+    source.copyin(x0)
+    batch = DEVICE.batch([(compiled, [middle.handle, source.handle], [3, 1]),
+                          (compiled, [last.handle, middle.handle], [-2, 5])])
+    assert isinstance(batch, CUDAGraph)
+    assert 0 < batch(wait=True) < 1
+    np.testing.assert_array_equal(last.numpy(), (x0 * 3 + 1) * -2 + 5)
+    DEVICE.run_batch(batch, [(1, 0, other.handle)], [(1, [7, 0])], [compiled.kernel] * 2)
+    np.testing.assert_array_equal(other.numpy(), (x0 * 3 + 1) * 7)
 
 
 def test_threads_each_get_the_context():

@@ -4,7 +4,7 @@
     capabilities.py  capabilities(context, compiler): the device's attributes
     renderer.py      CUDARenderer: CUDA C, one extern "C" __global__ function per kernel
     runtime.py       CUDAAllocator (cuMemAlloc), CUDACompiler (NVRTC), CUDAProgram
-                     (cuLaunchKernel)
+                     (cuLaunchKernel), CUDAGraph (a batch as one CUDA graph)
 
 The renderer and the compiler need no driver, so CI compiles every kernel on machines without
 a GPU.

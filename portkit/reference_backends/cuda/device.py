@@ -12,6 +12,7 @@ from portkit.reference_backends.cuda.runtime import (
     CUDAAllocator,
     CUDACompiler,
     CUDAContext,
+    CUDAGraph,
     CUDAProgram,
     architecture_for,
     driver,
@@ -55,4 +56,4 @@ def load() -> Device:
     compiler = CUDACompiler(architecture_for(context.compute_capability()))
     return Device("cuda", capabilities(context, compiler), CUDAAllocator(context),
                   CUDARenderer(), compiler, functools.partial(CUDAProgram, context),
-                  context.synchronize)
+                  context.synchronize, batch=functools.partial(CUDAGraph, context))

@@ -6,16 +6,20 @@ one: for a real architecture ("sm_90") it returns a cubin, PTX already checked a
 the assembler built into NVRTC; for a virtual one ("compute_90") it returns PTX, which the
 driver assembles when it loads the module (the path for a GPU newer than this NVRTC).
 `cuModuleLoadData` loads a binary, `cuLaunchKernel` runs the ABI's grid and block on one
-stream, and events time it. Buffers are `cuMemAlloc` allocations.
+stream, and events time it. Buffers are `cuMemAlloc` allocations. A Batch is a CUDA graph: a
+kernel node per launch, built once, launched with one `cuGraphLaunch` on the same stream.
 """
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
-from portkit.abi.backend import Allocator, Compiler, Program
+from portkit.abi.backend import Allocator, Batch, Compiler, Launch, Program
 from portkit.abi.errors import BackendUnavailable, CompileError, PortkitError
 from portkit.codegen.cstyle import compile_joined, function_name
 
@@ -25,6 +29,9 @@ from portkit.codegen.cstyle import compile_joined, function_name
 FLAGS = ("-fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false", "-default-device",
          "-std=c++17")
 NVRTC_FIX = "pip install 'portkit[cuda]' (cuda-bindings and nvidia-cuda-nvrtc)"
+# Every launch and graph goes on the default stream: in order with each other and with the
+# synchronous copies.
+STREAM = 0
 
 
 class CUDAError(PortkitError):
@@ -179,6 +186,45 @@ class CUDACompiler(Compiler):
         return compile_joined(self.compile, sources)
 
 
+class KernelParams:
+    """A launch's `kernelParams`, as cuLaunchKernel and a graph's kernel node take them: an
+    array of pointers, each to one argument's value (device pointers, then int32 scalars). The
+    driver copies the values during the call that is given them, so this need outlive only
+    that call."""
+
+    def __init__(self, buffers: Sequence, scalars: Sequence[int]):
+        self.values = ([ctypes.c_uint64(int(b)) for b in buffers]
+                       + [ctypes.c_int32(s) for s in scalars])
+        self.pointers = (ctypes.c_void_p * max(len(self.values), 1))(
+            *[ctypes.addressof(v) for v in self.values])
+
+    @property
+    def address(self) -> int:
+        """The address of the pointer array: the `void **` the driver reads."""
+        return ctypes.addressof(self.pointers)
+
+
+class Events:
+    """Two events that time work on the stream, as seconds on the GPU."""
+
+    def __init__(self) -> None:
+        api = driver()
+        self.start, self.end = (check(api.cuEventCreate(0), "cuEventCreate") for _ in "se")
+
+    def run(self, submit: Callable[[], None], wait: bool) -> float | None:
+        """Calls `submit`; with `wait`, between the two events, and returns the seconds between
+        them once the second has happened."""
+        api = driver()
+        if wait:
+            check(api.cuEventRecord(self.start, STREAM), "cuEventRecord")
+        submit()
+        if not wait:
+            return None
+        check(api.cuEventRecord(self.end, STREAM), "cuEventRecord")
+        check(api.cuEventSynchronize(self.end), "cuEventSynchronize")
+        return check(api.cuEventElapsedTime(self.start, self.end), "cuEventElapsedTime") / 1e3
+
+
 class CUDAProgram(Program):
     """A loaded module's kernel function, launched on the default stream."""
 
@@ -189,25 +235,79 @@ class CUDAProgram(Program):
         self.module = check(api.cuModuleLoadData(binary), "cuModuleLoadData")
         self.function = check(api.cuModuleGetFunction(self.module, function_name(name)
                                                          .encode()), "cuModuleGetFunction")
-        self.start, self.end = (check(api.cuEventCreate(0), "cuEventCreate") for _ in "se")
+        self.events = Events()
 
     def __call__(self, buffers: list, scalars: list[int], grid, block,
                  wait: bool = False) -> float | None:
         api = driver()
         self.context.enter()
-        # kernelParams: an array of pointers, each to one argument's value.
-        values = [ctypes.c_uint64(int(b)) for b in buffers] + [ctypes.c_int32(s) for s in scalars]
-        pointers = (ctypes.c_void_p * max(len(values), 1))(
-            *[ctypes.addressof(v) for v in values])
-        if wait:
-            check(api.cuEventRecord(self.start, 0), "cuEventRecord")
-        check(api.cuLaunchKernel(self.function, *grid, *block, 0, 0,
-                                    ctypes.addressof(pointers), 0), "cuLaunchKernel")
-        if not wait:
-            return None
-        check(api.cuEventRecord(self.end, 0), "cuEventRecord")
-        check(api.cuEventSynchronize(self.end), "cuEventSynchronize")
-        return check(api.cuEventElapsedTime(self.start, self.end), "cuEventElapsedTime") / 1e3
+        params = KernelParams(buffers, scalars)
+        return self.events.run(lambda: check(api.cuLaunchKernel(
+            self.function, *grid, *block, 0, STREAM, params.address, 0), "cuLaunchKernel"), wait)
+
+
+def kernel_node(launch: Launch, params: KernelParams):
+    """The CUDA_KERNEL_NODE_PARAMS of `launch` (a CUDAProgram's) with `params`: what
+    cuLaunchKernel is given, for a graph's kernel node."""
+    node = driver().CUDA_KERNEL_NODE_PARAMS()
+    node.func = cast(CUDAProgram, launch.program).function
+    node.gridDimX, node.gridDimY, node.gridDimZ = launch.grid
+    node.blockDimX, node.blockDimY, node.blockDimZ = launch.block
+    node.kernelParams = params.address
+    return node
+
+
+class CUDAGraph(Batch):
+    """A Batch as a CUDA graph: a kernel node per launch, each depending on the one before (a
+    batch runs in order), instantiated once and launched with one cuGraphLaunch. A replay that
+    replaces a launch's buffers or scalars rewrites that launch's node in the instantiated
+    graph (cuGraphExecKernelNodeSetParams); the other nodes keep theirs."""
+
+    def __init__(self, context: CUDAContext, launches: list[Launch]):
+        api = driver()
+        context.enter()
+        self.context = context
+        self.launches = [Launch(launch.program, list(launch.buffers), list(launch.scalars),
+                                launch.grid, launch.block) for launch in launches]
+        self.graph = check(api.cuGraphCreate(0), "cuGraphCreate")
+        self.nodes: list = []
+        for launch in self.launches:
+            params = KernelParams(launch.buffers, launch.scalars)
+            before = self.nodes[-1:]
+            self.nodes.append(check(api.cuGraphAddKernelNode(
+                self.graph, before, len(before), kernel_node(launch, params)),
+                "cuGraphAddKernelNode"))
+        self.executable = check(api.cuGraphInstantiate(self.graph, 0), "cuGraphInstantiate")
+        self.events = Events()
+
+    def __call__(self, buffers: Sequence[tuple[int, int, object]] = (),
+                 scalars: Sequence[tuple[int, list[int]]] = (), wait: bool = False
+                 ) -> float | None:
+        api = driver()
+        self.context.enter()
+        changed = set()
+        for index, position, handle in buffers:
+            if self.launches[index].buffers[position] is not handle:
+                self.launches[index].buffers[position] = handle
+                changed.add(index)
+        for index, words in scalars:
+            if self.launches[index].scalars != list(words):
+                self.launches[index].scalars = list(words)
+                changed.add(index)
+        for index in sorted(changed):
+            launch = self.launches[index]
+            params = KernelParams(launch.buffers, launch.scalars)
+            check(api.cuGraphExecKernelNodeSetParams(self.executable, self.nodes[index],
+                                                     kernel_node(launch, params)),
+                  "cuGraphExecKernelNodeSetParams")
+        return self.events.run(lambda: check(api.cuGraphLaunch(self.executable, STREAM),
+                                             "cuGraphLaunch"), wait)
+
+    def __del__(self) -> None:
+        # At exit the driver frees the graphs with the process (and its bindings may be gone).
+        if getattr(self, "executable", None) is not None and not sys.is_finalizing():
+            driver().cuGraphExecDestroy(self.executable)
+            driver().cuGraphDestroy(self.graph)
 
 
 def assemble(ptx: bytes, arch: str) -> bytes:

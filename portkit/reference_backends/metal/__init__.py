@@ -4,7 +4,8 @@
     capabilities.py  capabilities(...): every Apple GPU since the A11, or a device's own limits
     renderer.py      MetalRenderer: Metal Shading Language
     runtime.py       MetalAllocator (shared MTLBuffers), MetalCompiler (newLibraryWithSource),
-                     MetalProgram (one command buffer per launch)
+                     MetalProgram (one command buffer per launch), MetalBatch (one
+                     command buffer per batch)
 
 On any other system `load()` says "Metal needs macOS". Nothing here has run on a Mac yet: see
 docs/backends/metal.md for what is and is not verified.

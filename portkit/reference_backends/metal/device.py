@@ -14,6 +14,7 @@ from portkit.reference_backends.metal.capabilities import capabilities
 from portkit.reference_backends.metal.renderer import MetalRenderer
 from portkit.reference_backends.metal.runtime import (
     MetalAllocator,
+    MetalBatch,
     MetalCompiler,
     MetalProgram,
     synchronize,
@@ -48,4 +49,5 @@ def load() -> Device:
     compiler = MetalCompiler(device)
     return Device("metal", caps, MetalAllocator(device), MetalRenderer(), compiler,
                   functools.partial(MetalProgram, device, queue, compiler),
-                  functools.partial(synchronize, queue))
+                  functools.partial(synchronize, queue),
+                  batch=functools.partial(MetalBatch, queue))

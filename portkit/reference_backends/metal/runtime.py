@@ -1,18 +1,21 @@
 """Runtime: shared-storage buffers (Allocator), the Metal compiler (Compiler) and command-buffer
-launches (Program), through pyobjc.
+launches (Program, Batch), through pyobjc.
 
 `newLibraryWithSource` compiles a kernel's MSL (fast math off: the ABI's accuracy), a compute
 pipeline is made once per kernel, and each launch is one command buffer that dispatches the
-ABI's grid of threadgroups. Buffers are shared-storage MTLBuffers, so copies are memcpy.
-pyobjc's `Metal` is imported inside each call: this module imports on any system.
+ABI's grid of threadgroups. A Batch encodes all its launches as the dispatches of one compute
+encoder in one command buffer, committed once. Buffers are shared-storage MTLBuffers, so copies
+are memcpy. pyobjc's `Metal` is imported inside each call: this module imports on any system.
 """
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
-from portkit.abi.backend import Allocator, Compiler, Program
+from portkit.abi.backend import Allocator, Batch, Compiler, Launch, Program
 from portkit.abi.errors import CompileError
 from portkit.codegen.cstyle import function_name
 
@@ -87,10 +90,16 @@ class MetalProgram(Program):
 
     def __call__(self, buffers: list, scalars: list[int], grid, block,
                  wait: bool = False) -> float | None:
-        import Metal
-
         commands = self.queue.commandBuffer()
         encoder = commands.computeCommandEncoder()
+        self.encode(encoder, buffers, scalars, grid, block)
+        encoder.endEncoding()
+        return submit(commands, wait)
+
+    def encode(self, encoder, buffers: list, scalars: list[int], grid, block) -> None:
+        """Encodes one dispatch of this pipeline, with its arguments, on a compute `encoder`."""
+        import Metal
+
         encoder.setComputePipelineState_(self.pipeline)
         for index, buffer in enumerate(buffers):
             encoder.setBuffer_offset_atIndex_(buffer, 0, index)
@@ -99,12 +108,44 @@ class MetalProgram(Program):
             encoder.setBytes_length_atIndex_(words, ctypes.sizeof(words), len(buffers))
         encoder.dispatchThreadgroups_threadsPerThreadgroup_(Metal.MTLSizeMake(*grid),
                                                             Metal.MTLSizeMake(*block))
+
+
+def submit(commands, wait: bool) -> float | None:
+    """Commits a command buffer; with `wait`, waits for it and returns its seconds on the GPU."""
+    commands.commit()
+    if not wait:
+        return None
+    commands.waitUntilCompleted()
+    return commands.GPUEndTime() - commands.GPUStartTime()
+
+
+class MetalBatch(Batch):
+    """Launches as the dispatches of one serial compute encoder, whose dispatches run one
+    after another, each seeing the writes of those before it, in one command buffer committed
+    once. A command buffer is used once, so each replay encodes a new one from the launches'
+    arguments, as last replaced."""
+
+    def __init__(self, queue, launches: list[Launch]):
+        self.queue = queue
+        self.launches = [Launch(launch.program, list(launch.buffers), list(launch.scalars),
+                                launch.grid, launch.block) for launch in launches]
+
+    def __call__(self, buffers: Sequence[tuple[int, int, object]] = (),
+                 scalars: Sequence[tuple[int, list[int]]] = (), wait: bool = False
+                 ) -> float | None:
+        import Metal
+
+        for index, position, buffer in buffers:
+            self.launches[index].buffers[position] = buffer
+        for index, words in scalars:
+            self.launches[index].scalars = list(words)
+        commands = self.queue.commandBuffer()
+        encoder = commands.computeCommandEncoderWithDispatchType_(Metal.MTLDispatchTypeSerial)
+        for launch in self.launches:
+            cast(MetalProgram, launch.program).encode(encoder, launch.buffers, launch.scalars,
+                                                      launch.grid, launch.block)
         encoder.endEncoding()
-        commands.commit()
-        if not wait:
-            return None
-        commands.waitUntilCompleted()
-        return commands.GPUEndTime() - commands.GPUStartTime()
+        return submit(commands, wait)
 
 
 def synchronize(queue) -> None:

@@ -293,8 +293,8 @@ class ElementwiseOps:
         return negative._where(e * r, r)
 
     def _exp_of_nonpositive(self: Tensor) -> Tensor:
-        """exp of a float tensor whose elements are <= 0 or NaN: the same values as `exp`, in
-        fewer ops (`_exp`'s `nonpositive`)."""
+        """exp of a float tensor whose elements are below ln2 / 2 (those <= 0, say) or NaN: the
+        same values as `exp`, in fewer ops (`_exp`'s `nonpositive`)."""
         value = _EXP_OF_NONPOSITIVE(self.detach())
         return value._with_grad((self, value))
 
@@ -338,7 +338,7 @@ class ElementwiseOps:
         poly = t * _ERFC_CHEBYSHEV[0] + _ERFC_CHEBYSHEV[1]
         for c in _ERFC_CHEBYSHEV[2:]:
             poly = t * poly + c
-        tail = t * (poly - z * z).exp()
+        tail = t * (poly - z * z)._exp_of_nonpositive()      # at most 0 (+3e-8 in float64)
         return (x < 0)._where(2 - tail, tail)
 
     def sign(self: Tensor) -> Tensor:
@@ -563,8 +563,9 @@ def _exp(x: Tensor, nonpositive: bool = False) -> Tensor:
     """e ** x = 2^k e^r, k = round(x / ln2), r = x - k ln2 with ln2 in two parts: k * high
     part is exact and r, |r| <= ln2 / 2, loses nothing, so 2^(r log2 e) errs by < 1 ulp: in
     float32 EXP2's polynomial on [-1/2, 1/2] (exp2f.py), not EXP2, which reduces again.
-    `nonpositive`: every x is <= 0 or NaN (a sigmoid's e ** -|x|), which saves an upper clip,
-    a sign test in the rounding and a split of 2^k: the same values, a fifth fewer ops."""
+    `nonpositive`: every x is <= 0 (a sigmoid's e ** -|x|), or at least below ln2 / 2, where k
+    is 0 either way, or NaN; that saves an upper clip, a sign test in the rounding and a split
+    of 2^k: the same values, a fifth fewer ops."""
     high, low, limit, bits, mantissa, bias = _EXP_PARTS[x.dtype.name]
     x = x.clip(-limit, None if nonpositive else limit)  # past these e^x is 0 or inf
     t = x * (1 / math.log(2))

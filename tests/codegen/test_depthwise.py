@@ -67,16 +67,16 @@ def _sum_item(x: np.ndarray, w: np.ndarray, **kwargs):
 
 @pytest.mark.parametrize("k, stride", [(3, 1), (7, 1)])
 def test_the_window_is_written_out_inside_a_loop_along_the_output_row(k, stride):
-    # (1, 16, 28, 28): the kernel's innermost loop runs along the 28 / stride outputs of a row,
-    # with the k x k terms in its body and no reduce loop, div or mod inside it (a row of 14,
-    # at stride 2, is written out whole: below)
-    item = _sum_item(_data(1, 16, 28, 28), _data(16, 1, k, k, seed=1), stride=stride,
+    # (1, 16, 64, 64): the kernel's innermost loop runs along the 64 / stride outputs of a row,
+    # with the k x k terms in its body and no reduce loop, div or mod inside it (a row of under
+    # 64 and 1536 terms is written out whole: below)
+    item = _sum_item(_data(1, 16, 64, 64), _data(16, 1, k, k, seed=1), stride=stride,
                      padding=k // 2, groups=16)
     assert plan(item.root, item.inputs).inline is not None
     nodes = lower(item.root, item.inputs, LOOPS).nodes
     ranges = [i for i, n in enumerate(nodes) if n.op is Op.RANGE]
     inner = ranges[-1]
-    assert nodes[nodes[inner].src[1]].arg == 28 // stride
+    assert nodes[nodes[inner].src[1]].arg == 64 // stride
     end = next(i for i, n in enumerate(nodes) if n.op is Op.END and n.src[0] == inner)
     body = [n.op for n in nodes[inner:end]]
     assert Op.RANGE not in body[1:] and Op.IDIV not in body and Op.MOD not in body
@@ -84,11 +84,12 @@ def test_the_window_is_written_out_inside_a_loop_along_the_output_row(k, stride)
     assert len(loads) == 2 * k * k          # input and weight per term
 
 
-@pytest.mark.parametrize("size, k, stride", [(14, 5, 1), (7, 5, 1), (28, 5, 2)])
+@pytest.mark.parametrize("size, k, stride", [(14, 5, 1), (7, 5, 1), (28, 5, 2), (28, 7, 1),
+                                             (56, 3, 1)])
 def test_a_short_row_is_written_out_whole_in_each_step_of_the_loop(size, k, stride):
-    # MobileNetV3's late maps (14x14 and 7x7 outputs): the loop runs over rows, and each step
-    # computes the row's outputs (every load before the first store), not a loop of 14 trips
-    # that clang left scalar
+    # MobileNetV3's late maps (14x14 and 7x7 outputs), EfficientNet's 28 and 56-wide rows:
+    # the loop runs over rows, and each step computes the row's outputs (every load before
+    # the first store), not a loop of 14 trips that clang left scalar
     item = _sum_item(_data(1, 16, size, size), _data(16, 1, k, k, seed=1), stride=stride,
                      padding=k // 2, groups=16)
     row = size // stride

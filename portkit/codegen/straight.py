@@ -71,7 +71,6 @@ class Strip:
     steps: tuple[Load | Apply, ...]
 
 
-
 def find(kernel: Kernel, widths: dict[DType, int]) -> list[Strip]:
     """The strips of `kernel` whose buffers' dtypes have a vector of widths[dtype] lanes."""
     nodes = kernel.nodes

@@ -6,9 +6,10 @@ portkit/autograd.py touch the graph; every op composes them, so every op is diff
 wherever its primitives are.
 
 core.py holds the class; its methods are written by concern in creation.py, random.py,
-elementwise.py, movement.py, indexing.py, reduce.py and functional_methods.py (which forwards
-to portkit.nn.functional); dtype.py and shapes.py read the arguments; autocast_mode.py marks
-the ops portkit.autocast runs in a low precision or in float32.
+elementwise.py, exponential.py, transcendental.py, movement.py, indexing.py, reduce.py and
+functional_methods.py (which forwards to portkit.nn.functional); dtype.py and shapes.py read
+the arguments; autocast_mode.py marks the ops portkit.autocast runs in a low precision or in
+float32.
 """
 from portkit.autograd import no_grad
 from portkit.tensor.autocast_mode import autocast

@@ -24,6 +24,7 @@ from portkit.tensor import autocast_mode, faults, movement
 from portkit.tensor.creation import CreationOps
 from portkit.tensor.dtype import DTypeLike, Scalar, bool_, check_dtype, to_dtype
 from portkit.tensor.elementwise import ElementwiseOps
+from portkit.tensor.exponential import ExponentialOps
 from portkit.tensor.functional_methods import FunctionalMethods
 from portkit.tensor.indexing import IndexingOps
 from portkit.tensor.interop import InteropOps, import_dlpack
@@ -65,8 +66,9 @@ def _primitive_operators(name: str) -> tuple[_Operator, _Operator]:
     return operator, reflected
 
 
-class Tensor(CreationOps, RandomOps, ElementwiseOps, TranscendentalOps, MovementOps,
-             IndexingOps, ReduceOps, ScanOps, SelectionOps, FunctionalMethods, InteropOps):
+class Tensor(CreationOps, RandomOps, ElementwiseOps, ExponentialOps, TranscendentalOps,
+             MovementOps, IndexingOps, ReduceOps, ScanOps, SelectionOps, FunctionalMethods,
+             InteropOps):
     """A lazy n-dimensional array on a device, with autograd.
 
     Integers default to int32 (Python ints, int64 numpy data, arange, argmax, randint), not

@@ -307,7 +307,7 @@ def test_a_recurrence_is_not_recomputed_in_every_later_step():
 
 def _exponentials(item) -> int:
     """The exponentials kernel `item` computes: each rounds x / ln2 to an integer k, a CAST
-    from a float to an int (tensor/elementwise.py `_exp`)."""
+    from a float to an int (tensor/exponential.py `_exp`)."""
     from portkit import graph
     return sum(n.op is Op.CAST and n.src[0].dtype.is_float and not n.dtype.is_float
                for n in graph.toposort([item.root], stop=lambda n: n is not item.root and any(

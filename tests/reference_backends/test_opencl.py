@@ -8,6 +8,7 @@ machine with no OpenCL driver skips the tests that need a device, and still runs
 from __future__ import annotations
 
 import re
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -162,6 +163,45 @@ def test_zero_byte_buffers_and_timing(device):
     seconds = program([device.allocator.alloc(16)], [], kernel.grid, kernel.block, wait=True)
     assert 0 <= seconds < 10
     assert program([device.allocator.alloc(16)], [], kernel.grid, kernel.block) is None
+
+
+def test_a_batch_holds_its_launches_until_the_last_is_queued(device, monkeypatch):
+    """A batch's first launch waits on a user event that completes once every launch is
+    queued: no launch starts while the host still queues (each woke the driver's workers for
+    one kernel), and the chain still sees each launch's writes."""
+    import pyopencl as cl
+
+    from portkit.abi.backend import Launch
+
+    k = KernelBuilder("plus_one")
+    out, x = k.param(dtypes.int32), k.param(dtypes.int32)
+    i = k.special("local", 0)
+    k.store(out, i, k.alu(Op.ADD, k.load(x, i), k.const(1)))
+    kernel = k.build(grid=(1, 1, 1), block=(8, 1, 1))
+    program = device.program(kernel.name, device.compiler.compile(device.renderer.render(kernel)))
+    buffers = [device.allocator.alloc(32) for _ in range(2)]
+    device.allocator.copyin(buffers[0], memoryview(np.zeros(8, np.int32)).cast("B"))
+    chain = [Launch(program, [buffers[(n + 1) % 2], buffers[n % 2]], [], kernel.grid,
+                    kernel.block) for n in range(20)]
+    batch = device.batch(chain)
+    batch(wait=True)        # the first replay, which builds the work-group function
+    queued, started = [], []
+    real = cl.enqueue_nd_range_kernel
+
+    def enqueue(queue, kernel, size, block, wait_for=None):
+        if queued:
+            status = queued[0].command_execution_status
+            started.append(status <= cl.command_execution_status.RUNNING)
+        queued.append(real(queue, kernel, size, block, wait_for=wait_for))
+        if len(queued) == 1:
+            time.sleep(0.05)      # time enough for a driver to start a launch it may start
+        return queued[-1]
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", enqueue)
+    batch(wait=True)
+    assert len(queued) == 20 and not any(started), "a launch ran before the last was queued"
+    got = np.zeros(8, np.int32)
+    device.allocator.copyout(memoryview(got).cast("B"), buffers[0])
+    np.testing.assert_array_equal(got, np.full(8, 40))
 
 
 def test_compile_errors_carry_the_log(device):

@@ -8,6 +8,7 @@ machine with no OpenCL driver skips the tests that need a device, and still runs
 from __future__ import annotations
 
 import re
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -164,6 +165,45 @@ def test_zero_byte_buffers_and_timing(device):
     assert program([device.allocator.alloc(16)], [], kernel.grid, kernel.block) is None
 
 
+def test_a_batch_holds_its_launches_until_the_last_is_queued(device, monkeypatch):
+    """A batch's first launch waits on a user event that completes once every launch is
+    queued: no launch starts while the host still queues (each woke the driver's workers for
+    one kernel), and the chain still sees each launch's writes."""
+    import pyopencl as cl
+
+    from portkit.abi.backend import Launch
+
+    k = KernelBuilder("plus_one")
+    out, x = k.param(dtypes.int32), k.param(dtypes.int32)
+    i = k.special("local", 0)
+    k.store(out, i, k.alu(Op.ADD, k.load(x, i), k.const(1)))
+    kernel = k.build(grid=(1, 1, 1), block=(8, 1, 1))
+    program = device.program(kernel.name, device.compiler.compile(device.renderer.render(kernel)))
+    buffers = [device.allocator.alloc(32) for _ in range(2)]
+    device.allocator.copyin(buffers[0], memoryview(np.zeros(8, np.int32)).cast("B"))
+    chain = [Launch(program, [buffers[(n + 1) % 2], buffers[n % 2]], [], kernel.grid,
+                    kernel.block) for n in range(20)]
+    batch = device.batch(chain)
+    batch(wait=True)        # the first replay, which builds the work-group function
+    queued, started = [], []
+    real = cl.enqueue_nd_range_kernel
+
+    def enqueue(queue, kernel, size, block, wait_for=None):
+        if queued:
+            status = queued[0].command_execution_status
+            started.append(status <= cl.command_execution_status.RUNNING)
+        queued.append(real(queue, kernel, size, block, wait_for=wait_for))
+        if len(queued) == 1:
+            time.sleep(0.05)      # time enough for a driver to start a launch it may start
+        return queued[-1]
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", enqueue)
+    batch(wait=True)
+    assert len(queued) == 20 and not any(started), "a launch ran before the last was queued"
+    got = np.zeros(8, np.int32)
+    device.allocator.copyout(memoryview(got).cast("B"), buffers[0])
+    np.testing.assert_array_equal(got, np.full(8, 40))
+
+
 def test_compile_errors_carry_the_log(device):
     with pytest.raises(CompileError) as error:
         device.compiler.compile("__kernel void k_broken(__global int *a) { a[0] = b; }")
@@ -249,15 +289,43 @@ def test_a_cpu_device_runs_work_items_as_loops_and_a_gpu_as_lanes():
 
 
 def test_a_register_block_is_held_in_opencl_vectors():
-    """The 16 accumulators of a run are one float16 vector, read lane by lane as .s0-.sf and
-    updated by one fma of a broadcast scalar and a vload16; no double8 without fp64."""
+    """The 16 accumulators of a run are one float16 vector, updated by one fma of a broadcast
+    scalar and a vload16 and stored by one vstore16; no double8 without fp64."""
     from tests.codegen.test_lanes import _kernel
 
     source = OpenCLRenderer(fp16=False, fp64=False).render(_kernel())
     lead = re.search(r"float16 (acc\d+) = \(float16\)\(", source).group(1)
     assert f"{lead} = fma((float16)(" in source and "vload16(0, &" in source
-    assert f"{lead}.sf" in source and "double8" not in source
+    assert f"vstore16({lead}, 0, &" in source and "double8" not in source
     assert source.count("fma(") == 1       # the whole run, once per iteration
+
+
+def test_an_m1_products_partial_sums_are_opencl_vectors():
+    """x @ W.T with one row (an LSTM step's h @ R.T) on a CPU device sums along k in runs of
+    16 lanes, each a float16 updated by one multiply and one add of two vload16s, and the
+    rows' trees are added side by side through .even/.odd: PoCL vectorizes across work-items,
+    not within one, so written lane by lane the product ran 6-10x slower."""
+    from tests.codegen.test_matvec import _kernel
+
+    source = OpenCLRenderer(fp16=False, fp64=False).render(
+        _kernel((1, 256), (1024, 256), transposed=True))
+    assert not re.search(r"float acc\d+ = ", source)            # no scalar partial sum
+    leads = re.findall(r"float16 (acc\d+) = \(float16\)\(", source)
+    assert leads and all(f"{lead} = {lead} + vload16(0, &" in source for lead in leads)
+    assert ".even" in source and ".odd" in source
+
+
+def test_an_m1_product_on_opencl_matches_numpy(device):
+    from portkit.tensor import Tensor
+
+    rng = np.random.default_rng(5)
+    x, w = rng.uniform(-1, 1, (1, 256)), rng.uniform(-1, 1, (1000, 256))
+    got = (Tensor(x.astype(np.float32), device="opencl")
+           @ Tensor(w.astype(np.float32), device="opencl").T).numpy()
+    # 256 products and sums in float32: each may round, by half an ulp of the running sum
+    error, bound = np.abs(got - x @ w.T), 256 * 2 ** -24 * (np.abs(x) @ np.abs(w.T))
+    worst = np.unravel_index(error.argmax(), error.shape)
+    assert (error <= bound).all(), f"{error[worst]:.3g} at {worst}, over {bound[worst]:.3g}"
 
 
 @pytest.mark.parametrize("dtype, m, k, n, transposed", [

@@ -4,7 +4,8 @@ All three go through pyopencl to the OpenCL driver. The Compiler builds a progra
 the driver's binary, which the disk cache keeps; loading a kernel rebuilds the program from that
 binary, so a warm cache skips the compiler. OpenCL's global size counts threads, not
 workgroups: global = grid * block. A Batch enqueues all its launches on the in-order queue at
-once, each with a kernel object of its own whose arguments stay set between replays.
+once, each with a kernel object of its own whose arguments stay set between replays, held back
+until the last is queued.
 
 PoCL keeps a kernel cache of its own (POCL_CACHE_DIR, else ~/.cache/pocl), and PoCL 3.1 crashes
 when two processes touch one program's folder there at once (a segfault reading a program's
@@ -186,5 +187,17 @@ class OpenCLBatch(Batch):
         return (events[-1].profile.end - events[0].profile.start) * 1e-9
 
     def _enqueue(self) -> list:
-        return [cl.enqueue_nd_range_kernel(self.queue, kernel, size, block)
-                for kernel, _, _, size, block, _ in self.launches]
+        """Every launch, the first waiting on a user event that completes once all are queued:
+        the in-order queue then holds them all, and the device runs them in one go. Queued
+        while the device ran, each launch woke PoCL's workers for its one kernel: 4-11 us of
+        CPU a launch, against 2-3 behind the event (a chain of 400 tiny kernels)."""
+        gate = cl.UserEvent(self.queue.context)
+        try:
+            (kernel, _, _, size, block, _), *rest = self.launches
+            events = [cl.enqueue_nd_range_kernel(self.queue, kernel, size, block,
+                                                 wait_for=[gate])]
+            events += [cl.enqueue_nd_range_kernel(self.queue, kernel, size, block)
+                       for kernel, _, _, size, block, _ in rest]
+        finally:    # even when a launch failed: the launches before it must not wait forever
+            gate.set_status(cl.command_execution_status.COMPLETE)
+        return events

@@ -1,5 +1,6 @@
 """`portkit new-backend`: name rules, overwriting, what each starter renders, and end to end:
-pip install the generated packages, list them, and run `portkit conform` on them."""
+pip install the generated packages, list them, and run `portkit conform` on them; the llvm
+starter's example matrix unit in a matmul."""
 import io
 import json
 import os
@@ -9,12 +10,19 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from portkit import backends, scaffold
-from portkit.abi import BackendUnavailable
+from portkit.abi import BackendUnavailable, Op, spec
+from portkit.abi.dtypes import float32
 from portkit.cli import main
+from portkit.conformance import runner, suite
+from portkit.conformance.case import Status
+from portkit.conformance.matrix_cases import KINDS, case_id
+from portkit.conformance.target import Target
 from portkit.scaffold import ScaffoldError, check_name, generate
+from portkit.tensor import Tensor
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("__init__", "device", "capabilities", "renderer", "runtime")
@@ -269,9 +277,45 @@ def test_llvm_starter_passes_the_full_conformance_run(tmp_path):
     statuses = {c["id"]: c["status"] for c in report["cases"]}
     assert {c["tier"] for c in report["cases"] if c["status"] == "passed"} >= {1, 2, 3, 4, 5}
     for case in ("kernels/local/reverse", "kernels/local/tree-sum", "ops/IDIV/int64",
-                 "kernels/unfused-multiply-add/float32", "kernels/unfused-multiply-add/float64"):
+                 "kernels/unfused-multiply-add/float32", "kernels/unfused-multiply-add/float64",
+                 "ops/MMA/m1n16k2_float32_float32/precision",
+                 "kernels/mma/m1n16k2_float32_float32"):
         assert statuses[case] == "passed", (case, statuses.get(case))
     assert sum(s == "passed" for s in statuses.values()) > 300
+
+
+@pytest.mark.slow
+def test_llvm_starters_matrix_unit_passes_its_cases_and_runs_float32_matmuls(
+        tmp_path, monkeypatch, fake_backends):
+    """The llvm starter's example unit (renderer.DOT2), in this process: conformance's MMA
+    cases pass on it, and a float32 matmul lowered for it is MMA nodes on that unit (packed
+    panels, codegen/pack.py), within MMA's bound. About 5 s on 2 idle cores."""
+    pytest.importorskip("llvmlite")
+    created = generate("myunit", tmp_path, "llvm")
+    monkeypatch.syspath_prepend(str(created))
+    fake_backends({"myunit": "portkit_myunit:backend"})
+    from portkit_myunit.renderer import DOT2
+    target = Target.load("myunit")
+    assert target.capabilities.matrix_units == (DOT2,)
+    options = suite.Options(tiers=(2, 3), pattern="*[Mm][Mm][Aa]*", timeout=120,
+                            isolate="none", repro_dir=str(tmp_path / "repro"))
+    statuses = {r.case.id: r.status for r in runner.run(target, options).results}
+    assert statuses == {**{case_id(DOT2, kind): Status.PASSED for kind in KINDS},
+                        f"kernels/mma/{DOT2.name}": Status.PASSED}
+    rng = np.random.default_rng(0)
+    # edges in m, n and k (an odd K ends part way into a k pair), and a batch
+    for a_shape, b_shape in (((37, 45), (45, 29)), ((3, 20, 33), (3, 33, 50))):
+        a, b = (rng.standard_normal(s).astype(np.float32) for s in (a_shape, b_shape))
+        result = Tensor(a, device="myunit") @ Tensor(b, device="myunit")
+        (kernel,) = result.schedule()
+        assert any(n.op is Op.MMA and n.arg == DOT2 for n in kernel.nodes), kernel.name
+        zeros = np.zeros(result.shape, np.float32)
+        exact = spec.mma(a, b, zeros, float32).astype(np.float64)
+        bound = spec.mma_bound(a, b, zeros, float32)
+        error = np.abs(result.numpy().astype(np.float64) - exact)
+        worst = np.unravel_index(np.argmax(error - bound), error.shape)
+        assert (error <= bound).all(), (f"{a_shape} @ {b_shape}: worst at {worst}, |error| "
+                                        f"{error[worst]:.3g} > bound {bound[worst]:.3g}")
 
 
 @pytest.mark.slow
@@ -308,7 +352,8 @@ def test_vulkan_starter_passes_the_full_conformance_run_on_a_vulkan_driver(tmp_p
 
 def test_every_guide_section_the_template_names_exists():
     guide = (ROOT / "docs" / "porting.md").read_text()
-    headings = {line[3:] for line in guide.splitlines() if line.startswith("## ")}
+    headings = {line.lstrip("#")[1:] for line in guide.splitlines()
+                if line.startswith(("## ", "### "))}
     named = set()
     for path in (ROOT / "templates").rglob("*"):
         if path.is_file():

@@ -14,7 +14,9 @@ RANGE's end is a value computed before the loop; integer division guards its div
 `idiv` traps on 0 and on MIN / -1) and shifts mask their amount; no instruction carries a
 fast-math flag, so nothing is contracted into an FMA. Each op's instructions come from one
 method of `LLVMFunction` per op group (`float_op`, `int_op`, `cast`, `bitcast`,
-`safe_divisor`), so a target changes one op by overriding one method in a subclass.
+`safe_divisor`), so a target changes one op by overriding one method in a subclass. An MMA
+node goes to `mma`, which a target with matrix units overrides (the `llvm` starter's example
+unit is one; `vector` builds an LLVM vector of values for it).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import numpy as np
 from portkit.abi import dtypes
 from portkit.abi.backend import Renderer
 from portkit.abi.dtypes import DType
+from portkit.abi.errors import CapabilityError
 from portkit.abi.kernel import Kernel, Node
 from portkit.abi.ops import Op
 from portkit.codegen.loops import threads_as_loops
@@ -214,6 +217,8 @@ class LLVMFunction:
             self.label(f"endif{node.src[0]}")
         elif op is Op.BARRIER:
             self.emit(self.r.barrier())
+        elif op is Op.MMA:
+            self.mma(node)
         elif op is Op.LOAD:
             self.load(name, node)
         elif op is Op.STORE:
@@ -290,6 +295,24 @@ class LLVMFunction:
         if gated:
             self.emit(f"br label %{label}_after")
             self.label(f"{label}_after")
+
+    def mma(self, node: Node) -> None:
+        """An MMA node on its unit (`node.arg`): sets C's ACC registers, the last of its
+        sources, to D. A target that declares matrix units overrides this; the `llvm`
+        starter's renderer shows one."""
+        raise CapabilityError(f"{type(self).__name__} renders no matrix unit, yet the kernel "
+                              f"uses {node.arg.name}: declare only the units the renderer has "
+                              "(Capabilities.matrix_units)")
+
+    def vector(self, kind: str, values: list[str]) -> str:
+        """A <len(values) x kind> vector of `values`, lane 0 first."""
+        vector = "poison"
+        for lane, value in enumerate(values):
+            name = self.temp()
+            self.emit(f"{name} = insertelement <{len(values)} x {kind}> {vector}, "
+                      f"{kind} {value}, i32 {lane}")
+            vector = name
+        return vector
 
     # ---- compute ops ---------------------------------------------------------------------
 

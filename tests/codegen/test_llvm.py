@@ -1,13 +1,18 @@
 """codegen.llvm: the LLVM IR it writes keeps the ABI's rules for SSA targets (docs/abi.md), and a
-kernel compiled with llvmlite and run on the host gives the interpreter's buffers."""
+kernel compiled with llvmlite and run on the host gives the interpreter's buffers; an MMA node
+on a unit the renderer has no rendering for is refused with the fix."""
 import ctypes
 
 import llvmlite.binding as llvm
 import numpy as np
+import pytest
 
 from portkit.abi import KernelBuilder, dtypes, interpreter
+from portkit.abi.errors import CapabilityError
+from portkit.abi.matrix import row_per_thread
 from portkit.abi.ops import Op
 from portkit.codegen.llvm import LLVMRenderer
+from portkit.conformance.matrix_cases import mma_kernel
 
 _LAUNCH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
                            ctypes.c_int32, ctypes.c_int32)
@@ -90,3 +95,9 @@ def test_acc_loops_branches_division_and_barriers_run_like_the_interpreter():
     # Even threads divide by 0 and x[1] is -128 / -1: unspecified, but they must not trap.
     defined = (np.arange(16) % 2 == 1) & (x != -128)
     np.testing.assert_array_equal(got[2][defined], want[2][defined])
+
+
+def test_an_mma_node_without_a_rendering_names_the_unit_and_the_fix():
+    unit = row_per_thread(1, dtypes.float32, dtypes.float32)
+    with pytest.raises(CapabilityError, match=r"m1n1k1_float32_float32.*matrix_units"):
+        LLVMRenderer().render(mma_kernel(unit, tiles=1))

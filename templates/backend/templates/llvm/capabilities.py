@@ -3,14 +3,16 @@
 Starter: llvm, which runs on the host CPU through LLVM's JIT, so these are host facts: every
 integer dtype, float32 and float64; the required ops plus the optional ones LLVM IR has one
 instruction for (codegen decomposes EXP2, LOG2, SIN and MULACC into these). A workgroup's
-threads are loops (portkit.codegen.loops), so LOCAL memory is a stack array. float16 and
-bfloat16 are left out: on x86 LLVM turns their conversions into compiler-rt calls
-(__truncsfhf2, __truncsfbf2, ...) that MCJIT cannot resolve in a Python process, and a call to
-an unresolved one is a segfault (float16 works only where the CPU has F16C). Change each line
+threads are loops (portkit.codegen.loops), so LOCAL memory is a stack array. One matrix unit,
+an example (renderer.DOT2), which float32 matmuls run on. float16 and bfloat16 are left out:
+on x86 LLVM turns their conversions into compiler-rt calls (__truncsfhf2, __truncsfbf2, ...)
+that MCJIT cannot resolve in a Python process, and a call to an unresolved one is a segfault
+(float16 works only where the CPU has F16C). Change each line
 to your chip's facts as its parts pass conformance (docs/porting.md, "Capabilities").
 """
 from portkit.abi import Capabilities, dtypes
 from portkit.abi.ops import REQUIRED, Op
+from {{ cookiecutter.__module }}.renderer import DOT2
 
 DTYPES = {dtypes.bool_, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8,
           dtypes.uint16, dtypes.uint32, dtypes.uint64, dtypes.float32, dtypes.float64}
@@ -28,4 +30,5 @@ def capabilities(cpu: str) -> Capabilities:
         threads_are_loops=True,         # codegen gives it one thread per group, long chunks
         max_loop_trips=None,            # no loop budget on the host
         max_name_length=None,           # LLVM symbols take names of any length
+        matrix_units=(DOT2,),           # an example unit, rendered as vector ops (renderer.py)
         device_name=f"{{ cookiecutter.name }} (llvm starter: LLVM JIT on the host CPU, {cpu})")

@@ -5,9 +5,10 @@ Starter: vulkan. Plain on purpose: buffers live in host-visible, coherent memory
 so a copy is a memcpy; each launch records one command buffer, submits it and waits for its
 fence, so a buffer is never in use when it is copied or rebound. A faster backend keeps
 buffers in device-local memory (copies through a staging buffer) and records many dispatches
-per submission (`Device.batch`, docs/porting.md). A kernel's buffers are storage-buffer
-bindings 0..n-1 of set 0 and its scalars one push-constant block, in argument order: the
-pipeline layout is built from the kernel's Signature, which Vulkan needs before the pipeline.
+per submission (`Device.batch`: docs/porting.md, "Optional entries"). A kernel's buffers are
+storage-buffer bindings 0..n-1 of set 0 and its scalars one push-constant block, in argument
+order: the pipeline layout is built from the kernel's Signature, which Vulkan needs before the
+pipeline.
 """
 import shutil
 import subprocess

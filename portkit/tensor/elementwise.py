@@ -37,14 +37,9 @@ from portkit.tensor.power import MULTIPLIED, real_pow, scalar_pow
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
 
-# erf(x) = 2/sqrt(pi) * x * sum of these times x**2n, highest power first (|x| < 0.5: 1e-8)
-_ERF_SERIES = tuple((-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in reversed(range(7)))
 # Cephes tanhf: tanh(x) = x + x * z * poly(z), z = x * x, for |x| < 0.625
 _TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
               -3.33332819422e-1)
-# Numerical Recipes' erfcc: erfc(z) = t * exp(-z*z + poly(t)), t = 1 / (1 + z/2), z >= 0
-_ERFC_CHEBYSHEV = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
-                   0.09678418, 0.37409196, 1.00002368, -1.26551223)
 
 
 
@@ -283,14 +278,11 @@ class ElementwiseOps:
 
     @in_float32
     def sigmoid(self: Tensor) -> Tensor:
-        """1 / (1 + e ** -self)."""
+        """1 / (1 + e ** -self). Its derivative is given (`_logistic`): backward adds one
+        multiply, not the gradients of the eight ops of the value."""
         x = self._float()
-        # e ** -|x| never overflows, so neither the value nor the gradient meets inf * 0 (NaN);
-        # x < 0 is one comparison where x >= 0 is three (NaN gives NaN either way)
-        negative = x < 0
-        e = negative._where(x, -x)._exp_of_nonpositive()
-        r = 1 / (1 + e)          # one division per element, not one per branch
-        return negative._where(e * r, r)
+        value, slope = _logistic(x.detach())
+        return value._with_grad((x, slope))
 
     def _exp_of_nonpositive(self: Tensor) -> Tensor:
         """exp of a float tensor whose elements are below ln2 / 2 (those <= 0, say) or NaN: the
@@ -300,46 +292,25 @@ class ElementwiseOps:
 
     @in_float32
     def tanh(self: Tensor) -> Tensor:
-        """The hyperbolic tangent."""
+        """The hyperbolic tangent. Its derivative, 4 sigmoid'(2x), is given: backward adds one
+        multiply, not the gradients of the polynomial and the sigmoid."""
         x = self._float()
         # near 0, 2 * sigmoid(2x) - 1 cancels (tanh(1e-8) gave 0): Cephes' tanhf polynomial
-        # there, fed 0 where not selected so its large-x overflow yields no NaN gradient
-        small = x.abs() < 0.625
-        xs = small._where(x, 0.0)
+        # there, fed 0 where not selected so its large-x overflow yields no NaN
+        value = x.detach()
+        small = value.abs() < 0.625
+        xs = small._where(value, 0.0)
         z = xs * xs
         poly = z * _TANH_POLY[0] + _TANH_POLY[1]
         for c in _TANH_POLY[2:]:
             poly = poly * z + c
-        # 2 * sigmoid(2x) - 1 keeps its gradient finite where e^2x overflows
-        return small._where(xs + xs * z * poly, 2 * (2 * x).sigmoid() - 1)
+        logistic, slope = _logistic(2 * value)
+        # sech(x) ** 2 without the cancellation of 1 - tanh(x) ** 2 where tanh rounds to 1
+        return small._where(xs + xs * z * poly, 2 * logistic - 1)._with_grad((x, 4 * slope))
 
     def relu(self: Tensor) -> Tensor:
         """max(self, 0); NaN stays NaN, as PyTorch."""
         return (self < 0)._where(0, self)
-
-    @in_float32
-    def erf(self: Tensor) -> Tensor:
-        """The error function (absolute error below 2e-7 in float32)."""
-        x = self._float()
-        # near 0, 1 - erfc cancels: the Taylor series keeps the relative accuracy there
-        x2 = x * x
-        series = x2 * _ERF_SERIES[0] + _ERF_SERIES[1]
-        for c in _ERF_SERIES[2:]:
-            series = x2 * series + c
-        small = x * series * (2 / math.sqrt(math.pi))
-        return (x.abs() < 0.5)._where(small, 1 - x.erfc())
-
-    @in_float32
-    def erfc(self: Tensor) -> Tensor:
-        """1 - erf(x), accurate to a relative 1.2e-7 (Numerical Recipes' erfcc, Chebyshev)."""
-        x = self._float()
-        z = x.abs()
-        t = 1 / (1 + 0.5 * z)
-        poly = t * _ERFC_CHEBYSHEV[0] + _ERFC_CHEBYSHEV[1]
-        for c in _ERFC_CHEBYSHEV[2:]:
-            poly = t * poly + c
-        tail = t * (poly - z * z)._exp_of_nonpositive()      # at most 0 (+3e-8 in float64)
-        return (x < 0)._where(2 - tail, tail)
 
     def sign(self: Tensor) -> Tensor:
         """-1, 0 or 1, in self's dtype."""
@@ -538,6 +509,17 @@ def _cos(x: Tensor, s: Tensor) -> Tensor:
     flat = (1 - s * s).sqrt()
     negative = huge._where(other * other * 2 > 1, s * other < 0)
     return steep._where(ratio, negative._where(-flat, flat))
+
+
+def _logistic(x: Tensor) -> tuple[Tensor, Tensor]:
+    """sigmoid(x) and its derivative e ** -|x| / (1 + e ** -|x|) ** 2, of a float tensor
+    without gradient. e ** -|x| never overflows, so neither meets inf * 0 (NaN); x < 0 is one
+    comparison where x >= 0 is three (NaN gives NaN either way)."""
+    negative = x < 0
+    e = negative._where(x, -x)._exp_of_nonpositive()
+    r = 1 / (1 + e)          # one division per element, not one per branch
+    er = e * r
+    return negative._where(er, r), er * r
 
 
 def _number(value: Tensor | Scalar | np.ndarray | np.generic) -> Scalar | None:

@@ -203,6 +203,32 @@ def const(value: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
     return Lazy(GraphOp.CONST, dtype, shape, (), value, device)
 
 
+# shared_const's nodes by value, dtype, shape and device; emptied when it reaches the bound
+_shared: dict[tuple, Lazy] = {}
+_MAX_SHARED = 4096
+
+
+def shared_const(value: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
+    """`const`, one node for every caller that asks for the same constant: for operands that
+    no one realizes (the number an op reads, a composition's coefficients), whose node a
+    realize never turns into a buffer. An eager LSTM step's graph held 4,500 constant nodes
+    of a few dozen values, each allocated, numbered and keyed at every step. A number
+    portkit.jit traces gets a node of its own (its identity finds its kernel arguments)."""
+    if isinstance(value, Traced):
+        return const(value, dtype, shape, device)
+    node = const(value, dtype, shape, device)
+    value = node.arg
+    # a float by its bits: -0.0 and 0.0 are two constants, and every NaN one
+    key = (value.hex() if type(value) is float else value, dtype.name, node.shape, device)
+    found = _shared.get(key)
+    if found is not None and found.op is GraphOp.CONST:
+        return found
+    if len(_shared) >= _MAX_SHARED:
+        _shared.clear()
+    _shared[key] = node
+    return node
+
+
 def iota(shape: Shape, axis: int, device: str) -> Lazy:
     """The int32 index along `axis` in every element."""
     return Lazy(GraphOp.ITER, dtypes.int32, shape, (), axis, device)

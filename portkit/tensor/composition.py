@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from portkit.graph import GraphOp, Lazy, walk
+from portkit.graph import GraphOp, Lazy, shared_const, walk
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -60,10 +60,14 @@ def _record(out: Lazy, operand: Lazy) -> Recording | None:
 
 
 def _copy(recording: Recording, operand: Lazy) -> Lazy:
-    """The recorded graph over `operand`: new nodes, shared where the recording shares."""
+    """The recorded graph over `operand`: new nodes, shared where the recording shares, and
+    its constants the nodes every copy at this shape shares (graph.shared_const)."""
     shape, device = operand.shape, operand.device
     made: list[Lazy] = []
     for op, dtype, arg, sources in recording:
+        if op is GraphOp.CONST:
+            made.append(shared_const(arg, dtype, shape, device))
+            continue
         src = tuple(operand if k < 0 else made[k] for k in sources)
         made.append(Lazy(op, dtype, shape, src, arg, device))
     return made[-1] if made else operand

@@ -136,7 +136,8 @@ class ElementwiseOps:
             dtype = check_dtype(int32, lazy.device)
         # made at self's shape at once: the same constant node a reshape and an expand of a 0-d
         # one would give, without building them on every scalar operation
-        other = self._wrap(graph.const(wrapped(other, dtype), dtype, lazy.shape, lazy.device))
+        other = self._wrap(graph.shared_const(wrapped(other, dtype), dtype, lazy.shape,
+                                              lazy.device))
         a = self if dtype is lazy.dtype else self.cast(dtype)
         return (other, a) if reverse else (a, other)
 

@@ -56,3 +56,23 @@ def test_a_recording_shares_the_nodes_the_build_shares():
     same = Composition(lambda x: x)
     same(x)
     assert same(x).lazy is x.lazy
+
+
+
+def test_copies_and_ops_share_their_constant_nodes():
+    # a step's graph held thousands of constant nodes of a few dozen values, each numbered and
+    # keyed at every realize
+    from portkit.graph import GraphOp, toposort
+    a = np.linspace(-3, 3, 12, dtype=np.float32).reshape(3, 4)
+    x = Tensor(a).realize()
+    one = x.exp()
+    y = x
+    for _ in range(10):
+        y = (y * 0.5 - 1.0).exp()
+    constants = [n for n in toposort([y.lazy, one.lazy]) if n.op is GraphOp.CONST]
+    assert len(constants) == len({(n.arg, n.dtype) for n in constants})
+    assert len(constants) <= len([n for n in toposort([one.lazy]) if n.op is GraphOp.CONST]) + 2
+    want = a
+    for _ in range(10):
+        want = np.exp(want * np.float32(0.5) - np.float32(1.0))
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)

@@ -19,9 +19,12 @@ if TYPE_CHECKING:
 _NOT_ELEMENTWISE = {GraphOp.LOAD, GraphOp.VIEW, GraphOp.REDUCE, GraphOp.COPY, GraphOp.ITER,
                     GraphOp.GATHER}
 
-# One recorded node: (op, dtype, arg, sources), a source by its index in the recording and
-# the operand as -1
-Recording = tuple[tuple, ...]
+# shapes whose constants a composition keeps; all are dropped when there are more
+_MAX_SHAPES = 64
+
+# A recording: its constants (dtype, value), then its ops (op, dtype, arg, sources), a source
+# by its index among the operand (0), the constants and the ops before it
+Recording = tuple[tuple[tuple, ...], tuple[tuple, ...]]
 
 
 class Composition:
@@ -31,43 +34,65 @@ class Composition:
     def __init__(self, build: Callable[[Tensor], Tensor]):
         self.build = build
         self._recordings: dict[tuple, Recording | None] = {}   # None: not elementwise
+        # (dtype, device, shape) -> the recording's constants at that shape (shared_const)
+        self._constants: dict[tuple, list[Lazy]] = {}
 
     def __call__(self, x: Tensor) -> Tensor:
         lazy = x.lazy
         if 0 in lazy.shape:       # empty tensors take their own path through the ops
             return self.build(x)
-        key = (lazy.dtype, lazy.device)
-        if key in self._recordings:
-            recording = self._recordings[key]
-            return self.build(x) if recording is None else x._wrap(_copy(recording, lazy))
+        key = (lazy.dtype.name, lazy.device)
+        recording = self._recordings.get(key)
+        if recording is not None:
+            return x._wrap(_copy(recording, lazy, self._shared(key, recording, lazy)))
+        if key in self._recordings:        # not elementwise
+            return self.build(x)
         out = self.build(x)
         self._recordings[key] = _record(out.lazy, lazy)
         return out
 
+    def _shared(self, key: tuple, recording: Recording, operand: Lazy) -> list[Lazy]:
+        """The recording's constants at the operand's shape: one look-up per copy."""
+        at = (*key, operand.shape)
+        found = self._constants.get(at)
+        if found is None:
+            if len(self._constants) >= _MAX_SHAPES:
+                self._constants.clear()
+            found = self._constants[at] = [
+                shared_const(value, dtype, operand.shape, operand.device)
+                for dtype, value in recording[0]]
+        return found
+
 
 def _record(out: Lazy, operand: Lazy) -> Recording | None:
-    """The nodes between `operand` and `out` in an order where sources come first, or None
-    where one is not elementwise at the operand's shape."""
+    """The nodes between `operand` and `out`, constants first, then the ops in an order where
+    sources come first; None where one is not elementwise at the operand's shape, or where
+    `out` is a constant (a copy would hand out a shared node, which a realize may not take)."""
     def ends(node: Lazy) -> bool:
         return (node is operand or node.op in _NOT_ELEMENTWISE or node.shape != operand.shape
                 or node.device != operand.device)
     found = walk([out], stop=ends)
-    if any(node is not operand for node in found.stopped):
+    if any(node is not operand for node in found.stopped) or out.op is GraphOp.CONST:
         return None
-    index = {id(operand): -1} | {id(node): k for k, node in enumerate(found.order)}
-    return tuple((node.op, node.dtype, node.arg, tuple(index[id(s)] for s in node.src))
-                 for node in found.order)
+    constants = [node for node in found.order if node.op is GraphOp.CONST]
+    ops = [node for node in found.order if node.op is not GraphOp.CONST]
+    index = {id(operand): 0} | {id(node): k for k, node in enumerate(constants + ops, 1)}
+    return (tuple((node.dtype, node.arg) for node in constants),
+            tuple((node.op, node.dtype, node.arg, tuple(index[id(s)] for s in node.src))
+                  for node in ops))
 
 
-def _copy(recording: Recording, operand: Lazy) -> Lazy:
+def _copy(recording: Recording, operand: Lazy, constants: list[Lazy]) -> Lazy:
     """The recorded graph over `operand`: new nodes, shared where the recording shares, and
-    its constants the nodes every copy at this shape shares (graph.shared_const)."""
+    `constants` the nodes of its constants."""
     shape, device = operand.shape, operand.device
-    made: list[Lazy] = []
-    for op, dtype, arg, sources in recording:
-        if op is GraphOp.CONST:
-            made.append(shared_const(arg, dtype, shape, device))
-            continue
-        src = tuple(operand if k < 0 else made[k] for k in sources)
+    made = [operand, *constants]
+    for op, dtype, arg, sources in recording[1]:
+        if len(sources) == 2:       # spelled out: most nodes have one or two sources
+            src: tuple[Lazy, ...] = (made[sources[0]], made[sources[1]])
+        elif len(sources) == 1:
+            src = (made[sources[0]],)
+        else:
+            src = tuple([made[k] for k in sources])
         made.append(Lazy(op, dtype, shape, src, arg, device))
-    return made[-1] if made else operand
+    return made[-1]

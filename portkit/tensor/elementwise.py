@@ -364,6 +364,8 @@ class ElementwiseOps:
     def _with_grad(self: Tensor, *pairs: tuple[Tensor, Tensor]) -> Tensor:
         """These values, whose gradient reaches each x of the (x, derivative) pairs as
         g * derivative: an op computes its value by any formula, its gradient by PyTorch's."""
+        if not any(x.requires_grad for x, _ in pairs):
+            return self.detach()
         inputs = [t for x, d in pairs for t in (x, d.detach())]
         return self.detach()._prim("given_grad", *inputs)
 

@@ -76,3 +76,23 @@ def test_copies_and_ops_share_their_constant_nodes():
     for _ in range(10):
         want = np.exp(want * np.float32(0.5) - np.float32(1.0))
     np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)
+
+
+def test_copies_at_one_shape_look_their_constants_up_once(monkeypatch):
+    from portkit import graph
+    from portkit.tensor import composition
+    asked: list[object] = []
+
+    def counting(value, dtype, shape, device):
+        asked.append(value)
+        return graph.shared_const(value, dtype, shape, device)
+    monkeypatch.setattr(composition, "shared_const", counting)
+    exp = Composition(_exp)
+    exp(Tensor(np.ones(5, np.float32)).realize())            # recorded
+    xs = [Tensor(np.full(7, k, np.float32)).realize() for k in range(4)]
+    copies = [exp(x) for x in xs]
+    constants = len(asked)
+    assert 0 < constants == len({(n.arg, n.dtype) for n in graph.toposort([copies[0].lazy])
+                                 if n.op is graph.GraphOp.CONST})
+    for k, copied in enumerate(copies):
+        np.testing.assert_array_equal(copied.numpy(), _exp(xs[k]).numpy())

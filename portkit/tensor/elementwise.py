@@ -37,9 +37,6 @@ from portkit.tensor.power import MULTIPLIED, real_pow, scalar_pow
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
 
-# Cephes tanhf: tanh(x) = x + x * z * poly(z), z = x * x, for |x| < 0.625
-_TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
-              -3.33332819422e-1)
 
 
 
@@ -277,37 +274,11 @@ class ElementwiseOps:
         value = s / _cos(x.detach(), s)
         return value._with_grad((x, 1 + value * value))
 
-    @in_float32
-    def sigmoid(self: Tensor) -> Tensor:
-        """1 / (1 + e ** -self). Its derivative is given (`_logistic`): backward adds one
-        multiply, not the gradients of the eight ops of the value."""
-        x = self._float()
-        value, slope = _logistic(x.detach())
-        return value._with_grad((x, slope))
-
     def _exp_of_nonpositive(self: Tensor) -> Tensor:
         """exp of a float tensor whose elements are below ln2 / 2 (those <= 0, say) or NaN: the
         same values as `exp`, in fewer ops (`_exp`'s `nonpositive`)."""
         value = _EXP_OF_NONPOSITIVE(self.detach())
         return value._with_grad((self, value))
-
-    @in_float32
-    def tanh(self: Tensor) -> Tensor:
-        """The hyperbolic tangent. Its derivative, 4 sigmoid'(2x), is given: backward adds one
-        multiply, not the gradients of the polynomial and the sigmoid."""
-        x = self._float()
-        # near 0, 2 * sigmoid(2x) - 1 cancels (tanh(1e-8) gave 0): Cephes' tanhf polynomial
-        # there, fed 0 where not selected so its large-x overflow yields no NaN
-        value = x.detach()
-        small = value.abs() < 0.625
-        xs = small._where(value, 0.0)
-        z = xs * xs
-        poly = z * _TANH_POLY[0] + _TANH_POLY[1]
-        for c in _TANH_POLY[2:]:
-            poly = poly * z + c
-        logistic, slope = _logistic(2 * value)
-        # sech(x) ** 2 without the cancellation of 1 - tanh(x) ** 2 where tanh rounds to 1
-        return small._where(xs + xs * z * poly, 2 * logistic - 1)._with_grad((x, 4 * slope))
 
     def relu(self: Tensor) -> Tensor:
         """max(self, 0); NaN stays NaN, as PyTorch."""
@@ -512,17 +483,6 @@ def _cos(x: Tensor, s: Tensor) -> Tensor:
     flat = (1 - s * s).sqrt()
     negative = huge._where(other * other * 2 > 1, s * other < 0)
     return steep._where(ratio, negative._where(-flat, flat))
-
-
-def _logistic(x: Tensor) -> tuple[Tensor, Tensor]:
-    """sigmoid(x) and its derivative e ** -|x| / (1 + e ** -|x|) ** 2, of a float tensor
-    without gradient. e ** -|x| never overflows, so neither meets inf * 0 (NaN); x < 0 is one
-    comparison where x >= 0 is three (NaN gives NaN either way)."""
-    negative = x < 0
-    e = negative._where(x, -x)._exp_of_nonpositive()
-    r = 1 / (1 + e)          # one division per element, not one per branch
-    er = e * r
-    return negative._where(er, r), er * r
 
 
 def _number(value: Tensor | Scalar | np.ndarray | np.generic) -> Scalar | None:

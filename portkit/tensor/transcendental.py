@@ -1,5 +1,6 @@
-"""Inverse trigonometric and hyperbolic functions, the error function, and the float helpers
-PyTorch code calls beside them (log10, logaddexp, fmod, copysign, lerp, isclose).
+"""The logistic function, hyperbolic and inverse trigonometric functions, the error function,
+and the float helpers PyTorch code calls beside them (log10, logaddexp, fmod, copysign, lerp,
+isclose).
 
 The ABI has only EXP2, LOG2 and SIN, so these are compositions: Cephes' float32 argument
 reductions and polynomials. A branch that `where` does not select still gets a zero gradient,
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from portkit.tensor.composition import Composition
 from portkit.tensor.dtype import Scalar
 from portkit.tensor.elementwise import in_float32, pair_in_float32
 
@@ -19,6 +21,9 @@ if TYPE_CHECKING:
 # Cephes atanf: atan(t) = t + t * z * poly(z), z = t * t, for |t| <= tan(pi / 8)
 _ATAN_POLY = (8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1)
 _TAN_PI_8 = math.tan(math.pi / 8)
+# Cephes tanhf: tanh(x) = x + x * z * poly(z), z = x * x, for |x| < 0.625
+_TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
+              -3.33332819422e-1)
 # erf(x) = 2/sqrt(pi) * x * sum of these times x**2n, highest power first (|x| < 0.5: 1e-8)
 _ERF_SERIES = tuple((-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in reversed(range(7)))
 # Numerical Recipes' erfcc: erfc(z) = t * exp(-z*z + poly(t)), t = 1 / (1 + z/2), z >= 0
@@ -31,10 +36,26 @@ def _as_tensor(like: Tensor, value: Tensor | Scalar) -> Tensor:
 
 
 class TranscendentalOps:
-    """Tensor's atan, atan2, asin, acos, sinh, cosh, asinh, acosh, atanh, log1p, erf, erfc,
-    log10, logaddexp, fmod, copysign, lerp, isclose."""
+    """Tensor's sigmoid, tanh, atan, atan2, asin, acos, sinh, cosh, asinh, acosh, atanh, log1p,
+    erf, erfc, log10, logaddexp, fmod, copysign, lerp, isclose."""
 
     __slots__ = ()
+
+    @in_float32
+    def sigmoid(self: Tensor) -> Tensor:
+        """1 / (1 + e ** -self). Its derivative is given (`_logistic`): backward adds one
+        multiply, not the gradients of the eight ops of the value."""
+        x = self._float()
+        value, slope = _LOGISTIC.parts(x.detach())
+        return value._with_grad((x, slope))
+
+    @in_float32
+    def tanh(self: Tensor) -> Tensor:
+        """The hyperbolic tangent. Its derivative, 4 sigmoid'(2x), is given: backward adds one
+        multiply, not the gradients of the polynomial and the sigmoid."""
+        x = self._float()
+        value, slope = _TANH.parts(x.detach())
+        return value._with_grad((x, slope))
 
     @in_float32
     def atan(self: Tensor) -> Tensor:
@@ -227,3 +248,34 @@ def _signbit(x: Tensor) -> Tensor:
     """True where x is negative, -0.0 included (1 / -0.0 is -inf)."""
     zero = x == 0
     return (x < 0) | (zero & (1 / zero._where(x, 1.0) < 0))
+
+
+def _logistic(x: Tensor) -> tuple[Tensor, Tensor]:
+    """sigmoid(x) and its derivative e ** -|x| / (1 + e ** -|x|) ** 2, of a float tensor
+    without gradient. e ** -|x| never overflows, so neither meets inf * 0 (NaN); x < 0 is one
+    comparison where x >= 0 is three (NaN gives NaN either way)."""
+    negative = x < 0
+    e = negative._where(x, -x)._exp_of_nonpositive()
+    r = 1 / (1 + e)          # one division per element, not one per branch
+    er = e * r
+    return negative._where(er, r), er * r
+
+
+def _tanh(x: Tensor) -> tuple[Tensor, Tensor]:
+    """tanh(x) and its derivative, 4 sigmoid'(2x), of a float tensor without gradient."""
+    # near 0, 2 * sigmoid(2x) - 1 cancels (tanh(1e-8) gave 0): Cephes' tanhf polynomial there,
+    # fed 0 where not selected so its large-x overflow yields no NaN
+    small = x.abs() < 0.625
+    xs = small._where(x, 0.0)
+    z = xs * xs
+    poly = z * _TANH_POLY[0] + _TANH_POLY[1]
+    for c in _TANH_POLY[2:]:
+        poly = poly * z + c
+    logistic, slope = _logistic(2 * x)
+    # sech(x) ** 2 without the cancellation of 1 - tanh(x) ** 2 where tanh rounds to 1
+    return small._where(xs + xs * z * poly, 2 * logistic - 1), 4 * slope
+
+
+# sigmoid's and tanh's values and derivatives: about 30 and 60 nodes, copied in one pass
+_LOGISTIC = Composition(_logistic)
+_TANH = Composition(_tanh)

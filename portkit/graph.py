@@ -193,14 +193,39 @@ class Traced(float):
 
 def const(value: Any, dtype: DType, shape: Shape, device: str) -> Lazy:
     """`value` in every element: folded into kernels, never stored."""
+    return Lazy(GraphOp.CONST, dtype, shape, (), _as_kind(value, dtype), device)
+
+
+def _as_kind(value: Any, dtype: DType) -> Any:
     kind = dtype.kind
     if kind == "float":
-        value = value if isinstance(value, Traced) else float(value)
-    elif kind == "bool":
-        value = bool(value)
-    else:
-        value = int(value)
-    return Lazy(GraphOp.CONST, dtype, shape, (), value, device)
+        return value if isinstance(value, Traced) else float(value)
+    return bool(value) if kind == "bool" else int(value)
+
+
+# shared_const's nodes by value, dtype, shape and device; emptied when it reaches the bound
+_shared: dict[tuple, Lazy] = {}
+_MAX_SHARED = 4096
+
+
+def shared_const(value: Any, dtype: DType, shape: tuple[int, ...], device: str) -> Lazy:
+    """`const`, one node for every caller that asks for the same constant: for operands that
+    no one realizes (the number an op reads, a composition's coefficients), whose node a
+    realize never turns into a buffer. An eager LSTM step's graph held 4,500 constant nodes
+    of a few dozen values, each allocated, numbered and keyed at every step. A number
+    portkit.jit traces gets a node of its own (its identity finds its kernel arguments)."""
+    if isinstance(value, Traced):
+        return const(value, dtype, shape, device)
+    value = _as_kind(value, dtype)
+    # a float by its bits: -0.0 and 0.0 are two constants, and every NaN one
+    key = (value.hex() if type(value) is float else value, dtype.name, shape, device)
+    found = _shared.get(key)
+    if found is not None and found.op is GraphOp.CONST:
+        return found
+    if len(_shared) >= _MAX_SHARED:
+        _shared.clear()
+    found = _shared[key] = Lazy(GraphOp.CONST, dtype, shape, (), value, device)
+    return found
 
 
 def iota(shape: Shape, axis: int, device: str) -> Lazy:

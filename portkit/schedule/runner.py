@@ -305,9 +305,12 @@ def _compile_ahead(items: list[ScheduleItem], number: dict[int, int]
 
 class _ByValue(NamedTuple):
     """Kept under a graph's structure when its kernels hold numbers as code (a training step's
-    backward kernels do): its steps are under the structure and the values at `positions`."""
+    backward kernels do): its steps by the values at `positions`. A graph's key is hashed and
+    compared once per realize (a training step's holds 20,000 entries), not again inside a
+    key of the values."""
 
     positions: tuple[int, ...]
+    steps: runtime.LRU
 
 
 def _replay(found: _Replay, nodes: list[Lazy]) -> None:
@@ -357,9 +360,9 @@ def realize(outs: list[Lazy]) -> None:
 @gc_paused
 def _realize(outs: list[Lazy]) -> None:
     structure_key, nodes = graph_key(outs)
-    steps = _replays.get(structure_key)
-    if isinstance(steps, _ByValue):
-        steps = _replays.get((structure_key, tuple(same_value(nodes[p]) for p in steps.positions)))
+    steps = by_value = _replays.get(structure_key)
+    if isinstance(by_value, _ByValue):
+        steps = by_value.steps.get(tuple([same_value(nodes[p]) for p in by_value.positions]))
     if steps is not None:
         _replay(steps, nodes)
         return
@@ -372,8 +375,10 @@ def _realize(outs: list[Lazy]) -> None:
     split = frozenset(id(n) for n in reduces if n.op is not GraphOp.REDUCE)
     steps, code = _run(items, keyed, nodes, number, split)
     if steps is not None and code:
-        code = list(dict.fromkeys(code))
-        _replays[structure_key] = _ByValue(tuple(code))
-        _replays[structure_key, tuple(same_value(nodes[p]) for p in code)] = steps
+        positions = tuple(dict.fromkeys(code))
+        if not isinstance(by_value, _ByValue) or by_value.positions != positions:
+            by_value = _ByValue(positions, runtime.LRU(runtime.kernel_cache_size()))
+            _replays[structure_key] = by_value
+        by_value.steps[tuple([same_value(nodes[p]) for p in positions])] = steps
     elif steps is not None:
         _replays[structure_key] = steps

@@ -127,7 +127,8 @@ class ElementwiseOps:
             dtype = check_dtype(int32, lazy.device)
         # made at self's shape at once: the same constant node a reshape and an expand of a 0-d
         # one would give, without building them on every scalar operation
-        other = self._wrap(graph.const(wrapped(other, dtype), dtype, lazy.shape, lazy.device))
+        other = self._wrap(graph.shared_const(wrapped(other, dtype), dtype, lazy.shape,
+                                              lazy.device))
         a = self if dtype is lazy.dtype else self.cast(dtype)
         return (other, a) if reverse else (a, other)
 
@@ -314,6 +315,8 @@ class ElementwiseOps:
     def _with_grad(self: Tensor, *pairs: tuple[Tensor, Tensor]) -> Tensor:
         """These values, whose gradient reaches each x of the (x, derivative) pairs as
         g * derivative: an op computes its value by any formula, its gradient by PyTorch's."""
+        if not any(x.requires_grad for x, _ in pairs):
+            return self.detach()
         inputs = [t for x, d in pairs for t in (x, d.detach())]
         return self.detach()._prim("given_grad", *inputs)
 

@@ -202,3 +202,27 @@ def test_a_graph_with_numbers_as_code_replays_while_they_keep_their_values(monke
     monkeypatch.setattr(fusion, "create_schedule", _fails)
     np.testing.assert_array_equal(run(0.0), first)      # (a training step's backward kernels)
     np.testing.assert_array_equal(run(100.0), moved)
+
+
+def test_a_replay_of_numbers_as_code_looks_its_graph_up_once(monkeypatch):
+    # the graph's key (20,000 entries in a training step) is hashed and compared once
+    from portkit.schedule import runner
+    looked: list[object] = []
+
+    class Counting(runtime.LRU):
+        def get(self, key, default=None):
+            looked.append(key)
+            return super().get(key, default)
+    monkeypatch.setattr(runner, "_replays", Counting(8))
+    x = Tensor(np.ones(3, np.float32)).realize()
+
+    def run() -> np.ndarray:
+        out = x
+        for k in range(schedule.MAX_SCALARS + 2):
+            out = out + float(k)
+        return out.numpy()
+    first = run()
+    looked.clear()
+    monkeypatch.setattr(fusion, "create_schedule", _fails)
+    np.testing.assert_array_equal(run(), first)
+    assert len(looked) == 1

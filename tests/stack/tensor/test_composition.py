@@ -6,7 +6,7 @@ import pytest
 from portkit.schedule.keys import graph_key
 from portkit.tensor import Tensor
 from portkit.tensor.composition import Composition
-from portkit.tensor.elementwise import _exp
+from portkit.tensor.exponential import _exp
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -56,3 +56,67 @@ def test_a_recording_shares_the_nodes_the_build_shares():
     same = Composition(lambda x: x)
     same(x)
     assert same(x).lazy is x.lazy
+
+
+
+def test_copies_and_ops_share_their_constant_nodes():
+    # a step's graph held thousands of constant nodes of a few dozen values, each numbered and
+    # keyed at every realize
+    from portkit.graph import GraphOp, toposort
+    a = np.linspace(-3, 3, 12, dtype=np.float32).reshape(3, 4)
+    x = Tensor(a).realize()
+    one = x.exp()
+    y = x
+    for _ in range(10):
+        y = (y * 0.5 - 1.0).exp()
+    constants = [n for n in toposort([y.lazy, one.lazy]) if n.op is GraphOp.CONST]
+    assert len(constants) == len({(n.arg, n.dtype) for n in constants})
+    assert len(constants) <= len([n for n in toposort([one.lazy]) if n.op is GraphOp.CONST]) + 2
+    want = a
+    for _ in range(10):
+        want = np.exp(want * np.float32(0.5) - np.float32(1.0))
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)
+
+
+def test_copies_at_one_shape_look_their_constants_up_once(monkeypatch):
+    from portkit import graph
+    from portkit.tensor import composition
+    asked: list[object] = []
+
+    def counting(value, dtype, shape, device):
+        asked.append(value)
+        return graph.shared_const(value, dtype, shape, device)
+    monkeypatch.setattr(composition, "shared_const", counting)
+    exp = Composition(_exp)
+    exp(Tensor(np.ones(5, np.float32)).realize())            # recorded
+    xs = [Tensor(np.full(7, k, np.float32)).realize() for k in range(4)]
+    copies = [exp(x) for x in xs]
+    constants = len(asked)
+    assert 0 < constants == len({(n.arg, n.dtype) for n in graph.toposort([copies[0].lazy])
+                                 if n.op is graph.GraphOp.CONST})
+    for k, copied in enumerate(copies):
+        np.testing.assert_array_equal(copied.numpy(), _exp(xs[k]).numpy())
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "tanh"])
+def test_sigmoid_and_tanh_copy_their_value_and_derivative(name, monkeypatch):
+    # an LSTM step runs 175 of them: each was 10-30 Tensor ops with promotion and broadcasting
+    torch = pytest.importorskip("torch")
+    a = np.linspace(-9, 9, 24, dtype=np.float32).reshape(4, 6)
+    getattr(Tensor(a), name)()                                # recorded
+    ran: list[str] = []
+    primitive = Tensor._prim
+
+    def counting(self, op, *others, **kwargs):
+        ran.append(op)
+        return primitive(self, op, *others, **kwargs)
+    monkeypatch.setattr(Tensor, "_prim", counting)
+    x = Tensor(a * 0.5, requires_grad=True)
+    y = getattr(x, name)()
+    assert ran == ["given_grad"]
+    y.sum().backward()
+    want = torch.tensor(a * 0.5, requires_grad=True)
+    getattr(want, name)().sum().backward()
+    np.testing.assert_allclose(y.numpy(), getattr(want, name)().detach().numpy(), rtol=1e-6,
+                               atol=1e-7)
+    np.testing.assert_allclose(x.grad.numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-7)

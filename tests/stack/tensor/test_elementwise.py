@@ -181,3 +181,19 @@ def test_an_integer_tensor_to_an_integral_float_power_multiplies_in_float():
     out = Tensor(values) ** 2.0
     assert out.dtype.name == "float32"
     np.testing.assert_array_equal(out.numpy(), (torch.tensor(values) ** 2.0).numpy())
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "tanh"])
+def test_sigmoid_and_tanh_give_their_derivative(name):
+    # backward multiplies by the derivative the forward computed: a recurrence's gates then
+    # add one op each to its backward graph, not the gradients of a dozen
+    from portkit import graph
+    x = Tensor(np.linspace(-30, 30, 61, dtype=np.float32), requires_grad=True)
+    y = getattr(x, name)()
+    y.backward(Tensor(np.ones(61, np.float32)))
+    forward = {id(n) for n in graph.toposort([y.lazy])} | {id(x.lazy)}
+    added = [n for n in graph.toposort([x.grad.lazy]) if id(n) not in forward]
+    assert len(added) <= 6, added     # the derivative (made beside the value) and g * it
+    want = torch.tensor(x.numpy(), requires_grad=True)
+    getattr(want, name)().sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-7)

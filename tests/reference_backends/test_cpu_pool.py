@@ -1,5 +1,6 @@
 """The cpu backend's thread pool (runtime.py): a launch never waits for a worker that claimed no
-chunk, results are the same bits on 1, 2 and 3 threads, and Python threads may launch at once.
+chunk, results are the same bits on 1, 2 and 3 threads, Python threads may launch at once, and
+an idle worker naps for a second before it blocks.
 Each thread count is its own process: the pool starts once, with `runtime.threads()`."""
 from __future__ import annotations
 
@@ -61,6 +62,37 @@ def test_a_worker_that_never_wakes_does_not_stall_a_launch():
     # Workers held (pk_pool_hold) claim nothing, as a descheduled one would: the caller runs
     # every chunk itself and returns. A fork-join team (OpenMP's) would wait for them forever.
     assert run_script(2, "held") == run_script(1)
+
+
+# After a launch on 2 threads: the worker blocked on the pool's condition variable 50 ms
+# later, and 1.5 s later (a count of blocked workers each).
+DROWSY = """
+import time
+import numpy as np
+from portkit.reference_backends import cpu
+from portkit.reference_backends.cpu import runtime
+from portkit.tensor import Tensor
+
+device = cpu.backend.load()
+library = runtime._native(device.compiler)[0]
+x = np.random.default_rng(0).standard_normal((512, 1000)).astype(np.float32)
+Tensor(x, device="cpu").sum(axis=1).numpy()
+time.sleep(0.05)
+print(library.pk_pool_sleeping())
+time.sleep(1.5)
+print(library.pk_pool_sleeping())
+"""
+
+
+def test_an_idle_worker_naps_for_a_second_before_it_blocks():
+    # a worker blocked on the condition variable halts its core in a VM, and the next call's
+    # first launch woke it milliseconds late: for a second after a launch it naps instead,
+    # then blocks, so an idle process costs nothing after that
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    ran = subprocess.run([sys.executable, "-c", DROWSY], env=env, check=False,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split() == ["0", "1"]
 
 
 def scale_kernel(groups: int, size: int):

@@ -15,7 +15,7 @@ from typing import cast
 
 import numpy as np
 
-from portkit.abi.backend import Allocator, Batch, Compiler, Launch, Program
+from portkit.abi.backend import Allocator, Compiler, Launch, OneByOne, Program
 from portkit.abi.errors import CompileError
 from portkit.codegen.cstyle import function_name
 
@@ -119,26 +119,22 @@ def submit(commands, wait: bool) -> float | None:
     return commands.GPUEndTime() - commands.GPUStartTime()
 
 
-class MetalBatch(Batch):
+class MetalBatch(OneByOne):
     """Launches as the dispatches of one serial compute encoder, whose dispatches run one
     after another, each seeing the writes of those before it, in one command buffer committed
     once. A command buffer is used once, so each replay encodes a new one from the launches'
-    arguments, as last replaced."""
+    arguments, as last replaced (kept and replaced as `OneByOne` keeps them)."""
 
     def __init__(self, queue, launches: list[Launch]):
+        super().__init__(launches)
         self.queue = queue
-        self.launches = [Launch(launch.program, list(launch.buffers), list(launch.scalars),
-                                launch.grid, launch.block) for launch in launches]
 
     def __call__(self, buffers: Sequence[tuple[int, int, object]] = (),
                  scalars: Sequence[tuple[int, list[int]]] = (), wait: bool = False
                  ) -> float | None:
         import Metal
 
-        for index, position, buffer in buffers:
-            self.launches[index].buffers[position] = buffer
-        for index, words in scalars:
-            self.launches[index].scalars = list(words)
+        self._replace(buffers, scalars)
         commands = self.queue.commandBuffer()
         encoder = commands.computeCommandEncoderWithDispatchType_(Metal.MTLDispatchTypeSerial)
         for launch in self.launches:

@@ -12,10 +12,11 @@ scalar and 50 vector multiplies a row for 25 taps.
 width) of one buffer at base + offset + lane, ungated, in one block, whose values match lane by
 lane, node by node (`_match`): the same node in every lane (a weight: a scalar, which vector
 arithmetic broadcasts), ungated LOADs of one buffer at consecutive positions or every other one
-(a vector load of n lanes), or the same op (ADD, SUB, MUL, NEG) on matching operands. The renderer writes the
-vector expression at the group's last store and nothing for its stores; the scalar expressions
-are then read by nothing, and the C compiler drops them. Each lane computes the same operations
-on the same operands in the same order, so the values are the scalar code's, bit for bit.
+(a vector load of n lanes), or the same op (ADD, SUB, MUL, NEG) on matching operands. The
+renderer writes the vector expression at the group's last store and nothing for its stores;
+the scalar expressions it replaces are not written at all (`_unread`). Each lane computes the
+same operations on the same operands in the same order, so the values are the scalar code's,
+bit for bit.
 """
 from __future__ import annotations
 
@@ -168,8 +169,8 @@ def _match(nodes: tuple[Node, ...], lanes: tuple[int, ...], dtype: DType,
             steps.append(Load(first.src[0], base, offset, step))
             found = len(steps) - 1
     elif first.op in _INFIX and all(n.op is first.op for n in same):
-        operands: list = [_match(nodes, tuple(nodes[x].src[k] for x in lanes), dtype, steps, memo)
-                    for k in range(len(first.src))]
+        operands: list = [_match(nodes, tuple(nodes[x].src[k] for x in lanes), dtype, steps,
+                                 memo) for k in range(len(first.src))]
         if all(isinstance(o, tuple) for o in operands):
             found = (lanes[0],)     # one op on shared scalars: the same value in every lane
         elif None not in operands:

@@ -24,9 +24,9 @@ WIDTHS = {F32: 16}
 def _row(lanes=14, step=1, change=None):
     """out[16 g + j] = x[16 g + step j] * w[0] + x[16 g + step j + 1] * w[1] - w[2], for j <
     `lanes`: a row of a two-tap window with weights, written out. `change` breaks one lane:
-    "op" (its sum a product), "gate" (a gated load), "alias" (lane 3 loads from out), "in place" (every
-    lane does), "fence" (a
-    loop between two stores), "far" (lane 5's load three elements on)."""
+    "op" (its sum a product), "gate" (a gated load), "alias" (lane 3 loads from out), "in
+    place" (every lane does), "fence" (a loop between two stores), "far" (lane 5's load three
+    elements on)."""
     k = KernelBuilder("row")
     out, x, w = k.param(F32), k.param(F32), k.param(F32)
     base = k.alu(Op.MUL, k.special("group", 0), k.const(16 * step))

@@ -401,8 +401,8 @@ class CPURenderer(CStyleRenderer):
                 "loop_args": [f"data{i}" for i in range(len(types))] + [f"var_{v}" for v in names],
                 "local_bytes": local_bytes(kernel), "vector_bytes": self.vector_bytes,
                 # the vector types the body names, with AVX-512's masked moves' suffix and mask
-                "vectors": [(f"{name}x{self.vector_bytes // d.itemsize}", self.type_map[d],
-                             self.vector_bytes // d.itemsize, _MASKED[d], f"__mmask{width}")
+                "vectors": [(f"{name}x{width}", self.type_map[d], width, _MASKED[d],
+                             f"__mmask{width}")
                             for d, name in self.vector_types.items()
                             for width in [self.vector_bytes // d.itemsize]
                             if any(f"{name}x{width}" in line for line in body)],

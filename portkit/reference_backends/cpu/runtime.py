@@ -149,8 +149,8 @@ class CPUProgram(Program):
 # detection head on 2 threads 17.5 ms a call after idle, 11.4 back to back; 12.0 with the
 # naps), at about 5% of a core for the second after the last launch (15 ms of CPU over 0.3 s
 # idle; onnxruntime's workers spin about as long after each call). The pool runs one job at a
-# time; a launch that finds it busy (another Python
-# thread's) runs its chunks on its own thread.
+# time; a launch that finds it busy (another Python thread's) runs its chunks on its own
+# thread.
 #
 # Each range's counter holds the job's number in its high 32 bits and the next chunk in the
 # low 32: a thread claims chunk k of job j by a compare-and-swap from (j, k) to (j, k + 1). A

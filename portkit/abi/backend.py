@@ -256,14 +256,14 @@ class OneByOne(Batch):
     def __call__(self, buffers: Sequence[tuple[int, int, Any]] = (),
                  scalars: Sequence[tuple[int, list[int]]] = (), wait: bool = False
                  ) -> float | None:
-        self._replace(buffers, scalars)
+        self._substitute(buffers, scalars)
         seconds = 0.0
         for launch in self.launches:
             seconds += launch.program(launch.buffers, launch.scalars, launch.grid,
                                       launch.block, wait=wait) or 0.0
         return seconds if wait else None
 
-    def _replace(self, buffers: Sequence[tuple[int, int, Any]],
+    def _substitute(self, buffers: Sequence[tuple[int, int, Any]],
                  scalars: Sequence[tuple[int, list[int]]]) -> None:
         """Puts a replay's replacements into the launches, for it and the later replays."""
         for index, position, handle in buffers:

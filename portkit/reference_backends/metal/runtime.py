@@ -123,7 +123,7 @@ class MetalBatch(OneByOne):
     """Launches as the dispatches of one serial compute encoder, whose dispatches run one
     after another, each seeing the writes of those before it, in one command buffer committed
     once. A command buffer is used once, so each replay encodes a new one from the launches'
-    arguments, as last replaced (kept and replaced as `OneByOne` keeps them)."""
+    arguments, as last replaced (kept and replaced as `OneByOne` keeps them: `_substitute`)."""
 
     def __init__(self, queue, launches: list[Launch]):
         super().__init__(launches)
@@ -134,7 +134,7 @@ class MetalBatch(OneByOne):
                  ) -> float | None:
         import Metal
 
-        self._replace(buffers, scalars)
+        self._substitute(buffers, scalars)
         commands = self.queue.commandBuffer()
         encoder = commands.computeCommandEncoderWithDispatchType_(Metal.MTLDispatchTypeSerial)
         for launch in self.launches:

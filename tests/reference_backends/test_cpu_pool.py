@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from portkit.abi import KernelBuilder, Op, dtypes
 from portkit.reference_backends import cpu
@@ -20,6 +21,7 @@ from portkit.reference_backends import cpu
 SCRIPT = """
 import hashlib, sys
 import numpy as np
+import pytest
 sys.path.insert(0, sys.argv[1])
 from test_cpu import launch, tree_sum_kernel
 from portkit.reference_backends import cpu
@@ -69,6 +71,7 @@ def test_a_worker_that_never_wakes_does_not_stall_a_launch():
 DROWSY = """
 import time
 import numpy as np
+import pytest
 from portkit.reference_backends import cpu
 from portkit.reference_backends.cpu import runtime
 from portkit.tensor import Tensor
@@ -197,3 +200,37 @@ def test_each_thread_claims_from_its_own_range_first():
             firsts.append(sorted(first_two))
     assert len(firsts) >= 5, launches
     assert all(first == [0, 2] for first in firsts), firsts
+
+
+# The CPUs each pool worker may run on (the threads named portkit-pool), after a launch.
+PINNED = """
+import os
+import numpy as np
+import pytest
+from portkit.tensor import Tensor
+
+Tensor(np.ones((512, 1000), np.float32), device="cpu").sum(axis=1).numpy()
+for task in sorted(os.listdir("/proc/self/task")):
+    with open(f"/proc/self/task/{task}/comm") as comm:
+        if comm.read().strip() == "portkit-pool":
+            print(" ".join(str(cpu) for cpu in sorted(os.sched_getaffinity(int(task)))))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are pinned on Linux")
+def test_each_worker_is_pinned_to_a_cpu_of_its_own():
+    # unpinned, the scheduler at times kept the worker on the caller's CPU for seconds: a
+    # 2-thread call took as long as a 1-thread one, or 4x. Each worker gets one CPU of the
+    # process's, in order, the first left to the caller; with fewer CPUs than threads, none.
+    cpus = sorted(os.sched_getaffinity(0))
+    for threads in (2, 3, len(cpus) + 1):
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        ran = subprocess.run([sys.executable, "-c", PINNED], env=env, check=False,
+                             capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        workers = [line.split() for line in ran.stdout.splitlines()]
+        assert len(workers) == threads - 1
+        if threads <= len(cpus):
+            assert workers == [[str(cpu)] for cpu in cpus[1:threads]]
+        else:
+            assert workers == [[str(cpu) for cpu in cpus]] * (threads - 1)

@@ -116,6 +116,22 @@ def test_sort_with_ties_and_nan_matches_torch_stable():
         np.testing.assert_array_equal(ours.indices.numpy(), theirs.indices.numpy())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_sort_of_signed_zeros_nan_payloads_and_denormals_matches_torch_stable(dtype):
+    # float32 and narrower rank by an int32 key per element: -0.0 must tie with 0.0, a NaN
+    # of either sign or payload with every other NaN, and the smallest denormals stay apart
+    bits = np.array([0x7FC00001, 0xFFC00000, 0x7F800001], np.uint32).view(np.float32)
+    x = np.array([0.0, -0.0, np.nan, 1e-45, -1e-45, np.inf, -np.inf, 0.0, -0.0, 2.0, -2.0,
+                  1e-45, *bits, np.float32(3e38), -3e38], np.float32)
+    t = torch.tensor(x).to(getattr(torch, dtype))
+    for descending in (False, True):
+        ours = Tensor(x).cast(dtype).sort(descending=descending)
+        theirs = t.sort(descending=descending, stable=True)
+        np.testing.assert_array_equal(ours.indices.numpy(), theirs.indices.numpy())
+        np.testing.assert_array_equal(ours.values.cast("float32").numpy(),
+                                      theirs.values.float().numpy())
+
+
 @pytest.mark.parametrize("diagonal", [-1, 0, 2])
 def test_tril_triu_diag_diagonal(diagonal, check):
     x = RNG.standard_normal((2, 4, 5)).astype(np.float32)
@@ -235,7 +251,9 @@ def test_topk_of_many_compares_far_fewer_than_all_pairs():
     items = schedule.create_schedule([x.topk(100).indices.lazy])
     work = [s.size for item in items for s in _reduce_sources(item.root, item.inputs, GraphOp)]
     assert work and max(work) * 10 < n * n, max(work)
-    assert sum(work) * 10 < n * n, sum(work)
+    # blocks of 512, then all 2400 candidates ranked at once: 13.5M; the candidates in
+    # blocks again: 7.5M
+    assert sum(work) * 15 < n * n, sum(work)
 
 
 def _reduce_sources(root, inputs, ops) -> list:

@@ -47,6 +47,7 @@ import sys
 import threading
 import types
 import weakref
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -231,15 +232,36 @@ class Plan:
     def prepare(self) -> None:
         """Readies the plan for replays: a launch whose output no result or state tensor
         keeps writes into a buffer the plan owns, the same at every replay, and every buffer
-        and number that does not change between replays is filled in once."""
+        and number that does not change between replays is filled in once.
+
+        An owned buffer is written again, by a later launch of the same dtype and size, once
+        the last launch reading it has run: the replay's working set is what is alive at
+        once, not every intermediate (a GRU's 300 launches wrote 300 buffers), so less of it
+        is missed in caches a core lost while idle."""
         outlive = {k for kind, k in self.state_out + [o[0] for o in self.outputs]
                    if kind == MADE}
+        last = {k: k for k in range(len(self.steps))}      # the last step reading step k's
+        for k, step in enumerate(self.steps):
+            for kind, position in step.sources:
+                if kind == MADE:
+                    last[position] = k
+        dead = defaultdict(list)            # step k -> the outputs no step after k reads
+        for position, k in last.items():
+            if position not in outlive:
+                dead[k].append(position)
+        free: dict[tuple, list[runtime.Buffer]] = defaultdict(list)
 
         def owned(position: int) -> runtime.Buffer | None:
             return None if position in outlive else self.steps[position].template[0]
 
         for k, step in enumerate(self.steps):
-            step.prepare(k in outlive, self.kept, owned)
+            alike = free[step.runtime, step.dtype, step.size]
+            output = alike.pop() if alike and step.compiled is not None else None
+            step.prepare(k in outlive, self.kept, owned, output)
+            for position in dead[k]:
+                done = self.steps[position]
+                if done.compiled is not None and not done.fresh:
+                    free[done.runtime, done.dtype, done.size].append(done.template[0])
 
     def key(self) -> tuple:
         """What must be equal between two capture calls for their launches to be the same."""

@@ -61,12 +61,14 @@ class Step:
     copy_from: Runtime | None = None
 
     def prepare(self, fresh: bool = True, kept: Sequence[Buffer] = (),
-                owned: Callable[[int], Buffer | None] | None = None) -> None:
+                owned: Callable[[int], Buffer | None] | None = None,
+                output: Buffer | None = None) -> None:
         """Fills in what does not change between replays: the output buffer unless `fresh`
-        (a copy's is always new), the buffers of table KEPT (from `kept`) and those
-        `owned(position)` gives for MADE."""
+        (a copy's is always new; `output`, else a new one), the buffers of table KEPT (from
+        `kept`) and those `owned(position)` gives for MADE."""
         self.fresh = fresh or self.copy_from is not None
-        self.template = [None if self.fresh else self.runtime.alloc(self.dtype, self.size)]
+        self.template = [None if self.fresh else
+                         output or self.runtime.alloc(self.dtype, self.size)]
         for kind, position in self.sources:
             found = kept[position] if kind == KEPT else None
             if kind == MADE and owned is not None:

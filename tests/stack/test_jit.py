@@ -406,3 +406,27 @@ def test_arithmetic_on_a_float_argument_still_follows_it():
     for s in (1.0, 1.0, 3.0, 0.5):
         np.testing.assert_allclose(jitted(x, s).numpy(), np.full(3, s * 2 + 1 - s ** 2),
                                    rtol=1e-6)
+
+
+@pytest.mark.parametrize("device", ["cpu", "opencl", "webgpu"])
+def test_a_replay_writes_a_dead_intermediate_s_buffer_again(device):
+    # six matmuls in a chain, each its own kernel: a plan owned six buffers, one per launch;
+    # each is dead once the next has read it, so two take turns (the working set a replay
+    # touches, and its memory, is what is alive at once), in launch order on every device
+    w = [Tensor(RNG.standard_normal((32, 32)).astype(np.float32) * 0.2, device=device)
+         for _ in range(6)]
+
+    def chain(x):
+        for weight in w:
+            x = (x @ weight).relu()
+        return x.sum(1)
+
+    jitted = portkit.jit(chain)
+    for seed in range(4):
+        x = np.random.default_rng(seed).standard_normal((32, 32)).astype(np.float32)
+        np.testing.assert_array_equal(jitted(Tensor(x, device=device)).numpy(),
+                                      chain(Tensor(x, device=device)).numpy())
+    owned = [step.template[0] for step in jitted.plan.steps
+             if not step.fresh and step.compiled is not None]
+    assert len(owned) >= 6
+    assert len({id(buffer) for buffer in owned}) <= 2, owned

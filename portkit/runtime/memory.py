@@ -96,19 +96,29 @@ class BufferPool:
 class Buffer:
     """Device memory holding `size` elements of `dtype`; it returns to its pool when freed.
 
-    `borrowed`: host bytes that someone else owns (an array imported by from_dlpack) used as
-    the buffer of a host-memory device; never taken from or given back to the pool.
+    `borrowed`: memory that someone else owns, never taken from or given back to the pool:
+    host bytes (an array imported by from_dlpack) as the buffer of a host-memory device, or
+    the handle of a larger buffer of the same device (`within`).
     """
 
     __slots__ = ("__weakref__", "_allocator", "_pool", "dtype", "handle", "nbytes", "owned",
                  "size")
 
     def __init__(self, pool: BufferPool, dtype: DType, size: int,
-                 borrowed: np.ndarray | None = None):
+                 borrowed: Any = None):
         self.dtype, self.size, self.nbytes = dtype, size, size * dtype.itemsize
         self._pool, self._allocator = pool, pool.allocator
         self.owned = borrowed is None
         self.handle: Any = pool.take(self.nbytes) if self.owned else borrowed
+
+    def within(self, dtype: DType, size: int) -> Buffer:
+        """This buffer, or a buffer over its first `size` elements of `dtype` (at most its
+        bytes), which the caller keeps this one alive for: kernels and copies read and
+        write a handle from its start (ABI `Allocator.copyout`)."""
+        if dtype == self.dtype and size == self.size:
+            return self
+        assert size * dtype.itemsize <= self.nbytes
+        return Buffer(self._pool, dtype, size, borrowed=self.handle)
 
     def copyin(self, array: np.ndarray) -> Buffer:
         """Copies a host array of the same dtype and size into the buffer; returns the buffer."""

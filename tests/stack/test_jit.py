@@ -409,12 +409,15 @@ def test_arithmetic_on_a_float_argument_still_follows_it():
 
 
 @pytest.mark.parametrize("device", ["cpu", "opencl", "webgpu"])
-def test_a_replay_writes_a_dead_intermediate_s_buffer_again(device):
-    # six matmuls in a chain, each its own kernel: a plan owned six buffers, one per launch;
-    # each is dead once the next has read it, so two take turns (the working set a replay
-    # touches, and its memory, is what is alive at once), in launch order on every device
-    w = [Tensor(RNG.standard_normal((32, 32)).astype(np.float32) * 0.2, device=device)
-         for _ in range(6)]
+def test_a_replay_writes_a_dead_intermediate_s_memory_again(device):
+    # seven matmuls in a chain, each its own kernel and each output narrower than the last:
+    # a plan owned seven buffers, one per launch; each output is dead once the next launch
+    # has read it, so two blocks take turns, a narrower output in the first bytes of a wider
+    # dead one (the working set a replay touches, and its memory, is what is alive at once),
+    # in launch order on every device
+    widths = [64, 64, 48, 40, 32, 24, 16, 8]
+    w = [Tensor(RNG.standard_normal(shape).astype(np.float32) * 0.2, device=device)
+         for shape in zip(widths, widths[1:])]
 
     def chain(x):
         for weight in w:
@@ -423,10 +426,11 @@ def test_a_replay_writes_a_dead_intermediate_s_buffer_again(device):
 
     jitted = portkit.jit(chain)
     for seed in range(4):
-        x = np.random.default_rng(seed).standard_normal((32, 32)).astype(np.float32)
+        x = np.random.default_rng(seed).standard_normal((32, 64)).astype(np.float32)
         np.testing.assert_array_equal(jitted(Tensor(x, device=device)).numpy(),
                                       chain(Tensor(x, device=device)).numpy())
-    owned = [step.template[0] for step in jitted.plan.steps
-             if not step.fresh and step.compiled is not None]
-    assert len(owned) >= 6
-    assert len({id(buffer) for buffer in owned}) <= 2, owned
+    owned = [step for step in jitted.plan.steps if not step.fresh and step.compiled]
+    assert len(owned) >= 7
+    assert len(jitted.plan.blocks) == 2, jitted.plan.blocks
+    handles = {id(block.handle) for block in jitted.plan.blocks}
+    assert all(id(step.template[0].handle) in handles for step in owned)

@@ -197,47 +197,54 @@ def _input_grad(g: Tensor, weight: Tensor, shape: tuple[int, ...], stride: tuple
 def _phase_input_grad(g: Tensor, weight: Tensor, shape: tuple[int, ...],
                       stride: tuple[int, ...], pads: tuple[tuple[int, int], ...],
                       groups: int) -> Tensor:
-    """d conv / d input of a strided conv as s^2 stride-1 convolutions (sub-pixel): the input
-    element at padded position j = s * m + r reads output m - t through tap r + s * t only, so
-    phase r of the input is the output gradient correlated with the taps r, r + s, ... (a
-    phase no tap reaches is zero). The phases are padded into the input laid out as (..., H /
-    s, s, W / s, s) and summed over one element, which gives the interleave a kernel of its
-    own."""
+    """d conv / d input of a strided conv as s^2 stride-1 convolutions (sub-pixel): input
+    element i = s * m + q reads output o through tap t = i + lo - s * o only, so phase q of the
+    input (its elements m = 0, 1, ...) is the output gradient correlated with the taps r, r +
+    s, ... for r = (q + lo) mod s (a phase no tap reaches is zero). The phases are taken in the
+    input's own positions, so each is as large as its share of the input (16 x 16 of a 32 x 32
+    input at stride 2) and nothing is computed past its edges; they are padded into the input
+    laid out as (..., H / s, s, W / s, s) and summed over one element, which gives the
+    interleave a kernel of its own."""
     d = len(stride)
     n = g.shape[0]
     cout, cin_g, *kernel = weight.shape
     outs = g.shape[2:]
-    # phase m of every dim covers padded positions [s * m, s * m + s) up to the input's end
-    blocks = [-(-(size + lo) // s) for size, (lo, _), s in zip(shape[2:], pads, stride)]
+    blocks = [-(-size // s) for size, s in zip(shape[2:], stride)]
     total = None
     for phase in product(*(range(s) for s in stride)):
-        taps = [len(range(r, k, s)) for r, k, s in zip(phase, kernel, stride)]
-        if 0 in taps:       # no tap reaches this phase (a 1x1 conv's odd positions): zeros
+        # per dim: the first tap r, the taps r, r + s, ..., and the output m + base - u that
+        # element m reads through tap r + s * u
+        first = [(q + lo) % s for q, (lo, _), s in zip(phase, pads, stride)]
+        base = [(q + lo) // s for q, (lo, _), s in zip(phase, pads, stride)]
+        taps = [len(range(r, k, s)) for r, k, s in zip(first, kernel, stride)]
+        count = [len(range(q, size, s)) for q, size, s in zip(phase, shape[2:], stride)]
+        if 0 in taps or 0 in count:     # no tap reaches this phase (a 1x1 conv's odd positions)
             continue
         # the taps r, r + s, ... of each dim: a strided view of the weight
         w = weight.pad(((0, 0), (0, 0)) + tuple((0, t * s - k + r) if t * s + r > k else (0, 0)
                                                   for t, s, k, r in zip(taps, stride, kernel,
-                                                                        phase)))
-        w = w.shrink([None, None] + [(r, r + t * s) for r, t, s in zip(phase, taps, stride)])
+                                                                        first)))
+        w = w.shrink([None, None] + [(r, r + t * s) for r, t, s in zip(first, taps, stride)])
         w = w.reshape(cout, cin_g, *(x for t, s in zip(taps, stride) for x in (t, s)))
         w = w.shrink([None, None] + [x for t in taps for x in ((0, t), (0, 1))]).reshape(
             cout, cin_g, *taps)
         w = w.reshape(groups, cout // groups, cin_g, *taps).transpose(1, 2).reshape(
             groups * cin_g, cout // groups, *taps).flip(tuple(range(2, 2 + d)))
-        # output m - t for t < taps, m < blocks: the gradient padded by taps - 1 before
-        x = g.pad(((0, 0), (0, 0)) + tuple((t - 1, max(0, b - o)) for t, b, o in
-                                           zip(taps, blocks, outs)))
-        x = x.shrink([None, None] + [(0, b + t - 1) for b, t in zip(blocks, taps)])
+        # element m reads outputs m + base - taps + 1 ... m + base: the gradient from output
+        # base - taps + 1 to output count + base - 1, zeros outside it
+        edges = [(t - 1 - b, c + b - o) for t, b, c, o in zip(taps, base, count, outs)]
+        x = g.pad(((0, 0), (0, 0)) + tuple((max(0, b), max(0, a)) for b, a in edges))
+        x = x.shrink([None, None] + [(max(0, -b), x.shape[2 + i] - max(0, -a))
+                                     for i, (b, a) in enumerate(edges)])
         part = _correlate(x, w, (1,) * d, ((0, 0),) * d, (1,) * d, groups)
-        part = part.reshape(n, groups * cin_g, *(x for b in blocks for x in (b, 1))).pad(
-            ((0, 0), (0, 0)) + tuple(x for r, s in zip(phase, stride)
-                                     for x in ((0, 0), (r, s - 1 - r))))
+        part = part.reshape(n, groups * cin_g, *(x for c in count for x in (c, 1))).pad(
+            ((0, 0), (0, 0)) + tuple(x for q, s, c, b in zip(phase, stride, count, blocks)
+                                     for x in ((0, b - c), (q, s - 1 - q))))
         total = part if total is None else total + part
-    assert total is not None    # phase 0 has tap 0
+    assert total is not None    # some phase has tap 0
     total = total.unsqueeze(-1).sum(-1).reshape(
         n, groups * cin_g, *(b * s for b, s in zip(blocks, stride)))
-    return total.shrink([None, None] + [(lo, lo + size) for (lo, _), size in
-                                        zip(pads, shape[2:])])
+    return total.shrink([None, None] + [(0, size) for size in shape[2:]])
 
 
 def _weight_grad(g: Tensor, input: Tensor, shape: tuple[int, ...], stride: tuple[int, ...],

@@ -143,7 +143,8 @@ def test_a_strided_conv_input_gradient_multiplies_no_spread_zeros():
         for node in graph.toposort([item.root], stop=lambda n, ids=inputs: id(n) in ids):
             if node.op is GraphOp.REDUCE:
                 terms += int(np.prod(node.src[0].shape))
-    # each input element reads (3 / 2)^2 taps on average of each of 6 output channels: 2 * 4 *
-    # 64 * 6 * 9 / 4 terms; the phases' padded edges add a half (5 x 5 blocks for 4 x 4), the
-    # interleave one term per element; through the spread gradient it was 4x
-    assert terms <= 2 * 2 * 4 * 64 * 6 * 9 // 4, terms
+    # each input element reads (3 / 2)^2 taps on average of each of 6 output channels (2 * 4 *
+    # 64 * 6 * 9 / 4 terms: per dim, the 4 even positions 1 tap, the 4 odd ones 2), and the
+    # interleave one term per element; through the spread gradient it was 4x, and phases taken
+    # in the padded input's positions (5 x 5 blocks for 4 x 4, then cut) 1.6x
+    assert terms == 2 * 4 * 6 * 12 * 12 + 2 * 4 * 8 * 8, terms

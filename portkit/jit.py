@@ -47,7 +47,6 @@ import sys
 import threading
 import types
 import weakref
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -232,49 +231,12 @@ class Plan:
 
     def prepare(self) -> None:
         """Readies the plan for replays: a launch whose output no result or state tensor
-        keeps writes into a buffer the plan owns, the same at every replay, and every buffer
-        and number that does not change between replays is filled in once.
-
-        An owned buffer's memory is written again by a later launch once the last launch
-        reading it has run: each output takes the smallest dead block of its device that holds
-        it (the first bytes of a larger one: `Buffer.within`), else a new block. A replay's
-        working set is then near what is alive at once, not every intermediate: MobileNetV3's
-        78 outputs, 11 MB, fit 4.1 MB of blocks (1.9 MB alive at most), and its call after
-        0.3 s idle, its data gone from the core's caches, took 3.4 ms instead of 3.9 (one
-        thread)."""
+        keeps writes into memory the plan owns, the same at every replay, shared with the
+        outputs dead by then (`replay.prepare_owned`), and every buffer and number that does
+        not change between replays is filled in once."""
         outlive = {k for kind, k in self.state_out + [o[0] for o in self.outputs]
                    if kind == MADE}
-        last = {k: k for k in range(len(self.steps))}      # the last step reading step k's
-        for k, step in enumerate(self.steps):
-            for kind, position in step.sources:
-                if kind == MADE:
-                    last[position] = k
-        dead = defaultdict(list)            # step k -> the outputs no step after k reads
-        for position, k in last.items():
-            if position not in outlive:
-                dead[k].append(position)
-        free: dict[Any, list[runtime.Buffer]] = defaultdict(list)   # dead blocks, by device
-        block: dict[int, runtime.Buffer] = {}       # the block step k's output lies in
-
-        def owned(position: int) -> runtime.Buffer | None:
-            return None if position in outlive else self.steps[position].template[0]
-
-        for k, step in enumerate(self.steps):
-            output = None
-            dead_blocks = free[step.runtime]
-            need = step.size * step.dtype.itemsize
-            fits = [b for b in dead_blocks if b.nbytes >= need]
-            if fits and step.compiled is not None and k not in outlive:
-                block[k] = min(fits, key=lambda b: b.nbytes)
-                dead_blocks.remove(block[k])
-                output = block[k].within(step.dtype, step.size)
-            step.prepare(k in outlive, self.kept, owned, output)
-            if not step.fresh and step.compiled is not None:
-                block.setdefault(k, step.template[0])
-            for position in dead[k]:
-                if position in block:
-                    free[self.steps[position].runtime].append(block[position])
-        self.blocks = list({id(b): b for b in block.values()}.values())
+        self.blocks = replay.prepare_owned(self.steps, outlive, self.kept)
 
     def key(self) -> tuple:
         """What must be equal between two capture calls for their launches to be the same."""

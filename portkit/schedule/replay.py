@@ -89,6 +89,47 @@ class Step:
         return tuple(values), self.compiled.words(values)
 
 
+def prepare_owned(steps: Sequence[Step], outlive: set[int], kept: Sequence[Buffer]
+                  ) -> list[Buffer]:
+    """Prepares `steps` (`Step.prepare`) whose outputs, but those of `outlive`, lie in memory
+    the caller owns, and returns that memory's blocks. An output's memory is written again by
+    a later launch once the last launch reading it has run: each output takes the smallest
+    dead block of its device that holds it (the first bytes of a larger one: `Buffer.within`),
+    else a new block. A replay's working set is then near what is alive at once, not every
+    intermediate: MobileNetV3's 78 outputs, 11 MB, fit 4.1 MB of blocks (1.9 MB alive at
+    most), and its call after 0.3 s idle, its data gone from the core's caches, took 3.4 ms
+    instead of 3.9 (one thread). Launch order on one device keeps a write after the reads."""
+    dead: dict[int, list[int]] = {}     # step k -> the outputs no step after k reads
+    last = {k: k for k in range(len(steps))}
+    for k, step in enumerate(steps):
+        for kind, position in step.sources:
+            if kind == MADE:
+                last[position] = k
+    for position, k in last.items():
+        if position not in outlive:
+            dead.setdefault(k, []).append(position)
+    free: dict[Runtime, list[Buffer]] = {}      # dead blocks, by device
+    block: dict[int, Buffer] = {}               # the block step k's output lies in
+
+    def owned(position: int) -> Buffer | None:
+        return None if position in outlive else steps[position].template[0]
+
+    for k, step in enumerate(steps):
+        output, blocks = None, free.setdefault(step.runtime, [])
+        fits = [b for b in blocks if b.nbytes >= step.size * step.dtype.itemsize]
+        if fits and step.compiled is not None and k not in outlive:
+            block[k] = min(fits, key=lambda b: b.nbytes)
+            blocks.remove(block[k])
+            output = block[k].within(step.dtype, step.size)
+        step.prepare(k in outlive, kept, owned, output)
+        if not step.fresh and step.compiled is not None:
+            block.setdefault(k, step.template[0])
+        for position in dead.get(k, ()):
+            if position in block:
+                free[steps[position].runtime].append(block[position])
+    return list({id(b): b for b in block.values()}.values())
+
+
 class Queue:
     """The steps of one plan as one device batch, made at their first replay through it: what
     each replay changes is listed once, so a replay costs a look-up per changed buffer and

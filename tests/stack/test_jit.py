@@ -1,5 +1,6 @@
 """portkit.jit: a replay gives exactly what the eager function gives, and what it cannot replay
 it refuses with JitError."""
+import itertools
 import math
 
 import numpy as np
@@ -417,7 +418,7 @@ def test_a_replay_writes_a_dead_intermediate_s_memory_again(device):
     # in launch order on every device
     widths = [64, 64, 48, 40, 32, 24, 16, 8]
     w = [Tensor(RNG.standard_normal(shape).astype(np.float32) * 0.2, device=device)
-         for shape in zip(widths, widths[1:])]
+         for shape in itertools.pairwise(widths)]
 
     def chain(x):
         for weight in w:

@@ -200,8 +200,9 @@ def on_unit(found: Contraction, caps: Capabilities, packing: Packing | None
         return None if found.accumulate.is_int else packing
     # depth blocks of whole groups of the unit's k terms (a block of 129 terms takes 130);
     # with taps, of whole groups of channels, each group's terms one tap of k channels
+    # a staged A with taps holds each group's terms side by side, [row][k] (pack.py)
     taps = prod(packing.taps)
-    return replace(packing, unit=unit,
+    return replace(packing, unit=unit, along_k=packing.along_k or bool(packing.taps),
                    depth=ceil(packing.depth // taps / unit.k) * unit.k * taps)
 
 

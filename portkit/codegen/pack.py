@@ -440,10 +440,14 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 value, = lowerer.lower(found.left, [at(group_row + i, const(0), k)], [None])
                 value = value if b.dtype(value) == b.dtype(staged) else b.cast(
                     value, b.dtype(staged))
-                # on a unit, at k's own place in the block (its groups read k's in any order)
-                where = kk if unit is None else k + k0 * -1
-                b.store(staged, lowerer.index(at_a(i, where)), value)
-            if p.along_k:
+                b.store(staged, lowerer.index(at_a(i, kk)), value)
+            if unit is not None and p.taps:
+                # a group's terms side by side ([row][k], on_unit), as the unit reads them
+                with loop(lowerer, "am", across) as i:
+                    for g, ks in unit_groups("ak"):
+                        for h, k in enumerate(ks):
+                            stage(g * group + h, k, i)
+            elif p.along_k:
                 with loop(lowerer, "am", across) as i:
                     for kk, k in walk("ak"):
                         stage(kk, k, i)
@@ -528,9 +532,8 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                     rights = [[b.load(panel, lowerer.index(slot(g, v * n) + e))
                                for e in range(n * group)] for v in range(p.width // n)]
                     if p.packed_a:
-                        lefts = [b.load(staged, lowerer.index(
-                                     at_a(t * p.rows + r, k + k0 * -1)))
-                                 for r in range(p.rows) for k in ks]
+                        lefts = [b.load(staged, lowerer.index(at_a(t * p.rows + r, g * group + h)))
+                                 for r in range(p.rows) for h in range(len(ks))]
                     else:
                         lefts = lowerer.lower(found.left, [at(row0 + r, const(0), k)
                                                            for r in range(p.rows) for k in ks],

@@ -3,6 +3,8 @@ QuantizeLinear, DequantizeLinear, MatMulInteger and QLinearMatMul, for the integ
 Rounding is to the nearest even, then the result saturates, as the ONNX reference does."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from portkit.abi import dtypes
@@ -98,3 +100,105 @@ def _qlinear_matmul(ctx: Context, node: NodeArgs) -> list[Value]:
     if zero is not None:
         product = product + ctx.tensor(zero).cast(dtypes.float32)
     return [_saturated(product, target)]
+
+
+# -- QDQ convolutions in integers --------------------------------------------------------------
+#
+# A model quantized in the QDQ format (onnxruntime.quantization.quantize_static) keeps its
+# Conv in float between DequantizeLinear nodes: DQ(x_q) and DQ(w_q) (per output channel)
+# feeding Conv, a QuantizeLinear after it. Run so, the weights are dequantized once at load
+# and the conv is a float one. `fused` rewrites such a Conv to read x_q and w_q themselves:
+# the integer conv sums (x_q - zx) * w_q exactly in int32, on a matrix unit where the device
+# has one for uint8 x int8 (pack.py), and one multiply-add per output scales it back to
+# float, acc * sx * sw[c] + bias, which the QuantizeLinear after it fuses into (its round and
+# saturation exactly ONNX's). What the sum adds up to is the float conv's value up to float
+# rounding: the float path rounds every product and partial sum, the integer one only the
+# final scaling, as onnxruntime's QLinearConv does.
+
+INTEGER_CONV = "portkit.IntegerConv"      # no ONNX op has a dotted name
+
+
+def fused(nodes: list, constants: dict[str, np.ndarray]) -> list:
+    """`nodes` with each 2-d Conv whose input is DequantizeLinear of a uint8 tensor (scalar
+    scale and zero point) and whose weight is DequantizeLinear of a constant int8 tensor with
+    zero points 0 (scale per tensor or per output channel), group 1, rewritten to
+    INTEGER_CONV on (x_q, sx, zx, w_q, sw, bias); every other node as it is."""
+    made = {out: node for node in nodes for out in node.outputs}
+
+    def dequantized(name: str):
+        node = made.get(name)
+        if node is None or node.op != "DequantizeLinear" or len(node.inputs) < 3 or any(
+                node.attrs.get(a) for a in ("block_size", "output_dtype")):
+            return None
+        scale, zero = (constants.get(n) for n in node.inputs[1:3])
+        if scale is None or zero is None or scale.dtype != np.float32:
+            return None
+        return node
+    out = []
+    for node in nodes:
+        x = dequantized(node.inputs[0]) if node.op == "Conv" and len(node.inputs) > 1 else None
+        w = x and dequantized(node.inputs[1])
+        if x is None or w is None or node.attrs.get("group", 1) != 1:
+            out.append(node)
+            continue
+        sx, zx = (constants[n] for n in x.inputs[1:3])
+        w_q = constants.get(w.inputs[0], np.zeros(0))
+        sw, zw = (constants[n] for n in w.inputs[1:3])
+        if (x.inputs[0] in constants or zx.dtype != np.uint8 or sx.size != 1
+                or w_q.dtype != np.int8 or w_q.ndim != 4 or zw.any()
+                or sw.size not in (1, w_q.shape[0])
+                or (sw.size > 1 and w.attrs.get("axis", 1) % 4 != 0)):
+            out.append(node)
+            continue
+        bias = node.inputs[2:3]
+        out.append(replace(node, op=INTEGER_CONV,
+                           inputs=(x.inputs[0], *x.inputs[1:3], *w.inputs[:2], *bias)))
+    return out
+
+
+def _integer_weights(ctx: Context, node: NodeArgs, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The conv's int8 weight on the device, laid out [cin][kh][kw][cout] (as the float conv's,
+    nn.py) with input channels added as zeros up to a multiple of 4 (the matrix unit's k
+    terms are 4 channels at one tap); and per output channel, as float32 (1, cout, 1, 1), the
+    scale sx * sw and the bias less zx times the scaled sum of the channel's weights (the
+    zero point's share of the sum, taken out after it). Uploaded once per model constant."""
+    w_q = node.inputs[3]
+    # uploaded beside the model's constants, under keys no axis order takes (negative)
+    keys = [(id(w_q), (-1, x.shape[1], i)) for i in range(3)]
+    if keys[0] not in ctx.uploaded:
+        sx, zx = (float(ctx.host(v).reshape(-1)[0]) for v in node.inputs[1:3])
+        w = np.asarray(w_q)
+        cout = w.shape[0]
+        scale = (np.float64(sx) * ctx.host(node.inputs[4]).astype(np.float64)).reshape(-1)
+        scale = np.broadcast_to(scale, (cout,))
+        sums = w.astype(np.int64).sum(axis=(1, 2, 3))
+        bias = np.zeros(cout) if node.input(5) is None else ctx.host(node.inputs[5]).astype(
+            np.float64)
+        bias = bias - zx * sums * scale
+        extra = -w.shape[1] % 4
+        w = np.pad(w, ((0, 0), (0, extra), (0, 0), (0, 0)))
+        weight = Tensor(np.ascontiguousarray(w.transpose(1, 2, 3, 0)),
+                        device=ctx.device).permute(3, 0, 1, 2)
+        shaped = [Tensor(v.astype(np.float32).reshape(1, cout, 1, 1), device=ctx.device)
+                  for v in (scale, bias)]
+        ctx.uploaded.update(zip(keys, (weight, *shaped)))
+    return ctx.uploaded[keys[0]], ctx.uploaded[keys[1]], ctx.uploaded[keys[2]]
+
+
+def _integer_conv(ctx: Context, node: NodeArgs) -> list[Value]:
+    """INTEGER_CONV: Conv's float output from x_q and w_q, summed in int32 (`fused`)."""
+    from portkit.onnx.nn import _window
+
+    x = ctx.tensor(node.inputs[0])
+    zx = int(ctx.host(node.inputs[2]).reshape(-1)[0])
+    weight, scale, bias = _integer_weights(ctx, node, x)
+    strides, dilations, pads = _window(node, x, weight.shape[2:])
+    # padded with the zero point, whose share of every sum the bias takes out
+    extra = weight.shape[1] - x.shape[1]
+    x = x.pad(((0, 0), (0, extra), *pads), value=zx)
+    acc = x.cast(dtypes.int32).conv2d(weight.cast(dtypes.int32), stride=strides,
+                                      dilation=dilations)
+    return [acc.cast(dtypes.float32) * scale + bias]
+
+
+FUSED: dict[str, Op] = {INTEGER_CONV: _integer_conv}

@@ -1,0 +1,118 @@
+"""QDQ models (onnxruntime.quantization.quantize_static: int8 weights per output channel,
+uint8 activations): each Conv between DequantizeLinear nodes runs as an integer conv
+(quantize.fused), on the matrix unit where the host has VNNI, and agrees with onnxruntime's
+own int8 run of the model to one quantization step of the output."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+from onnx import TensorProto, helper, numpy_helper
+
+import portkit.onnx
+from portkit.abi import Op
+from portkit.onnx import quantize
+from portkit.reference_backends.cpu import runtime as cpu_runtime
+from portkit.reference_backends.cpu.renderer import DPBUSD
+
+
+def _float_model(rng: np.random.Generator):
+    """input (1, 3, 20, 20) -> Conv 3x3 pad 1 (3 -> 16, the stem's 3 channels) -> Relu ->
+    Conv 3x3 stride 2 (16 -> 32) -> Relu -> Conv 1x1 (32 -> 8) -> output."""
+    def conv(name, x, cout, cin, k, **attrs):
+        w = numpy_helper.from_array(rng.standard_normal((cout, cin, k, k)).astype(np.float32)
+                                    * 0.3, name + ".w")
+        b = numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32) * 0.1,
+                                    name + ".b")
+        return [w, b], helper.make_node("Conv", [x, w.name, b.name], [name], **attrs)
+    inits, nodes = [], []
+    for args, relu in ((("c1", "input", 16, 3, 3), True), (("c2", "r1", 32, 16, 3), True),
+                       (("c3", "r2", 8, 32, 1), False)):
+        attrs = {"pads": [1, 1, 1, 1]} if args[0] == "c1" else (
+            {"strides": [2, 2]} if args[0] == "c2" else {})
+        made, node = conv(*args, **attrs)
+        inits += made
+        nodes.append(node)
+        if relu:
+            nodes.append(helper.make_node("Relu", [args[0]], ["r" + args[0][1]]))
+    graph = helper.make_graph(
+        nodes, "qdq", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                     [1, 3, 20, 20])],
+        [helper.make_tensor_value_info("c3", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    folder = tmp_path_factory.mktemp("qdq")
+    plain, quantized = folder / "float.onnx", folder / "int8.onnx"
+    onnx.save(_float_model(rng), plain)
+
+    class Reader(quantization.CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{"input": rng.standard_normal((1, 3, 20, 20)).astype(
+                np.float32)} for _ in range(8)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+    quantization.quantize_static(
+        str(plain), str(quantized), Reader(), quant_format=quantization.QuantFormat.QDQ,
+        per_channel=True, activation_type=quantization.QuantType.QUInt8,
+        weight_type=quantization.QuantType.QInt8)
+    return plain, quantized
+
+
+def _output_step(path) -> float:
+    """The scale of the QuantizeLinear that makes the model's output."""
+    model = onnx.load(path)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    last = next(n for n in model.graph.node if n.output[0] == model.graph.output[0].name)
+    return float(inits[last.input[1]])
+
+
+def test_qdq_convs_run_in_integers_and_agree_with_onnxruntime(models):
+    _, quantized = models
+    model = portkit.onnx.load(quantized, device="cpu")
+    assert [n.op for n in model.nodes].count(quantize.INTEGER_CONV) == 3
+    session = ort.InferenceSession(str(quantized), providers=["CPUExecutionProvider"])
+    step = _output_step(quantized)
+    for seed in range(3):
+        x = np.random.default_rng(10 + seed).standard_normal((1, 3, 20, 20)).astype(np.float32)
+        got = model(input=x)["c3"]
+        expected = session.run(None, {"input": x})[0]
+        # the same integers but where a rounding to an activation's step falls the other way
+        assert np.abs(got - expected).max() <= step * 1.01
+        assert np.mean(np.abs(got - expected) < step / 2) >= 0.95
+
+
+@pytest.mark.skipif("avx512_vnni" not in cpu_runtime.cpu_flags(),
+                    reason="the host has no AVX-512 VNNI")
+def test_the_integer_convs_run_on_the_unit(models):
+    from portkit.tensor import Tensor
+
+    _, quantized = models
+    model = portkit.onnx.load(quantized, device="cpu")
+    x = np.zeros((1, 3, 20, 20), np.float32)
+    env = model.run({"input": Tensor(x, device="cpu")})
+    kernels = env["c3"].schedule()
+    # the 3x3 convs (the stem's 3 channels taken as 4) on the unit; the 1x1 conv trades its
+    # factors (positions along n, pack.py) and keeps its integer kernel
+    assert sum(any(n.op is Op.MMA and n.arg == DPBUSD for n in k.nodes) for k in kernels) >= 2
+
+
+def test_patterns_it_does_not_take_keep_the_float_conv(models):
+    plain, quantized = models
+    assert quantize.INTEGER_CONV not in [n.op for n in portkit.onnx.load(plain).nodes]
+    # int8 activations (a zero point of int8) are left to the float path
+    model = onnx.load(quantized)
+    for init in model.graph.initializer:
+        if init.name.endswith("zero_point") and init.data_type == TensorProto.UINT8:
+            init.CopyFrom(numpy_helper.from_array(
+                numpy_helper.to_array(init).astype(np.int8) * 0, init.name))
+    loaded = portkit.onnx.load(model, device="cpu")
+    assert quantize.INTEGER_CONV not in [n.op for n in loaded.nodes]

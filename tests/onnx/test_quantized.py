@@ -116,3 +116,30 @@ def test_patterns_it_does_not_take_keep_the_float_conv(models):
                 numpy_helper.to_array(init).astype(np.int8) * 0, init.name))
     loaded = portkit.onnx.load(model, device="cpu")
     assert quantize.INTEGER_CONV not in [n.op for n in loaded.nodes]
+
+
+@pytest.mark.parametrize("dtype, zero", [(np.uint8, 131), (np.int8, -3), (np.int16, 700)])
+def test_quantize_linear_rounds_ties_to_even_and_saturates_without_a_floor(dtype, zero):
+    """QuantizeLinear on float32 rounds by adding and taking away 1.5 * 2^23 (`_rounded`):
+    exact against the ONNX reference on ties and large values."""
+    from onnx.reference import ReferenceEvaluator
+
+    from portkit.tensor import Tensor
+
+    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])
+    graph = helper.make_graph(
+        [node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+                                       None)],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+         numpy_helper.from_array(np.array(zero, dtype), "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.arange(-300, 300, 0.25), rng.standard_normal(1000) * 1e5,
+                        [4194304.75, -8388609.0, 1e9, -1e9]]
+                       ).astype(np.float32)
+    expected = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    loaded = portkit.onnx.load(model, device="cpu")
+    np.testing.assert_array_equal(loaded(x=x)["y"], expected)
+    env = loaded.run({"x": Tensor(x, device="cpu")})
+    assert not any(n.op is Op.TRUNC for k in env["y"].schedule() for n in k.nodes)

@@ -14,7 +14,7 @@ quantization = pytest.importorskip("onnxruntime.quantization")
 from onnx import TensorProto, helper, numpy_helper
 
 import portkit.onnx
-from portkit.abi import Op
+from portkit.abi import Op, dtypes
 from portkit.onnx import quantize
 from portkit.reference_backends.cpu import runtime as cpu_runtime
 from portkit.reference_backends.cpu.renderer import DPBUSD
@@ -22,7 +22,7 @@ from portkit.reference_backends.cpu.renderer import DPBUSD
 
 def _float_model(rng: np.random.Generator):
     """input (1, 3, 20, 20) -> Conv 3x3 pad 1 (3 -> 16, the stem's 3 channels) -> Relu ->
-    Conv 3x3 stride 2 (16 -> 32) -> Relu -> Conv 1x1 (32 -> 8) -> output."""
+    Conv 3x3 stride 2 (16 -> 32) -> Relu -> Conv 3x3 pad 1 (32 -> 16) -> output."""
     def conv(name, x, cout, cin, k, **attrs):
         w = numpy_helper.from_array(rng.standard_normal((cout, cin, k, k)).astype(np.float32)
                                     * 0.3, name + ".w")
@@ -31,9 +31,9 @@ def _float_model(rng: np.random.Generator):
         return [w, b], helper.make_node("Conv", [x, w.name, b.name], [name], **attrs)
     inits, nodes = [], []
     for args, relu in ((("c1", "input", 16, 3, 3), True), (("c2", "r1", 32, 16, 3), True),
-                       (("c3", "r2", 8, 32, 1), False)):
+                       (("c3", "r2", 16, 32, 3), False)):
         attrs = {"pads": [1, 1, 1, 1]} if args[0] == "c1" else (
-            {"strides": [2, 2]} if args[0] == "c2" else {})
+            {"strides": [2, 2]} if args[0] == "c2" else {"pads": [1, 1, 1, 1]})
         made, node = conv(*args, **attrs)
         inits += made
         nodes.append(node)
@@ -97,12 +97,17 @@ def test_the_integer_convs_run_on_the_unit(models):
 
     _, quantized = models
     model = portkit.onnx.load(quantized, device="cpu")
-    x = np.zeros((1, 3, 20, 20), np.float32)
-    env = model.run({"input": Tensor(x, device="cpu")})
+    # the convs before the last ran as the graph was built (their inputs are realized, laid
+    # out [n][h][w][c]); the last one's kernel is still to run
+    env = model.run({"input": Tensor(np.zeros((1, 3, 20, 20), np.float32), device="cpu")})
     kernels = env["c3"].schedule()
-    # the 3x3 convs (the stem's 3 channels taken as 4) on the unit; the 1x1 conv trades its
-    # factors (positions along n, pack.py) and keeps its integer kernel
-    assert sum(any(n.op is Op.MMA and n.arg == DPBUSD for n in k.nodes) for k in kernels) >= 2
+    assert any(n.op is Op.MMA and n.arg == DPBUSD for k in kernels for n in k.nodes)
+    # its input: 32 channels of 9 x 9 padded by 1, in uint8, channels last
+    from portkit.graph import GraphOp, toposort
+
+    loads = {n.shape for n in toposort([env["c3"].lazy]) if n.op is GraphOp.LOAD
+             and n.dtype == dtypes.uint8}
+    assert (1, 11, 11, 32) in loads
 
 
 def test_patterns_it_does_not_take_keep_the_float_conv(models):

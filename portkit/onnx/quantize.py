@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from portkit.abi import dtypes
+from portkit.onnx.nn import window
 from portkit.onnx.ops import Check, Context, NodeArgs, Op, Value, registrar
 from portkit.tensor import Tensor
 
@@ -203,12 +204,10 @@ def _integer_weights(ctx: Context, node: NodeArgs, x: Tensor) -> tuple[Tensor, T
 
 def _integer_conv(ctx: Context, node: NodeArgs) -> list[Value]:
     """INTEGER_CONV: Conv's float output from x_q and w_q, summed in int32 (`fused`)."""
-    from portkit.onnx.nn import _window
-
     x = ctx.tensor(node.inputs[0])
     zx = int(ctx.host(node.inputs[2]).reshape(-1)[0])
     weight, scale, bias = _integer_weights(ctx, node, x)
-    strides, dilations, pads = _window(node, x, weight.shape[2:])
+    strides, dilations, pads = window(node, x, weight.shape[2:])
     # padded with the zero point, whose share of every sum the bias takes out, and laid out
     # [n][h][w][c], so that the unit's four channels at a tap are one 32-bit word of A. The
     # padded input is realized, then its transpose: unrealized, the transpose fused into

@@ -133,13 +133,15 @@ def _qlinear_matmul(ctx: Context, node: NodeArgs) -> list[Value]:
 # final scaling, as onnxruntime's QLinearConv does.
 
 INTEGER_CONV = "portkit.IntegerConv"      # no ONNX op has a dotted name
+INTEGER_MATMUL = "portkit.IntegerMatMul"
 
 
 def fused(nodes: list, constants: dict[str, np.ndarray]) -> list:
-    """`nodes` with each 2-d Conv whose input is DequantizeLinear of a uint8 tensor (scalar
-    scale and zero point) and whose weight is DequantizeLinear of a constant int8 tensor with
-    zero points 0 (scale per tensor or per output channel), group 1, rewritten to
-    INTEGER_CONV on (x_q, sx, zx, w_q, sw, bias); every other node as it is."""
+    """`nodes` with each 2-d Conv (group 1), MatMul and Gemm (alpha and beta 1, A not
+    transposed) whose input is DequantizeLinear of a uint8 tensor (scalar scale and zero
+    point) and whose weight is DequantizeLinear of a constant int8 tensor with zero points 0
+    (scale per tensor or per output channel), rewritten to INTEGER_CONV or INTEGER_MATMUL on
+    (x_q, sx, zx, w_q, sw, bias); every other node as it is."""
     made = {out: node for node in nodes for out in node.outputs}
 
     def dequantized(name: str):
@@ -151,24 +153,35 @@ def fused(nodes: list, constants: dict[str, np.ndarray]) -> list:
         if scale is None or zero is None or scale.dtype != np.float32:
             return None
         return node
+    def output_axis(node) -> int | None:
+        """The weight's output-channel axis where `node` is a Conv, MatMul or Gemm this
+        rewrites (one ordinary product: no groups, no transposed A, no alpha or beta)."""
+        if node.op == "Conv":
+            return 0 if node.attrs.get("group", 1) == 1 else None
+        if node.op == "MatMul":
+            return 1
+        plain = all(node.attrs.get(a, d) == d for a, d in (
+            ("transA", 0), ("alpha", 1.0), ("beta", 1.0)))
+        return (0 if node.attrs.get("transB", 0) else 1) if node.op == "Gemm" and plain else None
     out = []
     for node in nodes:
-        x = dequantized(node.inputs[0]) if node.op == "Conv" and len(node.inputs) > 1 else None
+        axis = output_axis(node) if len(node.inputs) > 1 else None
+        x = None if axis is None else dequantized(node.inputs[0])
         w = x and dequantized(node.inputs[1])
-        if x is None or w is None or node.attrs.get("group", 1) != 1:
+        if axis is None or x is None or w is None:
             out.append(node)
             continue
         sx, zx = (constants[n] for n in x.inputs[1:3])
         w_q = constants.get(w.inputs[0], np.zeros(0))
         sw, zw = (constants[n] for n in w.inputs[1:3])
         if (x.inputs[0] in constants or zx.dtype != np.uint8 or sx.size != 1
-                or w_q.dtype != np.int8 or w_q.ndim != 4 or zw.any()
-                or sw.size not in (1, w_q.shape[0])
-                or (sw.size > 1 and w.attrs.get("axis", 1) % 4 != 0)):
+                or w_q.dtype != np.int8 or w_q.ndim != (4 if node.op == "Conv" else 2)
+                or zw.any() or sw.size not in (1, w_q.shape[axis])
+                or (sw.size > 1 and w.attrs.get("axis", 1) % w_q.ndim != axis)):
             out.append(node)
             continue
         bias = node.inputs[2:3]
-        out.append(replace(node, op=INTEGER_CONV,
+        out.append(replace(node, op=INTEGER_CONV if node.op == "Conv" else INTEGER_MATMUL,
                            inputs=(x.inputs[0], *x.inputs[1:3], *w.inputs[:2], *bias)))
     return out
 
@@ -223,4 +236,29 @@ def _integer_conv(ctx: Context, node: NodeArgs) -> list[Value]:
     return [acc.cast(dtypes.float32) * scale + bias]
 
 
-FUSED: dict[str, Op] = {INTEGER_CONV: _integer_conv}
+def _integer_matmul(ctx: Context, node: NodeArgs) -> list[Value]:
+    """INTEGER_MATMUL: MatMul's or Gemm's float output from x_q and w_q, summed in int32
+    (`fused`): x_q @ w_q on the matrix unit where the device has one, then per output column
+    acc * sx * sw[j] + (bias - zx * sx * sw[j] * sum w[:, j]). The weight is uploaded [k][n]
+    (Gemm's transB transposed at upload), once per model constant."""
+    w_q = node.inputs[3]
+    keys = [(id(w_q), (-2, i)) for i in range(3)]
+    if keys[0] not in ctx.uploaded:
+        sx, zx = (float(ctx.host(v).reshape(-1)[0]) for v in node.inputs[1:3])
+        w = np.asarray(w_q).T if node.attr("transB", 0) else np.asarray(w_q)
+        scale = np.broadcast_to(
+            np.float64(sx) * ctx.host(node.inputs[4]).astype(np.float64).reshape(-1),
+            (w.shape[1],))
+        bias = 0.0 if node.input(5) is None else ctx.host(node.inputs[5]).astype(np.float64)
+        bias = bias - zx * w.astype(np.int64).sum(axis=0) * scale
+        ctx.uploaded.update(zip(keys, [Tensor(np.ascontiguousarray(v), device=ctx.device)
+                                       for v in (w, scale.astype(np.float32),
+                                                 bias.astype(np.float32))]))
+    on_device = [ctx.uploaded[key] for key in keys]
+    x = ctx.tensor(node.inputs[0]).cast(dtypes.int32)
+    # the zero point's share of each sum, zx * sum w[:, j], is in the bias
+    product = x @ on_device[0].cast(dtypes.int32)
+    return [product.cast(dtypes.float32) * on_device[1] + on_device[2]]
+
+
+FUSED: dict[str, Op] = {INTEGER_CONV: _integer_conv, INTEGER_MATMUL: _integer_matmul}

@@ -148,3 +148,51 @@ def test_quantize_linear_rounds_ties_to_even_and_saturates_without_a_floor(dtype
     np.testing.assert_array_equal(loaded(x=x)["y"], expected)
     env = loaded.run({"x": Tensor(x, device="cpu")})
     assert not any(n.op is Op.TRUNC for k in env["y"].schedule() for n in k.nodes)
+
+
+def _quantized_products(folder):
+    """input (16, 128) -> MatMul (128 -> 64) -> Relu -> Gemm transB (64 -> 48, bias), in QDQ."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.2, name)
+             for name, shape in (("w1", (128, 64)), ("w2", (48, 64)), ("b2", (48,)))]
+    nodes = [helper.make_node("MatMul", ["input", "w1"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["out"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "products",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [16, 128])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+    plain, quantized = folder / "products.onnx", folder / "products-int8.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), plain)
+
+    class Reader(quantization.CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{"input": rng.standard_normal((16, 128)).astype(np.float32)}
+                               for _ in range(8)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+    quantization.quantize_static(
+        str(plain), str(quantized), Reader(), quant_format=quantization.QuantFormat.QDQ,
+        per_channel=True, activation_type=quantization.QuantType.QUInt8,
+        weight_type=quantization.QuantType.QInt8)
+    return quantized
+
+
+def test_qdq_matmul_and_gemm_run_in_integers_and_agree_with_onnxruntime(tmp_path):
+    from portkit.tensor import Tensor
+
+    quantized = _quantized_products(tmp_path)
+    model = portkit.onnx.load(quantized, device="cpu")
+    assert [n.op for n in model.nodes].count(quantize.INTEGER_MATMUL) == 2
+    session = ort.InferenceSession(str(quantized), providers=["CPUExecutionProvider"])
+    step = _output_step(quantized)
+    for seed in range(3):
+        x = np.random.default_rng(20 + seed).standard_normal((16, 128)).astype(np.float32)
+        difference = np.abs(model(input=x)["out"] - session.run(None, {"input": x})[0])
+        assert difference.max() <= step * 1.01 and np.mean(difference < step / 2) >= 0.95
+    if "avx512_vnni" in cpu_runtime.cpu_flags():
+        env = model.run({"input": Tensor(np.zeros((16, 128), np.float32), device="cpu")})
+        kernels = env["out"].schedule()
+        assert sum(any(n.op is Op.MMA and n.arg == DPBUSD for n in k.nodes)
+                   for k in kernels) == 2

@@ -255,3 +255,23 @@ def test_a_computed_conv_input_is_staged_and_runs_on_the_unit():
     exact = torch.nn.functional.conv2d(torch.tensor(np.maximum(x, 7), dtype=torch.float64),
                                        torch.tensor(w, dtype=torch.float64), stride=2).numpy()
     np.testing.assert_array_equal(result.numpy(), exact.astype(np.int64))
+
+
+@needs_bf16
+def test_a_bfloat16_conv_runs_on_the_unit_within_rounding():
+    """Taps on vdpbf16ps: the unit's two k terms are two channels at one tap."""
+    import torch
+
+    rng = np.random.default_rng(4)
+    x, w = _bf16(rng, (1, 16, 12, 12)), _bf16(rng, (32, 16, 3, 3))
+    result = Tensor(x, device="cpu").conv2d(Tensor(w, device="cpu"), padding=1)
+    assert any(n.op is Op.MMA and n.arg == DPBF16 for k in result.schedule() for n in k.nodes)
+    exact = torch.nn.functional.conv2d(torch.tensor(x.astype(np.float64)),
+                                       torch.tensor(w.astype(np.float64)), padding=1).numpy()
+    sizes = torch.nn.functional.conv2d(torch.tensor(np.abs(x.astype(np.float64))),
+                                       torch.tensor(np.abs(w.astype(np.float64))),
+                                       padding=1).numpy()
+    # float32 sums (144 terms, well within 2^-16 of the sum of sizes), then half an ULP of
+    # bfloat16 on the result
+    bound = sizes * 2.0 ** -16 + (np.abs(exact) + sizes * 2.0 ** -16) * 2.0 ** -8
+    assert (np.abs(result.numpy().astype(np.float64) - exact) <= bound).all()

@@ -124,7 +124,8 @@ def _qlinear_matmul(ctx: Context, node: NodeArgs) -> list[Value]:
 # A model quantized in the QDQ format (onnxruntime.quantization.quantize_static) keeps its
 # Conv in float between DequantizeLinear nodes: DQ(x_q) and DQ(w_q) (per output channel)
 # feeding Conv, a QuantizeLinear after it. Run so, the weights are dequantized once at load
-# and the conv is a float one. `fused` rewrites such a Conv to read x_q and w_q themselves:
+# and the conv is a float one. `fused` rewrites such a Conv (and MatMul and Gemm) to read
+# x_q and w_q themselves (int8 activations shifted to uint8 by 128, `_unsigned`):
 # the integer conv sums (x_q - zx) * w_q exactly in int32, on a matrix unit where the device
 # has one for uint8 x int8 (pack.py), and one multiply-add per output scales it back to
 # float, acc * sx * sw[c] + bias, which the QuantizeLinear after it fuses into (its round and
@@ -138,8 +139,8 @@ INTEGER_MATMUL = "portkit.IntegerMatMul"
 
 def fused(nodes: list, constants: dict[str, np.ndarray]) -> list:
     """`nodes` with each 2-d Conv (group 1), MatMul and Gemm (alpha and beta 1, A not
-    transposed) whose input is DequantizeLinear of a uint8 tensor (scalar scale and zero
-    point) and whose weight is DequantizeLinear of a constant int8 tensor with zero points 0
+    transposed) whose input is DequantizeLinear of a uint8 or int8 tensor (scalar scale and
+    zero point) and whose weight is DequantizeLinear of a constant int8 tensor with zero points 0
     (scale per tensor or per output channel), rewritten to INTEGER_CONV or INTEGER_MATMUL on
     (x_q, sx, zx, w_q, sw, bias); every other node as it is."""
     made = {out: node for node in nodes for out in node.outputs}
@@ -174,7 +175,7 @@ def fused(nodes: list, constants: dict[str, np.ndarray]) -> list:
         sx, zx = (constants[n] for n in x.inputs[1:3])
         w_q = constants.get(w.inputs[0], np.zeros(0))
         sw, zw = (constants[n] for n in w.inputs[1:3])
-        if (x.inputs[0] in constants or zx.dtype != np.uint8 or sx.size != 1
+        if (x.inputs[0] in constants or zx.dtype not in (np.uint8, np.int8) or sx.size != 1
                 or w_q.dtype != np.int8 or w_q.ndim != (4 if node.op == "Conv" else 2)
                 or zw.any() or sw.size not in (1, w_q.shape[axis])
                 or (sw.size > 1 and w.attrs.get("axis", 1) % w_q.ndim != axis)):
@@ -186,7 +187,18 @@ def fused(nodes: list, constants: dict[str, np.ndarray]) -> list:
     return out
 
 
-def _integer_weights(ctx: Context, node: NodeArgs, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _unsigned(ctx: Context, node: NodeArgs) -> tuple[Tensor, float, int]:
+    """x_q as uint8, the matrix unit's A dtype, with its scale and zero point: int8 values
+    (int8 activations) plus 128, whose zero point is then 128 more."""
+    x = ctx.tensor(node.inputs[0])
+    sx, zx = (ctx.host(v).reshape(-1)[0] for v in node.inputs[1:3])
+    if x.dtype == dtypes.int8:
+        return (x.cast(dtypes.int16) + 128).cast(dtypes.uint8), float(sx), int(zx) + 128
+    return x, float(sx), int(zx)
+
+
+def _integer_weights(ctx: Context, node: NodeArgs, x: Tensor, sx: float, zx: int
+                     ) -> tuple[Tensor, Tensor, Tensor]:
     """The conv's int8 weight on the device, laid out [cin][kh][kw][cout] (as the float conv's,
     nn.py) with input channels added as zeros up to a multiple of 4 (the matrix unit's k
     terms are 4 channels at one tap); and per output channel, as float32 (1, cout, 1, 1), the
@@ -196,7 +208,6 @@ def _integer_weights(ctx: Context, node: NodeArgs, x: Tensor) -> tuple[Tensor, T
     # uploaded beside the model's constants, under keys no axis order takes (negative)
     keys = [(id(w_q), (-1, x.shape[1], i)) for i in range(3)]
     if keys[0] not in ctx.uploaded:
-        sx, zx = (float(ctx.host(v).reshape(-1)[0]) for v in node.inputs[1:3])
         w = np.asarray(w_q)
         cout = w.shape[0]
         scale = (np.float64(sx) * ctx.host(node.inputs[4]).astype(np.float64)).reshape(-1)
@@ -217,9 +228,8 @@ def _integer_weights(ctx: Context, node: NodeArgs, x: Tensor) -> tuple[Tensor, T
 
 def _integer_conv(ctx: Context, node: NodeArgs) -> list[Value]:
     """INTEGER_CONV: Conv's float output from x_q and w_q, summed in int32 (`fused`)."""
-    x = ctx.tensor(node.inputs[0])
-    zx = int(ctx.host(node.inputs[2]).reshape(-1)[0])
-    weight, scale, bias = _integer_weights(ctx, node, x)
+    x, sx, zx = _unsigned(ctx, node)
+    weight, scale, bias = _integer_weights(ctx, node, x, sx, zx)
     strides, dilations, pads = window(node, x, weight.shape[2:])
     # padded with the zero point, whose share of every sum the bias takes out, and laid out
     # [n][h][w][c], so that the unit's four channels at a tap are one 32-bit word of A. The
@@ -243,8 +253,8 @@ def _integer_matmul(ctx: Context, node: NodeArgs) -> list[Value]:
     (Gemm's transB transposed at upload), once per model constant."""
     w_q = node.inputs[3]
     keys = [(id(w_q), (-2, i)) for i in range(3)]
+    x, sx, zx = _unsigned(ctx, node)
     if keys[0] not in ctx.uploaded:
-        sx, zx = (float(ctx.host(v).reshape(-1)[0]) for v in node.inputs[1:3])
         w = np.asarray(w_q).T if node.attr("transB", 0) else np.asarray(w_q)
         scale = np.broadcast_to(
             np.float64(sx) * ctx.host(node.inputs[4]).astype(np.float64).reshape(-1),
@@ -255,7 +265,7 @@ def _integer_matmul(ctx: Context, node: NodeArgs) -> list[Value]:
                                        for v in (w, scale.astype(np.float32),
                                                  bias.astype(np.float32))]))
     on_device = [ctx.uploaded[key] for key in keys]
-    x = ctx.tensor(node.inputs[0]).cast(dtypes.int32)
+    x = x.cast(dtypes.int32)
     # the zero point's share of each sum, zx * sum w[:, j], is in the bias
     product = x @ on_device[0].cast(dtypes.int32)
     return [product.cast(dtypes.float32) * on_device[1] + on_device[2]]

@@ -46,12 +46,15 @@ def _float_model(rng: np.random.Generator):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
+@pytest.fixture(scope="module", params=["uint8", "int8"])
+def models(tmp_path_factory, request):
+    """The float model and its QDQ quantization, with uint8 or int8 activations."""
     rng = np.random.default_rng(0)
     folder = tmp_path_factory.mktemp("qdq")
     plain, quantized = folder / "float.onnx", folder / "int8.onnx"
     onnx.save(_float_model(rng), plain)
+    activations = {"uint8": quantization.QuantType.QUInt8,
+                   "int8": quantization.QuantType.QInt8}[request.param]
 
     class Reader(quantization.CalibrationDataReader):
         def __init__(self):
@@ -62,7 +65,7 @@ def models(tmp_path_factory):
             return next(self.feeds, None)
     quantization.quantize_static(
         str(plain), str(quantized), Reader(), quant_format=quantization.QuantFormat.QDQ,
-        per_channel=True, activation_type=quantization.QuantType.QUInt8,
+        per_channel=True, activation_type=activations,
         weight_type=quantization.QuantType.QInt8)
     return plain, quantized
 
@@ -113,14 +116,18 @@ def test_the_integer_convs_run_on_the_unit(models):
 def test_patterns_it_does_not_take_keep_the_float_conv(models):
     plain, quantized = models
     assert quantize.INTEGER_CONV not in [n.op for n in portkit.onnx.load(plain).nodes]
-    # int8 activations (a zero point of int8) are left to the float path
+    # weights with a zero point other than 0 are left to the float path
     model = onnx.load(quantized)
     for init in model.graph.initializer:
-        if init.name.endswith("zero_point") and init.data_type == TensorProto.UINT8:
-            init.CopyFrom(numpy_helper.from_array(
-                numpy_helper.to_array(init).astype(np.int8) * 0, init.name))
+        if init.name.endswith("weight_zero_point") or ".w_zero_point" in init.name:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 1, init.name))
     loaded = portkit.onnx.load(model, device="cpu")
     assert quantize.INTEGER_CONV not in [n.op for n in loaded.nodes]
+    x = np.random.default_rng(5).standard_normal((1, 3, 20, 20)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    difference = np.abs(loaded(input=x)["c3"] - session.run(None, {"input": x})[0])
+    assert difference.max() <= _output_step(quantized) * 1.01
 
 
 @pytest.mark.parametrize("dtype, zero", [(np.uint8, 131), (np.int8, -3), (np.int16, 700)])

@@ -238,12 +238,17 @@ def _integer_conv(ctx: Context, node: NodeArgs) -> list[Value]:
     # across channels and took 3 ms for 64 x 58 x 58. One thread, ResNet-18's 3x3 convs
     # took 0.74 ms (64 on 56 x 56), 0.70 (256 on 14 x 14) and 1.0 (the stem) against 1.1,
     # 1.7 and 2.4 with A read [c][h][w]
+    # x_q itself is realized first: unrealized, a residual's value (the Quantize of an Add
+    # of the Dequantize of one before it) was computed again in each kernel that read it,
+    # its chain back to the last realized value (0.5-0.8 ms for a pad of 64 x 58 x 58)
     extra = weight.shape[1] - x.shape[1]
-    x = x.pad(((0, 0), (0, extra), *pads), value=zx).contiguous().realize()
+    x = x.realize().pad(((0, 0), (0, extra), *pads), value=zx).contiguous().realize()
     x = x.permute(0, 2, 3, 1).contiguous().realize().permute(0, 3, 1, 2)
     acc = x.cast(dtypes.int32).conv2d(weight.cast(dtypes.int32), stride=strides,
                                       dilation=dilations)
-    return [acc.cast(dtypes.float32) * scale + bias]
+    # realized in float: fused into the conv's kernel as its epilogue, what comes after it
+    # (a Quantize, an Add of a residual, a Quantize again) ran the conv at 6x its time
+    return [(acc.cast(dtypes.float32) * scale + bias).realize()]
 
 
 def _integer_matmul(ctx: Context, node: NodeArgs) -> list[Value]:

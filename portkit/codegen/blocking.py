@@ -199,8 +199,8 @@ def on_unit(found: Contraction, caps: Capabilities, packing: Packing | None
     if unit is None:
         return None if found.accumulate.is_int else packing
     # depth blocks of whole groups of the unit's k terms (a block of 129 terms takes 130);
-    # with taps, of whole groups of channels, each group's terms one tap of k channels
-    # a staged A with taps holds each group's terms side by side, [row][k] (pack.py)
+    # with taps, of whole groups of channels, a group's terms k channels at one tap, which a
+    # staged A holds side by side, [row][k] (pack.py `unit_groups`)
     taps = prod(packing.taps)
     return replace(packing, unit=unit, along_k=packing.along_k or bool(packing.taps),
                    depth=ceil(packing.depth // taps / unit.k) * unit.k * taps)
@@ -211,9 +211,9 @@ def runs_block(unit: MatrixUnit, found: Contraction, packing: Packing) -> bool:
     factors' values those of the unit's inputs, `widened_from`); one
     thread's 1 x n tile, n dividing the block's width; A's k terms, in order, one row's
     (broadcast); B's n columns of k terms each, interleaved by k (the panel's layout). With
-    a conv's taps, the unit's k terms are k channels at one tap (pack.py `emit`), so its
-    channels are whole groups of k. Not with a k folded from several
-    axes, whose walks step one k at a time."""
+    a conv's taps, the unit's k terms are k channels at one tap (pack.py `unit_groups`), so
+    its channels are whole groups of k. Not with a k folded from several axes, whose walks
+    step one k at a time."""
     k, n = unit.k, unit.n
     layout = (fragment(1, k, lambda t, e: (0, e)),
               fragment(1, k * n, lambda t, e: (e % k, e // k)),

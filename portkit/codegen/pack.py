@@ -407,8 +407,8 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
 
     def unit_groups(name: str) -> Iterator[tuple[Lin, list[Lin]]]:
         """The depth block's groups of the unit's k terms: each group's place and its terms'
-        k. With taps, a group is `group` channels at one tap (an integer sum is exact in any
-        order), walked as a loop over groups of channels and one per tap (no division)."""
+        k. With taps, a group is `group` channels at one tap (the sum taken in another order),
+        walked as a loop over groups of channels and one per tap (no division)."""
         if not p.taps:
             with loop(lowerer, name, p.depth // group, ends[-1]) as g:
                 yield g, [k0 + g * group + h for h in range(group)]

@@ -5,7 +5,7 @@ one that runs its register block."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import ceil
+from math import ceil, prod
 
 from portkit.abi.backend import Capabilities
 from portkit.abi.dtypes import DType
@@ -198,16 +198,22 @@ def on_unit(found: Contraction, caps: Capabilities, packing: Packing | None
     unit = next((u for u in caps.matrix_units if runs_block(u, found, packing)), None)
     if unit is None:
         return None if found.accumulate.is_int else packing
-    # depth blocks of whole groups of the unit's k terms (a block of 129 terms takes 130)
-    return replace(packing, unit=unit, depth=ceil(packing.depth / unit.k) * unit.k)
+    # depth blocks of whole groups of the unit's k terms (a block of 129 terms takes 130);
+    # with taps, of whole groups of channels, a group's terms k channels at one tap, which a
+    # staged A holds side by side, [row][k] (pack.py `unit_groups`)
+    taps = prod(packing.taps)
+    return replace(packing, unit=unit, along_k=packing.along_k or bool(packing.taps),
+                   depth=ceil(packing.depth // taps / unit.k) * unit.k * taps)
 
 
 def runs_block(unit: MatrixUnit, found: Contraction, packing: Packing) -> bool:
     """Whether `unit` runs the register block of `packing`: the contraction's dtypes (its
     factors' values those of the unit's inputs, `widened_from`); one
     thread's 1 x n tile, n dividing the block's width; A's k terms, in order, one row's
-    (broadcast); B's n columns of k terms each, interleaved by k (the panel's layout). Not
-    with a conv's taps or a k folded from several axes, whose walks step one k at a time."""
+    (broadcast); B's n columns of k terms each, interleaved by k (the panel's layout). With
+    a conv's taps, the unit's k terms are k channels at one tap (pack.py `unit_groups`), so
+    its channels are whole groups of k. Not with a k folded from several axes, whose walks
+    step one k at a time."""
     k, n = unit.k, unit.n
     layout = (fragment(1, k, lambda t, e: (0, e)),
               fragment(1, k * n, lambda t, e: (e % k, e // k)),
@@ -216,7 +222,8 @@ def runs_block(unit: MatrixUnit, found: Contraction, packing: Packing) -> bool:
             and (unit.a_dtype, unit.b_dtype, unit.acc_dtype) == (
                 widened_from(found.left), widened_from(found.right), found.accumulate)
             and packing.width % n == 0
-            and not (packing.taps or found.k_fold))
+            and not found.k_fold
+            and not (packing.taps and found.sizes[2] // prod(packing.taps) % k))
 
 
 def widened_from(node: Lazy) -> DType:

@@ -404,11 +404,28 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
         with loop(lowerer, name + "r", p.depth // run, ends[1]) as runs, \
                 loop(lowerer, name, run) as kk:
             yield runs * run + kk, k0 + runs * run + kk
+
+    def unit_groups(name: str) -> Iterator[tuple[Lin, list[Lin]]]:
+        """The depth block's groups of the unit's k terms: each group's place and its terms'
+        k. With taps, a group is `group` channels at one tap (the sum taken in another order),
+        walked as a loop over groups of channels and one per tap (no division)."""
+        if not p.taps:
+            with loop(lowerer, name, p.depth // group, ends[-1]) as g:
+                yield g, [k0 + g * group + h for h in range(group)]
+            return
+        trips = (p.depth // (taps * group), *p.taps)
+        with nested(lowerer, name, [(trips[0], ends[-1])] + [(t, None) for t in p.taps]
+                    ) as counters:
+            window = ravel(counters[1:], p.taps)
+            channel = lowerer.new_var(name + "c", 0, k_size // taps - group, lowerer.index(
+                block * (p.depth // taps) + counters[0] * group))
+            yield ravel(counters, trips), [(channel + h) * taps + window for h in range(group)]
     with loop(lowerer, "kb", blocks_k) as block:
         k0 = block * p.depth
         ends = []
         # the block's end, in terms, in runs or windows, and in a unit's groups of k terms
-        for step in (1, unit_step) + (() if unit is None else (group,)):
+        # (of k channels at every tap, with taps: `unit_groups`)
+        for step in (1, unit_step) + (() if unit is None else (group * taps,)):
             end = lowerer.const(p.depth // step)
             if k_size % p.depth:
                 left = b.alu(Op.ADD, lowerer.const(k_size // step), b.alu(
@@ -423,7 +440,13 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                 value = value if b.dtype(value) == b.dtype(staged) else b.cast(
                     value, b.dtype(staged))
                 b.store(staged, lowerer.index(at_a(i, kk)), value)
-            if p.along_k:
+            if unit is not None and p.taps:
+                # a group's terms side by side ([row][k], on_unit), as the unit reads them
+                with loop(lowerer, "am", across) as i:
+                    for g, ks in unit_groups("ak"):
+                        for h, k in enumerate(ks):
+                            stage(g * group + h, k, i)
+            elif p.along_k:
                 with loop(lowerer, "am", across) as i:
                     for kk, k in walk("ak"):
                         stage(kk, k, i)
@@ -451,15 +474,19 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                     value, b.dtype(panel))
                 b.store(panel, lowerer.index(where), value)
 
-            def copy_group(g: Lin, j: Lin) -> None:
+            def copy_group(g: Lin, j: Lin, ks: list[Lin] | None = None) -> None:
                 for h in range(group):
-                    copy(slot(g, j, h), k0 + g * group + h, j)
+                    copy(slot(g, j, h), k0 + g * group + h if ks is None else ks[h], j)
             # B read along its rows (a conv's output gradient along the output positions,
             # x @ W.T's W): across n its `width` rows lie a plane or a row apart, 4 KiB on a
             # 32 x 32 map or for K = 1024, and walking them all at each k evicts each other
             # from their L1 sets
             along_rows = found.contiguous_k[1] and (found.k_fold or crowded)
-            if unit is not None:     # k groups outer, or columns where B is read along its rows
+            if unit is not None and p.taps:
+                for g, ks in unit_groups("pk"):
+                    with loop(lowerer, "pn", p.width, end) as j:
+                        copy_group(g, j, ks)
+            elif unit is not None:  # k groups outer, or columns where B is read along its rows
                 loops = [(p.depth // group, ends[-1]), (p.width, end)]
                 with nested(lowerer, "pk", loops[::-1] if along_rows else loops) as (outer, inner):
                     copy_group(*((inner, outer) if along_rows else (outer, inner)))
@@ -520,8 +547,8 @@ def emit(lowerer, root: Lazy, found: Contraction, packing: Packing, caps: Capabi
                         own = accs[r * p.width + right * n:][:n]
                         b.add(Op.MMA, None, (*left, *rights[right], *own), unit)
                 if unit is not None:
-                    with loop(lowerer, "kk", p.depth // group, ends[-1]) as g:
-                        multiply(g, [k0 + g * group + h for h in range(group)])
+                    for g, ks in unit_groups("kk"):
+                        multiply(g, ks)
                     if tail:
                         with in_last_block("kl"):
                             multiply(last_group, [const(k_size - tail + h) for h in range(tail)])

@@ -43,6 +43,8 @@ __all__ = ["MODULES", "InvalidModel", "Model", "UnsupportedModel", "load", "node
 # the op tables, one module per concern (the node-test page counts passes by module)
 MODULES = (ops, nn, attention, control, indexing, quantize, resize, rnn, signal, training)
 OPS = {name: fn for module in MODULES for name, fn in module.OPS.items()}
+# the nodes the loader rewrites (a QDQ conv run in integers, quantize.fused)
+OPS.update(quantize.FUSED)
 CHECKS = {name: fn for module in MODULES for name, fn in module.CHECKS.items()}
 # the domains whose ops OPS holds (some of each: the optimizer steps, two of ai.onnx.ml)
 DOMAINS = ("", "ai.onnx", "ai.onnx.preview.training", "ai.onnx.ml")
@@ -238,6 +240,7 @@ def _from_graph(graph: Any, opset: int, device: str | None) -> Model:
                      if isinstance(v, onnx.GraphProto)}
         nodes.append(Node(n.op_type, n.name or f"{n.op_type}_{i}", tuple(n.input),
                           tuple(n.output), attrs | subgraphs, n, bool(subgraphs)))
+    nodes = quantize.fused(nodes, constants)
     inputs = [i.name for i in graph.input if i.name not in constants]
     output_dtypes = {o.name: onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)
                      for o in graph.output if o.type.tensor_type.elem_type}

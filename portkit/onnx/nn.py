@@ -67,7 +67,8 @@ def _as_2d(x: Tensor) -> Tensor:
     return x.unsqueeze(2) if x.ndim == 3 else x
 
 
-def _window(node: NodeArgs, x: Tensor, kernel: tuple[int, ...]):
+def window(node: NodeArgs, x: Tensor, kernel: tuple[int, ...]):
+    """A conv or pool node's strides, dilations and (before, after) pads per spatial axis."""
     spatial = x.ndim - 2
     strides = tuple(node.attr("strides", [1] * spatial))
     dilations = tuple(node.attr("dilations", [1] * spatial))
@@ -128,7 +129,7 @@ def _conv_op(ctx: Context, node: NodeArgs) -> list[Value]:
     weight = (ctx.laid_out(w, (1, 2, 3, 0)) if len(w.shape) == 4 and node.attr("group", 1) == 1
               else ctx.tensor(w))
     bias = None if node.input(2) is None else ctx.tensor(node.inputs[2])
-    strides, dilations, pads = _window(node, x, weight.shape[2:])
+    strides, dilations, pads = window(node, x, weight.shape[2:])
     return [conv(x.pad(((0, 0), (0, 0), *pads)), weight, bias, strides, dilations,
                   node.attr("group", 1))]
 
@@ -177,7 +178,7 @@ def _conv_transpose(ctx: Context, node: NodeArgs) -> list[Value]:
 
 def _pool(x: Tensor, node: NodeArgs, fill: float, reduce: str) -> Tensor:
     kernel = tuple(node.attr("kernel_shape"))
-    strides, dilations, pads = _window(node, x, kernel)
+    strides, dilations, pads = window(node, x, kernel)
     return _pool_nd(x.pad(((0, 0), (0, 0), *pads), fill), kernel, strides, dilations, reduce)
 
 
@@ -219,7 +220,7 @@ def _max_pool(ctx: Context, node: NodeArgs) -> list[Value]:
     # With the Indices output: each window's elements stacked on a new first axis, the first
     # largest one taken, and its place in the input counted in x's flat (N, C, H, W) order.
     kernel = tuple(node.attr("kernel_shape"))
-    strides, dilations, pads = _window(node, x, kernel)
+    strides, dilations, pads = window(node, x, kernel)
     padded = x.pad(((0, 0), (0, 0), *pads), float("-inf"))
     counts = [(n - (k - 1) * d - 1) // s + 1
               for n, k, s, d in zip(padded.shape[2:], kernel, strides, dilations)]
@@ -271,7 +272,7 @@ def _average_pool(ctx: Context, node: NodeArgs) -> list[Value]:
     ones = Tensor.ones(*x.shape, dtype=x.dtype, device=x.device)
     if include_pad:
         kernel = tuple(node.attr("kernel_shape"))
-        strides, dilations, pads = _window(node, x, kernel)
+        strides, dilations, pads = window(node, x, kernel)
         given = _spatial_pads(node, x.shape[2:], kernel, strides, dilations)
         ones = ones.pad(((0, 0), (0, 0), *given), 1.0).pad(
             ((0, 0), (0, 0), *((0, e - g) for (_, e), (_, g) in zip(pads, given))))

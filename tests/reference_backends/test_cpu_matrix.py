@@ -207,3 +207,71 @@ def test_conformance_runs_the_units_and_they_pass(tmp_path):
     assert DPBF16 in units
     assert statuses == {**{case_id(u, kind): Status.PASSED for u in units for kind in KINDS},
                         **{f"kernels/mma/{u.name}": Status.PASSED for u in units}}
+
+
+# (input shape, weight shape, stride, padding): one depth block (8 channels x 3 x 3), several
+# (64 x 3 x 3), a last block part way through its channels (36), a stride, and channels that
+# are no whole groups of the unit's four (which keep the integer kernel without it)
+CONVS = [((1, 8, 9, 9), (20, 8, 3, 3), 1, 1), ((1, 64, 56, 56), (64, 64, 3, 3), 1, 1),
+         ((1, 36, 14, 14), (40, 36, 3, 3), 1, 1), ((2, 12, 11, 11), (40, 12, 3, 3), 2, 0),
+         ((1, 6, 10, 10), (32, 6, 3, 3), 1, 0)]
+
+
+@needs_vnni
+@pytest.mark.parametrize("x_shape, w_shape, stride, padding", CONVS,
+                         ids=[f"{c[0][1]}x{c[0][2]}-{c[1][0]}-s{c[2]}" for c in CONVS])
+def test_a_uint8_by_int8_conv_runs_on_the_unit_exactly(x_shape, w_shape, stride, padding):
+    """A conv walked by taps: the unit's four k terms are four channels at one tap."""
+    rng = np.random.default_rng(x_shape[1])
+    x = rng.integers(0, 256, x_shape).astype(np.uint8)
+    w = rng.integers(-128, 128, w_shape).astype(np.int8)
+    result = Tensor(x, device="cpu").cast(int32).conv2d(
+        Tensor(w, device="cpu").cast(int32), stride=stride, padding=padding)
+    kernels = result.schedule()
+    on_unit = any(n.op is Op.MMA and n.arg == DPBUSD for k in kernels for n in k.nodes)
+    assert on_unit == (x_shape[1] % 4 == 0)
+    import torch
+
+    exact = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64),
+                                       torch.tensor(w, dtype=torch.float64),
+                                       stride=stride, padding=padding).numpy()
+    np.testing.assert_array_equal(result.numpy(), exact.astype(np.int64))
+
+
+@needs_vnni
+def test_a_computed_conv_input_is_staged_and_runs_on_the_unit():
+    """max(x, 7) conv w, stride 2: A is staged per group (a third LOCAL), its taps on the unit."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 256, (1, 16, 20, 20)).astype(np.uint8)
+    w = rng.integers(-128, 128, (32, 16, 3, 3)).astype(np.int8)
+    sevens = Tensor(np.full(x.shape, 7, np.uint8), device="cpu")
+    result = Tensor(x, device="cpu").maximum(sevens).cast(int32).conv2d(
+        Tensor(w, device="cpu").cast(int32), stride=2)
+    (kernel,) = result.schedule()
+    assert any(n.op is Op.MMA and n.arg == DPBUSD for n in kernel.nodes)
+    assert sum(n.op is Op.LOCAL for n in kernel.nodes) == 3
+    import torch
+
+    exact = torch.nn.functional.conv2d(torch.tensor(np.maximum(x, 7), dtype=torch.float64),
+                                       torch.tensor(w, dtype=torch.float64), stride=2).numpy()
+    np.testing.assert_array_equal(result.numpy(), exact.astype(np.int64))
+
+
+@needs_bf16
+def test_a_bfloat16_conv_runs_on_the_unit_within_rounding():
+    """Taps on vdpbf16ps: the unit's two k terms are two channels at one tap."""
+    import torch
+
+    rng = np.random.default_rng(4)
+    x, w = _bf16(rng, (1, 16, 12, 12)), _bf16(rng, (32, 16, 3, 3))
+    result = Tensor(x, device="cpu").conv2d(Tensor(w, device="cpu"), padding=1)
+    assert any(n.op is Op.MMA and n.arg == DPBF16 for k in result.schedule() for n in k.nodes)
+    exact = torch.nn.functional.conv2d(torch.tensor(x.astype(np.float64)),
+                                       torch.tensor(w.astype(np.float64)), padding=1).numpy()
+    sizes = torch.nn.functional.conv2d(torch.tensor(np.abs(x.astype(np.float64))),
+                                       torch.tensor(np.abs(w.astype(np.float64))),
+                                       padding=1).numpy()
+    # float32 sums (144 terms, well within 2^-16 of the sum of sizes), then half an ULP of
+    # bfloat16 on the result
+    bound = sizes * 2.0 ** -16 + (np.abs(exact) + sizes * 2.0 ** -16) * 2.0 ** -8
+    assert (np.abs(result.numpy().astype(np.float64) - exact) <= bound).all()

@@ -1,9 +1,42 @@
-"""torch.nn.functional's functions under their torch names: linear, convolutions, pools, pad,
-interpolate, losses, norms, dropout, attention, embedding and the activations PyTorch keeps here.
+"""torch.nn.functional's functions under their torch names: linear, convolutions, pools
+(adaptive ones too), pad, interpolate, the pixel and channel shuffles, losses (classification,
+regression and kl_div), norms (batch, layer, group, instance, rms), dropout (and its channel
+forms), attention, embedding, distances (cosine_similarity, pairwise_distance) and the
+activations PyTorch keeps here. tests/stack/nn/test_functional_coverage.py lists the ones
+portkit lacks.
 
-They are written in portkit/tensor/functional.py and portkit/tensor/spatial.py, below portkit.nn,
-because Tensor has a thin method for each (x.conv2d(w) is conv2d(x, w)).
+They are written in portkit/tensor (functional.py, activations.py, losses.py, distances.py,
+adaptive.py, pools.py and spatial.py), below portkit.nn, because Tensor has a thin method for
+some (x.conv2d(w) is conv2d(x, w)). `inplace=` is accepted where torch has it and changes
+nothing: the result is a new tensor.
 """
+from portkit.tensor.activations import (
+    glu,
+    hardshrink,
+    log_softmax,
+    relu,
+    sigmoid,
+    softmax,
+    softshrink,
+    tanh,
+    tanhshrink,
+    threshold,
+)
+from portkit.tensor.adaptive import (
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    adaptive_avg_pool3d,
+    adaptive_max_pool1d,
+    adaptive_max_pool2d,
+    adaptive_max_pool3d,
+    channel_shuffle,
+    pixel_shuffle,
+    pixel_unshuffle,
+)
+from portkit.tensor.distances import (
+    cosine_similarity,
+    pairwise_distance,
+)
 from portkit.tensor.functional import (
     avg_pool1d,
     avg_pool2d,
@@ -21,6 +54,9 @@ from portkit.tensor.functional import (
     conv_transpose3d,
     cross_entropy,
     dropout,
+    dropout1d,
+    dropout2d,
+    dropout3d,
     elu,
     embedding,
     gelu,
@@ -29,6 +65,7 @@ from portkit.tensor.functional import (
     hardsigmoid,
     hardswish,
     hardtanh,
+    instance_norm,
     interpolate,
     layer_norm,
     layernorm,
@@ -54,12 +91,25 @@ from portkit.tensor.functional import (
     softplus,
     softsign,
 )
+from portkit.tensor.losses import (
+    huber_loss,
+    kl_div,
+    l1_loss,
+    mse_loss,
+    smooth_l1_loss,
+)
 
-__all__ = ["avg_pool1d", "avg_pool2d", "avg_pool3d", "batch_norm", "batchnorm",
-           "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "conv1d", "conv2d",
-           "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "cross_entropy",
-           "dropout", "elu", "embedding", "gelu", "grid_sample", "group_norm", "hardsigmoid",
-           "hardswish", "hardtanh", "interpolate", "layer_norm", "layernorm", "leaky_relu",
-           "linear", "logsigmoid", "max_pool1d", "max_pool2d", "max_pool3d", "max_unpool2d", "mish",
-           "nll_loss", "normalize", "one_hot", "pad", "prelu", "relu6", "rms_norm",
-           "scaled_dot_product_attention", "selu", "silu", "softmin", "softplus", "softsign"]
+__all__ = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
+           "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "avg_pool1d",
+           "avg_pool2d", "avg_pool3d", "batch_norm", "batchnorm", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "celu", "channel_shuffle", "conv1d", "conv2d",
+           "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+           "cosine_similarity", "cross_entropy", "dropout", "dropout1d", "dropout2d", "dropout3d",
+           "elu", "embedding", "gelu", "glu", "grid_sample", "group_norm", "hardshrink",
+           "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "instance_norm", "interpolate",
+           "kl_div", "l1_loss", "layer_norm", "layernorm", "leaky_relu", "linear", "log_softmax",
+           "logsigmoid", "max_pool1d", "max_pool2d", "max_pool3d", "max_unpool2d", "mish",
+           "mse_loss", "nll_loss", "normalize", "one_hot", "pad", "pairwise_distance",
+           "pixel_shuffle", "pixel_unshuffle", "prelu", "relu", "relu6", "rms_norm",
+           "scaled_dot_product_attention", "selu", "sigmoid", "silu", "smooth_l1_loss", "softmax",
+           "softmin", "softplus", "softshrink", "softsign", "tanh", "tanhshrink", "threshold"]

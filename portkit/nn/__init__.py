@@ -2,9 +2,10 @@
 
 A layer holds its parameters and calls portkit.nn.functional, where the computation lives:
 `Module` (module.py), the layers with parameters (layers.py), the containers and parameterless
-layers (containers.py), the losses (losses.py), the recurrent layers (rnn.py), and safetensors
-files (serialization.py).
+layers (containers.py), the losses (losses.py), the recurrent layers (rnn.py),
+MultiheadAttention (attention.py), and safetensors files (serialization.py).
 """
+from portkit.nn.attention import MultiheadAttention
 from portkit.nn.containers import (
     CELU,
     ELU,
@@ -181,6 +182,7 @@ __all__ = [
     "Module",
     "ModuleDict",
     "ModuleList",
+    "MultiheadAttention",
     "NLLLoss",
     "PReLU",
     "PairwiseDistance",

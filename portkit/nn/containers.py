@@ -3,11 +3,15 @@ ParameterList, ParameterDict) and the parameterless layers (Identity, the dropou
 activations, pools, pads, shuffles, Upsample, Flatten and Unflatten), as torch.nn has them."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from typing import Any, Generic, TypeVar
 
 from portkit.nn import functional as F
 from portkit.nn.module import Module
 from portkit.tensor import Tensor
+from portkit.tensor.spatial import PadMode
+
+V = TypeVar("V")
 
 
 class ModuleList(Module):
@@ -55,53 +59,41 @@ class Sequential(ModuleList):
         return x
 
 
-class ModuleDict(Module):
-    """Modules by name, whose parameters are found under "name." as torch's."""
+class _Named(Module, Generic[V]):
+    """Values by name, in the order they were added, as a dict."""
 
-    def __init__(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None
-                 ):
-        self.items_: dict[str, Module] = {}
-        self.update(modules or {})
+    def __init__(self, values: Mapping[str, V] | Iterable[tuple[str, V]] | None = None):
+        self.items_: dict[str, V] = {}
+        self.update(values or {})
 
-    def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
-        """Every tensor of the held modules, by key then name."""
-        out: dict[str, Tensor] = {}
-        for key, module in self.items_.items():
-            out.update(module.state_dict(f"{prefix}{key}."))
-        return out
+    def update(self, values: Mapping[str, V] | Iterable[tuple[str, V]]) -> None:
+        """Adds (or replaces) the values of a mapping or of (key, value) pairs."""
+        for key, value in (values.items() if isinstance(values, Mapping) else values):
+            self[key] = value
 
-    def named_children(self) -> list[tuple[str, Module]]:
-        """(key, module) of each held module, in the order they were added."""
-        return list(self.items_.items())
+    def __setitem__(self, key: str, value: V) -> None:
+        self.items_[key] = value
 
-    def update(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]]) -> None:
-        """Adds (or replaces) the modules of a mapping or of (key, module) pairs."""
-        for key, module in (modules.items() if isinstance(modules, Mapping) else modules):
-            self[key] = module
-
-    def __setitem__(self, key: str, module: Module) -> None:
-        self.items_[key] = module
-
-    def __getitem__(self, key: str) -> Module:
+    def __getitem__(self, key: str) -> V:
         return self.items_[key]
 
     def __delitem__(self, key: str) -> None:
         del self.items_[key]
 
-    def pop(self, key: str) -> Module:
-        """Removes the module under key and returns it."""
+    def pop(self, key: str) -> V:
+        """Removes the value under key and returns it."""
         return self.items_.pop(key)
 
-    def keys(self):
+    def keys(self) -> KeysView[str]:
         """The keys, in order."""
         return self.items_.keys()
 
-    def values(self):
-        """The modules, in order."""
+    def values(self) -> ValuesView[V]:
+        """The values, in order."""
         return self.items_.values()
 
-    def items(self):
-        """(key, module) pairs, in order."""
+    def items(self) -> ItemsView[str, V]:
+        """(key, value) pairs, in order."""
         return self.items_.items()
 
     def __contains__(self, key: str) -> bool:
@@ -114,46 +106,70 @@ class ModuleDict(Module):
         return iter(self.items_)
 
 
-class ParameterList(ModuleList):
-    """A list of tensors, each made a parameter (requires_grad), named "0", "1", ... as
-    torch's."""
-
-    def __init__(self, values: Iterable[Tensor] = ()):
-        super().__init__(t.requires_grad_() if not t.requires_grad else t for t in values)
+class ModuleDict(_Named[Module]):
+    """Modules by name, whose parameters are found under "name." as torch's."""
 
     def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
-        """The tensors, by index."""
-        return {f"{prefix}{i}": t for i, t in enumerate(self.items)}
+        """Every tensor of the held modules, by key then name."""
+        out: dict[str, Tensor] = {}
+        for key, module in self.items_.items():
+            out.update(module.state_dict(f"{prefix}{key}."))
+        return out
 
     def named_children(self) -> list[tuple[str, Module]]:
-        return []
-
-    def append(self, value: Tensor) -> ParameterList:
-        """Adds a tensor at the end, as a parameter."""
-        self.items.append(value if value.requires_grad else value.requires_grad_())
-        return self
-
-    def extra_repr(self) -> str:
-        return "\n".join(f"({i}): Parameter containing: [{t.dtype.name} of size "
-                         f"{'x'.join(map(str, t.shape))}]" for i, t in enumerate(self.items))
+        """(key, module) of each held module, in the order they were added."""
+        return list(self.items_.items())
 
 
-class ParameterDict(ModuleDict):
+class ParameterDict(_Named[Tensor]):
     """Tensors by name, each made a parameter (requires_grad), as torch's."""
 
     def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
         """The tensors, by key."""
         return {f"{prefix}{key}": t for key, t in self.items_.items()}
 
-    def named_children(self) -> list[tuple[str, Module]]:
-        return []
-
     def __setitem__(self, key: str, value: Tensor) -> None:
         self.items_[key] = value if value.requires_grad else value.requires_grad_()
 
     def extra_repr(self) -> str:
-        return "\n".join(f"({key}): Parameter containing: [{t.dtype.name} of size "
-                         f"{'x'.join(map(str, t.shape))}]" for key, t in self.items_.items())
+        return _parameters_repr(self.items_.items())
+
+
+class ParameterList(Module):
+    """A list of tensors, each made a parameter (requires_grad), named "0", "1", ... as
+    torch's."""
+
+    def __init__(self, values: Iterable[Tensor] = ()):
+        self.items: list[Tensor] = []
+        for value in values:
+            self.append(value)
+
+    def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
+        """The tensors, by index."""
+        return {f"{prefix}{i}": t for i, t in enumerate(self.items)}
+
+    def append(self, value: Tensor) -> ParameterList:
+        """Adds a tensor at the end, as a parameter."""
+        self.items.append(value if value.requires_grad else value.requires_grad_())
+        return self
+
+    def __getitem__(self, i: int) -> Tensor:
+        return self.items[i]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self.items)
+
+    def extra_repr(self) -> str:
+        return _parameters_repr((str(i), t) for i, t in enumerate(self.items))
+
+
+def _parameters_repr(named: Iterable[tuple[str, Tensor]]) -> str:
+    """A line per tensor, as torch prints a parameter container."""
+    return "\n".join(f"({key}): Parameter containing: [{t.dtype.name} of size "
+                     f"{'x'.join(map(str, t.shape))}]" for key, t in named)
 
 
 class Dropout(Module):
@@ -202,7 +218,7 @@ class Identity(Module):
         return input
 
 
-def functional_module(name: str, fn: Callable[..., Tensor]) -> type[Module]:
+def functional_module(name: str, fn: Callable[..., Any]) -> type[Module]:
     """A module class calling fn(*inputs, *args, **kwargs) with the arguments it was made
     with."""
     def __init__(self, *args, **kwargs):
@@ -268,7 +284,7 @@ AdaptiveMaxPool2d = functional_module("AdaptiveMaxPool2d", F.adaptive_max_pool2d
 AdaptiveMaxPool3d = functional_module("AdaptiveMaxPool3d", F.adaptive_max_pool3d)
 
 
-def _pad(name: str, dims: int, mode: str) -> type[Module]:
+def _pad(name: str, dims: int, mode: PadMode) -> type[Module]:
     """A module class padding the last `dims` dims by F.pad in `mode` (torch.nn's padding
     layers): `padding` is one size for every side, or (left, right, top, bottom, ...)."""
     def __init__(self, padding, *value: float):

@@ -276,7 +276,7 @@ class _InstanceNorm(Module):
         out = F.instance_norm(x.unsqueeze(0) if unbatched else x, self.running_mean,
                               self.running_var, self.weight, self.bias, use_input_stats,
                               self.momentum, self.eps)
-        if use_input_stats and self.running_mean is not None:
+        if use_input_stats and self.running_mean is not None and self.running_var is not None:
             realize(self.running_mean, self.running_var)
         return out.squeeze(0) if unbatched else out
 

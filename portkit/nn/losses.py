@@ -6,7 +6,7 @@ from portkit.nn import functional as F
 from portkit.nn.containers import functional_module
 from portkit.nn.module import Module
 from portkit.tensor import Tensor
-from portkit.tensor.losses import legacy_reduction
+from portkit.tensor.losses import Reduction, legacy_reduction
 
 MSELoss = functional_module("MSELoss", F.mse_loss)
 L1Loss = functional_module("L1Loss", F.l1_loss)
@@ -20,7 +20,7 @@ class _WeightedLoss(Module):
     torch's deprecated size_average and reduce."""
 
     def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
-                 reduce: bool | None = None, reduction: str = "mean"):
+                 reduce: bool | None = None, reduction: Reduction = "mean"):
         self.weight = weight
         self.reduction = legacy_reduction(size_average, reduce, reduction)
 
@@ -32,7 +32,7 @@ class NLLLoss(_WeightedLoss):
     """F.nll_loss of log-probabilities (N, C, ...) and class indices (N, ...)."""
 
     def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
-                 ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean"):
+                 ignore_index: int = -100, reduce: bool | None = None, reduction: Reduction = "mean"):
         super().__init__(weight, size_average, reduce, reduction)
         self.ignore_index = ignore_index
 
@@ -45,7 +45,7 @@ class CrossEntropyLoss(_WeightedLoss):
     """F.cross_entropy of logits (N, C, ...) and class indices or probabilities."""
 
     def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
-                 ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean",
+                 ignore_index: int = -100, reduce: bool | None = None, reduction: Reduction = "mean",
                  label_smoothing: float = 0.0):
         super().__init__(weight, size_average, reduce, reduction)
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
@@ -66,7 +66,7 @@ class BCEWithLogitsLoss(_WeightedLoss):
     """F.binary_cross_entropy_with_logits, with an optional weight for positives per class."""
 
     def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
-                 reduce: bool | None = None, reduction: str = "mean",
+                 reduce: bool | None = None, reduction: Reduction = "mean",
                  pos_weight: Tensor | None = None):
         super().__init__(weight, size_average, reduce, reduction)
         self.pos_weight = pos_weight

@@ -72,14 +72,14 @@ class _RNNBase(Module):
                               ) if self.bias else (None, None)
                 projected = F.linear(x, getattr(self, f"weight_ih_{name}"), b_ih)
                 state = tuple(s[layer * self.directions + d] for s in states)
-                hs: list[Tensor | None] = [None] * steps
+                hs: list[Tensor] = []
                 for t in (range(steps - 1, -1, -1) if d else range(steps)):
                     state = self._step(projected[t], state, getattr(self, f"weight_hh_{name}"),
                                        b_hh)
                     if not schedule.recording():
                         realize(*state)
-                    hs[t] = state[0]
-                outputs.append(stack(hs))
+                    hs.append(state[0])
+                outputs.append(stack(hs[::-1] if d else hs))
                 finals.append(state)
             x = cat(outputs, -1) if len(outputs) > 1 else outputs[0]
             if self.dropout and layer < self.num_layers - 1:

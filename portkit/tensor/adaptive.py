@@ -8,8 +8,8 @@ or max is the mean or max over each of its dims in turn).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from portkit.tensor.movement import cat
 from portkit.tensor.pools import (
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
 
 OutputSize = int | None | Sequence[int | None]
-_POOLS = {("mean", 1): avg_pool1d, ("mean", 2): avg_pool2d, ("mean", 3): avg_pool3d,
+_POOLS: dict[tuple[str, int], Callable[..., Any]] = {("mean", 1): avg_pool1d, ("mean", 2): avg_pool2d, ("mean", 3): avg_pool3d,
           ("amax", 1): max_pool1d, ("amax", 2): max_pool2d, ("amax", 3): max_pool3d}
 
 
@@ -60,18 +60,18 @@ def _adaptive(input: Tensor, output_size: OutputSize, d: int, reduce: str, name:
 
 def adaptive_avg_pool1d(input: Tensor, output_size: OutputSize) -> Tensor:
     """The mean of each of output_size windows over the last dim, torch's windows."""
-    return _adaptive(input, output_size, 1, "mean", "adaptive_avg_pool1d")
+    return cast("Tensor", _adaptive(input, output_size, 1, "mean", "adaptive_avg_pool1d"))
 
 
 def adaptive_avg_pool2d(input: Tensor, output_size: OutputSize) -> Tensor:
     """The mean of each window over the last two dims, output_size (H, W) of them (None keeps
     the input's size)."""
-    return _adaptive(input, output_size, 2, "mean", "adaptive_avg_pool2d")
+    return cast("Tensor", _adaptive(input, output_size, 2, "mean", "adaptive_avg_pool2d"))
 
 
 def adaptive_avg_pool3d(input: Tensor, output_size: OutputSize) -> Tensor:
     """The mean of each window over the last three dims, output_size (D, H, W) of them."""
-    return _adaptive(input, output_size, 3, "mean", "adaptive_avg_pool3d")
+    return cast("Tensor", _adaptive(input, output_size, 3, "mean", "adaptive_avg_pool3d"))
 
 
 def adaptive_max_pool1d(input: Tensor, output_size: OutputSize, return_indices: bool = False

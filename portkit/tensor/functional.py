@@ -70,10 +70,10 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                   label_smoothing: float = 0.0) -> Tensor:
     """Cross entropy of logits (N, C) or (N, C, d...) against class indices (N,) / (N, d...) or
     probabilities of the input's shape; the class axis is 1, as in PyTorch."""
-    reduction = legacy_reduction(size_average, reduce, reduction)
+    how = legacy_reduction(size_average, reduce, reduction)
     if not target.dtype.is_float and not label_smoothing:
         return nll_loss(input.log_softmax(1 if input.ndim > 1 else 0), target, weight,
-                        ignore_index=ignore_index, reduction=reduction)
+                        ignore_index=ignore_index, reduction=how)
     if weight is not None or ignore_index != -100:
         raise NotImplementedError("cross_entropy: weight and ignore_index are supported with "
                                   "class-index targets and no label smoothing")
@@ -95,7 +95,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
         probs = one_hot(target, input.shape[-1]).cast(logp.dtype)
     if label_smoothing:
         probs = probs * (1 - label_smoothing) + label_smoothing / input.shape[-1]
-    return reduce_loss(-(logp * probs).sum(-1), reduction)
+    return reduce_loss(-(logp * probs).sum(-1), how)
 
 
 @runs_in_float32
@@ -105,7 +105,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
     """The negative log-probability of each target class: input (N, C) or (N, C, d...) of
     log-probabilities, target (N,) or (N, d...) of class indices, optional per-class weights;
     targets equal to ignore_index count for nothing (as torch's)."""
-    reduction = check_reduction(legacy_reduction(size_average, reduce, reduction))
+    how = check_reduction(legacy_reduction(size_average, reduce, reduction))
     if target.dtype.is_float or target.dtype == bool_:
         raise TypeError(f"nll_loss: target must hold integer class indices, got "
                         f"{target.dtype.name}")
@@ -123,9 +123,9 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
     if weight is not None:
         w = w * weight.cast(input.dtype).index_select(0, safe)
     loss = -picked * w
-    if reduction == "none":
+    if how == "none":
         return loss
-    if reduction == "sum":
+    if how == "sum":
         return loss.sum()
     if weight is None and known is not None:
         # the host knows how many targets count: one reduction fewer than dividing by w.sum()

@@ -5,7 +5,7 @@ Each takes torch's legacy size_average= and reduce= too, read as torch reads the
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from portkit.tensor.autocast_mode import runs_in_float32
 from portkit.tensor.distances import broadcast_pair
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
 
 Reduction = Literal["mean", "sum", "none"]
+R = TypeVar("R", bound=str)
 
 
 def check_reduction(reduction: str) -> str:
@@ -30,7 +31,8 @@ def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
             "none": lambda: loss}[check_reduction(reduction)]()
 
 
-def legacy_reduction(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
+def legacy_reduction(size_average: bool | None, reduce: bool | None, reduction: R
+                     ) -> R | Reduction:
     """reduction, or what torch's deprecated size_average and reduce name when either is set."""
     if size_average is None and reduce is None:
         return reduction

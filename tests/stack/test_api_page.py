@@ -49,7 +49,7 @@ Identity InstanceNorm1d InstanceNorm2d InstanceNorm3d KLDivLoss L1Loss LSTM Laye
 Linear LogSigmoid LogSoftmax MSELoss MaxPool1d MaxPool2d MaxPool3d Mish ModuleDict ModuleList
 MultiheadAttention NLLLoss PReLU PairwiseDistance ParameterDict ParameterList PixelShuffle
 PixelUnshuffle RMSNorm ReLU ReLU6 ReflectionPad1d ReflectionPad2d ReflectionPad3d ReplicationPad1d
-ReplicationPad2d ReplicationPad3d SELU Sequential SiLU Sigmoid SmoothL1Loss Softmax Softmin
+ReplicationPad2d ReplicationPad3d RNN SELU Sequential SiLU Sigmoid SmoothL1Loss Softmax Softmin
 Softplus Softshrink Softsign Tanh Tanhshrink Threshold Unflatten Upsample ZeroPad1d ZeroPad2d
 ZeroPad3d""")
 SCHEDULERS = _words("""StepLR MultiStepLR ExponentialLR CosineAnnealingLR LambdaLR LinearLR
@@ -79,6 +79,8 @@ PARTLY = {
     "F.adaptive_max_pool2d": "return_indices only where the output size divides the input's",
     "F.adaptive_max_pool3d": "return_indices only where the output size divides the input's",
     "nn.ReLU": "inplace=True (here and in each activation) returns a new tensor; x is unchanged",
+    "nn.LSTM": "no proj_size",
+    "nn.MultiheadAttention": "key and value of embed_dim features; no add_bias_kv, add_zero_attn",
     "nn.InstanceNorm1d": "no num_batches_tracked in the state dict (as portkit's BatchNorm)",
     "nn.InstanceNorm2d": "no num_batches_tracked in the state dict (as portkit's BatchNorm)",
     "nn.InstanceNorm3d": "no num_batches_tracked in the state dict (as portkit's BatchNorm)",

@@ -237,3 +237,37 @@ def test_recurrent_layers(kind, kwargs, shape):
         np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), atol=1e-4)
     for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
         np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), atol=1e-4, err_msg=name)
+
+
+@pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize("batch_first, shapes, masks, kwargs", [
+    (False, [(5, 2, 8), (6, 2, 8), (6, 2, 8)], {}, {}),
+    (True, [(2, 5, 8), (2, 6, 8), (2, 6, 8)],
+     {"key_padding_mask": np.array([[False] * 5 + [True], [False] * 6])},
+     {"average_attn_weights": False}),
+    (False, [(4, 1, 8)] * 3, {"attn_mask": np.triu(np.ones((4, 4), bool), 1)},
+     {"is_causal": True}),
+    (False, [(4, 8)] * 3, {"attn_mask": _normal(2, 4, 4)}, {}),                   # unbatched
+    (True, [(2, 3, 8)] * 3, {}, {"need_weights": False}),
+], ids=str)
+def test_multihead_attention(batch_first, shapes, masks, kwargs):
+    ours = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    theirs = TNN.MultiheadAttention(8, 2, batch_first=batch_first)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    arrays = [_normal(*s) for s in shapes]
+    xo = [Tensor(a, requires_grad=True) for a in arrays]
+    xt = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out_o, weights_o = ours(*xo, **{k: Tensor(v) for k, v in masks.items()}, **kwargs)
+    out_t, weights_t = theirs(*xt, **{k: torch.tensor(v) for k, v in masks.items()}, **kwargs)
+    np.testing.assert_allclose(out_o.numpy(), out_t.detach().numpy(), atol=1e-5)
+    if weights_t is None:
+        assert weights_o is None
+    else:
+        np.testing.assert_allclose(weights_o.numpy(), weights_t.detach().numpy(), atol=1e-5)
+    out_o.sum().backward()
+    out_t.sum().backward()
+    for o, t in zip(xo, xt):
+        np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), atol=1e-4)
+    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), atol=1e-4, err_msg=name)

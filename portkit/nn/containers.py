@@ -1,6 +1,7 @@
 """Modules that hold other modules or tensors (Sequential, ModuleList, ModuleDict,
 ParameterList, ParameterDict) and the parameterless layers (Identity, the dropouts, the
-activations, pools, pads, shuffles, Upsample, Flatten and Unflatten), as torch.nn has them."""
+activations, pools, pads, shuffles, LocalResponseNorm, the upsampling layers, Flatten and
+Unflatten), as torch.nn has them."""
 from __future__ import annotations
 
 from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
@@ -276,6 +277,12 @@ AvgPool2d = functional_module("AvgPool2d", F.avg_pool2d)
 AvgPool3d = functional_module("AvgPool3d", F.avg_pool3d)
 Upsample = functional_module("Upsample", F.interpolate)
 Softmin = functional_module("Softmin", F.softmin)
+LPPool1d = functional_module("LPPool1d", F.lp_pool1d)
+LPPool2d = functional_module("LPPool2d", F.lp_pool2d)
+LPPool3d = functional_module("LPPool3d", F.lp_pool3d)
+LocalResponseNorm = functional_module("LocalResponseNorm", F.local_response_norm)
+UpsamplingNearest2d = functional_module("UpsamplingNearest2d", F.upsample_nearest)
+UpsamplingBilinear2d = functional_module("UpsamplingBilinear2d", F.upsample_bilinear)
 AdaptiveAvgPool1d = functional_module("AdaptiveAvgPool1d", F.adaptive_avg_pool1d)
 AdaptiveAvgPool2d = functional_module("AdaptiveAvgPool2d", F.adaptive_avg_pool2d)
 AdaptiveAvgPool3d = functional_module("AdaptiveAvgPool3d", F.adaptive_avg_pool3d)
@@ -348,7 +355,11 @@ __all__ = [
     "Hardswish",
     "Hardtanh",
     "Identity",
+    "LPPool1d",
+    "LPPool2d",
+    "LPPool3d",
     "LeakyReLU",
+    "LocalResponseNorm",
     "LogSigmoid",
     "LogSoftmax",
     "MaxPool1d",
@@ -383,6 +394,8 @@ __all__ = [
     "Threshold",
     "Unflatten",
     "Upsample",
+    "UpsamplingBilinear2d",
+    "UpsamplingNearest2d",
     "ZeroPad1d",
     "ZeroPad2d",
     "ZeroPad3d",

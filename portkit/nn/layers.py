@@ -1,7 +1,7 @@
-"""The layers with parameters, as torch.nn has them: Linear, LayerNorm, BatchNorm (1-3 d),
-Embedding, convolutions (1-3 d, and transposed), GroupNorm, InstanceNorm (1-3 d), RMSNorm,
-PReLU (the parameterless ones are in containers.py, the losses in losses.py). Parameters are
-initialized as torch initializes them (uniform in +-1/sqrt(fan_in))."""
+"""The layers with parameters, as torch.nn has them: Linear, Bilinear, LayerNorm, BatchNorm
+(1-3 d), Embedding, convolutions (1-3 d, and transposed), GroupNorm, InstanceNorm (1-3 d),
+RMSNorm, PReLU (the parameterless ones are in containers.py, the losses in losses.py).
+Parameters are initialized as torch initializes them (uniform in +-1/sqrt(fan_in))."""
 from __future__ import annotations
 
 import math
@@ -27,6 +27,24 @@ class Linear(Module):
     def extra_repr(self) -> str:
         out, inp = self.weight.shape
         return f"in_features={inp}, out_features={out}, bias={self.bias is not None}"
+
+
+class Bilinear(Module):
+    """y = x1^T weight x2 + bias per output feature, initialized as torch.nn.Bilinear."""
+
+    def __init__(self, in1_features: int, in2_features: int, out_features: int,
+                 bias: bool = True):
+        bound = 1 / math.sqrt(in1_features)
+        self.weight = uniform_parameter((out_features, in1_features, in2_features), bound)
+        self.bias = uniform_parameter((out_features,), bound) if bias else None
+
+    def forward(self, input1: Tensor, input2: Tensor) -> Tensor:
+        return F.bilinear(input1, input2, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        out, in1, in2 = self.weight.shape
+        return (f"in1_features={in1}, in2_features={in2}, out_features={out}, "
+                f"bias={self.bias is not None}")
 
 
 class LayerNorm(Module):
@@ -308,7 +326,7 @@ def _filled(value: float, shape: tuple[int, ...]) -> Tensor:
     return deferred(Tensor.full(shape, value).contiguous()).requires_grad_()
 
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Conv1d", "Conv2d", "Conv3d",
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Bilinear", "Conv1d", "Conv2d", "Conv3d",
            "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Embedding", "GroupNorm",
            "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LayerNorm", "Linear", "PReLU",
            "RMSNorm"]

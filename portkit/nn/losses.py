@@ -13,6 +13,13 @@ L1Loss = functional_module("L1Loss", F.l1_loss)
 SmoothL1Loss = functional_module("SmoothL1Loss", F.smooth_l1_loss)
 HuberLoss = functional_module("HuberLoss", F.huber_loss)
 KLDivLoss = functional_module("KLDivLoss", F.kl_div)
+PoissonNLLLoss = functional_module("PoissonNLLLoss", F.poisson_nll_loss)
+GaussianNLLLoss = functional_module("GaussianNLLLoss", F.gaussian_nll_loss)
+SoftMarginLoss = functional_module("SoftMarginLoss", F.soft_margin_loss)
+HingeEmbeddingLoss = functional_module("HingeEmbeddingLoss", F.hinge_embedding_loss)
+MarginRankingLoss = functional_module("MarginRankingLoss", F.margin_ranking_loss)
+CosineEmbeddingLoss = functional_module("CosineEmbeddingLoss", F.cosine_embedding_loss)
+TripletMarginLoss = functional_module("TripletMarginLoss", F.triplet_margin_loss)
 
 
 class _WeightedLoss(Module):
@@ -62,6 +69,13 @@ class BCELoss(_WeightedLoss):
         return F.binary_cross_entropy(input, target, self.weight, reduction=self.reduction)
 
 
+class MultiLabelSoftMarginLoss(_WeightedLoss):
+    """F.multilabel_soft_margin_loss of logits and 0/1 targets per class."""
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.multilabel_soft_margin_loss(input, target, self.weight, reduction=self.reduction)
+
+
 class BCEWithLogitsLoss(_WeightedLoss):
     """F.binary_cross_entropy_with_logits, with an optional weight for positives per class."""
 
@@ -77,5 +91,7 @@ class BCEWithLogitsLoss(_WeightedLoss):
                                                   pos_weight=self.pos_weight)
 
 
-__all__ = ["BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss",
-           "L1Loss", "MSELoss", "NLLLoss", "SmoothL1Loss"]
+__all__ = ["BCELoss", "BCEWithLogitsLoss", "CosineEmbeddingLoss", "CrossEntropyLoss",
+           "GaussianNLLLoss", "HingeEmbeddingLoss", "HuberLoss", "KLDivLoss", "L1Loss",
+           "MSELoss", "MarginRankingLoss", "MultiLabelSoftMarginLoss", "NLLLoss",
+           "PoissonNLLLoss", "SmoothL1Loss", "SoftMarginLoss", "TripletMarginLoss"]

@@ -1,5 +1,6 @@
-"""Adaptive pools (windows chosen by the output size, as torch.nn.functional's) and the pixel
-and channel shuffles, which move channels into space and back.
+"""Adaptive pools (windows chosen by the output size, as torch.nn.functional's), power-average
+pools, local response norm, torch's deprecated upsample functions, and the pixel and channel
+shuffles, which move channels into space and back.
 
 An adaptive pool whose output size divides the input's is a plain pool (kernel = stride =
 input / output); otherwise output i along a dim reduces input [floor(i * in / out),
@@ -8,6 +9,7 @@ or max is the mean or max over each of its dims in turn).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -20,6 +22,7 @@ from portkit.tensor.pools import (
     max_pool2d,
     max_pool3d,
 )
+from portkit.tensor.spatial import interpolate
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -138,6 +141,71 @@ def channel_shuffle(input: Tensor, groups: int) -> Tensor:
     return x.reshape(n, c, *rest)
 
 
+
+def _lp_pool(input: Tensor, norm_type: float, kernel_size, stride, ceil_mode: bool, d: int
+             ) -> Tensor:
+    """(sum of x^p over each window)^(1/p), torch's: the mean of x^p times the window's size,
+    negative sums read as 0."""
+    kernel = (kernel_size,) * d if isinstance(kernel_size, int) else tuple(kernel_size)
+    mean = _POOLS["mean", d](input ** norm_type, kernel, stride, 0, ceil_mode)
+    return (mean.sign() * mean.abs().relu() * math.prod(kernel)) ** (1 / norm_type)
+
+
+def lp_pool1d(input: Tensor, norm_type: float, kernel_size: int | Sequence[int],
+              stride: int | Sequence[int] | None = None, ceil_mode: bool = False) -> Tensor:
+    """(sum of x^norm_type over each window of the last dim)^(1 / norm_type)."""
+    return _lp_pool(input, norm_type, kernel_size, stride, ceil_mode, 1)
+
+
+def lp_pool2d(input: Tensor, norm_type: float, kernel_size: int | Sequence[int],
+              stride: int | Sequence[int] | None = None, ceil_mode: bool = False) -> Tensor:
+    """(sum of x^norm_type over each window of the last two dims)^(1 / norm_type)."""
+    return _lp_pool(input, norm_type, kernel_size, stride, ceil_mode, 2)
+
+
+def lp_pool3d(input: Tensor, norm_type: float, kernel_size: int | Sequence[int],
+              stride: int | Sequence[int] | None = None, ceil_mode: bool = False) -> Tensor:
+    """(sum of x^norm_type over each window of the last three dims)^(1 / norm_type)."""
+    return _lp_pool(input, norm_type, kernel_size, stride, ceil_mode, 3)
+
+
+def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75,
+                        k: float = 1.0) -> Tensor:
+    """x / (k + alpha * mean of x^2 over `size` neighbouring channels)^beta, the channels
+    (dim 1) zero-padded by size // 2 before and (size - 1) // 2 after, as torch's."""
+    if input.ndim < 3:
+        raise ValueError(f"Expected 3D or higher dimensionality input (got {input.ndim} "
+                         f"dimensions)")
+    if input.numel() == 0:
+        return input
+    channels = input.shape[1]
+    padding = [(0, 0)] * input.ndim
+    padding[1] = (size // 2, (size - 1) // 2)
+    squares = (input * input).pad(padding)
+    total = squares.shrink([(0, channels) if d == 1 else None for d in range(input.ndim)])
+    for j in range(1, size):
+        total = total + squares.shrink([(j, j + channels) if d == 1 else None
+                                        for d in range(input.ndim)])
+    return input / (total * (alpha / size) + k) ** beta
+
+
+def upsample(input: Tensor, size=None, scale_factor=None, mode: str = "nearest",
+             align_corners: bool | None = None) -> Tensor:
+    """interpolate (torch's deprecated name for it)."""
+    return interpolate(input, size, scale_factor, mode, align_corners)  # type: ignore[arg-type]
+
+
+def upsample_nearest(input: Tensor, size=None, scale_factor=None) -> Tensor:
+    """interpolate in mode "nearest" (deprecated in torch)."""
+    return interpolate(input, size, scale_factor, "nearest")
+
+
+def upsample_bilinear(input: Tensor, size=None, scale_factor=None) -> Tensor:
+    """interpolate in mode "bilinear" with align_corners=True (deprecated in torch)."""
+    return interpolate(input, size, scale_factor, "bilinear", align_corners=True)
+
 __all__ = ["adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
            "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
-           "channel_shuffle", "pixel_shuffle", "pixel_unshuffle"]
+           "channel_shuffle", "local_response_norm", "lp_pool1d", "lp_pool2d", "lp_pool3d",
+           "pixel_shuffle", "pixel_unshuffle", "upsample", "upsample_bilinear",
+           "upsample_nearest"]

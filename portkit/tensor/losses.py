@@ -1,14 +1,16 @@
-"""torch.nn.functional's regression and divergence losses (mse, l1, smooth_l1, huber, kl_div)
-and the `reduction=` every loss shares; the classification losses are in functional.py.
+"""torch.nn.functional's regression, divergence and margin losses (mse, l1, smooth_l1, huber,
+kl_div, poisson and gaussian nll, the margin and embedding losses) and the `reduction=` every
+loss shares; the cross entropies are in functional.py.
 
 Each takes torch's legacy size_average= and reduce= too, read as torch reads them.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from portkit.tensor.autocast_mode import runs_in_float32
-from portkit.tensor.distances import broadcast_pair
+from portkit.tensor.distances import broadcast_pair, pairwise_distance
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -122,5 +124,112 @@ def kl_div(input: Tensor, target: Tensor, size_average: bool | None = None,
     return reduce_loss(loss, reduction)
 
 
-__all__ = ["check_reduction", "huber_loss", "kl_div", "l1_loss", "legacy_reduction", "mse_loss", "reduce_loss",
-           "smooth_l1_loss"]
+
+@runs_in_float32
+def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full: bool = False,
+                     size_average: bool | None = None, eps: float = 1e-8,
+                     reduce: bool | None = None, reduction: Reduction = "mean") -> Tensor:
+    """exp(input) - target * input (log_input), else input - target * log(input + eps); full
+    adds Stirling's term where target > 1."""
+    if log_input:
+        loss = input.exp() - target * input
+    else:
+        loss = input - target * (input + eps).log()
+    if full:
+        big = target > 1
+        t = big._where(target, 1.0)
+        loss = loss + big._where(t * t.log() - t + 0.5 * (2 * math.pi * t).log(), 0.0)
+    return reduce_loss(loss, legacy_reduction(size_average, reduce, reduction))
+
+
+@runs_in_float32
+def gaussian_nll_loss(input: Tensor, target: Tensor, var: Tensor | float, full: bool = False,
+                      eps: float = 1e-6, reduction: Reduction = "mean") -> Tensor:
+    """0.5 (log var + (input - target)^2 / var), var at least eps (its gradient as if it
+    were not clamped, as torch's); full adds 0.5 log(2 pi)."""
+    if isinstance(var, int | float):
+        var = input.full_like(float(var))
+    if var.shape != input.shape:
+        if var.shape == input.shape[:-1]:
+            var = var.unsqueeze(-1)
+        elif not (var.shape[:-1] == input.shape[:-1] and var.shape[-1:] == (1,)):
+            raise ValueError("var is of incorrect size")
+    if var.lazy.realized and (var.numpy() < 0).any():
+        raise ValueError("var has negative entry/entries")
+    var = var + (var.clip(min=eps) - var).detach()
+    d = input - target
+    loss = 0.5 * (var.log() + d * d / var)
+    return reduce_loss(loss + 0.5 * math.log(2 * math.pi) if full else loss, reduction)
+
+
+@runs_in_float32
+def soft_margin_loss(input: Tensor, target: Tensor, size_average: bool | None = None,
+                     reduce: bool | None = None, reduction: Reduction = "mean") -> Tensor:
+    """log(1 + exp(-target * input)) of targets 1 or -1."""
+    return reduce_loss((-target * input).softplus(),
+                       legacy_reduction(size_average, reduce, reduction))
+
+
+@runs_in_float32
+def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0,
+                         size_average: bool | None = None, reduce: bool | None = None,
+                         reduction: Reduction = "mean") -> Tensor:
+    """input where target is not -1, plus max(0, margin - input) where target is not 1."""
+    loss = (target != 1)._where((margin - input).clip(min=0), 0.0) + \
+        (target != -1)._where(input, 0.0)
+    return reduce_loss(loss, legacy_reduction(size_average, reduce, reduction))
+
+
+@runs_in_float32
+def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0,
+                        size_average: bool | None = None, reduce: bool | None = None,
+                        reduction: Reduction = "mean") -> Tensor:
+    """max(0, -target * (input1 - input2) + margin)."""
+    loss = (-target * (input1 - input2) + margin).clip(min=0)
+    return reduce_loss(loss, legacy_reduction(size_average, reduce, reduction))
+
+
+@runs_in_float32
+def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0,
+                          size_average: bool | None = None, reduce: bool | None = None,
+                          reduction: Reduction = "mean") -> Tensor:
+    """1 - cos(input1, input2) where target is 1, max(0, cos - margin) where it is -1; the
+    cosine over the last dim with torch's 1e-12 added to each squared norm."""
+    dot = (input1 * input2).sum(-1)
+    cos = dot / (((input1 * input1).sum(-1) + 1e-12) * ((input2 * input2).sum(-1) + 1e-12)
+                 ).sqrt()
+    loss = (target == 1)._where(1 - cos, 0.0) + \
+        (target == -1)._where((cos - margin).clip(min=0), 0.0)
+    return reduce_loss(loss, legacy_reduction(size_average, reduce, reduction))
+
+
+@runs_in_float32
+def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor,
+                        margin: float = 1.0, p: float = 2, eps: float = 1e-6,
+                        swap: bool = False, size_average: bool | None = None,
+                        reduce: bool | None = None, reduction: Reduction = "mean") -> Tensor:
+    """max(0, margin + d(anchor, positive) - d(anchor, negative)) of pairwise distances;
+    swap uses d(positive, negative) where it is smaller."""
+    closer = pairwise_distance(anchor, positive, p, eps)
+    farther = pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        farther = farther.minimum(pairwise_distance(positive, negative, p, eps))
+    loss = (margin + closer - farther).clip(min=0)
+    return reduce_loss(loss, legacy_reduction(size_average, reduce, reduction))
+
+
+@runs_in_float32
+def multilabel_soft_margin_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                                size_average: bool | None = None, reduce: bool | None = None,
+                                reduction: Reduction = "mean") -> Tensor:
+    """-(y log sigmoid(x) + (1 - y) log sigmoid(-x)), weighted, averaged over the classes
+    (the last dim)."""
+    loss = target * (-input).softplus() + (1 - target) * input.softplus()
+    loss = loss if weight is None else loss * weight
+    return reduce_loss(loss.sum(-1) * (1 / input.shape[-1]),
+                       legacy_reduction(size_average, reduce, reduction))
+
+__all__ = ["check_reduction", "cosine_embedding_loss", "gaussian_nll_loss", "hinge_embedding_loss",
+           "huber_loss", "kl_div", "l1_loss", "legacy_reduction", "margin_ranking_loss",
+           "mse_loss", "multilabel_soft_margin_loss", "poisson_nll_loss", "reduce_loss",
+           "smooth_l1_loss", "soft_margin_loss", "triplet_margin_loss"]

@@ -246,19 +246,78 @@ def test_channel_dropout_errors():
         F.dropout3d(Tensor(_normal(2, 3, 2, 2, 2)), 1.5)
 
 
+SIGNS = np.sign(RNG.standard_normal((4, 6))).astype(np.float32)
+
+
+@pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_margin_and_embedding_losses(reduction, check):
+    x, y, z = _normal(4, 6), _normal(4, 6), _normal(4, 6)
+    check(lambda a: _f(a).soft_margin_loss(a, _as(a, SIGNS), reduction=reduction), x)
+    check(lambda a: _f(a).hinge_embedding_loss(a, _as(a, SIGNS), 0.5, reduction=reduction), x)
+    check(lambda a, b: _f(a).margin_ranking_loss(a, b, _as(a, SIGNS), margin=0.3,
+                                                 reduction=reduction), x, y)
+    check(lambda a, b: _f(a).cosine_embedding_loss(a, b, _as(a, SIGNS[:, 0]), 0.1,
+                                                   reduction=reduction), x, y)
+    for swap in (False, True):
+        check(lambda a, b, c, swap=swap: _f(a).triplet_margin_loss(
+            a, b, c, margin=0.5, p=1.5, swap=swap, reduction=reduction), x, y, z)
+    labels, weight = (SIGNS > 0).astype(np.float32), np.abs(_normal(6))
+    check(lambda a: _f(a).multilabel_soft_margin_loss(a, _as(a, labels), weight=_as(a, weight),
+                                                      reduction=reduction), x * 5)
+
+
+@pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_poisson_and_gaussian_nll(reduction, check):
+    x, counts = _normal(4, 5), np.floor(np.abs(_normal(4, 5)) * 3).astype(np.float32)
+    for full in (False, True):
+        check(lambda a, full=full: _f(a).poisson_nll_loss(a, _as(a, counts), full=full,
+                                                           reduction=reduction), x)
+    check(lambda a: _f(a).poisson_nll_loss(a, _as(a, counts), log_input=False, eps=1e-3,
+                                           reduction=reduction), np.abs(x) + 0.1)
+    variance = np.abs(_normal(4, 5)) + 0.05
+    variance[0, 0] = 1e-9                          # below eps: clamped, gradient as if not
+    for var in (variance, variance[:, :1], variance[:, 0]):
+        check(lambda a, b, v, full=var.ndim == 1: _f(a).gaussian_nll_loss(
+            a, b, v, full=full, reduction=reduction), x, _normal(4, 5), var)
+    check(lambda a, b: _f(a).gaussian_nll_loss(a, b, 0.5, reduction=reduction), x, _normal(4, 5))
+    with pytest.raises(ValueError, match="incorrect size"):
+        F.gaussian_nll_loss(Tensor(x), Tensor(x), Tensor(variance[:2]))
+    with pytest.raises(ValueError, match="negative"):
+        F.gaussian_nll_loss(Tensor(x), Tensor(x), Tensor(-variance))
+
+
+@pytest.mark.usefixtures("backend")
+def test_pdist_bilinear_lp_pools_local_response_norm_and_upsample(check):
+    check(lambda t: _f(t).pdist(t), _normal(5, 3))
+    check(lambda t: _f(t).pdist(t, p=1), _normal(4, 3))
+    check(lambda a, b, w, c: _f(a).bilinear(a, b, w, c), _normal(2, 3, 4), _normal(2, 3, 5),
+          _normal(6, 4, 5), _normal(6))
+    x = np.abs(_normal(2, 3, 6, 5)) + 0.1
+    check(lambda t: _f(t).lp_pool2d(t, 2, 2), x)
+    check(lambda t: _f(t).lp_pool2d(t, 3.0, (3, 2), stride=1, ceil_mode=True), x)
+    check(lambda t: _f(t).lp_pool1d(t, 2, 3, 2), x[0])
+    check(lambda t: _f(t).lp_pool3d(t, 1.5, 2), x[None])
+    for size, kwargs in [(3, {}), (4, {"alpha": 0.1, "beta": 0.5, "k": 2.0}), (1, {})]:
+        check(lambda t, size=size, kwargs=kwargs: _f(t).local_response_norm(t, size, **kwargs),
+              _normal(2, 5, 4, 3))
+    check(lambda t: _f(t).local_response_norm(t, 2), _normal(2, 5, 4))
+    z = _normal(1, 2, 3, 4)
+    check(lambda t: _f(t).upsample_nearest(t, scale_factor=2), z)
+    check(lambda t: _f(t).upsample_bilinear(t, size=(5, 7)), z)
+    check(lambda t: _f(t).upsample(t, scale_factor=2, mode="bilinear", align_corners=False), z)
+
+
 # torch.nn.functional's public functions portkit does not have yet: adding one removes it here
 MISSING = set(str.split("""adaptive_max_pool1d_with_indices adaptive_max_pool2d_with_indices
-adaptive_max_pool3d_with_indices affine_grid alpha_dropout bilinear celu_ conv_tbc
-cosine_embedding_loss ctc_loss elu_ embedding_bag feature_alpha_dropout fold
-fractional_max_pool2d fractional_max_pool2d_with_indices fractional_max_pool3d
-fractional_max_pool3d_with_indices gaussian_nll_loss grouped_mm gumbel_softmax hardtanh_
-hinge_embedding_loss leaky_relu_ linear_cross_entropy local_response_norm lp_pool1d lp_pool2d
-lp_pool3d margin_ranking_loss max_pool1d_with_indices max_pool2d_with_indices
+adaptive_max_pool3d_with_indices affine_grid alpha_dropout celu_ conv_tbc ctc_loss elu_
+embedding_bag feature_alpha_dropout fold fractional_max_pool2d fractional_max_pool2d_with_indices
+fractional_max_pool3d fractional_max_pool3d_with_indices grouped_mm gumbel_softmax hardtanh_
+leaky_relu_ linear_cross_entropy max_pool1d_with_indices max_pool2d_with_indices
 max_pool3d_with_indices max_unpool1d max_unpool3d multi_head_attention_forward multi_margin_loss
-multilabel_margin_loss multilabel_soft_margin_loss native_channel_shuffle pdist poisson_nll_loss
-relu_ rrelu rrelu_ scaled_grouped_mm scaled_mm selu_ soft_margin_loss threshold_
-triplet_margin_loss triplet_margin_with_distance_loss unfold upsample upsample_bilinear
-upsample_nearest"""))
+multilabel_margin_loss native_channel_shuffle relu_ rrelu rrelu_ scaled_grouped_mm scaled_mm selu_
+threshold_ triplet_margin_with_distance_loss unfold"""))
 # torch's helpers for its own dispatch, not functions of the API
 NOT_API = {"assert_int_or_pair", "boolean_dispatch", "handle_torch_function",
            "has_torch_function", "has_torch_function_unary", "has_torch_function_variadic"}

@@ -28,6 +28,10 @@ def _labels(namespace, values):
 W3 = np.array([0.5, 2.0, 1.0], np.float32)
 PROBS = RNG.uniform(0.05, 0.95, (4, 3)).astype(np.float32)
 BITS = (RNG.random((4, 3)) > 0.5).astype(np.float32)
+SIGNS = np.sign(RNG.standard_normal((4, 6))).astype(np.float32)
+COUNTS = np.floor(np.abs(RNG.standard_normal((4, 6))) * 3).astype(np.float32)
+VARIANCE = (np.abs(RNG.standard_normal((4, 6))) + 0.1).astype(np.float32)
+W6 = np.abs(RNG.standard_normal(6)).astype(np.float32)
 
 # (id, make(namespace) -> module, input shapes, extra inputs(namespace) given after them)
 CASES = [
@@ -85,6 +89,27 @@ CASES = [
      lambda m: [_labels(m, [0, 1, 2, 2])]),
     ("BCELoss", lambda m: m.BCELoss(weight=_tensor(m)(W3)), None,
      lambda m: [_tensor(m)(BITS)]),
+    ("LPPool2d", lambda m: m.LPPool2d(2, 2), [(2, 3, 6, 4)], None),
+    ("LocalResponseNorm", lambda m: m.LocalResponseNorm(3), [(2, 5, 4)], None),
+    ("UpsamplingNearest2d", lambda m: m.UpsamplingNearest2d(scale_factor=2), [(1, 2, 3, 3)],
+     None),
+    ("UpsamplingBilinear2d", lambda m: m.UpsamplingBilinear2d(size=(5, 4)), [(1, 2, 3, 3)],
+     None),
+    ("Bilinear", lambda m: m.Bilinear(3, 4, 2), [(5, 3), (5, 4)], None),
+    ("SoftMarginLoss", lambda m: m.SoftMarginLoss(), [(4, 6)], lambda m: [_tensor(m)(SIGNS)]),
+    ("HingeEmbeddingLoss", lambda m: m.HingeEmbeddingLoss(margin=0.5), [(4, 6)],
+     lambda m: [_tensor(m)(SIGNS)]),
+    ("MarginRankingLoss", lambda m: m.MarginRankingLoss(0.2), [(4, 6), (4, 6)],
+     lambda m: [_tensor(m)(SIGNS)]),
+    ("CosineEmbeddingLoss", lambda m: m.CosineEmbeddingLoss(reduction="sum"), [(4, 6), (4, 6)],
+     lambda m: [_tensor(m)(SIGNS[:, 0])]),
+    ("TripletMarginLoss", lambda m: m.TripletMarginLoss(margin=0.5, p=1), [(4, 6)] * 3, None),
+    ("PoissonNLLLoss", lambda m: m.PoissonNLLLoss(full=True), [(4, 6)],
+     lambda m: [_tensor(m)(COUNTS)]),
+    ("GaussianNLLLoss", lambda m: m.GaussianNLLLoss(eps=1e-3), [(4, 6), (4, 6)],
+     lambda m: [_tensor(m)(VARIANCE)]),
+    ("MultiLabelSoftMarginLoss", lambda m: m.MultiLabelSoftMarginLoss(weight=_tensor(m)(W6)),
+     [(4, 6)], lambda m: [_tensor(m)((SIGNS > 0).astype(np.float32))]),
     ("BCEWithLogitsLoss", lambda m: m.BCEWithLogitsLoss(pos_weight=_tensor(m)(W3)), [(4, 3)],
      lambda m: [_tensor(m)(BITS)]),
 ]
@@ -95,6 +120,7 @@ CASES = [
                          ids=[c[0] for c in CASES])
 def test_module_matches_torch(make, shapes, extra, check):
     ours, theirs = make(nn), make(TNN)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
     arrays = [PROBS] if shapes is None else [_normal(*s, scale=2) for s in shapes]
     more = {nn: extra(nn), TNN: extra(TNN)} if extra else {nn: [], TNN: []}
     check(lambda *t: ours(*t, *more[nn]), *arrays, torch_fn=lambda *t: theirs(*t, *more[TNN]))
@@ -269,5 +295,32 @@ def test_multihead_attention(batch_first, shapes, masks, kwargs):
     out_t.sum().backward()
     for o, t in zip(xo, xt):
         np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), atol=1e-4)
+    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), atol=1e-4, err_msg=name)
+
+
+@pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize("kwargs, masks", [
+    ({}, {}),
+    ({"norm_first": True, "activation": "gelu", "batch_first": True},
+     {"src_key_padding_mask": np.array([[False] * 4 + [True], [False] * 5])}),
+    ({"dim_feedforward": 6}, {"mask": np.triu(np.full((5, 5), -np.inf, np.float32), 1)}),
+], ids=str)
+def test_transformer_encoder(kwargs, masks):
+    def make(m):
+        layer = m.TransformerEncoderLayer(8, 2, dropout=0.0, **{"dim_feedforward": 16, **kwargs})
+        return m.TransformerEncoder(layer, 2, norm=m.LayerNorm(8))
+    ours, theirs = make(nn), make(TNN)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    x = _normal(2, 5, 8) if kwargs.get("batch_first") else _normal(5, 2, 8)
+    xo, xt = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out_o = ours(xo, **{k: Tensor(v) for k, v in masks.items()})
+    out_t = theirs(xt, **{k: torch.tensor(v) for k, v in masks.items()})
+    np.testing.assert_allclose(out_o.numpy(), out_t.detach().numpy(), atol=1e-4)
+    weights = _normal(*x.shape)
+    (out_o * Tensor(weights)).sum().backward()
+    (out_t * torch.tensor(weights)).sum().backward()
+    np.testing.assert_allclose(xo.grad.numpy(), xt.grad.numpy(), atol=1e-4)
     for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
         np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), atol=1e-4, err_msg=name)

@@ -25,6 +25,14 @@ def _labels(namespace, values):
     return Tensor(np.array(values, np.int32)) if namespace is nn else torch.tensor(values)
 
 
+def _same_gradients(ours_inputs, theirs_inputs, ours, theirs):
+    """The inputs' and the parameters' gradients of portkit's and torch's agree."""
+    for o, t in zip(ours_inputs, theirs_inputs):
+        np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), atol=1e-4)
+    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), atol=1e-4, err_msg=name)
+
+
 W3 = np.array([0.5, 2.0, 1.0], np.float32)
 PROBS = RNG.uniform(0.05, 0.95, (4, 3)).astype(np.float32)
 BITS = (RNG.random((4, 3)) > 0.5).astype(np.float32)
@@ -214,8 +222,7 @@ def test_module_dict_and_parameter_containers():
     np.testing.assert_allclose(ours_out.numpy(), theirs_out.detach().numpy(), atol=1e-5)
     ours_out.sum().backward()
     theirs_out.sum().backward()
-    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
-        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), atol=1e-5, err_msg=name)
+    _same_gradients([], [], ours, theirs)
     blocks = ours.blocks
     assert list(blocks) == ["a", "b"] and len(blocks) == 2 and "a" in blocks
     blocks["c"] = nn.ReLU()
@@ -258,11 +265,7 @@ def test_recurrent_layers(kind, kwargs, shape):
     last_t = ht[-1] if kind == "LSTM" else ht
     ((yo * Tensor(weights)).sum() + last_o.sum()).backward()
     ((yt * torch.tensor(weights)).sum() + last_t.sum()).backward()
-    np.testing.assert_allclose(xo.grad.numpy(), xt.grad.numpy(), atol=1e-4)
-    for o, t in zip(state_o, state_t):
-        np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), atol=1e-4)
-    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
-        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), atol=1e-4, err_msg=name)
+    _same_gradients([xo, *state_o], [xt, *state_t], ours, theirs)
 
 
 @pytest.mark.usefixtures("backend")
@@ -293,10 +296,7 @@ def test_multihead_attention(batch_first, shapes, masks, kwargs):
         np.testing.assert_allclose(weights_o.numpy(), weights_t.detach().numpy(), atol=1e-5)
     out_o.sum().backward()
     out_t.sum().backward()
-    for o, t in zip(xo, xt):
-        np.testing.assert_allclose(o.grad.numpy(), t.grad.numpy(), atol=1e-4)
-    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
-        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), atol=1e-4, err_msg=name)
+    _same_gradients(xo, xt, ours, theirs)
 
 
 @pytest.mark.usefixtures("backend")
@@ -321,6 +321,4 @@ def test_transformer_encoder(kwargs, masks):
     weights = _normal(*x.shape)
     (out_o * Tensor(weights)).sum().backward()
     (out_t * torch.tensor(weights)).sum().backward()
-    np.testing.assert_allclose(xo.grad.numpy(), xt.grad.numpy(), atol=1e-4)
-    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
-        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), atol=1e-4, err_msg=name)
+    _same_gradients([xo], [xt], ours, theirs)

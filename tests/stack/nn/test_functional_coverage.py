@@ -318,7 +318,7 @@ leaky_relu_ linear_cross_entropy max_pool1d_with_indices max_pool2d_with_indices
 max_pool3d_with_indices max_unpool1d max_unpool3d multi_head_attention_forward multi_margin_loss
 multilabel_margin_loss native_channel_shuffle relu_ rrelu rrelu_ scaled_grouped_mm scaled_mm selu_
 threshold_ triplet_margin_with_distance_loss unfold"""))
-# torch's helpers for its own dispatch, not functions of the API
+# torch's dispatch machinery, not functions of the API
 NOT_API = {"assert_int_or_pair", "boolean_dispatch", "handle_torch_function",
            "has_torch_function", "has_torch_function_unary", "has_torch_function_variadic"}
 

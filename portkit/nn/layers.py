@@ -1,7 +1,7 @@
-"""The layers with parameters, as torch.nn has them: Linear, LayerNorm, BatchNorm (1-3 d),
-Embedding, convolutions (1-3 d, and transposed), GroupNorm, RMSNorm, PReLU (the parameterless
-ones are in containers.py). Parameters are initialized as torch initializes them (uniform in
-+-1/sqrt(fan_in))."""
+"""The layers with parameters, as torch.nn has them: Linear, Bilinear, LayerNorm, BatchNorm
+(1-3 d), Embedding, convolutions (1-3 d, and transposed), GroupNorm, InstanceNorm (1-3 d),
+RMSNorm, PReLU (the parameterless ones are in containers.py, the losses in losses.py).
+Parameters are initialized as torch initializes them (uniform in +-1/sqrt(fan_in))."""
 from __future__ import annotations
 
 import math
@@ -27,6 +27,24 @@ class Linear(Module):
     def extra_repr(self) -> str:
         out, inp = self.weight.shape
         return f"in_features={inp}, out_features={out}, bias={self.bias is not None}"
+
+
+class Bilinear(Module):
+    """y = x1^T weight x2 + bias per output feature, initialized as torch.nn.Bilinear."""
+
+    def __init__(self, in1_features: int, in2_features: int, out_features: int,
+                 bias: bool = True):
+        bound = 1 / math.sqrt(in1_features)
+        self.weight = uniform_parameter((out_features, in1_features, in2_features), bound)
+        self.bias = uniform_parameter((out_features,), bound) if bias else None
+
+    def forward(self, input1: Tensor, input2: Tensor) -> Tensor:
+        return F.bilinear(input1, input2, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        out, in1, in2 = self.weight.shape
+        return (f"in1_features={in1}, in2_features={in2}, out_features={out}, "
+                f"bias={self.bias is not None}")
 
 
 class LayerNorm(Module):
@@ -249,10 +267,66 @@ class PReLU(Module):
         return f"num_parameters={self.weight.shape[0]}"
 
 
+class _InstanceNorm(Module):
+    """F.instance_norm per sample and channel, with a per-channel weight (ones) and bias
+    (zeros) when affine, and running statistics (used in eval mode) when
+    track_running_stats, as torch's."""
+
+    dims = 2
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
+                 affine: bool = False, track_running_stats: bool = False, *,
+                 bias: bool = True):
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.weight = _filled(1.0, (num_features,)) if affine else None
+        self.bias = _filled(0.0, (num_features,)) if affine and bias else None
+        self.running_mean = deferred(Tensor.zeros(num_features).contiguous()) \
+            if track_running_stats else None
+        self.running_var = deferred(Tensor.ones(num_features).contiguous()) \
+            if track_running_stats else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim not in (self.dims + 1, self.dims + 2):
+            raise ValueError(f"{type(self).__name__}: expected {self.dims + 1}D or "
+                             f"{self.dims + 2}D input (got {x.ndim}D input)")
+        unbatched = x.ndim == self.dims + 1
+        use_input_stats = self.training or self.running_mean is None
+        out = F.instance_norm(x.unsqueeze(0) if unbatched else x, self.running_mean,
+                              self.running_var, self.weight, self.bias, use_input_stats,
+                              self.momentum, self.eps)
+        if use_input_stats and self.running_mean is not None and self.running_var is not None:
+            realize(self.running_mean, self.running_var)
+        return out.squeeze(0) if unbatched else out
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.weight is not None}, bias={self.bias is not None}, "
+                f"track_running_stats={self.running_mean is not None}")
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """Instance normalization of (N, C, L) or (C, L) input (torch.nn.InstanceNorm1d)."""
+
+    dims = 1
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """Instance normalization of (N, C, H, W) or (C, H, W) input (torch.nn.InstanceNorm2d)."""
+
+    dims = 2
+
+
+class InstanceNorm3d(_InstanceNorm):
+    """Instance normalization of (N, C, D, H, W) or (C, D, H, W) input."""
+
+    dims = 3
+
+
 def _filled(value: float, shape: tuple[int, ...]) -> Tensor:
     return deferred(Tensor.full(shape, value).contiguous()).requires_grad_()
 
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Conv1d", "Conv2d", "Conv3d",
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Bilinear", "Conv1d", "Conv2d", "Conv3d",
            "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Embedding", "GroupNorm",
-           "LayerNorm", "Linear", "PReLU", "RMSNorm"]
+           "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LayerNorm", "Linear", "PReLU",
+           "RMSNorm"]

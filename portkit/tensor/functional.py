@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from portkit import schedule
+from portkit.tensor.activations import softmin
 from portkit.tensor.autocast_mode import runs_in_float32, runs_in_low_precision
+from portkit.tensor.distances import vector_norm
 from portkit.tensor.dtype import bool_, float_of, int32, promote
 from portkit.tensor.elementwise import in_float32
+from portkit.tensor.losses import check_reduction, legacy_reduction, reduce_loss
 from portkit.tensor.spatial import (
     avg_pool1d,
     avg_pool2d,
@@ -61,14 +64,16 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 @runs_in_float32
-def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
-                  label_smoothing: float = 0.0, weight: Tensor | None = None,
-                  ignore_index: int = -100) -> Tensor:
+def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                  size_average: bool | None = None, ignore_index: int = -100,
+                  reduce: bool | None = None, reduction: Reduction = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
     """Cross entropy of logits (N, C) or (N, C, d...) against class indices (N,) / (N, d...) or
     probabilities of the input's shape; the class axis is 1, as in PyTorch."""
+    how = legacy_reduction(size_average, reduce, reduction)
     if not target.dtype.is_float and not label_smoothing:
         return nll_loss(input.log_softmax(1 if input.ndim > 1 else 0), target, weight,
-                        ignore_index, reduction)
+                        ignore_index=ignore_index, reduction=how)
     if weight is not None or ignore_index != -100:
         raise NotImplementedError("cross_entropy: weight and ignore_index are supported with "
                                   "class-index targets and no label smoothing")
@@ -90,16 +95,17 @@ def cross_entropy(input: Tensor, target: Tensor, reduction: Reduction = "mean",
         probs = one_hot(target, input.shape[-1]).cast(logp.dtype)
     if label_smoothing:
         probs = probs * (1 - label_smoothing) + label_smoothing / input.shape[-1]
-    loss = -(logp * probs).sum(-1)
-    return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
+    return reduce_loss(-(logp * probs).sum(-1), how)
 
 
 @runs_in_float32
 def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
-             ignore_index: int = -100, reduction: Reduction = "mean") -> Tensor:
+             size_average: bool | None = None, ignore_index: int = -100,
+             reduce: bool | None = None, reduction: Reduction = "mean") -> Tensor:
     """The negative log-probability of each target class: input (N, C) or (N, C, d...) of
     log-probabilities, target (N,) or (N, d...) of class indices, optional per-class weights;
     targets equal to ignore_index count for nothing (as torch's)."""
+    how = check_reduction(legacy_reduction(size_average, reduce, reduction))
     if target.dtype.is_float or target.dtype == bool_:
         raise TypeError(f"nll_loss: target must hold integer class indices, got "
                         f"{target.dtype.name}")
@@ -117,9 +123,9 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
     if weight is not None:
         w = w * weight.cast(input.dtype).index_select(0, safe)
     loss = -picked * w
-    if reduction == "none":
+    if how == "none":
         return loss
-    if reduction == "sum":
+    if how == "sum":
         return loss.sum()
     if weight is None and known is not None:
         # the host knows how many targets count: one reduction fewer than dividing by w.sum()
@@ -130,16 +136,20 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
 
 @runs_in_float32
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                         size_average: bool | None = None, reduce: bool | None = None,
                          reduction: Reduction = "mean") -> Tensor:
     """-(t log p + (1 - t) log(1 - p)) of probabilities p; each log is at least -100 (torch)."""
     logp, log1mp = input.log().clip(min=-100), (1 - input).log().clip(min=-100)
     loss = -(target * logp + (1 - target) * log1mp)
-    return _reduce(loss if weight is None else loss * weight, reduction)
+    return reduce_loss(loss if weight is None else loss * weight,
+                       legacy_reduction(size_average, reduce, reduction))
 
 
 @runs_in_float32
 def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,
                                      weight: Tensor | None = None,
+                                     size_average: bool | None = None,
+                                     reduce: bool | None = None,
                                      reduction: Reduction = "mean",
                                      pos_weight: Tensor | None = None) -> Tensor:
     """binary_cross_entropy of sigmoid(input), computed from the logits without overflow."""
@@ -150,13 +160,8 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,
         loss = (1 - target) * x + log_sig_neg
     else:
         loss = (1 - target) * x + (1 + (pos_weight - 1) * target) * log_sig_neg
-    return _reduce(loss if weight is None else loss * weight, reduction)
-
-
-def _reduce(loss: Tensor, reduction: Reduction) -> Tensor:
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    return {"mean": loss.mean, "sum": loss.sum, "none": lambda: loss}[reduction]()
+    return reduce_loss(loss if weight is None else loss * weight,
+                       legacy_reduction(size_average, reduce, reduction))
 
 
 # The class indices of target buffers already checked, by buffer: a training loop passes the
@@ -278,12 +283,8 @@ def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,
     if input.ndim < 2 or num_groups <= 0 or input.shape[1] % num_groups:
         raise RuntimeError(f"group_norm: expected input of shape (N, C, ...) with C divisible "
                            f"by num_groups={num_groups}, got {input.shape}")
-    n, c = input.shape[:2]
-    grouped = input.reshape(n, num_groups, -1)
-    x = layernorm(grouped, -1, eps).reshape(input.shape)
-    channel = (1, c) + (1,) * (input.ndim - 2)
-    return _affine(x, None if weight is None else weight.reshape(channel),
-                   None if bias is None else bias.reshape(channel))
+    grouped = input.reshape(input.shape[0], num_groups, -1)
+    return _channel_affine(layernorm(grouped, -1, eps).reshape(input.shape), weight, bias)
 
 
 @runs_in_float32
@@ -292,23 +293,7 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -
     if not p > 0:
         raise ValueError(f"normalize: p must be > 0 (or inf), got {p}")
     x = input.cast(float_of(input.dtype))
-    magnitude = x.abs()
-    if p == float("inf"):
-        norm = magnitude.amax(dim, keepdim=True)
-    else:
-        total = (magnitude ** p).sum(dim, keepdim=True)
-        value = total.detach() ** (1 / p)
-        # torch's norm has gradient 0 at the zero vector, where total ** (1/p)'s is inf * 0
-        norm = value._with_grad((total, (total == 0)._where(0.0, value / (p * total))))
-    return x / norm.clip(min=eps)
-
-
-def softmin(input: Tensor, dim: int | None = None) -> Tensor:
-    """softmax(-input) over `dim` (without one, torch's legacy choice: 0 for 0-, 1- and 3-d
-    input, else 1)."""
-    if dim is None:
-        dim = 0 if input.ndim in (0, 1, 3) else 1
-    return (-input).softmax(dim)
+    return x / vector_norm(x, p, dim, keepdim=True).clip(min=eps)
 
 
 def prelu(input: Tensor, weight: Tensor) -> Tensor:
@@ -332,6 +317,13 @@ def _trailing(input: Tensor, normalized_shape: Sequence[int] | int, name: str
     return tuple(range(input.ndim - len(shape), input.ndim))
 
 
+def _channel_affine(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    """x * weight + bias with one weight and bias per channel (dim 1)."""
+    channel = (1, -1) + (1,) * (x.ndim - 2)
+    return _affine(x, None if weight is None else weight.reshape(channel),
+                   None if bias is None else bias.reshape(channel))
+
+
 def _affine(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
     x = x if weight is None else x * weight
     return x if bias is None else x + bias
@@ -348,6 +340,67 @@ def dropout(input: Tensor, p: float = 0.5, training: bool | None = None) -> Tens
         return input * 0
     keep = type(input).rand(*input.shape, device=input.device) >= p
     return keep._where(input, 0) * (1 / (1 - p))
+
+
+def _feature_dropout(input: Tensor, p: float, training: bool | None, dims: int,
+                     batched: tuple[int, ...]) -> Tensor:
+    """dropout of whole channels: one draw per (N, C), or per C of unbatched input, for input
+    of `dims` + 1 or + 2 dims (torch's dropout{dims}d); `batched` lists the ranks read as
+    (N, C, ...)."""
+    if input.ndim not in (dims + 1, dims + 2):
+        raise RuntimeError(f"dropout{dims}d: Expected {dims + 1}D or {dims + 2}D input, but "
+                           f"received a {input.ndim}D input")
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout probability has to be between 0 and 1, got {p}")
+    if not (training if training is not None else type(input).training) or p == 0:
+        return input
+    drawn = 2 if input.ndim in batched else 1          # (N, C) or C
+    shape = input.shape[:drawn] + (1,) * (input.ndim - drawn)
+    ones = type(input).full(shape, 1.0, input.dtype, input.device)
+    return input * dropout(ones, p, training=True)
+
+
+def dropout1d(input: Tensor, p: float = 0.5, training: bool | None = None,
+              inplace: bool = False) -> Tensor:
+    """dropout of whole channels of (N, C, L) or (C, L) input."""
+    return _feature_dropout(input, p, training, 1, (3,))
+
+
+def dropout2d(input: Tensor, p: float = 0.5, training: bool | None = None,
+              inplace: bool = False) -> Tensor:
+    """dropout of whole channels of (N, C, H, W) input; 3-d input is read as (N, C, L), as
+    torch does today."""
+    return _feature_dropout(input, p, training, 2, (3, 4))
+
+
+def dropout3d(input: Tensor, p: float = 0.5, training: bool | None = None,
+              inplace: bool = False) -> Tensor:
+    """dropout of whole channels of (N, C, D, H, W) or (C, D, H, W) input."""
+    return _feature_dropout(input, p, training, 3, (5,))
+
+
+@runs_in_float32
+def instance_norm(input: Tensor, running_mean: Tensor | None = None,
+                  running_var: Tensor | None = None, weight: Tensor | None = None,
+                  bias: Tensor | None = None, use_input_stats: bool = True,
+                  momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalizes each channel of each sample over its spatial dims (moving the running
+    statistics toward their batch means when given), or by the running statistics when not
+    use_input_stats; then a per-channel weight and bias."""
+    if not use_input_stats:
+        return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    spatial = tuple(range(2, input.ndim))
+    count = math.prod(input.shape[2:])
+    if count <= 1:
+        raise ValueError(f"Expected more than 1 spatial element when training, got input size "
+                         f"{input.shape}")
+    if running_mean is not None:
+        mean = input.detach().mean(spatial).mean(0)
+        running_mean.assign(running_mean * (1 - momentum) + mean * momentum)
+    if running_var is not None:
+        var = input.detach().var(spatial, correction=1).mean(0)
+        running_var.assign(running_var * (1 - momentum) + var * momentum)
+    return _channel_affine(layernorm(input, spatial, eps), weight, bias)
 
 
 def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
@@ -420,7 +473,7 @@ def _grouped_heads(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, T
 
 # -- activations --------------------------------------------------------------------------------
 
-def leaky_relu(input: Tensor, negative_slope: float = 0.01) -> Tensor:
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
     """x where x > 0, else negative_slope * x."""
     return (input > 0)._where(input, input * negative_slope)
 
@@ -438,7 +491,7 @@ def gelu(input: Tensor, approximate: Literal["none", "tanh"] = "none") -> Tensor
 
 
 @in_float32
-def silu(input: Tensor) -> Tensor:
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
     """x * sigmoid(x)."""
     return input * input.sigmoid()
 
@@ -452,50 +505,51 @@ def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tenso
     return (x > threshold)._where(input.cast(x.dtype), smooth)
 
 
-def relu6(input: Tensor) -> Tensor:
+def relu6(input: Tensor, inplace: bool = False) -> Tensor:
     """min(max(x, 0), 6)."""
     return hardtanh(input, 0.0, 6.0)
 
 
-def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0,
+             inplace: bool = False) -> Tensor:
     """x limited to [min_val, max_val]."""
     if min_val > max_val:
         raise ValueError(f"hardtanh: min_val {min_val} is above max_val {max_val}")
     return input.clip(min_val, max_val)
 
 
-def hardsigmoid(input: Tensor) -> Tensor:
+def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:
     """relu6(x + 3) / 6."""
     return relu6(input + 3) * (1 / 6)
 
 
-def hardswish(input: Tensor) -> Tensor:
+def hardswish(input: Tensor, inplace: bool = False) -> Tensor:
     """x * relu6(x + 3) / 6."""
     return input * hardsigmoid(input)
 
 
 @in_float32
-def elu(input: Tensor, alpha: float = 1.0) -> Tensor:
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     """x where x > 0, else alpha * (exp(x) - 1)."""
     x = input.cast(float_of(input.dtype))
     # exp of the negative part only: e^x of a large positive x would overflow the other branch
     return (x > 0)._where(x, alpha * (x.clip(max=0)._exp_of_nonpositive() - 1))
 
 
-def selu(input: Tensor) -> Tensor:
+def selu(input: Tensor, inplace: bool = False) -> Tensor:
     """scale * elu(x, alpha) with the self-normalizing constants."""
     return _SELU_SCALE * elu(input, _SELU_ALPHA)
 
 
 @in_float32
-def celu(input: Tensor, alpha: float = 1.0) -> Tensor:
+def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
     x = input.cast(float_of(input.dtype))
     return (x > 0)._where(x, alpha * ((x.clip(max=0) * (1 / alpha)).exp() - 1))
 
 
 @in_float32
-def mish(input: Tensor) -> Tensor:
+def mish(input: Tensor, inplace: bool = False) -> Tensor:
     """x * tanh(softplus(x))."""
     return input * softplus(input).tanh()
 
@@ -516,10 +570,11 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 
 
 __all__ = ["avg_pool1d", "avg_pool2d", "avg_pool3d", "batch_norm", "batchnorm",
-           "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "conv1d",
-           "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-           "cross_entropy", "dropout", "elu", "embedding", "gelu", "grid_sample", "group_norm",
-           "hardsigmoid", "hardswish", "hardtanh", "interpolate", "layer_norm", "layernorm", "leaky_relu",
-           "linear", "logsigmoid", "max_pool1d", "max_pool2d", "max_pool3d", "max_unpool2d",
-           "mish", "nll_loss", "normalize", "one_hot", "pad", "prelu", "relu6", "rms_norm",
+           "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "conv1d", "conv2d",
+           "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "cross_entropy",
+           "dropout", "dropout1d", "dropout2d", "dropout3d", "elu", "embedding", "gelu",
+           "grid_sample", "group_norm", "hardsigmoid", "hardswish", "hardtanh", "instance_norm",
+           "interpolate", "layer_norm", "layernorm", "leaky_relu", "linear", "logsigmoid",
+           "max_pool1d", "max_pool2d", "max_pool3d", "max_unpool2d", "mish", "nll_loss",
+           "normalize", "one_hot", "pad", "prelu", "relu6", "rms_norm",
            "scaled_dot_product_attention", "selu", "silu", "softmin", "softplus", "softsign"]

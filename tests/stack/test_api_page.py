@@ -27,18 +27,37 @@ masked_fill masked_select matmul max maximum mean min minimum mul neg nonzero nu
 permute pow prod reciprocal relu repeat repeat_interleave reshape roll round rsqrt scatter
 scatter_reduce sigmoid sign sin sinh softmax sort split sqrt squeeze std sum take_along_dim tan
 tanh tolist topk transpose tril triu trunc unflatten unfold unique unsqueeze var view where""")
-FUNCTIONS = _words("""avg_pool1d avg_pool2d avg_pool3d batch_norm binary_cross_entropy
-binary_cross_entropy_with_logits celu conv1d conv2d conv3d conv_transpose1d conv_transpose2d
-conv_transpose3d cross_entropy dropout elu embedding gelu grid_sample group_norm hardsigmoid
-hardswish hardtanh interpolate layer_norm leaky_relu linear logsigmoid max_pool1d max_pool2d
-max_pool3d max_unpool2d mish nll_loss normalize one_hot pad prelu relu6 rms_norm
-scaled_dot_product_attention selu silu softmin softplus softsign""")
+FUNCTIONS = _words("""adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d
+adaptive_max_pool1d adaptive_max_pool2d adaptive_max_pool3d avg_pool1d avg_pool2d avg_pool3d
+batch_norm bilinear binary_cross_entropy binary_cross_entropy_with_logits celu channel_shuffle
+conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d cosine_embedding_loss
+cosine_similarity cross_entropy dropout dropout1d dropout2d dropout3d elu embedding
+gaussian_nll_loss gelu glu grid_sample group_norm hardshrink hardsigmoid hardswish hardtanh
+hinge_embedding_loss huber_loss instance_norm interpolate kl_div l1_loss layer_norm leaky_relu
+linear local_response_norm log_softmax logsigmoid lp_pool1d lp_pool2d lp_pool3d
+margin_ranking_loss max_pool1d max_pool2d max_pool3d max_unpool2d mish mse_loss
+multilabel_soft_margin_loss nll_loss normalize one_hot pad pairwise_distance pdist pixel_shuffle
+pixel_unshuffle poisson_nll_loss prelu relu relu6 rms_norm scaled_dot_product_attention selu
+sigmoid silu smooth_l1_loss soft_margin_loss softmax softmin softplus softshrink softsign tanh
+tanhshrink threshold triplet_margin_loss""")
 TOP_LEVEL = _words("cat stack einsum meshgrid from_dlpack no_grad autocast")
 AMP = _words("GradScaler")
-MODULES = _words("""AvgPool1d AvgPool2d AvgPool3d BatchNorm1d BatchNorm2d BatchNorm3d Conv1d Conv2d
-Conv3d ConvTranspose1d ConvTranspose2d ConvTranspose3d Dropout ELU Embedding Flatten GELU GroupNorm LayerNorm LeakyReLU
-Linear MaxPool1d MaxPool2d MaxPool3d Mish ModuleList PReLU ReLU RMSNorm Sequential SiLU Sigmoid
-Softmax Softmin Tanh Upsample""")
+MODULES = _words("""AdaptiveAvgPool1d AdaptiveAvgPool2d AdaptiveAvgPool3d AdaptiveMaxPool1d
+AdaptiveMaxPool2d AdaptiveMaxPool3d AvgPool1d AvgPool2d AvgPool3d BCELoss BCEWithLogitsLoss
+BatchNorm1d BatchNorm2d BatchNorm3d Bilinear CELU ChannelShuffle CircularPad1d CircularPad2d
+CircularPad3d ConstantPad1d ConstantPad2d ConstantPad3d Conv1d Conv2d Conv3d ConvTranspose1d
+ConvTranspose2d ConvTranspose3d CosineEmbeddingLoss CosineSimilarity CrossEntropyLoss Dropout
+Dropout1d Dropout2d Dropout3d ELU Embedding Flatten GELU GLU GRU GaussianNLLLoss GroupNorm
+Hardshrink Hardsigmoid Hardswish Hardtanh HingeEmbeddingLoss HuberLoss Identity InstanceNorm1d
+InstanceNorm2d InstanceNorm3d KLDivLoss L1Loss LPPool1d LPPool2d LPPool3d LSTM LayerNorm LeakyReLU
+Linear LocalResponseNorm LogSigmoid LogSoftmax MSELoss MarginRankingLoss MaxPool1d MaxPool2d
+MaxPool3d Mish ModuleDict ModuleList MultiLabelSoftMarginLoss MultiheadAttention NLLLoss PReLU
+PairwiseDistance ParameterDict ParameterList PixelShuffle PixelUnshuffle PoissonNLLLoss RMSNorm
+RNN ReLU ReLU6 ReflectionPad1d ReflectionPad2d ReflectionPad3d ReplicationPad1d ReplicationPad2d
+ReplicationPad3d SELU Sequential SiLU Sigmoid SmoothL1Loss SoftMarginLoss Softmax Softmin Softplus
+Softshrink Softsign Tanh Tanhshrink Threshold TransformerEncoder TransformerEncoderLayer
+TripletMarginLoss Unflatten Upsample UpsamplingBilinear2d UpsamplingNearest2d ZeroPad1d ZeroPad2d
+ZeroPad3d""")
 SCHEDULERS = _words("""StepLR MultiStepLR ExponentialLR CosineAnnealingLR LambdaLR LinearLR
 OneCycleLR ReduceLROnPlateau""")
 
@@ -58,6 +77,20 @@ PARTLY = {
     "F.interpolate": "nearest and (bi/tri)linear modes; no bicubic, area or antialias",
     "F.grid_sample": "4-d input; bilinear and nearest; zeros and border padding",
     "F.pad": "reflect, replicate and circular pad any trailing dims, sizes >= 0",
+    "F.dropout1d": "training defaults to Tensor.training, not True",
+    "F.dropout2d": "training defaults to Tensor.training, not True",
+    "F.dropout3d": "training defaults to Tensor.training, not True",
+    "F.relu": "inplace=True (here and in each activation) returns a new tensor; x is unchanged",
+    "F.adaptive_max_pool1d": "return_indices only where the output size divides the input's",
+    "F.adaptive_max_pool2d": "return_indices only where the output size divides the input's",
+    "F.adaptive_max_pool3d": "return_indices only where the output size divides the input's",
+    "nn.ReLU": "inplace=True (here and in each activation) returns a new tensor; x is unchanged",
+    "nn.LSTM": "no proj_size",
+    "nn.TransformerEncoderLayer": "bias=False is not supported",
+    "nn.MultiheadAttention": "key and value of embed_dim features; no add_bias_kv, add_zero_attn",
+    "nn.InstanceNorm1d": "no num_batches_tracked in the state dict (as portkit's BatchNorm)",
+    "nn.InstanceNorm2d": "no num_batches_tracked in the state dict (as portkit's BatchNorm)",
+    "nn.InstanceNorm3d": "no num_batches_tracked in the state dict (as portkit's BatchNorm)",
     "portkit.einsum": "distinct letters per operand, no '...' or diagonals",
     "portkit.from_dlpack": ("shares C-contiguous host memory on cpu/interpreter (so do "
                             "exports); copies on device backends"),

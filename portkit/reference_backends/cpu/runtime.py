@@ -232,9 +232,6 @@ static int waiting(uint64_t seen) {
 
 static void *worker(void *slot) {
   const int self = (int)(intptr_t)slot;
-#ifdef __linux__
-  pthread_setname_np(pthread_self(), "portkit-pool");
-#endif
   uint64_t seen = atomic_load(&pool.job);
   for (;;) {
     const int64_t until = now_ns() + SPIN_NS;
@@ -304,8 +301,12 @@ void pk_pool_start(int32_t threads) {
     pthread_t thread;
     pin(&attr, pool.workers + 1, threads);
     /* a worker's slot, its range, is fixed before it starts: workers counts those started */
-    if (pthread_create(&thread, &attr, worker, (void *)(intptr_t)(pool.workers + 1)) == 0 &&
-        pthread_detach(thread) == 0)
+    if (pthread_create(&thread, &attr, worker, (void *)(intptr_t)(pool.workers + 1)) != 0)
+      continue;
+#ifdef __linux__
+    pthread_setname_np(thread, "portkit-pool");   /* by its creator: it may not have run yet */
+#endif
+    if (pthread_detach(thread) == 0)
       pool.workers++;
   }
   pthread_attr_destroy(&attr);

@@ -23,7 +23,7 @@ from portkit.tensor.autocast_mode import runs_in_float32, runs_in_low_precision
 from portkit.tensor.distances import vector_norm
 from portkit.tensor.dtype import bool_, float_of, int32, promote
 from portkit.tensor.elementwise import in_float32
-from portkit.tensor.losses import check_reduction, legacy_reduction, reduce_loss
+from portkit.tensor.losses import Reduction, check_reduction, legacy_reduction, reduce_loss
 from portkit.tensor.spatial import (
     avg_pool1d,
     avg_pool2d,
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
 
 IntPair = int | tuple[int, int]
-Reduction = Literal["mean", "sum", "none"]
 
 
 @runs_in_low_precision

@@ -367,8 +367,9 @@ class ElementwiseOps:
             x, y = a._operand(b)
         elif isinstance(b, type(self)):
             y, x = b._operand(a)
-        else:
-            x, y = type(self).full((), a, scalar_dtype(a), self.device)._operand(b)
+        else:       # shared_const, as a number another op reads (a full tensor may be realized)
+            dtype = check_dtype(scalar_dtype(a), self.device)
+            x, y = self._wrap(graph.shared_const(a, dtype, self.shape, self.device))._operand(b)
         cond = self.cast(bool_)
         cond, x = broadcast(cond, x)
         cond, y = broadcast(cond, y)

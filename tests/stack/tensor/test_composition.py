@@ -3,6 +3,7 @@ Tensor ops build, for any shape, and a build that is not elementwise is never co
 import numpy as np
 import pytest
 
+from portkit.abi import dtypes
 from portkit.schedule.keys import graph_key
 from portkit.tensor import Tensor
 from portkit.tensor.composition import Composition
@@ -76,6 +77,30 @@ def test_copies_and_ops_share_their_constant_nodes():
     for _ in range(10):
         want = np.exp(want * np.float32(0.5) - np.float32(1.0))
     np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)
+
+
+def test_a_where_of_two_numbers_takes_shared_constants():
+    # a where of two numbers made them full tensors, nodes of their own: exp's first call,
+    # which records exp, and each copy after it held the same constants twice
+    from portkit.graph import GraphOp, toposort
+    x = Tensor(np.arange(-2, 2, dtype=np.float32)).realize()
+    a, b = (x < 0)._where(-0.5, 0.5), (x > 0)._where(-0.5, 0.5)
+    constants = [n for n in toposort([a.lazy, b.lazy]) if n.op is GraphOp.CONST]
+    assert sorted(n.arg for n in constants) == [-0.5, 0.0, 0.5]
+    np.testing.assert_array_equal(a.numpy(), [-0.5, -0.5, 0.5, 0.5])
+    np.testing.assert_array_equal(b.numpy(), [0.5, 0.5, 0.5, -0.5])
+
+
+def test_a_full_table_of_constants_keeps_the_graph_being_built_shared(monkeypatch):
+    # the table of shared constants was emptied whole at its bound: a graph built across that
+    # moment held two nodes of one constant, depending on what ran in the process before
+    from portkit import graph
+    for _ in range(2):              # exp recorded, then its constants at (3, 4) kept
+        Tensor(np.ones((3, 4), np.float32)).realize().exp()
+    monkeypatch.setattr(graph, "_MAX_SHARED", len(graph._shared) + 64)
+    for k in range(65):             # to the bound, and one past it
+        graph.shared_const(k + 0.25, dtypes.float32, (1,), "cpu")
+    test_copies_and_ops_share_their_constant_nodes()
 
 
 def test_copies_at_one_shape_look_their_constants_up_once(monkeypatch):

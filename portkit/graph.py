@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import gc
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from math import prod
@@ -203,9 +204,17 @@ def _as_kind(value: Any, dtype: DType) -> Any:
     return bool(value) if kind == "bool" else int(value)
 
 
-# shared_const's nodes by value, dtype, shape and device; emptied when it reaches the bound
-_shared: dict[tuple, Lazy] = {}
+# shared_const's nodes by value, dtype, shape and device, least recently asked for first; at the
+# bound the oldest goes, so the constants of the graph being built stay one node each
+_shared: OrderedDict[tuple, Lazy] = OrderedDict()
 _MAX_SHARED = 4096
+_evicted = 0        # nodes the table has let go: a holder of its nodes asks again after one
+
+
+def shared_evictions() -> int:
+    """How many nodes shared_const has let go of so far: one who keeps its nodes keeps this
+    too, and asks again for them once it has changed."""
+    return _evicted
 
 
 def shared_const(value: Any, dtype: DType, shape: tuple[int, ...], device: str) -> Lazy:
@@ -221,9 +230,12 @@ def shared_const(value: Any, dtype: DType, shape: tuple[int, ...], device: str) 
     key = (value.hex() if type(value) is float else value, dtype.name, shape, device)
     found = _shared.get(key)
     if found is not None and found.op is GraphOp.CONST:
+        _shared.move_to_end(key)
         return found
     if len(_shared) >= _MAX_SHARED:
-        _shared.clear()
+        global _evicted
+        _shared.popitem(last=False)
+        _evicted += 1
     found = _shared[key] = Lazy(GraphOp.CONST, dtype, shape, (), value, device)
     return found
 

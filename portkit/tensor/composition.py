@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from portkit.graph import GraphOp, Lazy, shared_const, walk
+from portkit.graph import GraphOp, Lazy, shared_const, shared_evictions, walk
 
 if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
@@ -37,6 +37,7 @@ class Composition:
         self._recordings: dict[tuple, Recording | None] = {}   # None: not elementwise
         # (dtype, device, shape) -> the recording's constants at that shape (shared_const)
         self._constants: dict[tuple, list[Lazy]] = {}
+        self._evictions = 0     # shared_const's when they were looked up
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.parts(x, single=True)[0]
@@ -65,8 +66,9 @@ class Composition:
         """The recording's constants at the operand's shape: one look-up per copy."""
         at = (*key, operand.shape)
         found = self._constants.get(at)
-        if found is None:
-            if len(self._constants) >= _MAX_SHAPES:
+        if found is None or self._evictions != shared_evictions():
+            if len(self._constants) >= _MAX_SHAPES or self._evictions != shared_evictions():
+                self._evictions = shared_evictions()
                 self._constants.clear()
             found = self._constants[at] = [
                 shared_const(value, dtype, operand.shape, operand.device)

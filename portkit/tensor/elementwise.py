@@ -261,8 +261,10 @@ class ElementwiseOps:
         return value._with_grad((x, 1 + value * value))
 
     def relu(self: Tensor) -> Tensor:
-        """max(self, 0); NaN stays NaN, as PyTorch."""
-        return (self < 0)._where(0, self)
+        """max(self, 0); NaN and -0.0 stay, and the gradient at 0 is 0, as PyTorch's."""
+        value = (self < 0)._where(0, self)
+        return value._with_grad((self, (self > 0).cast(self.dtype))) if self.requires_grad \
+            else value
 
     def sign(self: Tensor) -> Tensor:
         """-1, 0 or 1, in self's dtype."""

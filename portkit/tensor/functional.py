@@ -501,7 +501,11 @@ def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tenso
     beta * x > threshold (as torch)."""
     x = input.cast(float_of(input.dtype)) * beta
     smooth = (x.relu() + (1 + (-x.abs())._exp_of_nonpositive()).log()) * (1 / beta)
-    return (x > threshold)._where(input.cast(x.dtype), smooth)
+    value = (x > threshold)._where(input.cast(x.dtype), smooth)
+    if not input.requires_grad:
+        return value
+    # sigmoid(beta x), torch's: through relu and abs the gradient at 0 was 1 (0 + 1), not 1/2
+    return value._with_grad((input, (x > threshold)._where(1.0, x.sigmoid())))
 
 
 def relu6(input: Tensor, inplace: bool = False) -> Tensor:
@@ -511,10 +515,13 @@ def relu6(input: Tensor, inplace: bool = False) -> Tensor:
 
 def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0,
              inplace: bool = False) -> Tensor:
-    """x limited to [min_val, max_val]."""
+    """x limited to [min_val, max_val]; the gradient is 0 at the bounds, as PyTorch's (clip's
+    is 1 there, as torch.clamp's)."""
     if min_val > max_val:
         raise ValueError(f"hardtanh: min_val {min_val} is above max_val {max_val}")
-    return input.clip(min_val, max_val)
+    value = input.clip(min_val, max_val)
+    return value._with_grad((input, ((input > min_val) & (input < max_val)).cast(
+        input.dtype))) if input.requires_grad else value
 
 
 def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:

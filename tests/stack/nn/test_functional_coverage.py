@@ -50,6 +50,21 @@ def test_activations_match_torch_and_keep_nan(name, kwargs, check):
 
 
 @pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize("name, kinks", [
+    ("relu", [0.0, -0.0]), ("relu6", [0.0, 6.0]), ("hardtanh", [-1.0, 1.0]),
+    ("hardsigmoid", [-3.0, 3.0]), ("hardswish", [-3.0, 3.0]), ("softplus", [0.0, 20.0]),
+    ("leaky_relu", [0.0]), ("elu", [0.0]), ("silu", [0.0]),
+], ids=str)
+def test_gradients_at_the_kinks_match_torch(name, kinks, check):
+    # relu's gradient at 0 was 1, hardtanh's (relu6's, the hard sigmoid's) 1 at its bounds and
+    # softplus's 1 at 0; torch's are 0, 0 and 1/2
+    x = np.array([*kinks, -2.5, 2.5], np.float32)
+    check(lambda t: getattr(_f(t), name)(t), x, atol=1e-6)
+    assert np.signbit(getattr(F, name)(Tensor(x)).numpy()).tolist() == \
+        np.signbit(getattr(TF, name)(torch.tensor(x)).numpy()).tolist()
+
+
+@pytest.mark.usefixtures("backend")
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "softmin"])
 def test_softmax_family_dims_and_dtype(name, check):
     for shape in [(5,), (3, 4), (2, 3, 4), (2, 3, 2, 2)]:

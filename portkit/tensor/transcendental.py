@@ -52,6 +52,13 @@ class TranscendentalOps:
     def atan2(self: Tensor, other: Tensor | Scalar) -> Tensor:
         """The angle of the point (other, self), in [-pi, pi] (torch.atan2(self, other))."""
         y, x = self._float()._operand(other)
+        if y.requires_grad or x.requires_grad:
+            # torch's gradient, (x, -y) / (x^2 + y^2), and 0 at the origin, where through
+            # the formula it was 1 or -1
+            b, a = y.detach(), x.detach()
+            square = a * a + b * b
+            inverse = (square == 0)._where(0.0, 1 / square)
+            return b.atan2(a)._with_grad((y, a * inverse), (x, -b * inverse))
         ay, ax = _magnitude(y), _magnitude(x)
         steep = ay > ax
         hi = steep._where(ay, ax)

@@ -47,6 +47,13 @@ def test_special_values_of_binary_float_ops():
                                    rtol=1e-6, err_msg=name)
 
 
+def test_atan2_gradient_at_the_origin_and_on_the_axes_is_torch_s(check):
+    # through the formula the gradient at (0, 0) was 1 or -1; torch's is 0
+    y = np.array([0.0, -0.0, 0.0, 0.0, 1.0, -2.0, 3.0], np.float32)
+    x = np.array([0.0, 0.0, -0.0, 1.0, 0.0, -0.0, -4.0], np.float32)
+    check(lambda a, b: a.atan2(b), y, x, atol=1e-6)
+
+
 def test_lerp_and_isclose(check):
     a, b = RNG.standard_normal((2, 3, 4)).astype(np.float32)
     check(lambda x, y: x.lerp(y, 0.3), a, b)

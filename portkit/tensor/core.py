@@ -239,7 +239,7 @@ class Tensor(CreationOps, RandomOps, ElementwiseOps, ExponentialOps, Transcenden
         out = wrap(lazy)
         if grad and rule.backward is not None and autograd.grad_enabled():
             out.requires_grad = True
-            out._ctx = (name, Context((self,) + others, lazy, arg))
+            out._ctx = Context(name, (self,) + others, lazy, arg)
         return out
 
     # -- operators: PyTorch's, wired to the elementwise and reduce methods ---------------------

@@ -479,8 +479,10 @@ def _in_opmath(x: Tensor, other: Tensor | Scalar) -> bool:
     """A 16-bit float tensor times or over a number (not bool): torch computes these in
     float32 with the number unrounded (its "opmath") and rounds once, where a 16-bit operation
     would round the number first (add and sub do: there torch rounds it too)."""
+    if x.dtype.name not in _HALF_NAMES:     # first: most products are of other dtypes
+        return False
     number = _number(other)
-    return x.dtype.name in _HALF_NAMES and number is not None and not isinstance(number, bool)
+    return number is not None and not isinstance(number, bool)
 
 
 def _as_bool(like: Tensor, value: Tensor | Scalar) -> Tensor | bool:

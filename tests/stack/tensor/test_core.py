@@ -52,3 +52,41 @@ def test_backward_and_realize_pause_the_garbage_collector(data, monkeypatch):
     np.testing.assert_allclose(x.grad.numpy(), 2 * a / np.cosh(a * a) ** 2, rtol=1e-5)
     assert len(enabled) >= 2 and not any(enabled)
     assert gc.isenabled()
+
+
+def test_movement_gradients_skip_the_tensor_methods(data, monkeypatch):
+    # a movement's gradient is the inverse movement, whose argument the forward op checked:
+    # backward makes it as a primitive, not through the methods' parsing and checks; a square
+    # transpose is still transposed back, though its gradient already has the input's shape
+    a = data(3, 3)
+    x = Tensor(a, requires_grad=True)
+    y = (x.T * Tensor(np.arange(9, dtype=np.float32).reshape(3, 3))).reshape(9)
+    z = y[2:7].pad(((1, 2),)).reshape(2, 4)
+    ones = Tensor(np.ones((2, 4), np.float32))
+    called = []
+    for name in ("reshape", "permute", "pad", "shrink"):
+        method = getattr(Tensor, name)
+        monkeypatch.setattr(Tensor, name, lambda self, *args, method=method, name=name, **kw: (
+            called.append(name), method(self, *args, **kw))[1])
+    z.backward(ones)
+    want = np.zeros(9, np.float32)
+    want[2:7] = np.arange(9, dtype=np.float32)[2:7]
+    np.testing.assert_array_equal(x.grad.numpy(), want.reshape(3, 3).T)
+    assert called == []
+
+
+def test_a_repeated_movement_is_worked_out_once(data, monkeypatch):
+    # a training step moves the same views the same way at every step: the second time, the
+    # view comes from graph's look-up, not from View's arithmetic again
+    from portkit.view import View
+    calls = []
+    shrink = View.shrink
+    monkeypatch.setattr(View, "shrink", lambda self, arg: (calls.append(arg), shrink(self, arg))[1])
+    a = data(7, 13)
+    x = Tensor(a)
+    first = x[:, 5]
+    seen = len(calls)
+    second = x[:, 5]
+    assert len(calls) == seen
+    np.testing.assert_array_equal(first.numpy(), a[:, 5])
+    np.testing.assert_array_equal(second.numpy(), a[:, 5])

@@ -54,7 +54,8 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
         running_var.assign(running_var * (1 - momentum) + unbiased)
     invstd = (var + eps).rsqrt()
     given = [t for t in (weight, bias) if t is not None]
-    y = batchnorm(x, *(None if t is None else t.detach() for t in (weight, bias)), mean, invstd)
+    y = batchnorm(x, None if weight is None else weight.detach(),
+                  None if bias is None else bias.detach(), mean, invstd)
     if not (input.requires_grad or any(t.requires_grad for t in given)):
         return y
     return y._prim("given_vjp", input, *given, arg=lambda g: _gradients(

@@ -543,8 +543,8 @@ def lower(root: Lazy, inputs: list[Lazy], caps: Capabilities, name: str = "kerne
         stages.emit(lowerer, *vector)
     amounts = [tiling.amount(a) for a in range(len(root.shape))]
     tile_shape = tuple(ceil(s / n) for s, n in zip(root.shape, amounts))
-    row, tail = row_length(tile_shape, serial(caps) and (tiling.work == 1 or
-                                                        tiling.inline is not None))
+    row, tail = row_length(tile_shape, serial(caps) and (
+        tiling.work == 1 or tiling.inline is not None), rows.is_padded(root, inputs))
     if tail:        # each step of the row computes the short trailing axes whole
         amounts[-tail:] = [n * t for n, t in zip(amounts[-tail:], tile_shape[-tail:])]
         tile_shape = tile_shape[:-tail] + (1,) * tail

@@ -20,6 +20,7 @@ import numpy as np
 from portkit import schedule
 from portkit.tensor.activations import softmin
 from portkit.tensor.autocast_mode import runs_in_float32, runs_in_low_precision
+from portkit.tensor.batchnorm import batch_norm, batchnorm
 from portkit.tensor.distances import vector_norm
 from portkit.tensor.dtype import bool_, float_of, int32, promote
 from portkit.tensor.elementwise import in_float32
@@ -219,40 +220,6 @@ def layernorm(input: Tensor, axis: int | Sequence[int] = -1, eps: float = 1e-5) 
     x = input.cast(float_of(input.dtype))
     centered = x - x.mean(axis, keepdim=True)
     return centered * ((centered * centered).mean(axis, keepdim=True) + eps).rsqrt()
-
-
-def batchnorm(input: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
-              invstd: Tensor) -> Tensor:
-    """(x - mean) * invstd * weight + bias, with per-channel (dim 1) statistics."""
-    shape = (1, -1) + (1,) * (input.ndim - 2)
-    x = (input - mean.reshape(shape)) * invstd.reshape(shape)
-    if weight is not None:
-        x = x * weight.reshape(shape)
-    return x if bias is None else x + bias.reshape(shape)
-
-
-def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
-               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
-               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
-    """Normalizes each channel (dim 1) by the batch's statistics when training (and moves the
-    running ones toward them, the variance unbiased, as torch), else by the running ones."""
-    axes = (0, *range(2, input.ndim))
-    if not training:
-        if running_mean is None or running_var is None:
-            raise ValueError("batch_norm: running_mean and running_var are needed when not "
-                             "training; pass them or training=True")
-        return batchnorm(input, weight, bias, running_mean, (running_var + eps).rsqrt())
-    count = input.numel() // input.shape[1]
-    if count <= 1:
-        raise ValueError(f"batch_norm: expected more than 1 value per channel when training, "
-                         f"got input shape {input.shape}")
-    mean, var = input.mean(axes), input.var(axes, correction=0)
-    if running_mean is not None:
-        running_mean.assign(running_mean * (1 - momentum) + mean.detach() * momentum)
-    if running_var is not None:
-        unbiased = var.detach() * (momentum * count / (count - 1))
-        running_var.assign(running_var * (1 - momentum) + unbiased)
-    return batchnorm(input, weight, bias, mean, (var + eps).rsqrt())
 
 
 @runs_in_float32

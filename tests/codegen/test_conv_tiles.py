@@ -188,6 +188,19 @@ def test_a_serial_device_decodes_positions_once_per_row(move):
     np.testing.assert_allclose(out.numpy(), expected)
 
 
+def test_a_padded_copy_of_a_small_map_decodes_positions_once_per_row():
+    # a 4 x 4 map padded to 6 x 6 (ResNet's last stage): rows of 6 columns, shorter than an
+    # unpadded row needs to loop, still loop, and its elements pay no div or mod
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 5, 4, 4), np.float32)
+    out = Tensor(x, device="cpu").pad(((0, 0), (0, 0), (1, 1), (1, 1))) * 2
+    item, = schedule.create_schedule([out.lazy])
+    kernel = lower(item.root, item.inputs, SERIAL_CAPS)
+    for inner in loop_bodies(kernel):
+        assert not [n for n in inner if n.op in (Op.IDIV, Op.MOD)], "div/mod per element"
+    np.testing.assert_array_equal(out.numpy(), np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))) * 2)
+
+
 def test_eight_lane_tiles_keep_to_the_vector_registers():
     # rows of 24 columns make 8 lanes, half a 16-lane register: the channels take half the
     # accumulators (16, not 32 x 8 = 32 registers' worth, which spilled a third of them)

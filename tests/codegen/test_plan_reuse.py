@@ -49,3 +49,15 @@ def test_a_column_sum_of_a_short_row_is_a_loop_not_written_out():
     pool = Tensor(_data(2, 3, 8, 8), device="cpu").max_pool2d(2)
     item, = schedule.create_schedule([pool.lazy])
     assert plan(item.root, item.inputs, SERIAL).inline is not None
+
+
+def test_a_sum_over_short_contiguous_rows_keeps_partial_sums():
+    # a BatchNorm statistic on 16 x 16 and 8 x 8 maps: rows of 16 and 8, shorter than two
+    # unrolls, still sum in as many partial sums as divide them, not in one chain of adds
+    for size, sums in ((16, 16), (8, 8)):
+        data = _data(4, 8, size, size)
+        x = Tensor(data, device="cpu")
+        item = schedule.create_schedule([x.sum((0, 2, 3)).lazy])[-1]
+        assert plan(item.root, item.inputs, SERIAL).unroll == (3, sums), size
+        np.testing.assert_allclose(x.sum((0, 2, 3)).numpy(), data.sum((0, 2, 3)), rtol=1e-5,
+                                   atol=1e-4)

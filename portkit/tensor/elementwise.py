@@ -271,8 +271,12 @@ class ElementwiseOps:
         return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
 
     def abs(self: Tensor) -> Tensor:
-        """The absolute value."""
-        return self * self.sign()
+        """The absolute value: 0.0 at -0.0, and the gradient 0 at 0, as PyTorch's."""
+        if self.dtype == bool_:
+            raise NotImplementedError("abs is not implemented for bool tensors (as in PyTorch); "
+                                      "a bool is its own absolute value")
+        value = (self <= 0)._where(0 - self, self)      # 0 - x: -0.0 gives 0.0, as 0.0 does
+        return value._with_grad((self, self.sign())) if self.requires_grad else value
 
     @pair_in_float32
     def pow(self: Tensor, exponent: Tensor | Scalar) -> Tensor:

@@ -32,6 +32,18 @@ def test_unary(name, check, data):
     check(fn, data(3, 5, positive=positive))
 
 
+def test_abs_at_zero_is_torch_s(check):
+    # abs was x * sign(x), which is -0.0 at -0.0; bool tensors have no abs in torch
+    x = np.array([-0.0, 0.0, -1.5, 2.0, -np.inf, np.nan], np.float32)
+    assert np.signbit(Tensor(x).abs().numpy()).tolist() == [False] * 6
+    check(lambda t: t.abs(), x[:4])
+    for dtype in (np.int8, np.int32, np.uint8):
+        ints = np.array([0, 5, -7, -128], np.int64).astype(dtype)
+        np.testing.assert_array_equal(Tensor(ints).abs().numpy(), torch.tensor(ints).abs())
+    with pytest.raises(NotImplementedError, match="bool"):
+        Tensor(np.array([True, False])).abs()
+
+
 def test_gelu_and_erf_are_exact_to_float32():
     """Within 1e-6 of torch's float64 values (torch's own float32 gelu is about 1e-6 off)."""
     x = np.concatenate([np.linspace(-10, 10, 2001), np.linspace(-0.6, 0.6, 121)]

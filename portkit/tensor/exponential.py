@@ -145,7 +145,7 @@ def _tanh(x: Tensor) -> tuple[Tensor, Tensor]:
     """tanh(x) and its derivative, 4 sigmoid'(2x), of a float tensor without gradient."""
     # near 0, 2 * sigmoid(2x) - 1 cancels (tanh(1e-8) gave 0): Cephes' tanhf polynomial there,
     # fed 0 where not selected so its large-x overflow yields no NaN
-    small = x.abs() < 0.625
+    small = (x < 0.625) & (x > -0.625)
     xs = small._where(x, 0.0)
     z = xs * xs
     poly = z * _TANH_POLY[0] + _TANH_POLY[1]

@@ -137,9 +137,12 @@ class LSTM(_RNNBase):
 
     def _step(self, x, state, w_hh, b_hh):
         h, c = state
-        i, f, g, o = (x + F.linear(h, w_hh, b_hh)).chunk(4, -1)
-        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
-        return o.sigmoid() * c.tanh(), c
+        gates = x + F.linear(h, w_hh, b_hh)
+        # one sigmoid over the four gates, g's share unused: one copy of its formula in the
+        # graph where three made an eager step's graph a third larger
+        i, f, _, o = gates.sigmoid().chunk(4, -1)
+        c = f * c + i * gates.chunk(4, -1)[2].tanh()
+        return o * c.tanh(), c
 
 
 class GRU(_RNNBase):
@@ -150,9 +153,10 @@ class GRU(_RNNBase):
 
     def _step(self, x, state, w_hh, b_hh):
         h = state[0]
-        x_r, x_z, x_n = x.chunk(3, -1)
-        h_r, h_z, h_n = F.linear(h, w_hh, b_hh).chunk(3, -1)
-        r, z = (x_r + h_r).sigmoid(), (x_z + h_z).sigmoid()
+        hidden = h.shape[-1]
+        projected = F.linear(h, w_hh, b_hh)
+        r, z = (x[..., :2 * hidden] + projected[..., :2 * hidden]).sigmoid().chunk(2, -1)
+        x_n, h_n = x[..., 2 * hidden:], projected[..., 2 * hidden:]
         n = (x_n + r * h_n).tanh()
         return (n + z * (h - n),)
 

@@ -52,3 +52,17 @@ def test_bad_module_arguments_raise_at_construction():
         nn.Conv1d(3, 4, 3, groups=2)
     with pytest.raises(ValueError, match="divisible by num_groups 3"):
         nn.GroupNorm(3, 4)
+
+
+@pytest.mark.parametrize("kind, width", [("LSTM", 4 * 8), ("GRU", 2 * 8)])
+def test_a_recurrent_step_takes_one_sigmoid_over_its_gates(kind, width, monkeypatch):
+    # a sigmoid per gate made three (two) copies of its recorded formula in every step's graph
+    shapes = []
+    sigmoid = pk.Tensor.sigmoid
+    monkeypatch.setattr(pk.Tensor, "sigmoid", lambda t: shapes.append(t.shape) or sigmoid(t))
+    ours, theirs = _pair(lambda m: getattr(m, kind)(4, 8))
+    x = np.random.default_rng(5).standard_normal((3, 2, 4)).astype(np.float32)
+    out, _ = ours(pk.Tensor(x))
+    assert shapes == [(2, width)] * 3
+    np.testing.assert_allclose(out.numpy(), theirs(torch.tensor(x))[0].detach().numpy(),
+                               rtol=1e-5, atol=1e-6)

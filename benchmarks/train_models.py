@@ -245,9 +245,10 @@ class LSTMLayer(pnn.Module):
         outputs = []
         for step in range(t):
             gates = gates_in[:, step] + PF.linear(h, self.weight_hh_l0)
-            i, f, g, o = gates.chunk(4, -1)
-            c = f.sigmoid() * c + i.sigmoid() * g.tanh()
-            h = o.sigmoid() * c.tanh()
+            # one sigmoid over all four gates (g's share unused): one copy of its formula
+            i, f, _, o = gates.sigmoid().chunk(4, -1)
+            c = f * c + i * gates.chunk(4, -1)[2].tanh()
+            h = o * c.tanh()
             outputs.append(h)
         return portkit.stack(outputs, 1)
 

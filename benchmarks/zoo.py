@@ -412,9 +412,10 @@ def build(name: str, size: str = "full", batch: int = 1) -> tuple[nn.Module, Inp
             model = Decode(model)
             past = torch.randn(depth, 2, batch, heads, length, dim // heads)
             inputs = (torch.randint(0, vocab, (batch, 1)), past)
-    elif name in ("lstm", "gru"):
-        features, length = s(64, 32, 8), s(50, 50, 6)
-        model = Recurrent(name.upper(), features, s(256, 64, 16), s(2, 1, 1), 10)
+    elif name in ("lstm", "gru", "lstm_200", "gru_200"):
+        kind, _, steps = name.partition("_")
+        features, length = s(64, 32, 8), s(int(steps or 50), 50, 6)
+        model = Recurrent(kind.upper(), features, s(256, 64, 16), s(2, 1, 1), 10)
         inputs = (torch.randn(batch, length, features),)
     elif name == "unet":
         model, inputs = UNet(s(32, 16, 8)), pixels(s(128, 64, 32))
@@ -422,13 +423,14 @@ def build(name: str, size: str = "full", batch: int = 1) -> tuple[nn.Module, Inp
         model = DetectionHead(s(64, 32, 8), s(80, 20, 4), 3, s(100, 50, 10))
         inputs = pixels(s(256, 128, 32))
     else:
-        raise ValueError(f"no zoo model {name!r}; pick one of {', '.join(MODELS)}")
+        raise ValueError(f"no zoo model {name!r}; pick one of {', '.join(MODELS + FULL_ONLY)}")
     return model.eval(), inputs
 
 
 MODELS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "vit_s16",
           "bert_base", "gpt2_prefill", "gpt2_decode", "lstm", "gru", "unet", "detection_head")
-FULL_ONLY = ("resnet50",)      # run with --full or --models resnet50
+# run with --full or by name (--models resnet50): ResNet-50, and the recurrent models over 200 steps
+FULL_ONLY = ("resnet50", "lstm_200", "gru_200")
 
 
 def export(model: nn.Module, inputs: Inputs, path: Path) -> None:

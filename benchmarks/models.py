@@ -240,7 +240,8 @@ def show(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=None, help="default: all but --full's")
-    parser.add_argument("--full", action="store_true", help="add ResNet-50, and the LSTM and GRU over 200 steps")
+    parser.add_argument("--full", action="store_true",
+                        help="add ResNet-50, and the LSTM and GRU over 200 steps")
     parser.add_argument("--backend", nargs="+", default=["cpu"])
     parser.add_argument("--batch", nargs="+", type=int, default=[1])
     parser.add_argument("--repeat", type=int, default=5)

@@ -267,7 +267,8 @@ Unflatten = functional_module("Unflatten", lambda x, dim, unflattened_size: x.un
 PixelShuffle = functional_module("PixelShuffle", F.pixel_shuffle)
 PixelUnshuffle = functional_module("PixelUnshuffle", F.pixel_unshuffle)
 ChannelShuffle = functional_module("ChannelShuffle", F.channel_shuffle)
-Flatten = functional_module("Flatten", lambda x, start_dim=1, end_dim=-1: x.flatten(start_dim, end_dim))
+Flatten = functional_module("Flatten",
+                            lambda x, start_dim=1, end_dim=-1: x.flatten(start_dim, end_dim))
 
 MaxPool1d = functional_module("MaxPool1d", F.max_pool1d)
 MaxPool2d = functional_module("MaxPool2d", F.max_pool2d)

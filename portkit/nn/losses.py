@@ -39,7 +39,8 @@ class NLLLoss(_WeightedLoss):
     """F.nll_loss of log-probabilities (N, C, ...) and class indices (N, ...)."""
 
     def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
-                 ignore_index: int = -100, reduce: bool | None = None, reduction: Reduction = "mean"):
+                 ignore_index: int = -100, reduce: bool | None = None,
+                 reduction: Reduction = "mean"):
         super().__init__(weight, size_average, reduce, reduction)
         self.ignore_index = ignore_index
 
@@ -52,8 +53,8 @@ class CrossEntropyLoss(_WeightedLoss):
     """F.cross_entropy of logits (N, C, ...) and class indices or probabilities."""
 
     def __init__(self, weight: Tensor | None = None, size_average: bool | None = None,
-                 ignore_index: int = -100, reduce: bool | None = None, reduction: Reduction = "mean",
-                 label_smoothing: float = 0.0):
+                 ignore_index: int = -100, reduce: bool | None = None,
+                 reduction: Reduction = "mean", label_smoothing: float = 0.0):
         super().__init__(weight, size_average, reduce, reduction)
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
 

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from portkit.tensor.core import Tensor
 
 OutputSize = int | None | Sequence[int | None]
-_POOLS: dict[tuple[str, int], Callable[..., Any]] = {("mean", 1): avg_pool1d, ("mean", 2): avg_pool2d, ("mean", 3): avg_pool3d,
-          ("amax", 1): max_pool1d, ("amax", 2): max_pool2d, ("amax", 3): max_pool3d}
+_POOLS: dict[tuple[str, int], Callable[..., Any]] = {
+    ("mean", 1): avg_pool1d, ("mean", 2): avg_pool2d, ("mean", 3): avg_pool3d,
+    ("amax", 1): max_pool1d, ("amax", 2): max_pool2d, ("amax", 3): max_pool3d}
 
 
 def _adaptive(input: Tensor, output_size: OutputSize, d: int, reduce: str, name: str,

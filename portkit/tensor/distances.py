@@ -78,4 +78,5 @@ def broadcast_pair(x1: Tensor, x2: Tensor, name: str) -> tuple[Tensor, Tensor]:
                            f"together") from None
 
 
-__all__ = ["bilinear", "broadcast_pair", "cosine_similarity", "pairwise_distance", "pdist", "vector_norm"]
+__all__ = ["bilinear", "broadcast_pair", "cosine_similarity", "pairwise_distance", "pdist",
+           "vector_norm"]

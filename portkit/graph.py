@@ -231,6 +231,7 @@ def shared_const(value: Any, dtype: DType, shape: tuple[int, ...], device: str) 
     realize never turns into a buffer. An eager LSTM step's graph held 4,500 constant nodes
     of a few dozen values, each allocated, numbered and keyed at every step. A number
     portkit.jit traces gets a node of its own (its identity finds its kernel arguments)."""
+    global _evicted
     if isinstance(value, Traced):
         return const(value, dtype, shape, device)
     value = _as_kind(value, dtype)
@@ -241,7 +242,6 @@ def shared_const(value: Any, dtype: DType, shape: tuple[int, ...], device: str) 
         _shared.move_to_end(key)
         return found
     if len(_shared) >= _MAX_SHARED:
-        global _evicted
         _shared.popitem(last=False)
         _evicted += 1
     found = _shared[key] = Lazy(GraphOp.CONST, dtype, shape, (), value, device)

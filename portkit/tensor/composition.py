@@ -66,9 +66,10 @@ class Composition:
         """The recording's constants at the operand's shape: one look-up per copy."""
         at = (*key, operand.shape)
         found = self._constants.get(at)
-        if found is None or self._evictions != shared_evictions():
-            if len(self._constants) >= _MAX_SHAPES or self._evictions != shared_evictions():
-                self._evictions = shared_evictions()
+        evictions = shared_evictions()
+        if found is None or self._evictions != evictions:
+            if len(self._constants) >= _MAX_SHAPES or self._evictions != evictions:
+                self._evictions = evictions
                 self._constants.clear()
             found = self._constants[at] = [
                 shared_const(value, dtype, operand.shape, operand.device)

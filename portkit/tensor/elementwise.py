@@ -262,9 +262,9 @@ class ElementwiseOps:
 
     def relu(self: Tensor) -> Tensor:
         """max(self, 0); NaN and -0.0 stay, and the gradient at 0 is 0, as PyTorch's."""
-        value = (self < 0)._where(0, self)
-        return value._with_grad((self, (self > 0).cast(self.dtype))) if self.requires_grad \
-            else value
+        x = self.detach()       # the value records no gradient of its own: _with_grad gives it
+        value = (x < 0)._where(0, x)
+        return value._with_grad((self, (x > 0).cast(x.dtype))) if self.requires_grad else value
 
     def sign(self: Tensor) -> Tensor:
         """-1, 0 or 1, in self's dtype."""
@@ -275,8 +275,9 @@ class ElementwiseOps:
         if self.dtype == bool_:
             raise NotImplementedError("abs is not implemented for bool tensors (as in PyTorch); "
                                       "a bool is its own absolute value")
-        value = (self <= 0)._where(0 - self, self)      # 0 - x: -0.0 gives 0.0, as 0.0 does
-        return value._with_grad((self, self.sign())) if self.requires_grad else value
+        x = self.detach()
+        value = (x <= 0)._where(0 - x, x)      # 0 - x: -0.0 gives 0.0, as 0.0 does
+        return value._with_grad((self, x.sign())) if self.requires_grad else value
 
     @pair_in_float32
     def pow(self: Tensor, exponent: Tensor | Scalar) -> Tensor:

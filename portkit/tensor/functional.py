@@ -466,9 +466,10 @@ def silu(input: Tensor, inplace: bool = False) -> Tensor:
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """log(1 + exp(beta * x)) / beta, computed without overflow; x itself where
     beta * x > threshold (as torch)."""
-    x = input.cast(float_of(input.dtype)) * beta
+    plain = input.detach()      # the value records no gradient of its own: _with_grad gives it
+    x = plain.cast(float_of(input.dtype)) * beta
     smooth = (x.relu() + (1 + (-x.abs())._exp_of_nonpositive()).log()) * (1 / beta)
-    value = (x > threshold)._where(input.cast(x.dtype), smooth)
+    value = (x > threshold)._where(plain.cast(x.dtype), smooth)
     if not input.requires_grad:
         return value
     # sigmoid(beta x), torch's: through relu and abs the gradient at 0 was 1 (0 + 1), not 1/2
@@ -486,9 +487,10 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0,
     is 1 there, as torch.clamp's)."""
     if min_val > max_val:
         raise ValueError(f"hardtanh: min_val {min_val} is above max_val {max_val}")
-    value = input.clip(min_val, max_val)
-    return value._with_grad((input, ((input > min_val) & (input < max_val)).cast(
-        input.dtype))) if input.requires_grad else value
+    x = input.detach()
+    value = x.clip(min_val, max_val)
+    return value._with_grad((input, ((x > min_val) & (x < max_val)).cast(
+        x.dtype))) if input.requires_grad else value
 
 
 def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:
